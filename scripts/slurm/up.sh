@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# Start a real local multi-node Slurm cluster (munge + MariaDB + slurmdbd + slurmctld + N slurmd).
+#
+#   bash scripts/slurm/up.sh          # (make slurm-up) idempotent; prints a one-line summary
+#   source work/slurm/slurm.env       # exports SLURM_CONF for sinfo/sbatch/srun/sacct
+#   bash scripts/slurm/down.sh        # (make slurm-down)
+#
+# Nodes are network namespaces (netns mode): bridge tula-br0 10.77.0.1/24 on the host,
+# node<i> = netns tula-node<i> with eth0 10.77.0.(10+i), its own hostname (UTS namespace), one
+# slurmd each; slurmctld (hostname tula-ctl) and slurmdbd run on the host at 10.77.0.1.
+# Names resolve through /etc/hosts lines marked "# tula-hpc-slurm".
+# Without namespaces (loopback mode) every slurmd runs on 127.0.0.1 with its own Port and -N.
+#
+# Environment knobs: TULA_SLURM_MODE=auto|netns|loopback, TULA_SLURM_CGROUP=auto|yes|no,
+# TULA_SLURM_NODES=2, TULA_SLURM_DIR=<repo>/work/slurm, TULA_SLURM_UP_TIMEOUT=60,
+# TULA_SLURM_SLURMD_TIMEOUT=15 (see common.sh for the rest).
+set -euo pipefail
+
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+require_root
+T0=$(date +%s.%N)
+SLURMD_TIMEOUT="${TULA_SLURM_SLURMD_TIMEOUT:-15}"
+REQ_CGROUP="${TULA_SLURM_CGROUP:-auto}"
+
+# ---- 1. packages -----------------------------------------------------------------------------
+PKGS=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "installing ${missing[*]} (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  # the package lists are needed once; `apt-get update` only if the install can't find them
+  if ! apt-get install -y -q --no-install-recommends "${PKGS[@]}" >"/tmp/tula-slurm-apt.$$.log" 2>&1; then
+    apt-get update -q >>"/tmp/tula-slurm-apt.$$.log" 2>&1 || true
+    apt-get install -y -q --no-install-recommends "${PKGS[@]}" >>"/tmp/tula-slurm-apt.$$.log" 2>&1 ||
+      { tail -n 30 "/tmp/tula-slurm-apt.$$.log" >&2; die "apt-get install ${PKGS[*]} failed"; }
+  fi
+  rm -f "/tmp/tula-slurm-apt.$$.log"
+fi
+for c in munged mungekey mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd sacctmgr sinfo sacct setpriv setsid; do
+  command -v "$c" >/dev/null || die "required command '$c' not found after install"
+done
+
+mkdir -p "$ETC" "$LOG" "$PIDS" "$RUN" "$SPOOL/ctld" "$DB_DIR"
+chmod go-w "$STATE" "$ETC" "$LOG" "$PIDS" "$RUN" "$SPOOL" 2>/dev/null || true
+
+# ---- helpers ---------------------------------------------------------------------------------
+# start_daemon NAME LOGFILE CMD...: start CMD detached (own session, stdio to the log) and record
+# its PID. Every wrapper used in CMD (setsid, setpriv, nsenter, unshare, sh -c 'exec') execs, so
+# the recorded PID is the daemon itself.
+start_daemon() {
+  local name="$1" logf="$2"; shift 2
+  setsid "$@" </dev/null >>"$logf" 2>&1 &
+  echo $! >"$PIDS/$name.pid"
+}
+
+fail_with_log() { # MESSAGE LOGFILE...
+  local msg="$1" f; shift
+  printf '[slurm] ERROR: %s\n' "$msg" >&2
+  for f in "$@"; do
+    [ -s "$f" ] || continue
+    printf -- '---- last lines of %s ----\n' "$f" >&2
+    tail -n 25 "$f" >&2
+  done
+  printf '[slurm] the cluster is left as is for inspection; `bash scripts/slurm/down.sh` cleans up\n' >&2
+  exit 1
+}
+
+DEADLINE=$(( $(date +%s) + UP_TIMEOUT ))
+# wait_until DESCRIPTION DAEMON_NAME|- LOGFILE CMD...: poll CMD until it succeeds (or the overall
+# deadline passes, or the named daemon died)
+wait_until() {
+  local desc="$1" dname="$2" logf="$3"; shift 3
+  while ! "$@" >/dev/null 2>&1; do
+    if [ "$dname" != "-" ] && ! is_running "$dname"; then
+      fail_with_log "$dname exited while waiting for: $desc" "$logf"
+    fi
+    [ "$(date +%s)" -lt "$DEADLINE" ] || fail_with_log "timed out (${UP_TIMEOUT}s) waiting for: $desc" "$logf"
+    sleep 0.2
+  done
+}
+
+render() { # TEMPLATE OUT MODE VAR=VALUE...
+  local tpl="$1" out="$2" mode="$3" content kv; shift 3
+  content="$(<"$tpl")"
+  for kv in "$@"; do content="${content//@${kv%%=*}@/${kv#*=}}"; done
+  if grep -q '@[A-Z_]*@' <<<"$content"; then die "unrendered placeholder in $tpl: $(grep -o '@[A-Z_]*@' <<<"$content" | sort -u | tr '\n' ' ')"; fi
+  (umask 077; printf '%s\n' "$content" >"$out.tmp")
+  chmod "$mode" "$out.tmp"
+  mv -f "$out.tmp" "$out"
+}
+
+netns_possible() {
+  command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null || return 1
+  unshare --uts true 2>/dev/null || return 1
+  ip netns add "${NS_PREFIX}probe$$" 2>/dev/null || return 1
+  ip netns del "${NS_PREFIX}probe$$" 2>/dev/null || true
+  ip link add "${VETH_PREFIX}p$$" type bridge 2>/dev/null || return 1
+  ip link del "${VETH_PREFIX}p$$" 2>/dev/null || true
+  return 0
+}
+
+cgroup_v1_usable() {
+  [ -d /sys/fs/cgroup/memory ] && [ -d /sys/fs/cgroup/freezer ] && [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ] || return 1
+  local probe="/sys/fs/cgroup/memory/tula_probe_$$"
+  mkdir "$probe" 2>/dev/null || return 1
+  rmdir "$probe" 2>/dev/null || true
+  return 0
+}
+
+net_setup() { # idempotent
+  local i n ns veth ip
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+  fi
+  ip addr replace "$CTL_IP/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for ((i = 1; i <= NNODES; i++)); do
+    n="node$i"; ns="$NS_PREFIX$i"; veth="$VETH_PREFIX$i"; ip="$(node_ip "$i")"
+    [ -e "/run/netns/$ns" ] || ip netns add "$ns"
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+      ip -n "$ns" link del eth0 2>/dev/null || true
+      ip link add "$veth" type veth peer name eth0 netns "$ns"
+    fi
+    ip link set "$veth" master "$BRIDGE"
+    ip link set "$veth" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr replace "$ip/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+hosts_add() { # (re)write our marked lines
+  hosts_remove
+  local i lines=""
+  if [ "$MODE" = netns ]; then
+    lines+="$CTL_IP $CTL_NAME $MARK"$'\n'
+    for ((i = 1; i <= NNODES; i++)); do lines+="$(node_ip "$i") node$i $MARK"$'\n'; done
+  else
+    lines+="127.0.0.1 $(node_names | tr '\n' ' ')$MARK"$'\n'
+  fi
+  # make sure the file ends with a newline before appending
+  if [ -s /etc/hosts ] && [ "$(tail -c1 /etc/hosts | od -An -c | tr -d ' ')" != '\n' ]; then echo >>/etc/hosts; fi
+  printf '%s' "$lines" >>/etc/hosts
+}
+
+# ---- 2. what is already running? -------------------------------------------------------------
+running=(); stopped=()
+for d in $(all_daemon_names); do
+  if is_running "$d"; then running+=("$d"); else stopped+=("$d"); fi
+done
+
+if [ "${#running[@]}" -gt 0 ] && [ -r "$MODE_FILE" ] && [ -r "$SLURM_CONF_PATH" ]; then
+  FRESH=0
+  MODE="$(cat "$MODE_FILE")"
+  CGROUPS="$(grep -q '^ProctrackType=proctrack/cgroup' "$SLURM_CONF_PATH" && echo yes || echo no)"
+  if [ "${#stopped[@]}" -eq 0 ]; then
+    say "already running (${running[*]}), mode $MODE - nothing to start"
+  else
+    say "partially running; (re)starting: ${stopped[*]}"
+  fi
+else
+  FRESH=1
+  if [ "${#running[@]}" -gt 0 ]; then
+    warn "daemons running (${running[*]}) but state files are missing: stopping them for a fresh start"
+    for d in $(all_daemon_names | tac); do stop_daemon "$d"; done
+  fi
+  stopped=($(all_daemon_names))
+  # leftovers of a crashed/killed earlier run
+  kill_netns_procs
+  net_teardown
+  hosts_remove
+  rm -f "$PIDS"/*.pid
+  case "$REQ_MODE" in
+    netns) netns_possible || die "TULA_SLURM_MODE=netns but network namespaces/bridges/UTS namespaces are not usable here"; MODE=netns ;;
+    loopback) MODE=loopback ;;
+    auto) if netns_possible; then MODE=netns; else MODE=loopback; fi ;;
+    *) die "TULA_SLURM_MODE must be auto, netns or loopback (got '$REQ_MODE')" ;;
+  esac
+  case "$REQ_CGROUP" in
+    yes) cgroup_v1_usable || die "TULA_SLURM_CGROUP=yes but a writable cgroup v1 memory+freezer hierarchy is not mounted"; CGROUPS=yes ;;
+    no) CGROUPS=no ;;
+    auto) if cgroup_v1_usable; then CGROUPS=yes; else CGROUPS=no; fi ;;
+    *) die "TULA_SLURM_CGROUP must be auto, yes or no (got '$REQ_CGROUP')" ;;
+  esac
+  echo "$MODE" >"$MODE_FILE"
+  # keep the previous logs once, start new ones (the job-id scan also reads *.log.1)
+  for f in "$LOG"/*.log; do [ -e "$f" ] && mv -f "$f" "$f.1"; done
+  # node spool dirs hold per-node job state of the previous incarnation: start clean
+  rm -rf "$SPOOL"/slurmd.*
+fi
+
+if [ "$MODE" = netns ]; then
+  CTL_ADDR="$CTL_IP"; CTL_HOST="$CTL_NAME"; DBD_ADDR="$CTL_IP"
+else
+  CTL_ADDR="127.0.0.1"; CTL_HOST="$(hostname -s)"; DBD_ADDR="127.0.0.1"
+fi
+
+# ---- 3. network + names ----------------------------------------------------------------------
+if [ "$MODE" = netns ]; then net_setup; fi
+hosts_add
+
+# ---- 4. munge --------------------------------------------------------------------------------
+if ! is_running munged; then
+  id munge >/dev/null 2>&1 || die "user 'munge' missing (package munge not installed properly?)"
+  mkdir -p "$MUNGE_DIR"
+  if [ ! -s "$MUNGE_DIR/munge.key" ]; then
+    mungekey -c -k "$MUNGE_DIR/munge.key" >/dev/null
+  fi
+  chown -R munge:munge "$MUNGE_DIR"
+  chmod 0755 "$MUNGE_DIR"          # the socket must be reachable by any job user
+  chmod 0400 "$MUNGE_DIR/munge.key"
+  rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
+  : >>"$LOG/munged.log"; chown munge:munge "$LOG/munged.log"
+  start_daemon munged "$LOG/munged.log" \
+    setpriv --reuid=munge --regid=munge --init-groups \
+    munged -F --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+    --pid-file="$MUNGE_DIR/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munged.seed"
+fi
+munge_ok() { munge -S "$MUNGE_SOCKET" -n | unmunge -S "$MUNGE_SOCKET"; }
+wait_until "munged answering on $MUNGE_SOCKET" munged "$LOG/munged.log" munge_ok
+
+# ---- 5. MariaDB ------------------------------------------------------------------------------
+DB_PASS_FILE="$DB_DIR/slurm.pass"
+if [ ! -s "$DB_PASS_FILE" ]; then
+  (umask 077; head -c 64 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24 >"$DB_PASS_FILE")
+fi
+DB_PASS="$(cat "$DB_PASS_FILE")"
+if ! is_running mariadbd; then
+  if [ ! -d "$DB_DATA/mysql" ]; then
+    say "initialising MariaDB datadir $DB_DATA"
+    rm -rf "$DB_DATA"; mkdir -p "$DB_DATA"
+    mariadb-install-db --no-defaults --datadir="$DB_DATA" --user=root \
+      --auth-root-authentication-method=socket --skip-test-db >"$LOG/mariadb-install.log" 2>&1 ||
+      fail_with_log "mariadb-install-db failed" "$LOG/mariadb-install.log"
+  fi
+  rm -f "$DB_SOCKET"
+  start_daemon mariadbd "$LOG/mariadb.log" \
+    mariadbd --no-defaults --user=root --datadir="$DB_DATA" --socket="$DB_SOCKET" \
+    --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
+    --pid-file="$DB_DIR/mariadbd.pid" --log-error="$LOG/mariadb.log" \
+    --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
+    --innodb-flush-log-at-trx-commit=2 --max-connections=100
+fi
+wait_until "MariaDB answering on $DB_SOCKET" mariadbd "$LOG/mariadb.log" \
+  mariadb-admin --no-defaults -S "$DB_SOCKET" -u root ping
+mariadb --no-defaults -S "$DB_SOCKET" -u root <<SQL || fail_with_log "could not create the slurm DB user" "$LOG/mariadb.log"
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+GRANT ALL PRIVILEGES ON slurm_acct_db.* TO 'slurm'@'localhost';
+GRANT ALL PRIVILEGES ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+FLUSH PRIVILEGES;
+SQL
+
+# ---- 6. configs (fresh start only: running daemons keep the config they read) ----------------
+if [ "$FRESH" = 1 ] || [ ! -r "$SLURM_CONF_PATH" ]; then
+  LAST_ID="$(last_job_id)"
+  echo "$LAST_ID" >"$JOBID_FILE"
+  FIRST_JOB_ID=$((LAST_ID + 1))
+  NODE_LINES=""; NODE_LIST=""
+  for ((i = 1; i <= NNODES; i++)); do
+    if [ "$MODE" = netns ]; then
+      addr="NodeAddr=$(node_ip "$i") NodeHostname=node$i"
+    else
+      addr="NodeAddr=127.0.0.1 NodeHostname=localhost Port=$((LOOP_PORT_BASE + i))"
+    fi
+    NODE_LINES+="NodeName=node$i $addr CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$NODE_MEM_MB State=UNKNOWN"$'\n'
+    NODE_LIST+="${NODE_LIST:+,}node$i"
+  done
+  NODE_LINES="${NODE_LINES%$'\n'}"
+  if [ "$CGROUPS" = yes ]; then
+    PROCTRACK=proctrack/cgroup; TASK_PLUGIN=task/cgroup; ACCT_FREQ=10; JOBACCT_PARAMS=""
+    render "$SLURM_SCRIPTS_DIR/templates/cgroup.conf.in" "$ETC/cgroup.conf" 644
+  else
+    # no cgroups: memory is policed by polling (every 2 s) and killing over-limit steps
+    PROCTRACK=proctrack/linuxproc; TASK_PLUGIN=task/none; ACCT_FREQ=2
+    JOBACCT_PARAMS="JobAcctGatherParams=OverMemoryKill"
+    rm -f "$ETC/cgroup.conf"
+  fi
+  render "$SLURM_SCRIPTS_DIR/templates/slurm.conf.in" "$SLURM_CONF_PATH" 644 \
+    "MODE=$MODE" "CLUSTER=$CLUSTER_NAME" "CTL_NAME=$CTL_HOST" "CTL_ADDR=$CTL_ADDR" \
+    "CTLD_PORT=$CTLD_PORT" "SLURMD_PORT=$SLURMD_PORT" "MUNGE_SOCKET=$MUNGE_SOCKET" \
+    "SPOOL=$SPOOL" "RUN=$RUN" "LOG=$LOG" "FIRST_JOB_ID=$FIRST_JOB_ID" \
+    "PROCTRACK=$PROCTRACK" "TASK_PLUGIN=$TASK_PLUGIN" "ACCT_FREQ=$ACCT_FREQ" \
+    "JOBACCT_PARAMS=$JOBACCT_PARAMS" "DBD_ADDR=$DBD_ADDR" "DBD_PORT=$DBD_PORT" \
+    "DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU" "SLURMD_TIMEOUT=$SLURMD_TIMEOUT" \
+    "NODE_LINES=$NODE_LINES" "NODE_LIST=$NODE_LIST"
+  render "$SLURM_SCRIPTS_DIR/templates/slurmdbd.conf.in" "$ETC/slurmdbd.conf" 600 \
+    "MUNGE_SOCKET=$MUNGE_SOCKET" "DBD_PORT=$DBD_PORT" "LOG=$LOG" "RUN=$RUN" \
+    "DB_PORT=$DB_PORT" "DB_PASS=$DB_PASS"
+fi
+printf 'export SLURM_CONF=%q\n' "$SLURM_CONF_PATH" >"$STATE/slurm.env"
+
+# ---- 7. slurmdbd + cluster registration ------------------------------------------------------
+if ! is_running slurmdbd; then
+  start_daemon slurmdbd "$LOG/slurmdbd.log" slurmdbd -D
+fi
+wait_until "slurmdbd answering (sacctmgr show cluster)" slurmdbd "$LOG/slurmdbd.log" \
+  sacctmgr -n show cluster
+if [ -z "$(sacctmgr -n -P show cluster "$CLUSTER_NAME" format=cluster 2>/dev/null)" ]; then
+  sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null ||
+    fail_with_log "sacctmgr add cluster $CLUSTER_NAME failed" "$LOG/slurmdbd.log"
+fi
+
+# ---- 8. slurmctld ----------------------------------------------------------------------------
+if ! is_running slurmctld; then
+  ctld_args=(slurmctld -D -f "$SLURM_CONF_PATH")
+  # fresh start: forget old jobs/node states (drain reasons...), ids continue via FirstJobId
+  [ "$FRESH" = 1 ] && ctld_args+=(-c)
+  if [ "$MODE" = netns ]; then
+    start_daemon slurmctld "$LOG/slurmctld.log" \
+      unshare --uts sh -c 'hostname "$0"; exec "$@"' "$CTL_NAME" "${ctld_args[@]}"
+  else
+    start_daemon slurmctld "$LOG/slurmctld.log" "${ctld_args[@]}"
+  fi
+fi
+wait_until "slurmctld answering (scontrol ping)" slurmctld "$LOG/slurmctld.log" \
+  sh -c 'scontrol ping | grep -q UP'
+
+# ---- 9. slurmd per node ----------------------------------------------------------------------
+for ((i = 1; i <= NNODES; i++)); do
+  n="node$i"
+  is_running "slurmd-$n" && continue
+  mkdir -p "$SPOOL/slurmd.$n"
+  if [ "$MODE" = netns ]; then
+    # NOT `ip netns exec`: it remounts /sys, hiding the cgroup mounts, and slurmd aborts
+    start_daemon "slurmd-$n" "$LOG/slurmd.$n.log" \
+      nsenter --net="/run/netns/$NS_PREFIX$i" unshare --uts \
+      sh -c 'hostname "$0"; exec "$@"' "$n" slurmd -D -f "$SLURM_CONF_PATH"
+  else
+    start_daemon "slurmd-$n" "$LOG/slurmd.$n.log" slurmd -D -f "$SLURM_CONF_PATH" -N "$n"
+  fi
+done
+
+# ---- 10. health ------------------------------------------------------------------------------
+nodes_idle() {
+  local states
+  states="$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null)" || return 1
+  local n
+  for n in $(node_names); do
+    grep -qE "^$n (idle|mix|alloc)\$" <<<"$states" || return 1
+  done
+}
+slurmd_logs=(); for n in $(node_names); do slurmd_logs+=("$LOG/slurmd.$n.log"); done
+while ! nodes_idle; do
+  for n in $(node_names); do
+    is_running "slurmd-$n" || fail_with_log "slurmd for $n exited" "$LOG/slurmd.$n.log" "$LOG/slurmctld.log"
+  done
+  if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+    sinfo -N -l >&2 || true
+    fail_with_log "timed out (${UP_TIMEOUT}s) waiting for all nodes idle in sinfo" "$LOG/slurmctld.log" "${slurmd_logs[@]}"
+  fi
+  sleep 0.2
+done
+wait_until "sacct answering" slurmdbd "$LOG/slurmdbd.log" sacct -n -X -S now-1hour
+
+if [ "$FRESH" = 1 ]; then
+  # jobs the DB still believes running (an earlier slurmctld died with them): close them
+  sacctmgr -i show runawayjobs >/dev/null 2>&1 || true
+fi
+
+T1=$(date +%s.%N)
+say "UP: cluster $CLUSTER_NAME, mode=$MODE, cgroups=$CGROUPS, nodes=$(node_names | paste -sd, -) ($(sinfo -h -p debug -o '%t' | sort -u | paste -sd, -)), first job id $(grep -oP '^FirstJobId=\K[0-9]+' "$SLURM_CONF_PATH"), $(awk -v a="$T0" -v b="$T1" 'BEGIN{printf "%.1f", b-a}')s; run: source $STATE/slurm.env"

@@ -1,0 +1,319 @@
+"""TulaOptimizer (Adaptive Gradient Scaling): real torch, tiny models, CPU only."""
+
+import copy
+import io
+import json
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import MultiStepLR
+
+from tula_hpc.ags import TulaOptimizer
+
+
+def _mlp(dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4)
+    )
+
+
+def _batch(gen: torch.Generator | None, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 6, generator=gen), torch.randint(0, 4, (n,), generator=gen)
+
+
+def _backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    F.cross_entropy(model(x), y).backward()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_delta_follows_hand_computed_norms_and_gates_scaling():
+    a, b = torch.zeros(2), torch.zeros(1)
+    opt = TulaOptimizer(torch.optim.SGD([a, b], lr=1.0), mode="static", static_scale=2.0, delta=0.5)
+
+    def step(ga, gb):
+        a.grad, b.grad = torch.tensor(ga), torch.tensor(gb)
+        opt.step()
+
+    step([3.0, 4.0], [0.0])  # |g|^2 = 25, no previous norm: sensitive
+    assert opt.last_delta == math.inf and not opt.last_scaled
+    assert a.tolist() == [-3.0, -4.0]
+
+    step([3.0, 4.0], [2.0])  # |g|^2 = 29: Delta = 4/25 = 0.16 < 0.5 -> x2
+    assert opt.last_delta == pytest.approx(4 / 25) and opt.last_scaled
+    assert a.tolist() == [-9.0, -12.0] and b.tolist() == [-4.0]
+
+    step([6.0, 8.0], [0.0])  # |g|^2 = 100: Delta = 71/29 >= 0.5 -> unscaled
+    assert opt.last_delta == pytest.approx(71 / 29) and not opt.last_scaled
+    assert a.tolist() == [-15.0, -20.0] and a.grad.tolist() == [6.0, 8.0]
+
+
+@pytest.mark.parametrize("granularity", ["element", "tensor"])
+def test_profiling_keeps_factors_in_bounds_and_leaves_training_state_alone(granularity):
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        large_batch_size=64,
+        small_batch_size=4,
+        granularity=granularity,
+    )
+    assert opt.s_max == 4.0 and opt.s_min == 0.25
+    x, y = _batch(torch.Generator().manual_seed(1))
+    _backward(model, x, y)
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = copy.deepcopy(model.state_dict())
+    rng = torch.get_rng_state()
+
+    opt.update_gradscale(model, F.cross_entropy, x, y)
+
+    scales = [opt.gradscale[p] for p in model.parameters()]
+    flat = torch.cat([s.reshape(-1) for s in scales])
+    assert flat.min() >= opt.s_min and flat.max() <= opt.s_max
+    if granularity == "element":
+        assert all(s.shape == p.shape for s, p in zip(scales, model.parameters()))
+        # 4 noisy samples vs 64: the clamp must actually be doing work at both ends
+        assert flat.min() == opt.s_min and flat.max() == opt.s_max
+    else:
+        assert all(s.dim() == 0 for s in scales)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # BN stats too
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("granularity", ["element", "tensor"])
+def test_factor_is_small_over_large_gradient(granularity):
+    torch.manual_seed(0)
+    model = nn.Linear(5, 3)
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        large_batch_size=256,
+        small_batch_size=16,
+        granularity=granularity,
+    )
+    x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
+    _backward(model, x, y)
+    for p in model.parameters():
+        p.grad.mul_(0.5)  # the large-batch gradient is half of the (whole-batch) sub-batch one
+
+    opt.update_gradscale(model, F.cross_entropy, x, y)
+
+    for p in model.parameters():
+        torch.testing.assert_close(opt.gradscale[p], torch.full_like(opt.gradscale[p], 2.0), rtol=1e-3, atol=0)
+
+
+def test_sensitive_steps_leave_gradients_unchanged():
+    torch.manual_seed(0)
+    model = nn.Linear(5, 3)
+    ref = copy.deepcopy(model)
+    opt = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), large_batch_size=256, small_batch_size=4)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(32, 5), torch.randint(0, 3, (32,))
+    _backward(model, x, y)
+    opt.update_gradscale(model, F.cross_entropy, x, y)
+    scales = [opt.gradscale[p] for p in model.parameters()]
+    assert not all(torch.equal(s, torch.ones_like(s)) for s in scales)
+
+    base = [torch.randn_like(p) for p in model.parameters()]
+    for k in range(4):  # |g|^2 quadruples every step: Delta = 3 >= 0.5
+        for p, q, g in zip(model.parameters(), ref.parameters(), base):
+            p.grad, q.grad = g * 2**k, g * 2**k
+        opt.step()
+        ref_opt.step()
+        assert not opt.last_scaled
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+    for p, q, g, s in zip(model.parameters(), ref.parameters(), base, scales):  # Delta = 0: scaled
+        p.grad, q.grad = g * 8, (g * 8).mul_(s)
+    opt.step()
+    ref_opt.step()
+    assert opt.last_scaled
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def test_delta_zero_reproduces_wrapped_sgd_bit_for_bit():
+    def train(wrap: bool) -> nn.Module:
+        torch.manual_seed(0)
+        model = _mlp(dropout=0.2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+        if wrap:
+            opt = TulaOptimizer(opt, delta=0.0, large_batch_size=64, small_batch_size=8, update_every_steps=2)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            x, y = _batch(gen)
+            opt.zero_grad()
+            _backward(model, x, y)
+            if wrap and opt.needs_update():
+                opt.update_gradscale(model, F.cross_entropy, x, y)
+            opt.step()
+        if wrap:
+            assert opt.pop_epoch_metrics()["gradscale_updates"] == 2
+        return model
+
+    plain, wrapped = train(False), train(True)
+    for (name, p), q in zip(plain.state_dict().items(), wrapped.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def _ddp_worker(rank: int, world: int, port: int, outdir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(_mlp())
+        opt = TulaOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            delta=math.inf,  # scale every step with a defined Delta
+            large_batch_size=world * 32,
+            small_batch_size=4,
+            update_every_steps=2,
+        )
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
+        for _ in range(5):
+            x, y = _batch(gen, 32)
+            opt.zero_grad()
+            _backward(model, x, y)
+            if opt.needs_update():
+                opt.update_gradscale(model, F.cross_entropy, x, y)
+            opt.step()
+        torch.save(
+            {
+                "params": [p.detach() for p in model.module.parameters()],
+                "gradscale": [opt.gradscale[p] for p in model.module.parameters()],
+                "metrics": opt.pop_epoch_metrics(),
+            },
+            os.path.join(outdir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_ranks_end_with_identical_factors_and_weights(tmp_path):
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert r0["metrics"]["gradscale_updates"] == 2 and r0["metrics"]["scaled_steps"] == 4
+    assert not all(torch.equal(s, torch.ones_like(s)) for s in r0["gradscale"])
+    assert all(torch.equal(a, b) for a, b in zip(r0["gradscale"], r1["gradscale"]))
+    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))
+
+
+def _build(seed: int):
+    torch.manual_seed(seed)
+    model = _mlp(dropout=0.2)
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3),
+        delta=math.inf,
+        large_batch_size=32,
+        small_batch_size=8,
+    )
+    return model, opt, MultiStepLR(opt, milestones=[2], gamma=0.1)
+
+
+def _train(model, opt, sched, positions, steps_per_epoch=3):
+    for _, step in positions:
+        x, y = _batch(None, 32)  # global RNG, so its checkpointed state matters
+        opt.zero_grad()
+        _backward(model, x, y)
+        if opt.needs_update():
+            opt.update_gradscale(model, F.cross_entropy, x, y)
+        opt.step()
+        if step == steps_per_epoch - 1:
+            sched.step()
+            opt.pop_epoch_metrics()
+
+
+def test_resume_mid_epoch_matches_uninterrupted_run():
+    positions = [(e, s) for e in range(3) for s in range(3)]
+    model, opt, sched = _build(0)
+    _train(model, opt, sched, positions)
+
+    first, opt_a, sched_a = _build(0)
+    _train(first, opt_a, sched_a, positions[:4])  # stop inside epoch 2, after its profile
+    buf = io.BytesIO()
+    torch.save(
+        {"model": first.state_dict(), "opt": opt_a.state_dict(), "sched": sched_a.state_dict(), "rng": torch.get_rng_state()},
+        buf,
+    )
+    buf.seek(0)
+    ckpt = torch.load(buf)
+    resumed, opt_b, sched_b = _build(1)
+    resumed.load_state_dict(ckpt["model"])
+    opt_b.load_state_dict(ckpt["opt"])
+    sched_b.load_state_dict(ckpt["sched"])
+    torch.set_rng_state(ckpt["rng"])
+    _train(resumed, opt_b, sched_b, positions[4:])
+
+    assert opt_b.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)  # milestone crossed after resume
+    assert opt_b.state_dict()["tula"]["updates"] == 2
+    for (name, p), q in zip(model.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_multisteplr_on_wrapper_drives_the_inner_learning_rate():
+    p = torch.zeros(2)
+    opt = TulaOptimizer(torch.optim.SGD([p], lr=1.0), delta=0.0, large_batch_size=64)
+    sched = MultiStepLR(opt, milestones=[1, 2], gamma=0.1)
+    expected = [-1.0, -1.1, -1.11]
+    for k, want in enumerate(expected):
+        p.grad = torch.ones(2)
+        opt.step()
+        sched.step()
+        torch.testing.assert_close(p, torch.full((2,), want))
+        if k == 0:  # the inner load replaces its group list; the scheduler must still reach it
+            opt.load_state_dict(opt.state_dict())
+    assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_update_cadence_and_epoch_metrics():
+    torch.manual_seed(0)
+    model = _mlp()
+    x, y = _batch(torch.Generator().manual_seed(1))
+    every2 = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), large_batch_size=64, small_batch_size=8, update_every_steps=2)
+    epochly = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), large_batch_size=64, small_batch_size=8)
+    _backward(model, x, y)
+
+    due = []
+    for _ in range(5):
+        due.append(every2.needs_update())
+        if due[-1]:
+            every2.update_gradscale(model, F.cross_entropy, x, y)
+        every2.step()
+    assert due == [False, False, True, False, True]
+
+    assert not epochly.needs_update()
+    epochly.step()
+    metrics = epochly.pop_epoch_metrics()
+    assert epochly.needs_update()
+    epochly.update_gradscale(model, F.cross_entropy, x, y)
+    assert not epochly.needs_update()
+
+    metrics = every2.pop_epoch_metrics()
+    json.dumps(metrics, allow_nan=False)
+    assert metrics["steps"] == 5 and metrics["gradscale_updates"] == 2
+    assert metrics["scaled_fraction"] == metrics["scaled_steps"] / 5
+    assert metrics["nonfinite_delta_steps"] == 1  # the first step has no previous norm
+    assert metrics["delta"]["min"] <= metrics["delta"]["median"] <= metrics["delta"]["max"]
+    hist = metrics["scale_hist"]
+    assert len(hist["edges"]) == every2.hist_bins + 1
+    assert hist["edges"][0] == pytest.approx(every2.s_min) and hist["edges"][-1] == pytest.approx(every2.s_max)
+    assert sum(hist["counts"]) == sum(p.numel() for p in model.parameters())
+
+    static = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), mode="static", static_scale=4.0)
+    assert not static.needs_update()
+    with pytest.raises(RuntimeError):
+        static.update_gradscale(model, F.cross_entropy, x, y)
+    assert static.pop_epoch_metrics()["scale_hist"] is None

@@ -1,0 +1,168 @@
+"""Load and validate config/jobs.yaml: one clear message per mistake, before anything is submitted.
+
+The JSON Schema in workflow/schemas/jobs.schema.yaml is the single source of truth for keys, types
+and defaults; the Snakefile applies it with snakemake.utils.validate, stages run standalone apply it
+here. What a schema cannot say (min <= max, data on disk, importable models) is checked below.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
+
+# Smallest input side each built-in network accepts (its downsampling would reach zero below it).
+MIN_IMAGE_SIZE = {
+    "tiny_cnn": 2,
+    "resnet18": 8,
+    "resnet50": 8,
+    "mobilenet_v3_small": 16,
+    "mobilenet_v3_large": 16,
+    "vgg11": 32,
+    "alexnet": 63,
+}
+
+
+class ConfigError(ValueError):
+    """The job configuration is invalid; the message names the job, the field and what is allowed."""
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _validator_with_defaults() -> type:
+    """A validator that fills in schema defaults, as snakemake.utils.validate(set_default=True) does."""
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})
+
+
+def _where(path: list) -> str:
+    if len(path) >= 2 and path[0] == "jobs":
+        field = ".".join(str(p) for p in path[2:])
+        return f"job '{path[1]}': field '{field}'" if field else f"job '{path[1]}'"
+    return f"field '{'.'.join(str(p) for p in path)}'" if path else "top level"
+
+
+def _explain(error: jsonschema.ValidationError) -> str:
+    where = _where(list(error.absolute_path))
+    schema = error.schema
+    if error.validator == "additionalProperties":
+        unknown = sorted(set(error.instance) - set(schema.get("properties", {})))
+        if not schema.get("properties"):
+            return f"{where}: {error.message}"
+        allowed = ", ".join(sorted(schema["properties"]))
+        return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed keys: {allowed}"
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    if error.validator == "enum":
+        allowed = ", ".join(map(str, error.validator_value))
+        return f"{where}: {error.instance!r} is not allowed; allowed: {allowed}"
+    if error.validator == "type":
+        return f"{where}: {error.instance!r} has the wrong type; expected {error.validator_value}"
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        return f"{where}: {error.message} ({schema.get('description', '')})"
+    description = schema.get("description") or ""
+    return f"{where}: {error.instance!r} is not valid; allowed: {description or error.message}"
+
+
+def _check_semantics(name: str, job: dict) -> None:
+    def fail(field: str, message: str) -> None:
+        raise ConfigError(f"job '{name}': field '{field}': {message}")
+
+    nodes, batch = job["search"]["nodes"], job["search"]["batch"]
+    if nodes["min"] > nodes["max"]:
+        fail("search.nodes", f"min ({nodes['min']}) is larger than max ({nodes['max']})")
+    if batch["max"] != "auto" and batch["min"] > batch["max"]:
+        fail("search.batch", f"min ({batch['min']}) is larger than max ({batch['max']})")
+    data = job["data"]
+    if data["name"] != "digits":
+        if not data["root"]:
+            fail("data.root", f"data set '{data['name']}' needs a root folder holding its files (nothing is downloaded)")
+        if not Path(data["root"]).is_dir():
+            fail("data.root", f"folder '{data['root']}' does not exist")
+    if data["val_fraction"] + data["test_fraction"] >= 1:
+        fail("data", "val_fraction + test_fraction must be below 1")
+    model = job["model"]["name"]
+    if ":" in model:
+        module_name, attr = model.split(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            fail("model.name", f"'{model}' does not import ({err}); expected package.module:callable")
+        if not callable(factory):
+            fail("model.name", f"'{model}' is not callable")
+    elif data["image_size"] < MIN_IMAGE_SIZE[model]:
+        fail("data.image_size", f"{model} needs images of at least {MIN_IMAGE_SIZE[model]} pixels, got {data['image_size']}")
+    epochs = job["train"]["epochs"]
+    late = [m for m in job["train"]["lr_milestones"] if m > epochs]
+    if late:
+        fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
+
+
+def validate_config(config: dict) -> dict:
+    """Validate in place (filling defaults) and return the config; raise ConfigError on the first mistake."""
+    if not isinstance(config, dict):
+        raise ConfigError("top level: the configuration must be a mapping with a 'jobs' key")
+    validator = _validator_with_defaults()(_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
+    for name, job in config["jobs"].items():
+        _check_semantics(name, job)
+    return config
+
+
+def _deep_update(base: dict, update: dict) -> dict:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_config(paths: list[str | Path], overrides: dict | None = None) -> dict:
+    """Read jobs files (later ones update earlier ones, as Snakemake merges them), apply overrides, validate."""
+    config: dict = {}
+    for path in map(Path, paths):
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: file not found") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level: the configuration must be a mapping with a 'jobs' key")
+        _deep_update(config, loaded)
+    config.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    names = ", ".join(map(str, paths))
+    try:
+        return validate_config(config)
+    except ConfigError as err:
+        raise ConfigError(f"{names}: {err}") from None
+
+
+def job_settings(config: dict, name: str) -> dict[str, Any]:
+    """The validated settings of one job, with the cluster-wide launcher settings folded in."""
+    if name not in config["jobs"]:
+        raise ConfigError(f"job '{name}' is not defined; defined jobs: {', '.join(config['jobs'])}")
+    job = copy.deepcopy(config["jobs"][name])
+    job["name"] = name
+    job["launcher"] = config.get("launcher", "local")
+    job["resources"]["slurm"] = {**config.get("slurm", {}), **job["resources"].get("slurm", {})}
+    return job

@@ -1,0 +1,63 @@
+"""torch.distributed set-up inferred from the environment the launcher exported (RANK, WORLD_SIZE, ...)."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("TULA_COLLECTIVE_TIMEOUT_S", "120"))
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(use_gpus: bool) -> Context:
+    """Join the process group (gloo on CPU, NCCL on GPUs); a single process needs none."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_gpus and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            rank=rank, world_size=world_size, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+    return Context(rank, world_size, local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def all_reduce_max(value: float, ctx: Context) -> float:
+    if ctx.world_size == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())

@@ -1,0 +1,170 @@
+"""The one place that talks to submitit: run a stage's worker on N nodes, locally or through Slurm.
+
+`local` runs N "nodes" as N processes on this machine (one gloo group); `slurm` submits an sbatch job
+of N nodes. Either way the stage submits, records the job id beside its work folder, and waits; a
+rerun of the stage re-attaches to a job that is still running instead of submitting a duplicate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import submitit
+from submitit.core.utils import FailedJobError, UncompletedJobError
+
+from .files import read_json, write_json
+
+ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
+STDERR_TAIL_LINES = 40
+
+
+class JobFailed(RuntimeError):
+    """A stage's job ended without a result; the message names the state, the job id and the log."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Where and how big: built from a job's `resources` and the launcher chosen by the profile."""
+
+    launcher: str
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: float = 4
+    time_min: int = 60
+    slurm: dict = field(default_factory=dict)
+    max_requeues: int = 3
+
+    @classmethod
+    def for_job(cls, job: dict, nodes: int = 1) -> "LaunchSpec":
+        res = job["resources"]
+        return cls(
+            launcher=job["launcher"], nodes=nodes, gpus_per_node=res["gpus_per_node"], cpus_per_task=res["cpus_per_task"],
+            mem_gb=res["mem_gb"], time_min=res["time_min"], slurm=dict(res.get("slurm", {})),
+        )
+
+    @property
+    def tasks_per_node(self) -> int:
+        return max(1, self.gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+_preemption_hooks: list[Callable[[], None]] = []
+
+
+def on_preemption(hook: Callable[[], None]) -> None:
+    """Register a callable run on rank 0 just before the job is requeued (e.g. to save a checkpoint)."""
+    _preemption_hooks.append(hook)
+
+
+class DistributedTask(submitit.helpers.Checkpointable):
+    """Exports torch.distributed's environment, then runs the worker; requeues itself on preemption."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict, threads: int):
+        self.fn, self.kwargs, self.threads = fn, kwargs, threads
+
+    def __call__(self) -> Any:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        import torch
+
+        torch.set_num_threads(self.threads)
+        return self.fn(**self.kwargs)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        for hook in _preemption_hooks:
+            hook()
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecutor:
+    executor = submitit.AutoExecutor(folder=folder, cluster=spec.launcher)
+    params: dict[str, Any] = dict(name=name, timeout_min=spec.time_min, cpus_per_task=spec.cpus_per_task)
+    if spec.launcher == "local":
+        # submitit's local executor has no nodes: N nodes become N processes of one "node".
+        params.update(nodes=1, tasks_per_node=spec.world_size, gpus_per_node=spec.gpus_per_node)
+    else:
+        slurm = spec.slurm
+        extra = {}
+        for arg in slurm.get("extra_args", []):
+            key, _, value = arg.lstrip("-").partition("=")
+            extra[key] = value or None
+        params.update(
+            nodes=spec.nodes, tasks_per_node=spec.tasks_per_node, gpus_per_node=spec.gpus_per_node or None,
+            mem_gb=spec.mem_gb, slurm_partition=slurm.get("partition"), slurm_account=slurm.get("account"),
+            slurm_qos=slurm.get("qos"), slurm_constraint=slurm.get("constraint"),
+            slurm_additional_parameters=extra or None, slurm_max_num_timeout=spec.max_requeues,
+        )
+    executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
+    return executor
+
+
+def _reattach(record_path: Path) -> submitit.Job | None:
+    """The job recorded by an earlier run of this stage, if it is still running."""
+    if not record_path.exists():
+        return None
+    record = read_json(record_path)
+    folder, job_id, tasks = Path(record["folder"]), record["job_id"], range(record["tasks"])
+    if record["launcher"] == "local":
+        pid = int(job_id)
+        if not _pid_alive(pid):
+            return None
+        while _pid_alive(pid):
+            time.sleep(0.5)
+        return submitit.local.local.LocalJob(folder=folder, job_id=job_id, tasks=tasks)
+    job = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tasks)
+    return job if job.state.split()[0] in ACTIVE_SLURM_STATES else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def _stderr_tail(job: submitit.Job) -> str:
+    tails = []
+    for task in job._sub_jobs or [job]:
+        path = task.paths.stderr
+        if path.exists():
+            lines = path.read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+            tails.append(f"--- {path} (last {len(lines)} lines) ---\n" + "\n".join(lines))
+    return "\n".join(tails)
+
+
+def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str) -> Any:
+    """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result."""
+    stage_dir = Path(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    record_path = stage_dir / "job.json"
+    job = _reattach(record_path)
+    if job is not None:
+        print(f"[tula-hpc] re-attached to {spec.launcher} job {job.job_id} of an earlier run", flush=True)
+    else:
+        folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        executor = _executor(spec, folder, name)
+        job = executor.submit(DistributedTask(fn, kwargs, spec.cpus_per_task))
+        write_json(record_path, {"launcher": spec.launcher, "job_id": str(job.job_id), "folder": str(folder.resolve()),
+                                 "tasks": spec.world_size, "nodes": spec.nodes, "submitted": time.time()})
+        print(f"[tula-hpc] submitted {spec.launcher} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
+              f"logs in {folder}", flush=True)
+    try:
+        results = job.results()
+    except (FailedJobError, UncompletedJobError) as err:
+        state = job.state if spec.launcher == "slurm" else "FAILED"
+        raise JobFailed(f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}\n"
+                        f"{_stderr_tail(job)}\n{str(err).splitlines()[0] if str(err) else ''}") from None
+    return results[0]

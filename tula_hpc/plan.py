@@ -1,0 +1,75 @@
+"""Stage `plan`: the candidate grid of (nodes N, global batch B) and which candidates to profile.
+
+Candidates: N a power of two times the minimum, up to the maximum; B a power of two times the minimum
+batch, up to the maximum (or N x the largest per-device batch from memory.json when `auto`), never above
+the training set; B must split evenly over the N x devices ranks and fit in a device.
+`partial` profiles the extreme configurations (smallest and largest N, each at its smallest and
+largest B), `full` profiles every candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .files import read_json, write_json
+from .stage import StageError, stage_main
+
+
+def _doublings(low: int, high: int) -> list[int]:
+    values, value = [], low
+    while value <= high:
+        values.append(value)
+        value *= 2
+    return values
+
+
+def candidate_grid(search: dict, devices_per_node: int, max_batch_per_device: int, train_samples: int) -> list[dict]:
+    grid = []
+    for nodes in _doublings(search["nodes"]["min"], search["nodes"]["max"]):
+        ranks = nodes * devices_per_node
+        memory_cap = ranks * max_batch_per_device
+        batch_max = memory_cap if search["batch"]["max"] == "auto" else min(search["batch"]["max"], memory_cap)
+        for batch in _doublings(search["batch"]["min"], min(batch_max, train_samples)):
+            if batch % ranks == 0:
+                grid.append({"nodes": nodes, "batch": batch, "per_device_batch": batch // ranks})
+    return grid
+
+
+def extremes(grid: list[dict]) -> list[dict]:
+    """Smallest and largest N, each at its smallest and largest B: enough to fit compute(b) and sync(N)."""
+    chosen = []
+    for nodes in sorted({min(c["nodes"] for c in grid), max(c["nodes"] for c in grid)}):
+        row = [c for c in grid if c["nodes"] == nodes]
+        for candidate in (min(row, key=lambda c: c["batch"]), max(row, key=lambda c: c["batch"])):
+            if candidate not in chosen:
+                chosen.append(candidate)
+    return chosen
+
+
+def plan(job: dict, memory_path: Path, out: Path) -> dict:
+    memory = read_json(memory_path)
+    devices = max(1, job["resources"]["gpus_per_node"])
+    grid = candidate_grid(job["search"], devices, memory["max_batch_per_device"], memory["dataset"]["train"])
+    if not grid:
+        raise StageError(
+            f"job '{job['name']}': fields 'search.nodes'/'search.batch': no (nodes, batch) candidate fits: batches must be "
+            f"multiples of nodes x devices, at most {memory['max_batch_per_device']} per device (memory.json) and at most "
+            f"{memory['dataset']['train']} (the training set)")
+    mode = job["search"]["mode"]
+    result = {"job": job["name"], "mode": mode, "candidates": grid, "profile": grid if mode == "full" else extremes(grid),
+              "max_batch_per_device": memory["max_batch_per_device"], "dataset": memory["dataset"]}
+    write_json(out, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--memory", required=True, type=Path, help="memory.json from probe_memory")
+        parser.add_argument("--out", required=True, type=Path, help="results/{job}/plan.json")
+
+    return stage_main("plan", add_args, lambda job, args: plan(job, args.memory, args.out), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""The command line every stage shares: which jobs file, which job, which launcher; clean failures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from .config import ConfigError, job_settings, load_config
+from .files import StageInputError
+
+
+class StageError(RuntimeError):
+    """A stage cannot go on; the message says why and what to change."""
+
+
+def load_job(config_paths: list[Path], job_name: str, launcher: str | None = None, slurm: dict | None = None) -> dict:
+    config = load_config(config_paths, {"launcher": launcher, "slurm": slurm})
+    return job_settings(config, job_name)
+
+
+def stage_main(name: str, add_args: Callable[[argparse.ArgumentParser], None],
+               run: Callable[[dict, argparse.Namespace], object], argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"tula-hpc {name}", description=f"tula-hpc stage {name}")
+    parser.add_argument("--config", type=Path, nargs="+", default=[Path("config/jobs.yaml")],
+                        help="jobs file(s), merged in order as Snakemake merges configfiles")
+    parser.add_argument("--job", required=True, help="job name in the jobs file")
+    parser.add_argument("--launcher", choices=["local", "slurm"], help="overrides the jobs file's launcher")
+    parser.add_argument("--slurm", type=json.loads, help="cluster-wide Slurm settings as JSON (from the profile)")
+    parser.add_argument("--work-dir", type=Path, help="work/{job}: submitit folders, checkpoints (default work/JOB)")
+    add_args(parser)
+    args = parser.parse_args(argv)
+    if args.work_dir is None:
+        args.work_dir = Path("work") / args.job
+    try:
+        job = load_job(args.config, args.job, args.launcher, args.slurm)
+        run(job, args)
+    except (ConfigError, StageInputError, StageError) as err:
+        print(f"tula-hpc {name}: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a failed job or a bug: show what to read, exit non-zero
+        from .launch import JobFailed
+
+        if not isinstance(err, JobFailed):
+            traceback.print_exc()
+        print(f"tula-hpc {name}: failed: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,56 @@
+import json
+import shlex
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from tula_hpc.config import ConfigError, validate_config
+
+# Clear, per-field messages first; then Snakemake's own validation against the same schema.
+try:
+    validate_config(config)
+except ConfigError as err:
+    raise WorkflowError(f"{', '.join(workflow.configfiles)}: {err}")
+validate(config, "../schemas/jobs.schema.yaml")
+
+JOBS = list(config["jobs"])
+PYTHON = sys.executable
+# What every stage's command line shares: the jobs files as Snakemake read them, and the launcher the profile chose.
+STAGE_ARGS = " ".join(
+    [
+        "--config",
+        *map(shlex.quote, workflow.configfiles),
+        "--launcher",
+        config["launcher"],
+        "--slurm",
+        shlex.quote(json.dumps(config["slurm"])),
+    ]
+)
+
+
+wildcard_constraints:
+    job="|".join(JOBS),
+    nodes=r"\d+",
+    batch=r"\d+",
+
+
+def settings(*sections):
+    """The job's sections a stage depends on: a rule's params, so editing them reruns that stage."""
+    return lambda wildcards: {s: config["jobs"][wildcards.job].get(s) for s in sections}
+
+
+def planned_profiles(wildcards):
+    plan_file = checkpoints.plan.get(job=wildcards.job).output[0]
+    with open(plan_file) as handle:
+        planned = json.load(handle)["profile"]
+    return [f"results/{wildcards.job}/profile/N{c['nodes']}_B{c['batch']}.json" for c in planned]
+
+
+def chosen_nodes(wildcards, input):
+    """Processes the local launcher starts for training (1 while the selection is still unknown)."""
+    try:
+        with open(input[0]) as handle:
+            return int(json.load(handle)["chosen"]["nodes"])
+    except FileNotFoundError:
+        return 1

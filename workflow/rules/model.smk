@@ -1,0 +1,26 @@
+rule fit_model:
+    input:
+        plan="results/{job}/plan.json",
+        profiles=planned_profiles,
+    output:
+        "results/{job}/perfmodel.json",
+    params:
+        settings=settings("train", "objective"),
+    log:
+        "logs/{job}/fit_model.log",
+    shell:
+        "{PYTHON} -m tula_hpc.perfmodel {STAGE_ARGS} --job {wildcards.job} --plan {input.plan}"
+        " --profiles {input.profiles} --out {output} > {log} 2>&1"
+
+
+rule select:
+    input:
+        "results/{job}/perfmodel.json",
+    output:
+        "results/{job}/selection.json",
+    params:
+        settings=settings("objective"),
+    log:
+        "logs/{job}/select.log",
+    shell:
+        "{PYTHON} -m tula_hpc.selection {STAGE_ARGS} --job {wildcards.job} --perfmodel {input} --out {output} > {log} 2>&1"

@@ -1,0 +1,16 @@
+rule report:
+    input:
+        "results/{job}/memory.json",
+        "results/{job}/plan.json",
+        "results/{job}/perfmodel.json",
+        "results/{job}/selection.json",
+        "results/{job}/train/summary.json",
+        "results/{job}/eval.json",
+    output:
+        report="results/{job}/report.md",
+        plot="results/{job}/time_vs_batch.png",
+    log:
+        "logs/{job}/report.log",
+    shell:
+        "{PYTHON} -m tula_hpc.report {STAGE_ARGS} --job {wildcards.job} --results-dir results/{wildcards.job}"
+        " --out {output.report} > {log} 2>&1"
