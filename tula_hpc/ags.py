@@ -106,6 +106,8 @@ class TulaOptimizer(torch.optim.Optimizer):
             raise ValueError(f"granularity must be 'element' or 'tensor', got {granularity!r}")
         if not delta >= 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
+        if hist_bins < 1:
+            raise ValueError(f"hist_bins must be >= 1, got {hist_bins}")
         if update_every_steps is not None and update_every_steps < 1:
             raise ValueError(f"update_every_steps must be >= 1, got {update_every_steps}")
         if mode == "static":

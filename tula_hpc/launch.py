@@ -167,4 +167,12 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
         state = job.state if spec.launcher == "slurm" else "FAILED"
         raise JobFailed(f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}\n"
                         f"{_stderr_tail(job)}\n{str(err).splitlines()[0] if str(err) else ''}") from None
+    _echo_rank0_output(job)
     return results[0]
+
+
+def _echo_rank0_output(job: submitit.Job) -> None:
+    """Copy rank 0's output into the stage's own log, where users look first."""
+    rank0 = (job._sub_jobs or [job])[0]
+    if rank0.paths.stdout.exists():
+        print(rank0.paths.stdout.read_text(errors="replace"), end="", flush=True)

@@ -1,4 +1,5 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034,SC2086,SC2116
+# (variables are used by the sourcing scripts; `echo $pids` deliberately squeezes whitespace)
 # Shared settings and helpers for scripts/slurm/up.sh and scripts/slurm/down.sh.
 # Sourced, never executed. Everything the local cluster writes lives under $STATE.
 
@@ -56,6 +57,15 @@ require_root() {
   if [ "$(id -u)" -ne 0 ]; then
     die "must run as root: it installs packages with apt, creates network namespaces, a bridge and veth pairs, edits /etc/hosts and starts munged/mariadbd/slurmdbd/slurmctld/slurmd (SlurmUser=root). Re-run with sudo."
   fi
+}
+
+# take_lock: serialise up.sh/down.sh (parallel `make slurm-up` from test workers). fd 9 is
+# closed for every daemon we start, so the lock dies with the script.
+take_lock() {
+  mkdir -p "$STATE"
+  exec 9>>"$STATE/.lock"
+  command -v flock >/dev/null || return 0
+  flock -w 180 9 || die "another scripts/slurm/up.sh or down.sh holds $STATE/.lock for 180s"
 }
 
 node_names() { local i; for ((i = 1; i <= NNODES; i++)); do printf 'node%d\n' "$i"; done; }

@@ -27,6 +27,7 @@ for a in "$@"; do
   esac
 done
 require_root
+[ -d "$STATE" ] && take_lock
 
 # 1. cancel jobs while the controller is still there, so they end CANCELLED in sacct
 if is_running slurmctld && [ -r "$SLURM_CONF_PATH" ]; then
@@ -49,8 +50,7 @@ if [ -d "$STATE" ]; then
 fi
 
 # 3. daemons, compute side first
-stopped_any=0
-for d in $(all_daemon_names | grep '^slurmd-' || true); do stop_daemon "$d" 8; stopped_any=1; done
+for d in $(all_daemon_names | grep '^slurmd-' || true); do stop_daemon "$d" 8; done
 # job steps outlive slurmd (slurmstepd is its own process): sweep what is left
 kill_netns_procs
 cgroup_sweep
@@ -67,10 +67,10 @@ hosts_remove
 if [ "$PURGE" = 1 ]; then
   rm -rf "$STATE"
   say "DOWN (purged $STATE)"
-else
-  if [ -d "$STATE" ]; then
-    rm -rf "$SPOOL"/slurmd.* "$SPOOL/ctld" "$RUN" "$PIDS"
-    rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock" "$DB_SOCKET"
-  fi
+elif [ -d "$STATE" ]; then
+  rm -rf "$SPOOL"/slurmd.* "$SPOOL/ctld" "$RUN" "$PIDS"
+  rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock" "$DB_SOCKET"
   say "DOWN (kept DB, munge key, logs in $STATE; next job id $(( $(cat "$JOBID_FILE" 2>/dev/null || echo 0) + 1 )))"
+else
+  say "DOWN (no state dir $STATE)"
 fi

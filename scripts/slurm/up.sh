@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016  # sh -c '..."$0"...' and the log hint are meant literally
 # Start a real local multi-node Slurm cluster (munge + MariaDB + slurmdbd + slurmctld + N slurmd).
 #
 #   bash scripts/slurm/up.sh          # (make slurm-up) idempotent; prints a one-line summary
@@ -21,6 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 require_root
 T0=$(date +%s.%N)
+take_lock
 SLURMD_TIMEOUT="${TULA_SLURM_SLURMD_TIMEOUT:-15}"
 REQ_CGROUP="${TULA_SLURM_CGROUP:-auto}"
 
@@ -34,9 +36,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   say "installing ${missing[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
   # the package lists are needed once; `apt-get update` only if the install can't find them
-  if ! apt-get install -y -q --no-install-recommends "${PKGS[@]}" >"/tmp/tula-slurm-apt.$$.log" 2>&1; then
+  if ! apt-get install -y -q "${PKGS[@]}" >"/tmp/tula-slurm-apt.$$.log" 2>&1; then
     apt-get update -q >>"/tmp/tula-slurm-apt.$$.log" 2>&1 || true
-    apt-get install -y -q --no-install-recommends "${PKGS[@]}" >>"/tmp/tula-slurm-apt.$$.log" 2>&1 ||
+    apt-get install -y -q "${PKGS[@]}" >>"/tmp/tula-slurm-apt.$$.log" 2>&1 ||
       { tail -n 30 "/tmp/tula-slurm-apt.$$.log" >&2; die "apt-get install ${PKGS[*]} failed"; }
   fi
   rm -f "/tmp/tula-slurm-apt.$$.log"
@@ -49,12 +51,14 @@ mkdir -p "$ETC" "$LOG" "$PIDS" "$RUN" "$SPOOL/ctld" "$DB_DIR"
 chmod go-w "$STATE" "$ETC" "$LOG" "$PIDS" "$RUN" "$SPOOL" 2>/dev/null || true
 
 # ---- helpers ---------------------------------------------------------------------------------
-# start_daemon NAME LOGFILE CMD...: start CMD detached (own session, stdio to the log) and record
-# its PID. Every wrapper used in CMD (setsid, setpriv, nsenter, unshare, sh -c 'exec') execs, so
-# the recorded PID is the daemon itself.
+# start_daemon NAME CMD...: start CMD detached (own session; stdin /dev/null, stdout+stderr to
+# log/NAME.out, the daemons' own log files are set in their configs) and record its PID. Every
+# wrapper used in CMD (setsid, setpriv, nsenter, unshare, sh -c 'exec') execs, so the recorded
+# PID is the daemon itself. Detaching matters: a caller that captures our output (pytest,
+# subprocess.run) must not wait on daemons holding its pipe, and its Ctrl-C must not reach them.
 start_daemon() {
-  local name="$1" logf="$2"; shift 2
-  setsid "$@" </dev/null >>"$logf" 2>&1 &
+  local name="$1"; shift
+  setsid "$@" </dev/null >>"$LOG/$name.out" 2>&1 9>&- &
   echo $! >"$PIDS/$name.pid"
 }
 
@@ -77,9 +81,9 @@ wait_until() {
   local desc="$1" dname="$2" logf="$3"; shift 3
   while ! "$@" >/dev/null 2>&1; do
     if [ "$dname" != "-" ] && ! is_running "$dname"; then
-      fail_with_log "$dname exited while waiting for: $desc" "$logf"
+      fail_with_log "$dname exited while waiting for: $desc" "$logf" "$LOG/$dname.out"
     fi
-    [ "$(date +%s)" -lt "$DEADLINE" ] || fail_with_log "timed out (${UP_TIMEOUT}s) waiting for: $desc" "$logf"
+    [ "$(date +%s)" -lt "$DEADLINE" ] || fail_with_log "timed out (${UP_TIMEOUT}s) waiting for: $desc" "$logf" "$LOG/$dname.out"
     sleep 0.2
   done
 }
@@ -169,9 +173,10 @@ else
     warn "daemons running (${running[*]}) but state files are missing: stopping them for a fresh start"
     for d in $(all_daemon_names | tac); do stop_daemon "$d"; done
   fi
-  stopped=($(all_daemon_names))
+  mapfile -t stopped < <(all_daemon_names)
   # leftovers of a crashed/killed earlier run
   kill_netns_procs
+  cgroup_sweep
   net_teardown
   hosts_remove
   rm -f "$PIDS"/*.pid
@@ -189,7 +194,7 @@ else
   esac
   echo "$MODE" >"$MODE_FILE"
   # keep the previous logs once, start new ones (the job-id scan also reads *.log.1)
-  for f in "$LOG"/*.log; do [ -e "$f" ] && mv -f "$f" "$f.1"; done
+  for f in "$LOG"/*.log "$LOG"/*.out; do [ -e "$f" ] && mv -f "$f" "$f.1"; done
   # node spool dirs hold per-node job state of the previous incarnation: start clean
   rm -rf "$SPOOL"/slurmd.*
 fi
@@ -216,7 +221,7 @@ if ! is_running munged; then
   chmod 0400 "$MUNGE_DIR/munge.key"
   rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
   : >>"$LOG/munged.log"; chown munge:munge "$LOG/munged.log"
-  start_daemon munged "$LOG/munged.log" \
+  start_daemon munged \
     setpriv --reuid=munge --regid=munge --init-groups \
     munged -F --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
     --pid-file="$MUNGE_DIR/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munged.seed"
@@ -239,7 +244,7 @@ if ! is_running mariadbd; then
       fail_with_log "mariadb-install-db failed" "$LOG/mariadb-install.log"
   fi
   rm -f "$DB_SOCKET"
-  start_daemon mariadbd "$LOG/mariadb.log" \
+  start_daemon mariadbd \
     mariadbd --no-defaults --user=root --datadir="$DB_DATA" --socket="$DB_SOCKET" \
     --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
     --pid-file="$DB_DIR/mariadbd.pid" --log-error="$LOG/mariadb.log" \
@@ -300,7 +305,7 @@ printf 'export SLURM_CONF=%q\n' "$SLURM_CONF_PATH" >"$STATE/slurm.env"
 
 # ---- 7. slurmdbd + cluster registration ------------------------------------------------------
 if ! is_running slurmdbd; then
-  start_daemon slurmdbd "$LOG/slurmdbd.log" slurmdbd -D
+  start_daemon slurmdbd slurmdbd -D
 fi
 wait_until "slurmdbd answering (sacctmgr show cluster)" slurmdbd "$LOG/slurmdbd.log" \
   sacctmgr -n show cluster
@@ -315,10 +320,10 @@ if ! is_running slurmctld; then
   # fresh start: forget old jobs/node states (drain reasons...), ids continue via FirstJobId
   [ "$FRESH" = 1 ] && ctld_args+=(-c)
   if [ "$MODE" = netns ]; then
-    start_daemon slurmctld "$LOG/slurmctld.log" \
+    start_daemon slurmctld \
       unshare --uts sh -c 'hostname "$0"; exec "$@"' "$CTL_NAME" "${ctld_args[@]}"
   else
-    start_daemon slurmctld "$LOG/slurmctld.log" "${ctld_args[@]}"
+    start_daemon slurmctld "${ctld_args[@]}"
   fi
 fi
 wait_until "slurmctld answering (scontrol ping)" slurmctld "$LOG/slurmctld.log" \
@@ -331,11 +336,11 @@ for ((i = 1; i <= NNODES; i++)); do
   mkdir -p "$SPOOL/slurmd.$n"
   if [ "$MODE" = netns ]; then
     # NOT `ip netns exec`: it remounts /sys, hiding the cgroup mounts, and slurmd aborts
-    start_daemon "slurmd-$n" "$LOG/slurmd.$n.log" \
+    start_daemon "slurmd-$n" \
       nsenter --net="/run/netns/$NS_PREFIX$i" unshare --uts \
       sh -c 'hostname "$0"; exec "$@"' "$n" slurmd -D -f "$SLURM_CONF_PATH"
   else
-    start_daemon "slurmd-$n" "$LOG/slurmd.$n.log" slurmd -D -f "$SLURM_CONF_PATH" -N "$n"
+    start_daemon "slurmd-$n" slurmd -D -f "$SLURM_CONF_PATH" -N "$n"
   fi
 done
 
@@ -351,7 +356,7 @@ nodes_idle() {
 slurmd_logs=(); for n in $(node_names); do slurmd_logs+=("$LOG/slurmd.$n.log"); done
 while ! nodes_idle; do
   for n in $(node_names); do
-    is_running "slurmd-$n" || fail_with_log "slurmd for $n exited" "$LOG/slurmd.$n.log" "$LOG/slurmctld.log"
+    is_running "slurmd-$n" || fail_with_log "slurmd for $n exited" "$LOG/slurmd.$n.log" "$LOG/slurmd-$n.out" "$LOG/slurmctld.log"
   done
   if [ "$(date +%s)" -ge "$DEADLINE" ]; then
     sinfo -N -l >&2 || true
@@ -367,4 +372,4 @@ if [ "$FRESH" = 1 ]; then
 fi
 
 T1=$(date +%s.%N)
-say "UP: cluster $CLUSTER_NAME, mode=$MODE, cgroups=$CGROUPS, nodes=$(node_names | paste -sd, -) ($(sinfo -h -p debug -o '%t' | sort -u | paste -sd, -)), first job id $(grep -oP '^FirstJobId=\K[0-9]+' "$SLURM_CONF_PATH"), $(awk -v a="$T0" -v b="$T1" 'BEGIN{printf "%.1f", b-a}')s; run: source $STATE/slurm.env"
+say "UP: cluster $CLUSTER_NAME, mode=$MODE, cgroups=$CGROUPS, nodes=$(node_names | paste -sd, -) ($(sinfo -h -p debug -o '%t' | sort -u | paste -sd, -)), $([ "$FRESH" = 1 ] && echo "first job id $FIRST_JOB_ID, ")$(awk -v a="$T0" -v b="$T1" 'BEGIN{printf "%.1f", b-a}')s; run: source $STATE/slurm.env"

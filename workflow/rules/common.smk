@@ -1,5 +1,5 @@
 import json
-import shlex
+import os
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -11,21 +11,19 @@ from tula_hpc.config import ConfigError, validate_config
 try:
     validate_config(config)
 except ConfigError as err:
-    raise WorkflowError(f"{', '.join(workflow.configfiles)}: {err}")
+    raise WorkflowError(f"{', '.join(map(str, workflow.configfiles))}: {err}")
 validate(config, "../schemas/jobs.schema.yaml")
 
 JOBS = list(config["jobs"])
-PYTHON = sys.executable
-# What every stage's command line shares: the jobs files as Snakemake read them, and the launcher the profile chose.
-STAGE_ARGS = " ".join(
-    [
-        "--config",
-        *map(shlex.quote, workflow.configfiles),
-        "--launcher",
-        config["launcher"],
-        "--slurm",
-        shlex.quote(json.dumps(config["slurm"])),
-    ]
+# Every stage reads the jobs files as Snakemake read them and the launcher the profile chose from
+# the environment, so switching profiles does not count as a change that reruns finished stages.
+# The `tula-hpc` console script is the one beside the Python running Snakemake (under --sdm conda the
+# environment's own comes first on PATH).
+os.environ.update(
+    TULA_CONFIGFILES=os.pathsep.join(map(str, workflow.configfiles)),
+    TULA_LAUNCHER=config["launcher"],
+    TULA_SLURM=json.dumps(config["slurm"]),
+    PATH=os.pathsep.join([os.path.dirname(sys.executable), *os.get_exec_path()]),
 )
 
 

@@ -7,8 +7,10 @@ rule evaluate:
         "results/{job}/eval.json",
     params:
         settings=settings("data"),
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/evaluate.log",
     shell:
-        "{PYTHON} -m tula_hpc.evaluate {STAGE_ARGS} --job {wildcards.job} --model {input.model}"
+        "tula-hpc evaluate --job {wildcards.job} --model {input.model}"
         " --summary {input.summary} --selection {input.selection} --out {output} > {log} 2>&1"

@@ -3,8 +3,10 @@ rule probe_memory:
         "results/{job}/memory.json",
     params:
         settings=settings("model", "data", "train", "resources"),
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/probe_memory.log",
     threads: 1
     shell:
-        "{PYTHON} -m tula_hpc.memory {STAGE_ARGS} --job {wildcards.job} --out {output} > {log} 2>&1"
+        "tula-hpc probe-memory --job {wildcards.job} --out {output} > {log} 2>&1"

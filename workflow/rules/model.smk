@@ -6,10 +6,12 @@ rule fit_model:
         "results/{job}/perfmodel.json",
     params:
         settings=settings("train", "objective"),
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/fit_model.log",
     shell:
-        "{PYTHON} -m tula_hpc.perfmodel {STAGE_ARGS} --job {wildcards.job} --plan {input.plan}"
+        "tula-hpc fit-model --job {wildcards.job} --plan {input.plan}"
         " --profiles {input.profiles} --out {output} > {log} 2>&1"
 
 
@@ -20,7 +22,9 @@ rule select:
         "results/{job}/selection.json",
     params:
         settings=settings("objective"),
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/select.log",
     shell:
-        "{PYTHON} -m tula_hpc.selection {STAGE_ARGS} --job {wildcards.job} --perfmodel {input} --out {output} > {log} 2>&1"
+        "tula-hpc select --job {wildcards.job} --perfmodel {input} --out {output} > {log} 2>&1"

@@ -5,7 +5,9 @@ checkpoint plan:
         "results/{job}/plan.json",
     params:
         settings=settings("search", "resources"),
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/plan.log",
     shell:
-        "{PYTHON} -m tula_hpc.plan {STAGE_ARGS} --job {wildcards.job} --memory {input} --out {output} > {log} 2>&1"
+        "tula-hpc plan --job {wildcards.job} --memory {input} --out {output} > {log} 2>&1"

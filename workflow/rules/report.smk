@@ -9,8 +9,10 @@ rule report:
     output:
         report="results/{job}/report.md",
         plot="results/{job}/time_vs_batch.png",
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/report.log",
     shell:
-        "{PYTHON} -m tula_hpc.report {STAGE_ARGS} --job {wildcards.job} --results-dir results/{wildcards.job}"
+        "tula-hpc report --job {wildcards.job} --results-dir results/{wildcards.job}"
         " --out {output.report} > {log} 2>&1"

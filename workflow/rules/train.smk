@@ -7,11 +7,13 @@ rule train:
         model="results/{job}/train/model.pt",
     params:
         settings=settings("model", "data", "train", "resources"),
+    conda:
+        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/train.log",
     threads: chosen_nodes
     resources:
         timing_slot=1,
     shell:
-        "{PYTHON} -m tula_hpc.train {STAGE_ARGS} --job {wildcards.job} --selection {input}"
+        "tula-hpc train --job {wildcards.job} --selection {input}"
         " --out-dir results/{wildcards.job}/train > {log} 2>&1"

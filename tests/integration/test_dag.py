@@ -1,0 +1,120 @@
+"""The real DAG on the tiny default job, through the local profile: files, accuracy, no-op rerun, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import tiny_job_config
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DESIGN_OUTPUTS = ["memory.json", "plan.json", "perfmodel.json", "selection.json", "train/summary.json", "train/model.pt",
+                  "eval.json", "report.md", "time_vs_batch.png"]
+
+
+def snakemake(workdir: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess | subprocess.Popen:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--profile", str(REPO / "profiles" / "local"), "--configfile", str(workdir / "jobs.yaml"), *extra]
+    if kwargs.pop("background", False):
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    config = tiny_job_config()
+    workdir = tmp_path_factory.mktemp("dag")
+    (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
+    started = time.perf_counter()
+    proc = snakemake(workdir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return workdir, time.perf_counter() - started
+
+
+def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run):
+    workdir, _ = finished_run
+    results = workdir / "results" / "digits-cnn"
+    for name in DESIGN_OUTPUTS:
+        assert (results / name).stat().st_size > 0, name
+    plan = json.loads((results / "plan.json").read_text())
+    profiles = sorted(p.name for p in (results / "profile").glob("*.json"))
+    assert profiles == sorted(f"N{c['nodes']}_B{c['batch']}.json" for c in plan["profile"])
+    assert plan["mode"] == "partial" and len(plan["profile"]) < len(plan["candidates"])
+    selection = json.loads((results / "selection.json").read_text())
+    chosen = selection["chosen"]
+    assert (chosen["nodes"], chosen["batch"]) in {(c["nodes"], c["batch"]) for c in plan["candidates"]}
+    summary = json.loads((results / "train" / "summary.json").read_text())
+    assert summary["global_batch"] == chosen["batch"] and summary["world_size"] == chosen["nodes"]
+    assert summary["epochs"] == 12 and [h["epoch"] for h in summary["history"]] == list(range(1, 13))
+    evaluation = json.loads((results / "eval.json").read_text())
+    assert evaluation["test_accuracy"] >= 0.95
+    assert evaluation["measured_train_time_s"] > 0 and evaluation["predicted_train_time_s"] > 0
+    report = (results / "report.md").read_text()
+    assert f"{chosen['nodes']} node(s), global batch {chosen['batch']}" in report
+    assert (results / "time_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
+    # Checkpoints live in the work folder, never among the results.
+    assert torch.load(workdir / "work" / "digits-cnn" / "train" / "checkpoint.pt", weights_only=False)["epoch"] == 12
+
+
+def test_second_run_has_nothing_to_do(finished_run):
+    workdir, _ = finished_run
+    proc = snakemake(workdir)
+    assert proc.returncode == 0
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_bad_config_fails_before_anything_runs_and_keeps_results(finished_run):
+    workdir, _ = finished_run
+    memory = workdir / "results" / "digits-cnn" / "memory.json"
+    before = (memory.read_bytes(), memory.stat().st_mtime_ns)
+    good = (workdir / "jobs.yaml").read_text()
+    bad = yaml.safe_load(good)
+    bad["jobs"]["digits-cnn"]["search"]["batch"] = {"min": 512, "max": 64}
+    (workdir / "jobs.yaml").write_text(yaml.safe_dump(bad))
+    try:
+        proc = snakemake(workdir)
+    finally:
+        (workdir / "jobs.yaml").write_text(good)
+    assert proc.returncode != 0
+    assert "job 'digits-cnn': field 'search.batch': min (512) is larger than max (64)" in proc.stdout + proc.stderr
+    assert (memory.read_bytes(), memory.stat().st_mtime_ns) == before
+
+
+def test_killed_run_resumes_training_from_its_last_checkpoint(finished_run):
+    """Kill the driver and everything it started mid-training; the rerun resumes, not restarts."""
+    workdir, _ = finished_run
+    config = yaml.safe_load((workdir / "jobs.yaml").read_text())
+    config["jobs"]["digits-cnn"]["train"]["epochs"] = 80  # a params change: train, evaluate, report rerun
+    (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
+    checkpoint = workdir / "work" / "digits-cnn" / "train" / "checkpoint.pt"
+    proc = snakemake(workdir, background=True)
+    deadline = time.time() + 240
+    killed_at = None
+    while time.time() < deadline and proc.poll() is None:
+        if checkpoint.exists():
+            state = torch.load(checkpoint, weights_only=False)
+            if state["config"]["train"]["epochs"] == 80 and state["epoch"] >= 3:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed_at = state["epoch"]
+                break
+        time.sleep(0.2)
+    proc.wait()
+    assert killed_at is not None, "training finished or never started before it could be killed"
+    assert subprocess.run([sys.executable, "-m", "tula_hpc.cli", "unlock-stale"], cwd=workdir).returncode == 0
+    rerun = snakemake(workdir)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    summary = json.loads((workdir / "results" / "digits-cnn" / "train" / "summary.json").read_text())
+    assert summary["resumed_from_epoch"] is not None and summary["resumed_from_epoch"] >= killed_at
+    assert summary["epochs"] == 80 and summary["steps"] == 80 * summary["steps_per_epoch"]
+    assert "resuming from checkpoint" in (workdir / "logs" / "digits-cnn" / "train.log").read_text()

@@ -1,0 +1,115 @@
+"""Bad input: one clear message naming the job, the field and what is allowed; nothing submitted."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
+from tula_hpc.stage import load_job
+
+
+def _job(config: dict) -> dict:
+    return config["jobs"]["digits-cnn"]
+
+
+BAD_CASES = [
+    ("unknown model", lambda j: j["model"].update(name="resnet1000"), ["model.name", "resnet18"]),
+    ("unknown dataset", lambda j: j["data"].update(name="mnist"), ["data.name", "mnist", "cifar10"]),
+    ("missing data root", lambda j: j["data"].update(name="cifar10", image_size=32), ["data.root", "cifar10"]),
+    ("data root not a folder", lambda j: j["data"].update(name="cifar10", root="/nonexistent/cifar", image_size=32),
+     ["data.root", "/nonexistent/cifar", "does not exist"]),
+    ("batch min above max", lambda j: j["search"]["batch"].update(min=512, max=64), ["search.batch", "512", "64"]),
+    ("nodes min above max", lambda j: j["search"]["nodes"].update(min=4, max=2), ["search.nodes", "4", "2"]),
+    ("zero epochs", lambda j: j["train"].update(epochs=0), ["train.epochs", "minimum"]),
+    ("negative epochs", lambda j: j["train"].update(epochs=-3), ["train.epochs", "-3"]),
+    ("epochs as text", lambda j: j["train"].update(epochs="ten"), ["train.epochs", "'ten'", "integer"]),
+    ("lr as text", lambda j: j["train"].update(lr="fast"), ["train.lr", "number"]),
+    ("unknown key", lambda j: j["train"].update(epoch=3), ["train", "'epoch'", "epochs"]),
+    ("unknown section", lambda j: j.update(extras={}), ["'extras'", "allowed keys"]),
+    ("unknown objective", lambda j: j["objective"].update(minimize="accuracy"), ["objective.minimize", "knee"]),
+    ("module:callable that does not import", lambda j: j["model"].update(name="no_such_pkg.models:make"),
+     ["model.name", "no_such_pkg.models:make", "does not import"]),
+    ("callable missing from module", lambda j: j["model"].update(name="tula_hpc.models:no_such_factory"),
+     ["model.name", "no_such_factory"]),
+    ("image too small for the model", lambda j: j["model"].update(name="vgg11"), ["data.image_size", "vgg11", "32"]),
+    ("search mode", lambda j: j["search"].update(mode="exhaustive"), ["search.mode", "partial, full"]),
+    ("milestone past the end", lambda j: j["train"].update(lr_milestones=[40]), ["train.lr_milestones", "40"]),
+    ("zero device memory", lambda j: j["resources"].update(device_memory_gb=0), ["resources.device_memory_gb"]),
+    ("nodes as list", lambda j: j["search"].update(nodes=[1, 2]), ["search.nodes", "object"]),
+]
+
+
+@pytest.mark.parametrize("label, mutate, expected", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_input_names_job_field_and_allowed(default_config, label, mutate, expected):
+    config = copy.deepcopy(default_config)
+    mutate(_job(config))
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    message = str(err.value)
+    assert "job 'digits-cnn'" in message or "'extras'" in message
+    for fragment in expected:
+        assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+def test_default_config_is_valid_and_filled_with_defaults(default_config):
+    config = validate_config(copy.deepcopy(default_config))
+    job = job_settings(config, "digits-cnn")
+    assert job["launcher"] == "local"
+    assert job["resources"]["slurm"] == {}
+    assert job["search"]["batch"] == {"min": 32, "max": 256}
+
+
+def test_profile_slurm_settings_are_overridden_per_job(default_config):
+    config = copy.deepcopy(default_config)
+    _job(config)["resources"]["slurm"] = {"partition": "gpu", "extra_args": ["--exclusive"]}
+    config.update(launcher="slurm", slurm={"partition": "debug", "account": "proj1"})
+    job = job_settings(validate_config(config), "digits-cnn")
+    assert job["resources"]["slurm"] == {"partition": "gpu", "account": "proj1", "extra_args": ["--exclusive"]}
+
+
+def test_later_files_update_earlier_ones(tmp_path, default_config):
+    base = tmp_path / "jobs.yaml"
+    base.write_text(yaml.safe_dump(default_config))
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"jobs": {"digits-cnn": {"train": {"epochs": 3, "lr_milestones": []}}}}))
+    job = load_job([base, override], "digits-cnn")
+    assert job["train"]["epochs"] == 3
+    assert job["train"]["lr"] == default_config["jobs"]["digits-cnn"]["train"]["lr"]
+
+
+def test_unknown_job_lists_defined_ones(tmp_path, default_config):
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump(default_config))
+    with pytest.raises(ConfigError, match="job 'nope' is not defined; defined jobs: digits-cnn"):
+        load_job([path], "nope")
+
+
+def test_missing_and_malformed_files_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="missing.yaml: file not found"):
+        load_config([tmp_path / "missing.yaml"])
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("jobs: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        load_config([broken])
+
+
+def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path, default_config):
+    bad = copy.deepcopy(default_config)
+    _job(bad)["train"]["epochs"] = 0
+    config_path = tmp_path / "jobs.yaml"
+    config_path.write_text(yaml.safe_dump(bad))
+    earlier = tmp_path / "memory.json"
+    earlier.write_text('{"earlier": true}\n')
+    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--config", str(config_path), "--job", "digits-cnn",
+                           "--out", str(earlier), "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "job 'digits-cnn': field 'train.epochs'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert earlier.read_text() == '{"earlier": true}\n'
+    assert not (tmp_path / "work").exists(), "nothing may be submitted for an invalid config"

@@ -1,0 +1,63 @@
+"""Real torchvision networks and real data loaders on small inputs."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tula_hpc.config import MIN_IMAGE_SIZE
+from tula_hpc.data import DataError, load_splits, make_loader
+from tula_hpc.models import build_model
+
+DIGITS = {"name": "digits", "root": None, "image_size": 8, "val_fraction": 0.1, "test_fraction": 0.2, "num_workers": 0}
+
+
+@pytest.mark.parametrize("name", sorted(MIN_IMAGE_SIZE))
+def test_every_builtin_model_classifies_its_smallest_images(name):
+    size = max(MIN_IMAGE_SIZE[name], 8)
+    model = build_model(name, num_classes=7, in_channels=1, image_size=size).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, size, size))
+    assert out.shape == (2, 7)
+
+
+def test_user_model_factory_is_called_with_the_data_shape():
+    model = build_model("tula_hpc.models:TinyCNN", num_classes=3, in_channels=2, image_size=6)
+    assert model(torch.randn(1, 2, 6, 6)).shape == (1, 3)
+
+
+def test_digits_split_is_seeded_disjoint_and_complete():
+    a, b = load_splits(DIGITS, seed=1), load_splits(DIGITS, seed=1)
+    assert list(a.train.indices) == list(b.train.indices)
+    parts = [set(a.train.indices), set(a.val.indices), set(a.test.indices)]
+    assert sum(map(len, parts)) == 1797 and len(set.union(*parts)) == 1797
+    assert len(a.test) == round(0.2 * 1797)
+    assert list(load_splits(DIGITS, seed=2).train.indices) != list(a.train.indices)
+
+
+def test_distributed_loaders_give_each_rank_its_own_share():
+    splits = load_splits(DIGITS, seed=0)
+    seen = [set() for _ in range(2)]
+    for rank in range(2):
+        loader = make_loader(splits.train, 64, rank=rank, world_size=2, seed=0, shuffle=True)
+        seen[rank] = {tuple(x.flatten().tolist()) for xb, _ in loader for x in xb}
+    assert len(seen[0] & seen[1]) < 5  # disjoint up to duplicate images in the data set
+
+
+def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog", "eel"):
+        (tmp_path / cls).mkdir()
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
+    cfg = {**DIGITS, "name": "imagefolder", "root": str(tmp_path), "image_size": 8}
+    splits = load_splits(cfg, seed=0)
+    assert (splits.num_classes, splits.in_channels) == (3, 3)
+    assert len(splits.train) + len(splits.val) + len(splits.test) == 30
+    x, y = splits.train[0]
+    assert x.shape == (3, 8, 8)
+
+
+def test_cifar_without_files_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="no cifar10 files there"):
+        load_splits({**DIGITS, "name": "cifar10", "root": str(tmp_path), "image_size": 32}, seed=0)
