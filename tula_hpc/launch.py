@@ -8,6 +8,7 @@ rerun of the stage re-attaches to a job that is still running instead of submitt
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,8 +20,10 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from .files import read_json, write_json
 
-ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
+ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
+                       "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
 STDERR_TAIL_LINES = 40
+ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
 
 
 class JobFailed(RuntimeError):
@@ -86,7 +89,7 @@ class DistributedTask(submitit.helpers.Checkpointable):
 
 
 def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecutor:
-    executor = submitit.AutoExecutor(folder=folder, cluster=spec.launcher)
+    executor = submitit.AutoExecutor(folder=folder, cluster=spec.launcher, slurm_max_num_timeout=spec.max_requeues)
     params: dict[str, Any] = dict(name=name, timeout_min=spec.time_min, cpus_per_task=spec.cpus_per_task)
     if spec.launcher == "local":
         # submitit's local executor has no nodes: N nodes become N processes of one "node".
@@ -101,7 +104,11 @@ def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecuto
             nodes=spec.nodes, tasks_per_node=spec.tasks_per_node, gpus_per_node=spec.gpus_per_node or None,
             mem_gb=spec.mem_gb, slurm_partition=slurm.get("partition"), slurm_account=slurm.get("account"),
             slurm_qos=slurm.get("qos"), slurm_constraint=slurm.get("constraint"),
-            slurm_additional_parameters=extra or None, slurm_max_num_timeout=spec.max_requeues,
+            slurm_additional_parameters=extra or None,
+            # One dead rank ends the whole step at once instead of leaving the others in a collective.
+            slurm_srun_args=["--kill-on-bad-exit=1"],
+            # The warning before the time limit must leave time to work: a quarter of short limits, 90 s at most.
+            slurm_signal_delay_s=min(90, spec.time_min * 60 // 4),
         )
     executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
     return executor
@@ -120,8 +127,21 @@ def _reattach(record_path: Path) -> submitit.Job | None:
         while _pid_alive(pid):
             time.sleep(0.5)
         return submitit.local.local.LocalJob(folder=folder, job_id=job_id, tasks=tasks)
-    job = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tasks)
-    return job if job.state.split()[0] in ACTIVE_SLURM_STATES else None
+    return submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tasks) if slurm_state(job_id) in ACTIVE_SLURM_STATES else None
+
+
+def slurm_state(job_id: str) -> str:
+    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN."""
+    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    if queued.returncode == 0 and queued.stdout.strip():
+        return queued.stdout.split()[0]
+    deadline = time.time() + ACCOUNTING_LAG_S
+    while True:
+        acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+        states = acct.stdout.split()
+        if states and states[-1].split()[0] not in ACTIVE_SLURM_STATES or time.time() > deadline:
+            return states[-1].split()[0] if states else "UNKNOWN"
+        time.sleep(1)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -164,7 +184,7 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
     try:
         results = job.results()
     except (FailedJobError, UncompletedJobError) as err:
-        state = job.state if spec.launcher == "slurm" else "FAILED"
+        state = slurm_state(str(job.job_id)) if spec.launcher == "slurm" else "FAILED"
         raise JobFailed(f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}\n"
                         f"{_stderr_tail(job)}\n{str(err).splitlines()[0] if str(err) else ''}") from None
     _echo_rank0_output(job)
