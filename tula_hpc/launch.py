@@ -49,6 +49,7 @@ class LaunchSpec:
         return cls(
             launcher=job["launcher"], nodes=nodes, gpus_per_node=res["gpus_per_node"], cpus_per_task=res["cpus_per_task"],
             mem_gb=res["mem_gb"], time_min=res["time_min"], slurm=dict(res.get("slurm", {})),
+            max_requeues=res["max_requeues"],
         )
 
     @property

@@ -77,7 +77,7 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
     scheduler = make_scheduler(optimizer, job["train"])
     fingerprint = _fingerprint(job, global_batch)
 
-    start_epoch, step, train_time, resumed_from = 0, 0, 0.0, None
+    start_epoch, step, train_time, resumed_from, restarts = 0, 0, 0.0, None, []
     checkpoint = load_checkpoint(Path(checkpoint_path))
     if checkpoint is not None and checkpoint["config"] == fingerprint:
         model.load_state_dict(checkpoint["model"])
@@ -87,6 +87,7 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
         start_epoch, step = checkpoint["epoch"], checkpoint["step"]
         train_time = checkpoint["extra"]["train_time_s"]
         resumed_from = start_epoch
+        restarts = checkpoint["extra"]["restarts"] + [start_epoch]
         if ctx.is_main:
             print(f"[train] resuming from checkpoint {checkpoint_path} at epoch {start_epoch}", flush=True)
     elif ctx.is_main:
@@ -114,7 +115,7 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
         val_accuracy = evaluate_accuracy(net, splits.val, ctx)
         if ctx.is_main:
             save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                            step=step, config=fingerprint, extra={"train_time_s": train_time})
+                            step=step, config=fingerprint, extra={"train_time_s": train_time, "restarts": restarts})
             record = {"epoch": epoch + 1, "step": step, "loss": float(loss), "val_accuracy": val_accuracy,
                       "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0]}
             append_jsonl(metrics_path, record)
@@ -130,6 +131,7 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
             "nodes": None, "global_batch": global_batch, "per_device_batch": per_device, "world_size": ctx.world_size,
             "epochs": epochs, "steps": step, "steps_per_epoch": math.ceil(math.ceil(len(splits.train) / ctx.world_size) / per_device),
             "train_samples": len(splits.train), "train_time_s": train_time, "resumed_from_epoch": resumed_from,
+            "restarts_at_epochs": restarts,
             "history": list({r["epoch"]: r for r in read_jsonl(metrics_path)}.values()),
         }
     shutdown()
