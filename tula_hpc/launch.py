@@ -23,6 +23,7 @@ from .files import read_json, write_json
 ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
                        "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
 STDERR_TAIL_LINES = 40
+FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
 
 
@@ -132,16 +133,21 @@ def _reattach(record_path: Path) -> submitit.Job | None:
 
 
 def slurm_state(job_id: str) -> str:
-    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN."""
+    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN.
+
+    A finished allocation often just says FAILED; the cause (OUT_OF_MEMORY, NODE_FAIL, ...) is on a step.
+    """
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
     if queued.returncode == 0 and queued.stdout.strip():
         return queued.stdout.split()[0]
     deadline = time.time() + ACCOUNTING_LAG_S
     while True:
-        acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
-        states = acct.stdout.split()
-        if states and states[-1].split()[0] not in ACTIVE_SLURM_STATES or time.time() > deadline:
-            return states[-1].split()[0] if states else "UNKNOWN"
+        acct = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+        states = [line.split()[0] for line in acct.stdout.splitlines() if line.strip()]
+        if states and states[0] not in ACTIVE_SLURM_STATES:
+            return next((cause for cause in FAILURE_CAUSES if cause in states), states[0])
+        if time.time() > deadline:
+            return states[0] if states else "UNKNOWN"
         time.sleep(1)
 
 

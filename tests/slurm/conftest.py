@@ -1,0 +1,69 @@
+"""The local Slurm cluster (scripts/slurm/up.sh) for tests that submit real sbatch jobs.
+
+Without root the cluster cannot start and these tests skip, saying why; under CI (CI=true) they must run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, tiny_job_config
+
+pytestmark = pytest.mark.slurm
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"Slurm tests are required under CI but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Path:
+    """Start (or find running) the local cluster; point this process and its children at it."""
+    if os.geteuid() != 0:
+        _unavailable("the local Slurm cluster needs root (run `make slurm-up` as root)")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "up.sh")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        _unavailable(f"scripts/slurm/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    env_file = REPO / "work" / "slurm" / "slurm.env"
+    conf = re.search(r"SLURM_CONF=(\S+)", env_file.read_text()).group(1)
+    os.environ["SLURM_CONF"] = conf
+    return Path(conf)
+
+
+def sacct_jobs(name: str) -> list[dict]:
+    """Allocations (not steps) named `name`, oldest first."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "--name", name, "-o", "JobID,NNodes,State"],
+                         capture_output=True, text=True, check=True).stdout
+    return [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def unique_job_config(tmp_path: Path, **train) -> tuple[str, Path]:
+    """The tiny digits job under a fresh name (sacct keeps every earlier test run's jobs)."""
+    config = tiny_job_config()
+    name = f"t{uuid.uuid4().hex[:8]}"
+    job = config["jobs"].pop("digits-cnn")
+    job["train"].update(train)
+    config["jobs"][name] = job
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return name, path

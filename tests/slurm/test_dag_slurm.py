@@ -1,0 +1,73 @@
+"""The whole DAG through profiles/slurm on the local cluster: real sbatch, 2-node profiling, re-attach."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.slurm.conftest import sacct_jobs, unique_job_config, wait_for
+from tula_hpc.launch import slurm_state
+
+
+def snakemake(workdir, config_path, background=False):
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(config_path)]
+    if background:
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("slurm-dag")
+    name, config_path = unique_job_config(workdir)
+    proc = snakemake(workdir, config_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir, name, config_path
+
+
+def test_profiling_runs_real_two_node_jobs_and_training_uses_the_chosen_nodes(slurm_run):
+    workdir, name, _ = slurm_run
+    results = workdir / "results" / name
+    plan = json.loads((results / "plan.json").read_text())
+    two_node = [c for c in plan["profile"] if c["nodes"] == 2]
+    assert two_node, "the plan must profile 2-node configurations"
+    for c in two_node:
+        [job] = sacct_jobs(f"{name}-profile-N2-B{c['batch']}")
+        assert (job["nodes"], job["state"]) == ("2", "COMPLETED")
+        assert json.loads((results / "profile" / f"N2_B{c['batch']}.json").read_text())["world_size"] == 2
+    chosen = json.loads((results / "selection.json").read_text())["chosen"]
+    [train] = sacct_jobs(f"{name}-train")
+    assert (train["nodes"], train["state"]) == (str(chosen["nodes"]), "COMPLETED")
+    assert json.loads((results / "eval.json").read_text())["test_accuracy"] >= 0.9
+
+
+def test_killed_driver_reattaches_to_the_running_training_job(slurm_run):
+    """SIGKILL Snakemake and the stage it ran while training runs in Slurm; the rerun waits for that job."""
+    workdir, name, config_path = slurm_run
+    config = yaml.safe_load(config_path.read_text())
+    config["jobs"][name]["train"]["epochs"] = 60  # reruns train (and what follows), long enough to interrupt
+    config_path.write_text(yaml.safe_dump(config))
+    record = workdir / "work" / name / "train" / "job.json"
+    first_job = json.loads(record.read_text())["job_id"]
+    driver = snakemake(workdir, config_path, background=True)
+    job_id = wait_for(lambda: record.exists() and json.loads(record.read_text())["job_id"] != first_job
+                      and json.loads(record.read_text())["job_id"], 180, "the new training submission")
+    wait_for(lambda: slurm_state(job_id) == "RUNNING", 60, "training to run")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    assert slurm_state(job_id) == "RUNNING", "the Slurm job must outlive the driver"
+    subprocess.run([sys.executable, "-m", "tula_hpc.cli", "unlock-stale"], cwd=workdir, check=True)
+    rerun = snakemake(workdir, config_path)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert [j["job_id"] for j in sacct_jobs(f"{name}-train")] == [first_job, job_id], "a duplicate was submitted"
+    assert f"re-attached to slurm job {job_id}" in (workdir / "logs" / name / "train.log").read_text()
+    summary = json.loads((workdir / "results" / name / "train" / "summary.json").read_text())
+    assert summary["epochs"] == 60 and summary["history"][-1]["epoch"] == 60

@@ -1,0 +1,62 @@
+"""Failures through real Slurm end the stage with the state, the job id and the log to read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import wait_for
+from tests.slurm.workers import all_reduce_for, hold_memory
+from tula_hpc import launch
+from tula_hpc.files import read_json
+
+
+def _rank_pid(job_id: str, rank: int) -> int | None:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text().split("\0") if "=" in kv)
+            cmdline = (proc / "cmdline").read_text()
+        except (OSError, ValueError):
+            continue
+        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "submitit.core._submit" in cmdline:
+            return int(proc.name)
+    return None
+
+
+def test_a_killed_rank_ends_the_job_within_seconds_and_a_rerun_completes(slurm_cluster, tmp_path):
+    spec = launch.LaunchSpec(launcher="slurm", nodes=2, time_min=10, mem_gb=1)
+    outcome: dict = {}
+
+    def run_stage():
+        try:
+            launch.run(all_reduce_for, {"seconds": 240}, spec, tmp_path, name="rank-kill")
+        except launch.JobFailed as err:
+            outcome["error"], outcome["ended"] = str(err), time.time()
+
+    stage = threading.Thread(target=run_stage)
+    stage.start()
+    job_id = wait_for(lambda: (tmp_path / "job.json").exists() and read_json(tmp_path / "job.json")["job_id"], 30, "submission")
+    pid = wait_for(lambda: _rank_pid(job_id, 1), 60, "rank 1 to start")
+    time.sleep(3)  # let the group form and the ranks enter their collectives
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    stage.join(timeout=120)
+    assert not stage.is_alive(), "the stage still waits: the surviving rank was left hanging"
+    assert outcome["ended"] - killed < 45
+    assert f"job {job_id} ended" in outcome["error"]
+    assert any(state in outcome["error"] for state in ("FAILED", "CANCELLED")), outcome["error"]
+    assert "read " in outcome["error"] and "_log.err" in outcome["error"]
+    assert launch.run(all_reduce_for, {"seconds": 1}, spec, tmp_path, name="rank-kill") == 2
+
+
+def test_a_job_over_its_memory_limit_is_reported_out_of_memory(slurm_cluster, tmp_path):
+    spec = launch.LaunchSpec(launcher="slurm", nodes=1, time_min=5, mem_gb=0.25)
+    with pytest.raises(launch.JobFailed, match=r"job \d+ ended OUT_OF_MEMORY; read .*_log\.err"):
+        launch.run(hold_memory, {"megabytes": 1024}, spec, tmp_path, name="over-mem")

@@ -1,0 +1,74 @@
+"""Training as a Checkpointable Slurm job: time limits, requeues and scontrol requeue resume from checkpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+import yaml
+
+from tests.conftest import REPO
+from tests.slurm.conftest import sacct_jobs, unique_job_config, wait_for
+from tula_hpc.launch import slurm_state
+
+
+def _train_stage(tmp_path, name, config_path, launcher, tag, background=False):
+    selection = tmp_path / "selection.json"
+    selection.write_text(json.dumps({"chosen": {"nodes": 1, "batch": 64, "per_device_batch": 64}}))
+    cmd = [sys.executable, "-m", "tula_hpc.train", "--config", str(config_path), "--job", name, "--launcher", launcher,
+           "--selection", str(selection), "--out-dir", str(tmp_path / tag / "out"), "--work-dir", str(tmp_path / tag / "work")]
+    if background:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+
+
+def _slow_job(tmp_path, epochs, **resources):
+    """tiny_cnn on 32x32 digits: about a second per epoch on one core."""
+    name, config_path = unique_job_config(tmp_path, epochs=epochs, lr_milestones=[])
+    config = yaml.safe_load(config_path.read_text())
+    config["jobs"][name]["data"]["image_size"] = 32
+    config["jobs"][name]["resources"].update(resources)
+    config_path.write_text(yaml.safe_dump(config))
+    return name, config_path
+
+
+def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_run(slurm_cluster, tmp_path):
+    name, config_path = _slow_job(tmp_path, epochs=60, time_min=1, max_requeues=12)
+    on_slurm = _train_stage(tmp_path, name, config_path, "slurm", "slurm", background=True)
+    reference = _train_stage(tmp_path, name, config_path, "local", "local", background=True)
+    out, _ = on_slurm.communicate(timeout=1500)
+    assert on_slurm.returncode == 0, out[-3000:]
+    ref_out, _ = reference.communicate(timeout=600)
+    assert reference.returncode == 0, ref_out[-3000:]
+
+    summary = json.loads((tmp_path / "slurm" / "out" / "summary.json").read_text())
+    restarts = summary["restarts_at_epochs"]
+    assert len(restarts) >= 2, f"expected at least 2 requeues at the 1-minute limit, saw restarts at {restarts}"
+    assert restarts == sorted(restarts) and restarts[0] > 0, "each restart resumes from a later checkpoint"
+    assert [h["epoch"] for h in summary["history"]] == list(range(1, 61))
+    [job] = sacct_jobs(f"{name}-train")
+    assert job["state"] == "COMPLETED"
+    # Resuming at epoch boundaries with the RNG, optimiser and scheduler state restored is exact.
+    resumed = torch.load(tmp_path / "slurm" / "out" / "model.pt", weights_only=False)["model"]
+    uninterrupted = torch.load(tmp_path / "local" / "out" / "model.pt", weights_only=False)["model"]
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_path):
+    name, config_path = _slow_job(tmp_path, epochs=30, time_min=30)
+    stage = _train_stage(tmp_path, name, config_path, "slurm", "run", background=True)
+    checkpoint = tmp_path / "run" / "work" / "train" / "checkpoint.pt"
+    wait_for(lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3, 300,
+             "three epochs", interval=1)
+    job_id = json.loads((tmp_path / "run" / "work" / "train" / "job.json").read_text())["job_id"]
+    requeued_after = torch.load(checkpoint, weights_only=False)["epoch"]
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    out, _ = stage.communicate(timeout=900)
+    assert stage.returncode == 0, out[-3000:]
+    summary = json.loads((tmp_path / "run" / "out" / "summary.json").read_text())
+    assert summary["restarts_at_epochs"][0] >= requeued_after
+    assert summary["history"][-1]["epoch"] == 30
+    assert slurm_state(job_id) == "COMPLETED"

@@ -1,0 +1,33 @@
+"""Functions the Slurm tests run as jobs (importable by module path on the compute nodes)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from tula_hpc.distributed import init_distributed, shutdown
+
+
+def all_reduce_for(seconds: float) -> int:
+    """Keep every rank in collectives for `seconds`: a dead rank leaves the others waiting in one."""
+    ctx = init_distributed(use_gpus=False)
+    tensor = torch.ones(1)
+    deadline = time.time() + seconds
+    rounds = 0
+    while time.time() < deadline:
+        dist.all_reduce(tensor)
+        tensor.fill_(1)
+        rounds += 1
+        time.sleep(0.05)
+    shutdown()
+    return ctx.world_size
+
+
+def hold_memory(megabytes: int) -> int:
+    block = bytearray(megabytes * 2**20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(2)
+    return len(block)
