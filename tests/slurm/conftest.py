@@ -26,16 +26,31 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def _cluster_answers(env_file: Path) -> str | None:
+    """SLURM_CONF of a running cluster whose controller and accounting both answer, else None."""
+    if not env_file.exists():
+        return None
+    conf = re.search(r"SLURM_CONF=(\S+)", env_file.read_text()).group(1)
+    env = {**os.environ, "SLURM_CONF": conf}
+    for probe in (["sinfo", "-h", "-t", "idle,mix,alloc", "-o", "%D"], ["sacct", "-n", "-X", "-j", "1"]):
+        proc = subprocess.run(probe, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or (probe[0] == "sinfo" and not proc.stdout.strip()):
+            return None
+    return conf
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Path:
-    """Start (or find running) the local cluster; point this process and its children at it."""
+    """Use the running local cluster, or start it; point this process and its children at it."""
     if os.geteuid() != 0:
         _unavailable("the local Slurm cluster needs root (run `make slurm-up` as root)")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "up.sh")], capture_output=True, text=True)
-    if proc.returncode != 0:
-        _unavailable(f"scripts/slurm/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    env_file = REPO / "work" / "slurm" / "slurm.env"
-    conf = re.search(r"SLURM_CONF=(\S+)", env_file.read_text()).group(1)
+    env_file = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm")) / "slurm.env"
+    conf = _cluster_answers(env_file)
+    if conf is None:
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "up.sh")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            _unavailable(f"scripts/slurm/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        conf = _cluster_answers(env_file)
     os.environ["SLURM_CONF"] = conf
     return Path(conf)
 
