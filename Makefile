@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint slurm-up slurm-down clean
+.PHONY: demo test lint bench-slurm slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,11 +23,17 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/snakemake --lint
 
+bench-slurm: $(STAMP)
+	$(BIN)/python bench/slurm_overhead.py
+
+# The Slurm tests start the cluster themselves when it is not up (root needed); these targets are for people.
 slurm-up:
 	bash scripts/slurm/up.sh
 
 slurm-down:
 	bash scripts/slurm/down.sh
 
+# Keeps work/slurm (the local cluster's state); `make slurm-down` first to stop the cluster.
 clean:
-	rm -rf results work .snakemake
+	rm -rf results logs .snakemake
+	find work -mindepth 1 -maxdepth 1 ! -name slurm -exec rm -rf {} + 2>/dev/null || true
