@@ -26,6 +26,7 @@ def _train_stage(tmp_path, name, config_path, launcher, tag, background=False):
 
 def _slow_job(tmp_path, epochs, **resources):
     """tiny_cnn on 32x32 digits: about a second per epoch on one core."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     name, config_path = unique_job_config(tmp_path, epochs=epochs, lr_milestones=[])
     config = yaml.safe_load(config_path.read_text())
     config["jobs"][name]["data"]["image_size"] = 32
@@ -35,9 +36,10 @@ def _slow_job(tmp_path, epochs, **resources):
 
 
 def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_run(slurm_cluster, tmp_path):
-    name, config_path = _slow_job(tmp_path, epochs=60, time_min=1, max_requeues=12)
+    name, config_path = _slow_job(tmp_path / "requeued", epochs=60, time_min=1, max_requeues=12)
+    ref_name, ref_config_path = _slow_job(tmp_path / "reference", epochs=60, time_min=30)
     on_slurm = _train_stage(tmp_path, name, config_path, "slurm", "slurm", background=True)
-    reference = _train_stage(tmp_path, name, config_path, "local", "local", background=True)
+    reference = _train_stage(tmp_path, ref_name, ref_config_path, "local", "local", background=True)
     out, _ = on_slurm.communicate(timeout=1500)
     assert on_slurm.returncode == 0, out[-3000:]
     ref_out, _ = reference.communicate(timeout=600)
