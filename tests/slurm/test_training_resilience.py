@@ -73,4 +73,4 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_pa
     summary = json.loads((tmp_path / "run" / "out" / "summary.json").read_text())
     assert summary["restarts_at_epochs"][0] >= requeued_after
     assert summary["history"][-1]["epoch"] == 30
-    assert slurm_state(job_id) == "COMPLETED"
+    wait_for(lambda: slurm_state(job_id) == "COMPLETED", 60, "the requeued job to complete in Slurm")
