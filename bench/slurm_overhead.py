@@ -69,6 +69,7 @@ def dag_overhead(workdir: Path) -> dict:
     config = tiny_job_config()
     name = f"bench{uuid.uuid4().hex[:6]}"
     config["jobs"] = {name: config["jobs"]["digits-cnn"]}
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
     started = time.time()
     subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile",
@@ -86,8 +87,8 @@ def main() -> None:
     env = (REPO / "work" / "slurm" / "slurm.env").read_text()
     os.environ["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", env).group(1)
     with tempfile.TemporaryDirectory() as tmp:
-        latencies = submit_to_start(Path(tmp))
         dag = dag_overhead(Path(tmp) / "dag")
+        latencies = submit_to_start(Path(tmp))
     result = {"submit_to_start_s": {"median": statistics.median(latencies), "min": min(latencies), "max": max(latencies),
                                     "samples": latencies},
               "dag": dag, "note": "1-second resolution for sacct Start/End; local cluster on 2 shared cores"}
