@@ -89,6 +89,13 @@ def _check_semantics(name: str, job: dict) -> None:
         fail("search.nodes", f"min ({nodes['min']}) is larger than max ({nodes['max']})")
     if batch["max"] != "auto" and batch["min"] > batch["max"]:
         fail("search.batch", f"min ({batch['min']}) is larger than max ({batch['max']})")
+    objective = job["objective"]
+    if objective["max_nodes"] is not None and objective["max_nodes"] < nodes["min"]:
+        fail("objective.max_nodes", f"{objective['max_nodes']} is below search.nodes.min ({nodes['min']}): no candidate "
+                                    f"could meet it; allowed: at least {nodes['min']}")
+    if objective["max_batch"] is not None and objective["max_batch"] < batch["min"]:
+        fail("objective.max_batch", f"{objective['max_batch']} is below search.batch.min ({batch['min']}): no candidate "
+                                    f"could meet it; allowed: at least {batch['min']}")
     data = job["data"]
     if data["name"] != "digits":
         if not data["root"]:
@@ -112,6 +119,21 @@ def _check_semantics(name: str, job: dict) -> None:
     late = [m for m in job["train"]["lr_milestones"] if m > epochs]
     if late:
         fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
+    train = job["train"]
+    # The strategies that warm up (tula_hpc.strategies.WARMUP_STRATEGIES; not imported: it needs torch).
+    if train["strategy"] in ("lrs", "lars", "polo") and train["warmup_epochs"] >= epochs:
+        fail("train.warmup_epochs", f"strategy '{train['strategy']}' would warm up for {train['warmup_epochs']} of "
+                                    f"{epochs} epochs and never train at its full rate; allowed: below {epochs}")
+    probes = job["resources"]["memory_probe_batches"]
+    if probes != sorted(set(probes)):
+        fail("resources.memory_probe_batches", f"{probes} must be distinct batches in increasing order")
+    if train["strategy"] == "ags" and probes[0] < train["ags"]["small_batch"]:
+        fail("resources.memory_probe_batches", f"{probes[0]} is below train.ags.small_batch ({train['ags']['small_batch']}): "
+                                               f"that probe would skip the per-epoch scaling update; allowed: at least "
+                                               f"{train['ags']['small_batch']}")
+    if train["strategy"] == "polo" and train["polo"]["sync_epochs"] >= epochs:
+        fail("train.polo.sync_epochs", f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
+                                       f"start local SGD; allowed: below {epochs}")
 
 
 def validate_config(config: dict) -> dict:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from .files import read_json, write_json
+
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("TULA_COLLECTIVE_TIMEOUT_S", "120"))
+FAILURE_NOTE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,3 +66,25 @@ def all_reduce_max(value: float, ctx: Context) -> float:
     tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return float(tensor.item())
+
+
+def post_failure(folder: str | Path, rank: int, note: dict) -> None:
+    """Tell the other ranks why this rank stops, before it leaves the collectives they wait in.
+
+    A rank that fails mid-step (out of memory in backward) cannot finish the collectives its peers
+    already started; once it exits, its connections close and each peer's pending collective fails at
+    once. The peer then reads this note (`peer_failure`) instead of taking the error for a lost node.
+    """
+    write_json(Path(folder) / f"rank{rank}.json", note)
+
+
+def peer_failure(folder: str | Path, wait_s: float = FAILURE_NOTE_WAIT_S) -> dict | None:
+    """The note of a rank that stopped, if one appears in `folder` within `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        notes = sorted(Path(folder).glob("rank*.json"))
+        if notes:
+            return read_json(notes[0])
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)

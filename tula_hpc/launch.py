@@ -8,6 +8,7 @@ rerun of the stage re-attaches to a job that is still running instead of submitt
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -62,12 +63,33 @@ class LaunchSpec:
         return self.nodes * self.tasks_per_node
 
 
-_preemption_hooks: list[Callable[[], None]] = []
+class PreemptionGate:
+    """Holds the time-limit/preemption signal until the training loop reaches a step boundary.
 
+    submitit requeues the job from its signal handler, which would run mid-step; the gate delays it until
+    `at_step_boundary(save)`, where `save` writes a consistent checkpoint first (rank 0 only), then hands the
+    signal to submitit, which requeues the job and exits. Outside a submitit job it does nothing.
+    """
 
-def on_preemption(hook: Callable[[], None]) -> None:
-    """Register a callable run on rank 0 just before the job is requeued (e.g. to save a checkpoint)."""
-    _preemption_hooks.append(hook)
+    def __init__(self, is_main: bool):
+        self.is_main, self.pending = is_main, None
+        requeue_signal = getattr(signal, "SIG" + submitit.JobEnvironment.USR_SIG)
+        self.requeue = signal.getsignal(requeue_signal)
+        if callable(self.requeue):
+            signal.signal(requeue_signal, self._hold)
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self.pending = (signum, frame)
+
+    def at_step_boundary(self, save: Callable[[], None]) -> None:
+        if self.pending is None:
+            return
+        signum, frame = self.pending
+        self.pending = None
+        if self.is_main:
+            print("[tula-hpc] requeue signal: checkpointing at this step, then requeueing", flush=True)
+            save()
+        self.requeue(signum, frame)
 
 
 class DistributedTask(submitit.helpers.Checkpointable):
@@ -85,8 +107,7 @@ class DistributedTask(submitit.helpers.Checkpointable):
         return self.fn(**self.kwargs)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        for hook in _preemption_hooks:
-            hook()
+        """Requeue the same task: a worker that checkpoints (training) resumes from its checkpoint."""
         return submitit.helpers.DelayedSubmission(self)
 
 

@@ -1,20 +1,42 @@
-"""Stage `probe_memory`: measure real training steps at a few small batches, fit the linear memory model
-(paper Eq. 3: M = M_param + M_grad + M_opt + M_act(b) + M_batch(b)) and derive the largest per-device batch.
+"""Stage `probe_memory` and the device memory budget.
 
-Each probe batch runs in a fresh process (allocator state and lazily built kernels of one probe must not
-leak into the next). The measured quantity is the peak resident memory of one training step above the
-process baseline: VmHWM is reset through /proc/self/clear_refs just before the step and glibc is told
-to return freed blocks at once (MALLOC_MMAP_THRESHOLD_), so resident memory follows live tensors.
+The model. Paper Eq. 3 sums M_param + M_grad + M_opt + M_act(b) + M_batch(b). Measured on the real
+model, that sum misses what decides out-of-memory: the transient workspace alive at the step's peak
+(gradients of activations, convolution buffers, optimiser temporaries), often several times M_act.
+So each probe records the allocator's timeline of one real training step: every point of it is
+linear in the per-device batch b (the same tensors, each of fixed size or proportional to b), and the
+peak is the highest point. A linear fit per point over the probe batches (scikit-learn, multi-output)
+gives M(b) = max_t (a_t + s_t b): convex and piecewise linear, exact wherever the probes' timelines
+align, where a single line through the probes' peaks (the paper's fit) under-predicts large batches
+because the peak moves to a point with a steeper slope. The Eq. 3 components are still measured and
+reported per probe, together with what they leave out.
+
+The budget. `resources.device_memory_gb` is the device's memory. On a GPU the caching allocator is
+capped with torch.cuda.set_per_process_memory_fraction. On the CPU a small allocator (C++, built once
+with torch.utils.cpp_extension) counts every tensor byte and refuses an allocation beyond the budget
+with PyTorch's own out-of-memory error, where it happens: the CPU counterpart of the GPU cap. An
+address-space limit (RLIMIT_AS) was measured and rejected: oneDNN maps 6-90 MB of kernel code per new
+input shape and glibc's heap keeps 16-34 % above the live tensors (exact only with a fixed mmap
+threshold, which slows CPU training 1.5-2.4x), so it fails at batches the device could hold.
+
+The stage. Each probe batch runs in a fresh process (the allocator and lazily built kernels of one
+probe must not leak into the next), under the budget. The model proposes the largest batch; at most
+two real steps at the proposed batch, in fresh processes under the usable budget, confirm or correct it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import functools
+import hashlib
 import json
+import logging
 import os
-import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,144 +44,538 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import LinearRegression
 
 from . import launch
-from .files import write_json
+from .files import write_json, write_text
 from .stage import StageError, stage_main
 
-PROBE_BATCHES = (16, 32, 64)
-MMAP_THRESHOLD = "131072"
 GB = 1e9
+MAX_VERIFICATION_TRIALS = 2
+# Probe timelines are exactly linear in the batch; anything above this share of the peak means the
+# probes' steps differ in more than their sizes (a kernel switch between probe batches).
+ALIGNMENT_TOLERANCE = 1e-6
+OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
+
+_CPU_BUDGET_SOURCE = r"""
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace {
+
+// Every CPU tensor allocation goes through here: counted, and refused beyond the limit.
+class BudgetAllocator final : public c10::Allocator {
+ public:
+  std::atomic<int64_t> limit{INT64_MAX}, used{0}, peak{0}, failed_at{0};
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    const int64_t size = static_cast<int64_t>(nbytes);
+    if (size == 0) return {nullptr, nullptr, &Release, c10::Device(c10::DeviceType::CPU)};
+    const int64_t now = used.fetch_add(size) + size;
+    if (now > limit.load()) {
+      used.fetch_sub(size);
+      failed_at.store(now);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "DefaultCPUAllocator: can't allocate memory: you tried to allocate ",
+                       nbytes, " bytes beyond the device memory budget");
+    }
+    for (int64_t seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);) {
+    }
+    void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      sizes[data] = size;
+    }
+    return {data, data, &Release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+  static void Release(void* data);
+
+  std::mutex mutex;
+  std::unordered_map<void*, int64_t> sizes;
+};
+
+BudgetAllocator allocator;
+
+void BudgetAllocator::Release(void* data) {
+  if (data == nullptr) return;
+  int64_t size;
+  {
+    std::lock_guard<std::mutex> guard(allocator.mutex);
+    auto found = allocator.sizes.find(data);
+    size = found->second;
+    allocator.sizes.erase(found);
+  }
+  allocator.used.fetch_sub(size);
+  c10::GetDefaultCPUAllocator()->raw_deallocate(data);
+}
+
+}  // namespace
+
+extern "C" {
+void tula_install() { c10::SetCPUAllocator(&allocator, /*priority=*/100); }
+void tula_set_limit(int64_t limit) { allocator.limit.store(limit); }
+int64_t tula_used() { return allocator.used.load(); }
+int64_t tula_peak() { return allocator.peak.load(); }
+int64_t tula_failed_at() { return allocator.failed_at.load(); }
+void tula_reset_peak() { allocator.peak.store(allocator.used.load()); }
+}
+"""
 
 
-class LinearMemoryModel(BaseEstimator, RegressorMixin):
-    """Peak step memory above the baseline as intercept + slope * per-device batch (bytes)."""
+class DeviceBudgetError(RuntimeError):
+    """The device budget cannot hold what must live on the device before any step runs."""
 
-    def fit(self, batches, peak_bytes) -> "LinearMemoryModel":
-        regression = LinearRegression().fit(np.asarray(batches, float).reshape(-1, 1), np.asarray(peak_bytes, float))
-        self.intercept_ = float(regression.intercept_)
-        self.slope_ = float(regression.coef_[0])
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, the budget allocator's (the same type) or a failed host allocation."""
+    import torch
+
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in OUT_OF_MEMORY_MESSAGES)
+
+
+# --- the device budget ------------------------------------------------------------------------------
+
+@functools.cache
+def _cpu_allocator() -> ctypes.CDLL:
+    """The budget allocator's library, compiled on first use (cached by torch under ~/.cache/torch_extensions)."""
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    from torch.utils import cpp_extension
+
+    name = "tula_cpu_budget_" + hashlib.sha1(_CPU_BUDGET_SOURCE.encode()).hexdigest()[:12]
+    source = Path(tempfile.gettempdir()) / f"{name}.cpp"
+    if not source.exists():
+        write_text(source, _CPU_BUDGET_SOURCE)
+    library = ctypes.CDLL(cpp_extension.load(name=name, sources=[str(source)], is_python_module=False,
+                                             extra_cflags=["-O2"]))
+    for function in ("tula_used", "tula_peak", "tula_failed_at"):
+        getattr(library, function).restype = ctypes.c_int64
+    return library
+
+
+class _DeviceMemory:
+    """What this process holds on its device, counted from the moment a budget is set.
+
+    The CPU allocator counts from its install; `origin` is its count when the budget was set, and
+    `resident` the bytes already on the device then (the built model), which it could not count.
+    """
+
+    device = None
+    resident = origin = 0
+
+    def limit(self, device, budget_bytes: int, resident_bytes: int, job: dict) -> None:
+        """From now on the device holds at most `budget_bytes`: an allocation beyond fails as out of memory."""
+        import torch
+
+        if device.type == "cuda":
+            resident_bytes = torch.cuda.memory_allocated(device)
+        if resident_bytes >= budget_bytes:
+            raise DeviceBudgetError(
+                f"job '{job['name']}': field 'resources.device_memory_gb': a budget of {budget_bytes:,} bytes cannot "
+                f"hold {job['model']['name']} at all: the model alone needs {resident_bytes:,} bytes")
+        self.device = device
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
+            torch.cuda.reset_peak_memory_stats(device)
+            return
+        library = _cpu_allocator()
+        library.tula_install()
+        self.resident, self.origin = resident_bytes, library.tula_used()
+        library.tula_set_limit(ctypes.c_int64(self.origin + budget_bytes - resident_bytes))
+        library.tula_reset_peak()
+
+    def lift(self) -> None:
+        """No budget any more (the next run in this process sets its own)."""
+        import torch
+
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        elif self.device is not None:
+            _cpu_allocator().tula_set_limit(ctypes.c_int64(2**63 - 1))
+        self.device = None
+
+    def _count(self, device, cpu_count: str, cuda_count: str) -> int:
+        import torch
+
+        if device.type == "cuda":
+            return getattr(torch.cuda, cuda_count)(device)
+        return self.resident + getattr(_cpu_allocator(), cpu_count)() - self.origin
+
+    def in_use(self, device) -> int:
+        return self._count(device, "tula_used", "memory_allocated")
+
+    def peak(self, device) -> int:
+        """The most the device held since the budget was set or `reset_peak`."""
+        return self._count(device, "tula_peak", "max_memory_allocated")
+
+    def failed_at(self, device) -> int | None:
+        """Bytes the last refused allocation would have brought the device to: a lower bound of the need (CPU)."""
+        return None if device.type == "cuda" else self.resident + _cpu_allocator().tula_failed_at() - self.origin
+
+    def reset_peak(self, device) -> None:
+        import torch
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            _cpu_allocator().tula_reset_peak()
+
+
+device_memory = _DeviceMemory()
+
+
+def budget_bytes(job: dict) -> int:
+    return int(job["resources"]["device_memory_gb"] * GB)
+
+
+def usable_bytes(job: dict) -> int:
+    return int(budget_bytes(job) * (1 - job["resources"]["memory_headroom"]))
+
+
+# --- the model --------------------------------------------------------------------------------------
+
+class StepMemoryModel(BaseEstimator, RegressorMixin):
+    """Device memory of a training step at per-device batch b: the highest of one line per timeline point.
+
+    `fit(batches, timelines)` takes each probe's allocator timeline (bytes on the device after every
+    allocation and free of one step, the same number of points for every probe) and fits every point
+    linearly in b. Given one number per probe (its peak), it is the paper's single line.
+    """
+
+    def fit(self, batches, timelines) -> "StepMemoryModel":
+        batches = np.asarray(batches, float).reshape(-1, 1)
+        timelines = np.asarray(timelines, float).reshape(len(batches), -1)
+        regression = LinearRegression().fit(batches, timelines)
+        self.intercepts_ = np.atleast_1d(regression.intercept_).astype(float)
+        self.slopes_ = np.atleast_1d(regression.coef_.reshape(-1)).astype(float)
+        residual = np.abs(timelines - regression.predict(batches)).max()
+        self.rel_residual_ = float(residual / timelines.max())
         return self
 
     def predict(self, batches) -> np.ndarray:
-        return self.intercept_ + self.slope_ * np.asarray(batches, float).reshape(-1)
+        b = np.asarray(batches, float).reshape(-1, 1)
+        return (self.intercepts_ + self.slopes_ * b).max(axis=1)
+
+    def line_at(self, batch: int) -> tuple[float, float]:
+        """(intercept, slope) of the point that is the peak at `batch`: the model near that batch."""
+        point = int(np.argmax(self.intercepts_ + self.slopes_ * batch))
+        return float(self.intercepts_[point]), float(self.slopes_[point])
 
     def max_batch(self, available_bytes: float) -> int:
-        """Largest batch whose predicted peak fits in `available_bytes` (0 if none does)."""
-        if self.slope_ <= 0:
-            raise ValueError("memory does not grow with the batch: the probes are too noisy to extrapolate")
-        return max(0, int((available_bytes - self.intercept_) // self.slope_))
+        """Largest batch whose predicted peak fits in `available_bytes` (0 if not even batch 1 does)."""
+        growing = self.slopes_ > 0
+        if not growing.any():
+            raise ValueError("memory does not grow with the batch: the probes cannot be extrapolated")
+        if (self.intercepts_[~growing] > available_bytes).any():
+            return 0
+        # Rounded first: a fitted slope of 2.9999999 must not turn an exact 60 into 59.
+        largest = np.floor(np.round((available_bytes - self.intercepts_[growing]) / self.slopes_[growing], 6)).min()
+        return max(0, int(largest))
 
 
-def _status_kib(field: str) -> int:
-    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+def fit_probes(probes: list[dict]) -> StepMemoryModel:
+    """The timeline model when the probes' steps align point for point, else the line through their peaks."""
+    batches = [p["batch"] for p in probes]
+    if len({len(p["timeline"]) for p in probes}) == 1:
+        model = StepMemoryModel().fit(batches, [p["timeline"] for p in probes])
+        if model.rel_residual_ <= ALIGNMENT_TOLERANCE:
+            return model
+    return StepMemoryModel().fit(batches, [p["measured_peak_bytes"] for p in probes])
 
 
-def measure_step(job: dict, batch: int) -> dict:
-    """One real training step at `batch`, in this (fresh) process: components and measured peak, bytes."""
+def runs_on_several_devices(job: dict) -> bool:
+    return job["search"]["nodes"]["max"] * max(1, job["resources"]["gpus_per_node"]) > 1
+
+
+def ddp_bucket_bytes(job: dict, probes: list[dict]) -> int:
+    """DDP's reducer keeps one more copy of the gradients on every rank of a multi-device run."""
+    return probes[0]["grad_bytes"] if runs_on_several_devices(job) else 0
+
+
+def next_trial(model: StepMemoryModel, available: int, trials: list[dict]) -> int | None:
+    """The batch to try next when the step may use `available` bytes, or None when the trials settle it.
+
+    The first trial is the model's largest batch. A second one follows only if the first corrects the
+    model: the bytes it reached (its peak, or where it ran out of memory) rescale the slope of the
+    prediction at that batch, and the corrected largest batch is larger (it fit) or smaller (it did not).
+    """
+    if not trials:
+        return model.max_batch(available) or None
+    last = trials[-1]
+    if len(trials) >= MAX_VERIFICATION_TRIALS:
+        return None
+    seen = last["peak_bytes"] if last["outcome"] == "fits" else (last["failed_at_bytes"] or available + 1)
+    intercept, slope = model.line_at(last["batch"])
+    corrected = StepMemoryModel()
+    corrected.intercepts_ = model.intercepts_
+    corrected.slopes_ = model.slopes_ * (seen - intercept) / (slope * last["batch"])
+    batch = corrected.max_batch(available)
+    if last["outcome"] == "fits":
+        return batch if batch > last["batch"] else None
+    return min(batch, last["batch"] - 1) or None
+
+
+def settle(trials: list[dict]) -> tuple[int, bool]:
+    """(largest batch, whether a real step confirmed it): the largest trial that fit, else half the last."""
+    fitted = [t["batch"] for t in trials if t["outcome"] == "fits"]
+    if fitted:
+        return max(fitted), True
+    return max(1, trials[-1]["batch"] // 2), False
+
+
+# --- one probe, in its own process ------------------------------------------------------------------
+
+def model_bytes(model) -> int:
+    """Parameters and buffers: what a built model holds on its device before any step."""
+    return sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
+
+
+def _device(job: dict):
+    import torch
+
+    use_gpu = job["resources"]["gpus_per_node"] > 0 and torch.cuda.is_available()
+    return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+
+
+def _build(job: dict, threads: int):
+    """Data, model (on the device, under the budget) and loss of the job, as training builds them."""
     import torch
     from torch import nn
 
     from .distributed import Context
-    from .train import build_for_job, make_optimizer
+    from .train import build_for_job
 
-    torch.set_num_threads(1)
-    ctx = Context(0, 1, 0, torch.device("cpu"))
-    splits, model = build_for_job(job, ctx)
-    optimizer = make_optimizer(model, job["train"])
-    loss_fn = nn.CrossEntropyLoss()
-    samples = [splits.train[i % len(splits.train)] for i in range(batch)]
+    torch.set_num_threads(threads)
+    splits, model = build_for_job(job, Context(0, 1, 0, _device(job)))
+    return splits, model, nn.CrossEntropyLoss()
 
-    def step(x, y, saved=None):
-        optimizer.zero_grad(set_to_none=True)
-        if saved is None:
-            loss_fn(model(x), y).backward()
+
+def _collated_batch(splits, batch: int, device):
+    """`batch` real training samples (repeated if needed), collated as the DataLoader does, on the device."""
+    from torch.utils.data import default_collate
+
+    return [t.to(device) for t in default_collate([splits.train[i % len(splits.train)] for i in range(batch)])]
+
+
+def _storage(tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _allocations(prof, device) -> list:
+    """The profiler's allocation and free events on `device`, in order."""
+    from torch._C._profiler import _EventType
+
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device.type:
+            events.append(event)
+        stack.extend(event.children)
+    return sorted(events, key=lambda e: e.start_time_ns)
+
+
+def _live_after(events: list, index: int) -> dict[int, int]:
+    """Allocations made in the profiled region (pointer -> bytes) still alive right after event `index`."""
+    live: dict[int, int] = {}
+    for event in events[: index + 1]:
+        if event.extra_fields.alloc_size > 0:
+            live[event.extra_fields.ptr] = event.extra_fields.alloc_size
         else:
-            with torch.autograd.graph.saved_tensors_hooks(saved, lambda t: t):
-                loss = loss_fn(model(x), y)
-            loss.backward()
-        optimizer.step()
+            live.pop(event.extra_fields.ptr, None)
+    return live
 
-    # Warm-up at batch 1 builds kernels and thread pools once; then forget grads and optimiser state so
-    # the measured step allocates them as the first training step does.
-    step(samples[0][0].unsqueeze(0), torch.tensor([samples[0][1]]))
-    optimizer.zero_grad(set_to_none=True)
-    optimizer.state.clear()
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    activations: dict[int, int] = {}
 
-    def keep(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in param_storages:
-            activations[storage.data_ptr()] = storage.nbytes()
+def measure_probe(job: dict, batch: int) -> dict:
+    """One probe: the allocator timeline of a steady training step at `batch`, under the device budget.
+
+    A first step at `batch` builds the kernels and the optimiser state (for gradient scaling also its
+    factors); closing the epoch makes the step that runs once per epoch due. The measured step then
+    fetches the batch, runs forward and backward with every saved tensor seen by a hook, the strategy's
+    hooks and the update. Both steps are profiled, so frees of the first step's tensors are counted.
+    One thread, so the timeline's order is the same in every probe.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .strategies import build_strategy
+    from .train import training_step
+
+    splits, model, loss_fn = _build(job, threads=1)
+    device = _device(job)
+    params = list(model.parameters())
+    device_memory.limit(device, budget_bytes(job), model_bytes(model), job)
+    strategy = build_strategy(model, job["train"], batch, 1)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, profile_memory=True):
+        training_step(model, strategy, loss_fn, *_collated_batch(splits, batch, device))
+        strategy.end_epoch()
+        strategy.optimizer.zero_grad(set_to_none=True)
+    base = device_memory.in_use(device)
+    device_memory.reset_peak(device)
+
+    parameters = {_storage(p) for p in params}
+    saved: dict[int, int] = {}
+
+    def see(tensor):
+        if _storage(tensor) not in parameters:
+            saved[_storage(tensor)] = tensor.untyped_storage().nbytes()
         return tensor
 
-    baseline = _status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
-    x = torch.stack([s[0] for s in samples])
-    y = torch.tensor([int(s[1]) for s in samples])
-    batch_bytes = x.nbytes + y.nbytes
-    step(x, y, keep)
-    peak = (_status_kib("VmHWM") - baseline) * 1024
-    params = list(model.parameters())
+    with profile(activities=activities, profile_memory=True) as prof, \
+            torch.autograd.graph.saved_tensors_hooks(see, lambda t: t):
+        x, y = _collated_batch(splits, batch, device)
+        training_step(model, strategy, loss_fn, x, y)
+    events = _allocations(prof, device)
+    timeline = base + np.cumsum([e.extra_fields.alloc_size for e in events])
+    peak = int(np.argmax(timeline))
+
+    inputs = {_storage(x): x.nbytes, _storage(y): y.nbytes}
+    grads = {_storage(p.grad): p.grad.nbytes for p in params if p.grad is not None}
+    activations = {ptr: size for ptr, size in saved.items() if ptr not in inputs}
+    at_peak = dict.fromkeys(("batch", "gradients", "activations", "workspace"), 0)
+    for ptr, size in _live_after(events, peak).items():
+        kind = "batch" if ptr in inputs else "gradients" if ptr in grads else "activations" if ptr in activations else "workspace"
+        at_peak[kind] += size
+    resident = model_bytes(model)
     return {
         "batch": batch,
-        "measured_peak_bytes": peak,
+        "outcome": "measured",
+        "measured_peak_bytes": int(timeline[peak]),
+        "allocator_peak_bytes": device_memory.peak(device),
         "param_bytes": sum(p.nbytes for p in params),
-        "grad_bytes": sum(p.grad.nbytes for p in params if p.grad is not None),
-        "optimizer_bytes": sum(t.nbytes for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)),
+        "buffer_bytes": resident - sum(p.nbytes for p in params),
+        "grad_bytes": sum(grads.values()),
+        "optimizer_bytes": base - resident,
         "activation_bytes": sum(activations.values()),
-        "batch_bytes": batch_bytes,
-        "loader_prefetch_bytes": batch_bytes * 2 * job["data"]["num_workers"],
+        "batch_bytes": sum(inputs.values()),
+        "loader_prefetch_bytes": sum(inputs.values()) * 2 * job["data"]["num_workers"],
+        "at_peak": {"model": resident, "optimizer_state": base - resident, **at_peak},
+        "timeline": timeline.astype(int).tolist(),
     }
 
 
-def _probe_in_fresh_process(job: dict, batch: int) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--measure", json.dumps(job), str(batch)],
+def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
+    """Two real training steps at `batch` with the device limited to `budget`, as training runs them."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .strategies import build_strategy
+    from .train import training_step
+
+    splits, model, loss_fn = _build(job, threads=job["resources"]["cpus_per_task"])
+    device = _device(job)
+    device_memory.limit(device, budget, model_bytes(model), job)
+    net = model
+    if ddp:  # a one-rank group gives the model DDP's gradient buckets, which every rank holds
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        net = DDP(model)
+    strategy = build_strategy(net, job["train"], batch, 1)
+    for _ in range(2):
+        training_step(net, strategy, loss_fn, *_collated_batch(splits, batch, device))
+        strategy.end_epoch()
+    return {"batch": batch, "outcome": "fits", "peak_bytes": device_memory.peak(device)}
+
+
+def run_in_fresh_process(kind: str, **kwargs) -> dict:
+    """`measure_probe` or `trial_step` in a new interpreter; its answer is the last line it prints."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(kwargs["job"]["resources"]["cpus_per_task"])}
+    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--in-process", kind, json.dumps(kwargs)],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"memory probe at batch {batch} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"memory {kind} at batch {kwargs['batch']} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def probe_worker(job: dict, probe_batches: tuple[int, ...]) -> dict:
+def _answer_in_process(kind: str, kwargs: dict) -> dict:
+    """The probe's or trial's result; running out of memory (or budget) is an answer, not a crash."""
+    try:
+        return {"measure": measure_probe, "trial": trial_step}[kind](**kwargs)
+    except DeviceBudgetError as err:
+        return {"batch": kwargs["batch"], "outcome": "budget_too_small", "error": str(err)}
+    except Exception as err:
+        if not is_out_of_memory(err):
+            raise
+        return {"batch": kwargs["batch"], "outcome": "out_of_memory",
+                "failed_at_bytes": device_memory.failed_at(_device(kwargs["job"])), "error": str(err)[:500]}
+
+
+# --- the stage --------------------------------------------------------------------------------------
+
+def probe_worker(job: dict) -> dict:
+    """Probes (a fresh process each, stopping at the first that does not fit), then the verification trials."""
     from .data import load_splits
 
-    probes = [_probe_in_fresh_process(job, b) for b in probe_batches]
+    probes = []
+    for batch in job["resources"]["memory_probe_batches"]:
+        probes.append(run_in_fresh_process("measure", job=job, batch=batch))
+        if probes[-1]["outcome"] != "measured":
+            break
+    trials: list[dict] = []
+    if probes[-1]["outcome"] == "measured":
+        model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
+        while (batch := next_trial(model, usable_bytes(job) - buckets, trials)) is not None:
+            trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable_bytes(job), ddp=buckets > 0)
+            trials.append({**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}})
     splits = load_splits(job["data"], job["train"]["seed"])
-    return {"probes": probes, "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}
+    return {"probes": probes, "trials": trials,
+            "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}
+
+
+def _refuse(job: dict, message: str) -> StageError:
+    res = job["resources"]
+    return StageError(f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} GB "
+                      f"({budget_bytes(job):,} bytes, {usable_bytes(job):,} after {res['memory_headroom']:.0%} headroom) "
+                      f"{message}")
 
 
 def summarise(job: dict, measured: dict) -> dict:
-    """Fit the line and size the largest batch; refuse budgets the model alone does not fit in."""
+    """memory.json from the probes and trials; a budget that cannot hold batch 1 is a clear error."""
     probes = measured["probes"]
-    model = LinearMemoryModel().fit([p["batch"] for p in probes], [p["measured_peak_bytes"] for p in probes])
-    res = job["resources"]
-    budget = res["device_memory_gb"] * GB
-    usable = budget * (1 - res["memory_headroom"])
-    param_bytes = probes[0]["param_bytes"]
-    max_batch = model.max_batch(usable - param_bytes)
-    if max_batch < 1:
-        needed = param_bytes + model.predict([1])[0]
-        raise StageError(
-            f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} GB "
-            f"({usable:.0f} bytes after {res['memory_headroom']:.0%} headroom) cannot hold even batch 1 of "
-            f"{job['model']['name']}: it needs {needed:.0f} bytes ({needed / GB:.3f} GB)")
+    if probes[-1]["outcome"] == "budget_too_small":
+        raise StageError(probes[-1]["error"])
+    if probes[-1]["outcome"] == "out_of_memory":
+        raise _refuse(job, f"runs out of memory in a training step of {job['model']['name']} at probe batch "
+                           f"{probes[-1]['batch']}: it needs more than {probes[-1]['failed_at_bytes']:,} bytes")
+    model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
+    proposed = model.max_batch(usable_bytes(job) - buckets)
+    if proposed < 1:
+        needed = int(model.predict([1])[0] + buckets)
+        raise _refuse(job, f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
+                           f"{needed:,} bytes ({needed / GB:.3f} GB)")
+    largest, verified = settle(measured["trials"])
+    intercept, slope = model.line_at(largest)
     return {
         "job": job["name"],
-        "probes": probes,
-        "fit": {"intercept_bytes": model.intercept_, "slope_bytes_per_sample": model.slope_},
-        "param_bytes": param_bytes,
-        "device_memory_bytes": budget,
-        "headroom": res["memory_headroom"],
-        "max_batch_per_device": max_batch,
+        "model": "timeline" if len(model.slopes_) > 1 else "peak_line",
+        "probes": [{k: v for k, v in p.items() if k != "timeline"} for p in probes],
+        "fit": {"intercept_bytes": intercept + buckets, "slope_bytes_per_sample": slope,
+                "timeline_points": len(model.slopes_), "rel_residual": model.rel_residual_},
+        "param_bytes": probes[0]["param_bytes"],
+        "ddp_bucket_bytes": buckets,
+        "device_memory_bytes": budget_bytes(job),
+        "headroom": job["resources"]["memory_headroom"],
+        "usable_bytes": usable_bytes(job),
+        "predicted_max_batch": proposed,
+        "predicted_peak_bytes": int(model.predict([largest])[0] + buckets),
+        "verification": measured["trials"],
+        "verified": verified,
+        "max_batch_per_device": largest,
         "dataset": measured["dataset"],
     }
 
 
-def probe_memory(job: dict, out: Path, work_dir: Path, probe_batches: tuple[int, ...] = PROBE_BATCHES) -> dict:
+def probe_memory(job: dict, out: Path, work_dir: Path) -> dict:
     spec = launch.LaunchSpec.for_job(job, nodes=1)
     spec = launch.LaunchSpec(**{**spec.__dict__, "gpus_per_node": min(spec.gpus_per_node, 1)})
-    measured = launch.run(probe_worker, dict(job=job, probe_batches=probe_batches), spec, Path(work_dir) / "probe_memory",
+    measured = launch.run(probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory",
                           name=f"{job['name']}-probe-memory")
     result = summarise(job, measured)
     write_json(out, result)
@@ -168,8 +584,10 @@ def probe_memory(job: dict, out: Path, work_dir: Path, probe_batches: tuple[int,
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--measure"]:
-        print(json.dumps(measure_step(json.loads(argv[1]), int(argv[2]))))
+    if argv[:1] == ["--in-process"]:
+        with contextlib.redirect_stdout(sys.stderr):
+            answer = _answer_in_process(argv[1], json.loads(argv[2]))
+        print(json.dumps(answer))
         return 0
 
     def add_args(parser: argparse.ArgumentParser) -> None:

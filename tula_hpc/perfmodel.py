@@ -1,10 +1,23 @@
 """Stage `fit_model`: the parallel performance model of paper Eq. 2 and 4, fitted to the profiles.
 
-t_step(N, b) = local(b) + (1 - overlap) * sync(N), where
-  local(b) = a0 + a1 * b                              data + forward/backward + update, linear in b (Eq. 2b)
-  sync(N)  = 2(N-1) * latency + 2(N-1)/N * bytes / bw  ring all-reduce (Eq. 2c), zero on one rank
-and overlap is the share of sync hidden behind backward in real DDP steps. Coefficients are
-non-negative. Then T = E * steps_per_epoch(B) * t_step (Eq. 4a) and C = T * N * price (Eq. 4b).
+    t_step(N, b, h) = data(b) + compute(b, h) + e * sync(N)
+    data(b)         = d0 + d1 * b                                  loading, linear in b
+    compute(b, h)   = a0 + a1 * b + (h - 1) * (c0 + c1 * b)        forward+backward+update (Eq. 2b)
+    sync(N)         = alpha * hops(N) + beta * bytes(N)            per collective (Eq. 2c), 0 on one rank
+        ring:             hops = 2(N-1), bytes = 2(N-1)/N * gradient bytes
+        parameter_server: hops = 2,      bytes = 2N * gradient bytes
+
+N is the number of ranks, b the per-device batch, h the ranks sharing one host. On a cluster h is the
+devices per node and constant; with the local launcher all N "nodes" share this machine, and each rank
+computes slower the more ranks compete for its cores: the (h - 1) terms model that honestly instead of
+pooling one- and two-rank timings into one line. e is the share of sync not hidden behind backward
+(overlap = 1 - e; above 1 when the all-reduce threads also slow the compute they run beside).
+
+Every coefficient is non-negative. Fits minimise relative error (a 2 ms step matters as much as a 2 s
+one), down-weight outlying profiles when there are spare ones (Huber), and report which coefficients
+the profiles identify: with one multi-rank N, latency and bandwidth are collinear, so latency is fixed
+at a prior and only bandwidth is fitted. Then T = E * (steps per epoch of B, the last one with the rest
+of the data) * t_step (Eq. 4a) and the cost follows the job's pricing (Eq. 4b and paper IV-C-2).
 """
 
 from __future__ import annotations
@@ -14,100 +27,391 @@ import math
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import nnls
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.linear_model import LinearRegression
 
 from .files import read_json, write_json
-from .stage import stage_main
+from .plan import ranks_per_host
+from .stage import StageError, stage_main
 
 HOUR_S = 3600.0
+GB = 1e9
+HUBER_K = 1.5
+MIN_ROBUST_SCALE = 0.01
+MIN_WEIGHT = 0.05
+VALIDATIONS = 2
+COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_", "sync_exposed_")
 
 
-def ring_features(ranks: np.ndarray, grad_bytes: float) -> np.ndarray:
-    """Columns: latency hops 2(N-1) and bytes moved per rank 2(N-1)/N * gradient bytes."""
+def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
+    """Columns (hops, bytes moved per rank) of the collective; both zero on one rank."""
     ranks = np.asarray(ranks, float)
-    return np.column_stack([2 * (ranks - 1), 2 * (ranks - 1) / ranks * grad_bytes])
+    multi = (ranks > 1).astype(float)
+    if collective == "ring":
+        return np.column_stack([2 * (ranks - 1), 2 * (ranks - 1) / ranks * grad_bytes])
+    if collective == "parameter_server":
+        return np.column_stack([2 * multi, 2 * ranks * grad_bytes * multi])
+    raise ValueError(f"unknown collective '{collective}'; allowed: ring, parameter_server")
+
+
+def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: bool, noise_prior: float):
+    """Non-negative least squares on relative residuals; Huber re-weighting when rows are to spare.
+
+    Returns the coefficients and their covariance (noise from the residuals, never below the prior).
+    """
+    n, p = A.shape
+    scale = np.sqrt(weight) / y
+    huber = np.ones(n)
+    for _ in range(6 if robust and n > p + 1 else 1):
+        w = np.sqrt(huber) * scale
+        coef, _ = nnls(A * w[:, None], y * w)
+        residual = (A @ coef - y) / y
+        spread = max(1.4826 * np.median(np.abs(residual)), MIN_ROBUST_SCALE)
+        huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residual), 1e-12))
+    w = np.sqrt(huber) * scale
+    noise = noise_prior ** 2
+    if n > p:
+        noise = max(noise, float(np.sum(huber * weight * residual ** 2) / (n - p)))
+    scaled = A * w[:, None]
+    return coef, noise * np.linalg.pinv(scaled.T @ scaled)
+
+
+def _identified(A: np.ndarray) -> list[bool]:
+    """Column j is identified when dropping it lowers the rank (no other column can stand in for it)."""
+    if A.size == 0:
+        return []
+    norm = A / np.maximum(np.abs(A).max(axis=0), 1e-300)
+    rank = np.linalg.matrix_rank(norm)
+    return [np.linalg.matrix_rank(np.delete(norm, j, axis=1)) < rank for j in range(A.shape[1])]
 
 
 class PerfModel(BaseEstimator, RegressorMixin):
-    """Step time from X = [[ranks, per_device_batch], ...]; fit with the measured parts of each step."""
+    """Step time of DDP training from X = [[ranks, per_device_batch, ranks_per_host], ...].
 
-    def __init__(self, grad_bytes: float = 0.0):
+    `fit` takes the measured full step times as y and the split parts of the same profiles; `predict`
+    gives step times, `predict_parts` the parts, `predict_uncertainty` a relative standard deviation that
+    grows with the distance (in octaves of b and N) to the nearest profiled configuration.
+    """
+
+    def __init__(self, grad_bytes: float = 0.0, collective: str = "ring", latency_prior_s: float = 5e-5,
+                 noise_prior: float = 0.03, discrepancy_per_octave: float = 0.02, robust: bool = True):
         self.grad_bytes = grad_bytes
+        self.collective = collective
+        self.latency_prior_s = latency_prior_s
+        self.noise_prior = noise_prior
+        self.discrepancy_per_octave = discrepancy_per_octave
+        self.robust = robust
 
-    def fit(self, X, y, *, local_s=None, sync_s=None) -> "PerfModel":
-        X = np.asarray(X, float)
-        y = np.asarray(y, float)
-        ranks, batch = X[:, 0], X[:, 1]
-        local_s = y if local_s is None else np.asarray(local_s, float)
-        sync_s = np.zeros_like(y) if sync_s is None else np.asarray(sync_s, float)
-        local = LinearRegression(positive=True).fit(batch.reshape(-1, 1), local_s)
-        self.local_intercept_s_ = max(0.0, float(local.intercept_))
-        self.local_per_sample_s_ = float(local.coef_[0])
-        multi = ranks > 1
-        if multi.any():
-            sync = LinearRegression(positive=True, fit_intercept=False).fit(ring_features(ranks[multi], self.grad_bytes), sync_s[multi])
-            self.latency_s_, self.seconds_per_byte_ = (float(c) for c in sync.coef_)
-            hidden = (self._local(batch[multi]) + self._sync(ranks[multi]) - y[multi]) / np.maximum(self._sync(ranks[multi]), 1e-12)
-            self.overlap_ = float(np.clip(np.median(hidden), 0.0, 1.0))
-        else:
-            self.latency_s_ = self.seconds_per_byte_ = self.overlap_ = 0.0
-        residual = (self.predict(X) - y) / y
-        self.rel_uncertainty_ = float(np.sqrt(np.mean(residual ** 2)))
-        return self
-
-    def _local(self, batch) -> np.ndarray:
-        return self.local_intercept_s_ + self.local_per_sample_s_ * np.asarray(batch, float)
+    # -- design -------------------------------------------------------------------------------------
+    def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
+        columns = [np.ones_like(batch), batch, extra_ranks, extra_ranks * batch, sync]
+        return np.column_stack([columns[j] for j in self.compute_columns_])
 
     def _sync(self, ranks) -> np.ndarray:
-        return ring_features(ranks, self.grad_bytes) @ np.array([self.latency_s_, self.seconds_per_byte_])
+        return sync_features(ranks, self.grad_bytes, self.collective) @ self.sync_coef_
+
+    def _data(self, batch) -> np.ndarray:
+        return self.data_coef_[0] + self.data_coef_[1] * np.asarray(batch, float)
+
+    # -- fitting ------------------------------------------------------------------------------------
+    def fit(self, X, y, *, data_s, compute_s, sync_s, sample_weight=None) -> "PerfModel":
+        X = np.asarray(X, float)
+        ranks, batch, hosts = X[:, 0], X[:, 1], X[:, 2]
+        y, data_s, compute_s, sync_s = (np.asarray(v, float) for v in (y, data_s, compute_s, sync_s))
+        weight = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
+        self.profiled_ = X.copy()
+        self.identified_ = {}
+        self.notes_ = []
+
+        data_design = np.column_stack([np.ones_like(batch), batch])
+        self.data_coef_, self.data_cov_ = _relative_nnls(data_design, np.maximum(data_s, 1e-9), weight, self.robust,
+                                                         self.noise_prior)
+        self._fit_sync(ranks, sync_s, weight)
+
+        # Contention terms only when the profiles see more than one host load; exposure only with sync.
+        self.compute_columns_ = [0, 1] + ([2, 3] if len(set(hosts)) > 1 else []) + ([4] if (ranks > 1).any() else [])
+        design = self._compute_design(batch, hosts - 1, self._sync(ranks))
+        compute_rows = design.copy()
+        if 4 in self.compute_columns_:
+            compute_rows[:, -1] = 0.0  # the split step's compute part holds no sync
+        A = np.vstack([compute_rows, design])
+        target = np.concatenate([compute_s, y - self._data(batch)])
+        coef, self.compute_cov_ = _relative_nnls(A, np.maximum(target, 1e-9), np.concatenate([weight, weight]),
+                                                 self.robust, self.noise_prior)
+        full = np.zeros(len(COMPUTE_TERMS))
+        full[self.compute_columns_] = coef
+        for name, value in zip(COMPUTE_TERMS, full):
+            setattr(self, name, float(value))
+        for j, ok in zip(self.compute_columns_, _identified(A)):
+            self.identified_[COMPUTE_TERMS[j].rstrip("_")] = bool(ok)
+        residual = (self.predict(X) - y) / y
+        self.rms_rel_error_ = float(np.sqrt(np.mean(residual ** 2)))
+        return self
+
+    def _fit_sync(self, ranks, sync_s, weight) -> None:
+        multi = ranks > 1
+        features = sync_features(ranks[multi], self.grad_bytes, self.collective)
+        self.sync_coef_ = np.zeros(2)
+        if not multi.any():
+            self.identified_.update(latency_s=False, seconds_per_byte=False)
+            return
+        measured = np.maximum(sync_s[multi], 1e-9)
+        if len(set(ranks[multi])) >= 2:
+            self.sync_coef_, _ = _relative_nnls(features, measured, weight[multi], self.robust, self.noise_prior)
+            self.identified_.update(latency_s=True, seconds_per_byte=True)
+            return
+        # One multi-rank size: hops and bytes move together, so latency comes from the prior.
+        latency = self.latency_prior_s * features[:, 0]
+        coef, _ = _relative_nnls(features[:, 1:], np.maximum(measured - latency, 1e-9), weight[multi], self.robust,
+                                 self.noise_prior)
+        self.sync_coef_ = np.array([self.latency_prior_s, coef[0]])
+        self.identified_.update(latency_s=False, seconds_per_byte=True)
+        self.notes_.append(f"one multi-rank size profiled (N={int(ranks[multi][0])}): latency and bandwidth are "
+                           f"collinear, latency fixed at the prior {self.latency_prior_s * 1e6:.0f} us per hop")
+
+    # -- prediction ---------------------------------------------------------------------------------
+    def predict_parts(self, X) -> dict[str, np.ndarray]:
+        X = np.asarray(X, float).reshape(-1, 3)
+        ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
+        compute = (self.intercept_s_ + self.per_sample_s_ * batch
+                   + extra * (self.contention_s_ + self.contention_per_sample_s_ * batch))
+        sync = self._sync(ranks)
+        data = self._data(batch)
+        return {"data_s": data, "compute_s": compute, "sync_s": sync, "exposed_sync_s": self.sync_exposed_ * sync,
+                "step_s": data + compute + self.sync_exposed_ * sync}
 
     def predict(self, X) -> np.ndarray:
-        X = np.asarray(X, float)
-        return self._local(X[:, 1]) + (1 - self.overlap_) * self._sync(X[:, 0])
+        return self.predict_parts(X)["step_s"]
+
+    def octaves_to_profiled(self, X) -> np.ndarray:
+        """Distance in octaves of (b, N) from each row to the nearest profiled configuration."""
+        X = np.log2(np.asarray(X, float).reshape(-1, 3)[:, :2])
+        seen = np.log2(self.profiled_[:, :2])
+        return np.sqrt(((X[:, None, :] - seen[None, :, :]) ** 2).sum(-1)).min(axis=1)
+
+    def predict_uncertainty(self, X) -> np.ndarray:
+        """Relative standard deviation of the predicted step: fitted parameters plus model discrepancy."""
+        X = np.asarray(X, float).reshape(-1, 3)
+        ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
+        step = self.predict(X)
+        # The sync estimate enters as a regressor whose coefficient (the exposed share) the step times fit,
+        # so its own error is absorbed there and not added again.
+        g = self._compute_design(batch, extra, self._sync(ranks))
+        d = np.column_stack([np.ones_like(batch), batch])
+        variance = np.einsum("ij,jk,ik->i", g, self.compute_cov_, g) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
+        discrepancy = self.discrepancy_per_octave * self.octaves_to_profiled(X)
+        return np.sqrt(variance / step ** 2 + discrepancy ** 2)
 
     def params(self) -> dict:
-        return {k: getattr(self, k) for k in ("local_intercept_s_", "local_per_sample_s_", "latency_s_",
-                                              "seconds_per_byte_", "overlap_", "rel_uncertainty_")}
+        latency, per_byte = (float(v) for v in self.sync_coef_)
+        return {"data_intercept_s": float(self.data_coef_[0]), "data_per_sample_s": float(self.data_coef_[1]),
+                **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
+                "overlap": 1.0 - self.sync_exposed_, "latency_s": latency, "seconds_per_byte": per_byte,
+                "rms_rel_error": self.rms_rel_error_, "discrepancy_per_octave": self.discrepancy_per_octave}
 
 
+def _row(profile: dict) -> list[float]:
+    return [profile["world_size"], profile["per_device_batch"], profile["ranks_per_host"]]
+
+
+def fit_profiles(profiles: list[dict], **model_params) -> PerfModel:
+    """Fit a PerfModel to profile records (profile/N{n}_B{b}.json contents)."""
+    X = [_row(p) for p in profiles]
+    med = [p["median"] for p in profiles]
+    # A profile measured while other work used half the machine counts half.
+    weight = [max(MIN_WEIGHT, 1.0 - p.get("interference", 0.0)) for p in profiles]
+    return PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params).fit(
+        X, [m["step_s"] for m in med], data_s=[m["data_s"] for m in med],
+        compute_s=[m["compute_s"] + m["update_s"] for m in med], sync_s=[m["sync_s"] for m in med], sample_weight=weight)
+
+
+def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
+    """Relative step-time error on each profile left out, where the rest still identify the model."""
+    identified = fit_profiles(profiles, **model_params).identified_
+    errors = []
+    for i, held in enumerate(profiles):
+        rest = profiles[:i] + profiles[i + 1:]
+        model = fit_profiles(rest, **model_params)
+        if model.identified_ != identified:
+            continue
+        x = [_row(held)]
+        errors.append(float(abs(model.predict(x)[0] / held["median"]["step_s"] - 1)))
+    return errors
+
+
+def discrepancy_estimate(history: list[dict], prior: float) -> float:
+    """Model error per octave from each adaptive step's out-of-sample error, shrunk toward the prior.
+
+    The prior counts as one observation, so a single lucky prediction cannot end the search.
+    """
+    ratios = [h["rel_error"] / h["octaves"] for h in history if h["octaves"] > 0]
+    return math.sqrt((prior ** 2 + sum(r ** 2 for r in ratios)) / (1 + len(ratios)))
+
+
+def adaptive_search(candidates: list[dict], initial: list[dict], measure, ranks_of, settings: dict,
+                    tolerance: float, max_profiles: int | None = None) -> dict:
+    """Profile `initial`, then keep adding the candidate with the largest predicted uncertainty.
+
+    Before each new profile joins the fit, the current model predicts it: that out-of-sample error
+    calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops
+    when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
+    profiles, each the least certain candidate of its turn, were all predicted within `tolerance` (on a
+    machine noisier than the tolerance the uncertainty itself never gets there); at `max_profiles`; or
+    when nothing is left. `measure(candidate)` returns a profile record; `ranks_of(candidate)` its
+    (ranks, ranks_per_host).
+    """
+    profiled = [dict(c) for c in initial]
+    profiles = [measure(c) for c in profiled]
+    history: list[dict] = []
+    prior = settings["discrepancy_per_octave"]
+    discrepancy = prior
+    while True:
+        model = fit_profiles(profiles, **{**settings, "discrepancy_per_octave": discrepancy})
+        remaining = [c for c in candidates if c not in profiled]
+        if not remaining:
+            stopped = "every candidate profiled"
+            break
+        if max_profiles is not None and len(profiles) >= max_profiles:
+            stopped = f"reached max_profiles ({max_profiles})"
+            break
+        X = np.array([[ranks_of(c)[0], c["per_device_batch"], ranks_of(c)[1]] for c in remaining], float)
+        uncertainty = model.predict_uncertainty(X)
+        worst = int(np.argmax(uncertainty))
+        if uncertainty[worst] <= tolerance:
+            stopped = f"largest predicted uncertainty {uncertainty[worst]:.1%} <= tolerance {tolerance:.1%}"
+            break
+        recent = history[-VALIDATIONS:]
+        if len(recent) == VALIDATIONS and all(h["rel_error"] <= tolerance for h in recent):
+            stopped = f"the last {VALIDATIONS} profiles were predicted within tolerance {tolerance:.1%}"
+            break
+        candidate = remaining[worst]
+        predicted = float(model.predict(X[worst:worst + 1])[0])
+        octaves = float(model.octaves_to_profiled(X[worst:worst + 1])[0])
+        profile = measure(candidate)
+        measured = profile["median"]["step_s"]
+        history.append({"nodes": candidate["nodes"], "batch": candidate["batch"], "uncertainty": float(uncertainty[worst]),
+                        "predicted_step_s": predicted, "measured_step_s": measured,
+                        "rel_error": abs(predicted / measured - 1), "octaves": octaves})
+        discrepancy = discrepancy_estimate(history, prior)
+        profiled.append(candidate)
+        profiles.append(profile)
+    return {"profiled": profiled, "profiles": profiles, "history": history, "discrepancy_per_octave": discrepancy,
+            "stopped": stopped, "model": model}
+
+
+# -- pricing and candidates ------------------------------------------------------------------------------
 def steps_per_epoch(train_samples: int, ranks: int, per_device_batch: int) -> int:
     """As DistributedSampler + DataLoader(drop_last=False) do it: each rank's share, in batches."""
     return math.ceil(math.ceil(train_samples / ranks) / per_device_batch)
 
 
-def predict_candidates(model: PerfModel, candidates: list[dict], devices_per_node: int, train_samples: int,
-                       epochs: int, price_per_node_hour: float) -> list[dict]:
+def last_batch(train_samples: int, ranks: int, per_device_batch: int) -> int:
+    """Per-device size of an epoch's last step (the rest of each rank's share)."""
+    share = math.ceil(train_samples / ranks)
+    return share - (steps_per_epoch(train_samples, ranks, per_device_batch) - 1) * per_device_batch
+
+
+def device_memory_gb(memory: dict, per_device_batch: int) -> float:
+    """Memory one device uses at this batch, from the fitted memory model (memory.json)."""
+    fit = memory["fit"]
+    return (memory["param_bytes"] + fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * per_device_batch) / GB
+
+
+def charge_factor(objective: dict, partition: str | None) -> float | None:
+    """Service units per node-hour on `partition` (its own factor, else `default`; None if neither)."""
+    factors = objective["charge_factors"]
+    return factors.get(partition, factors.get("default")) if partition else factors.get("default")
+
+
+def costs(time_s: float, nodes: int, ranks: int, per_device_batch: int, objective: dict, memory: dict,
+          partition: str | None) -> dict[str, float | None]:
+    """Cost of a run under each pricing model: node-hours, GB-hours of device memory, service units."""
+    hours = time_s / HOUR_S
+    factor = charge_factor(objective, partition)
+    return {
+        "node_hour": hours * nodes * objective["price_per_node_hour"],
+        "memory": hours * ranks * device_memory_gb(memory, per_device_batch) * objective["price_per_gb_hour"],
+        "service_units": None if factor is None else hours * nodes * factor,
+    }
+
+
+def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, train_samples: int, memory: dict) -> list[dict]:
+    devices = max(1, job["resources"]["gpus_per_node"])
+    objective, epochs = job["objective"], job["train"]["epochs"]
+    partition = job["resources"]["slurm"].get("partition")
+    if objective["pricing"] == "service_units" and charge_factor(objective, partition) is None:
+        raise StageError(f"job '{job['name']}': field 'objective.charge_factors': no factor for partition "
+                         f"'{partition}' and no 'default'; allowed: add '{partition}: <SU per node-hour>' or 'default'")
+    X = np.array([[c["nodes"] * devices, c["per_device_batch"], ranks_per_host(job["launcher"], c["nodes"], devices)]
+                  for c in candidates], float)
+    parts = model.predict_parts(X)
+    uncertainty = model.predict_uncertainty(X)
+    # Eq. 4a, step by step: an epoch's last step carries only the rest of each rank's share.
+    last = X.copy()
+    last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
+    last_step = model.predict(last)
+    profiled = {tuple(row) for row in model.profiled_[:, :2]}
     rows = []
-    for c in candidates:
-        ranks = c["nodes"] * devices_per_node
-        step = float(model.predict([[ranks, c["per_device_batch"]]])[0])
+    for i, c in enumerate(candidates):
+        ranks = int(X[i, 0])
+        step = float(parts["step_s"][i])
         per_epoch = steps_per_epoch(train_samples, ranks, c["per_device_batch"])
-        total = epochs * per_epoch * step
-        rows.append({**c, "step_s": step, "steps_per_epoch": per_epoch, "epoch_s": per_epoch * step, "time_s": total,
-                     "cost": total / HOUR_S * c["nodes"] * price_per_node_hour,
-                     "time_s_range": [total * (1 - model.rel_uncertainty_), total * (1 + model.rel_uncertainty_)]})
+        epoch = (per_epoch - 1) * step + float(last_step[i])
+        total = epochs * epoch
+        price = costs(total, c["nodes"], ranks, c["per_device_batch"], objective, memory, partition)
+        rows.append({**c, "ranks": ranks, "ranks_per_host": int(X[i, 2]), "profiled": (ranks, c["per_device_batch"]) in profiled,
+                     **{part: float(values[i]) for part, values in parts.items()},
+                     "steps_per_epoch": per_epoch, "epoch_s": epoch, "time_s": total,
+                     "rel_uncertainty": float(uncertainty[i]),
+                     "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
+                     "costs": price, "cost": price[objective["pricing"]]})
     return rows
 
 
-def fit_model(job: dict, plan_path: Path, profile_paths: list[Path], out: Path) -> dict:
-    plan = read_json(plan_path)
-    profiles = [read_json(p) for p in profile_paths]
-    devices = max(1, job["resources"]["gpus_per_node"])
-    X = [[p["world_size"], p["per_device_batch"]] for p in profiles]
-    med = [p["median"] for p in profiles]
-    model = PerfModel(grad_bytes=profiles[0]["grad_bytes"]).fit(
-        X, [m["step_s"] for m in med],
-        local_s=[m["data_s"] + m["compute_s"] + m["update_s"] for m in med], sync_s=[m["sync_s"] for m in med])
+def model_params(job: dict) -> dict:
+    """PerfModel settings from the job's `search` section."""
+    search = job["search"]
+    return {"collective": search["collective"], "latency_prior_s": search["latency_prior_s"],
+            "noise_prior": search["noise_prior"], "discrepancy_per_octave": search["discrepancy_per_octave"]}
+
+
+def _gather_profiles(paths: list[Path]) -> tuple[list[dict], dict | None]:
+    """Profile records from profile files, or from the adaptive.json manifest that lists them."""
+    profiles, manifest = [], None
+    for path in paths:
+        record = read_json(path)
+        if "history" in record:  # adaptive.json
+            manifest = record
+            profiles += [read_json(p) for p in record["profiles"]]
+        else:
+            profiles.append(record)
+    return profiles, manifest
+
+
+def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list[Path], out: Path) -> dict:
+    plan, memory = read_json(plan_path), read_json(memory_path)
+    profiles, manifest = _gather_profiles(profile_paths)
+    if not profiles:
+        raise StageError(f"job '{job['name']}': no profiles to fit the performance model to")
+    settings = model_params(job)
+    if manifest is not None:
+        settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
+    model = fit_profiles(profiles, **settings)
+    loo = leave_one_out(profiles, **settings)
+    predicted = model.predict([_row(p) for p in profiles])
     measured = [{"nodes": p["nodes"], "batch": p["global_batch"], "per_device_batch": p["per_device_batch"],
-                 "measured_step_s": p["median"]["step_s"], "predicted_step_s": float(model.predict([x])[0])}
-                for p, x in zip(profiles, X)]
+                 "measured_step_s": p["median"]["step_s"], "predicted_step_s": float(s),
+                 "step_iqr_over_median": p["iqr_over_median"]["step_s"], "interference": p.get("interference")}
+                for p, s in zip(profiles, predicted)]
     result = {
-        "job": job["name"], "model": "ring-allreduce", "params": model.params(), "grad_bytes": model.grad_bytes,
-        "train_samples": plan["dataset"]["train"], "epochs": job["train"]["epochs"],
-        "price_per_node_hour": job["objective"]["price_per_node_hour"], "profiled": measured,
-        "candidates": predict_candidates(model, plan["candidates"], devices, plan["dataset"]["train"],
-                                         job["train"]["epochs"], job["objective"]["price_per_node_hour"]),
+        "job": job["name"], "collective": model.collective, "params": model.params(), "identified": model.identified_,
+        "notes": model.notes_, "grad_bytes": model.grad_bytes, "train_samples": plan["dataset"]["train"],
+        "epochs": job["train"]["epochs"], "pricing": job["objective"]["pricing"], "profiled": measured,
+        "search": {"mode": plan["mode"], "history": manifest["history"] if manifest else [],
+                   "stopped": manifest["stopped"] if manifest else None},
+        "leave_one_out": {"count": len(loo), "median_rel_error": float(np.median(loo)) if loo else None,
+                          "max_rel_error": max(loo) if loo else None},
+        "candidates": predict_candidates(model, plan["candidates"], job, plan["dataset"]["train"], memory),
     }
     write_json(out, result)
     return result
@@ -116,10 +420,13 @@ def fit_model(job: dict, plan_path: Path, profile_paths: list[Path], out: Path) 
 def main(argv: list[str] | None = None) -> int:
     def add_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--plan", required=True, type=Path)
-        parser.add_argument("--profiles", required=True, type=Path, nargs="+", help="profile/N{n}_B{b}.json files")
+        parser.add_argument("--memory", required=True, type=Path, help="memory.json (memory-based pricing)")
+        parser.add_argument("--profiles", required=True, type=Path, nargs="+",
+                            help="profile/N{n}_B{b}.json files, or the adaptive.json of adaptive search")
         parser.add_argument("--out", required=True, type=Path, help="results/{job}/perfmodel.json")
 
-    return stage_main("fit-model", add_args, lambda job, args: fit_model(job, args.plan, args.profiles, args.out), argv)
+    return stage_main("fit-model", add_args, lambda job, args: fit_model(
+        job, args.plan, args.memory, args.profiles, args.out), argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,17 @@
-"""Stage `plan`: the candidate grid of (nodes N, global batch B) and which candidates to profile.
+"""Stage `plan`: the candidate grid of (nodes N, global batch B) and which candidates to profile first.
 
 Candidates: N a power of two times the minimum, up to the maximum; B a power of two times the minimum
 batch, up to the maximum (or N x the largest per-device batch from memory.json when `auto`), never above
 the training set; B must split evenly over the N x devices ranks and fit in a device.
-`partial` profiles the extreme configurations (smallest and largest N, each at its smallest and
-largest B), `full` profiles every candidate.
+
+Search modes (paper III-A-2):
+- full: every candidate.
+- partial: the fewest extreme configurations that identify every coefficient of the performance model:
+  the smallest and largest batch at the smallest and at the largest N (compute line, contention,
+  sync and its overlap), plus the smallest batch at a second multi-rank size when the grid has one, so
+  that latency and bandwidth of the all-reduce separate.
+- adaptive: starts from partial; the `adapt` stage then adds the candidate the fitted model is least
+  sure about until its uncertainty drops below the tolerance.
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ from pathlib import Path
 
 from .files import read_json, write_json
 from .stage import StageError, stage_main
+
+
+def ranks_per_host(launcher: str, nodes: int, devices_per_node: int) -> int:
+    """Ranks that share one machine: the local launcher runs every "node" on this one."""
+    return nodes * devices_per_node if launcher == "local" else devices_per_node
 
 
 def _doublings(low: int, high: int) -> list[int]:
@@ -36,15 +48,27 @@ def candidate_grid(search: dict, devices_per_node: int, max_batch_per_device: in
     return grid
 
 
-def extremes(grid: list[dict]) -> list[dict]:
-    """Smallest and largest N, each at its smallest and largest B: enough to fit compute(b) and sync(N)."""
-    chosen = []
-    for nodes in sorted({min(c["nodes"] for c in grid), max(c["nodes"] for c in grid)}):
-        row = [c for c in grid if c["nodes"] == nodes]
-        for candidate in (min(row, key=lambda c: c["batch"]), max(row, key=lambda c: c["batch"])):
-            if candidate not in chosen:
-                chosen.append(candidate)
-    return chosen
+def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[dict]:
+    """The fewest extreme candidates that identify every coefficient the grid can identify.
+
+    Both batch extremes at the smallest N fit the compute line; the smallest batch at the largest N adds
+    sync and its overlap. When ranks share hosts differently across N (the local launcher), contention is
+    fitted too, from both batch extremes at the largest N (a second N could identify it from small batches
+    alone, but extrapolating those to the largest batch would be guesswork). A second multi-rank size,
+    at its smallest batch, separates latency from bandwidth.
+    """
+    by_nodes: dict[int, list[dict]] = {}
+    for c in sorted(grid, key=lambda c: (c["nodes"], c["batch"])):
+        by_nodes.setdefault(c["nodes"], []).append(c)
+    smallest, largest = min(by_nodes), max(by_nodes)
+    chosen = [by_nodes[smallest][0], by_nodes[smallest][-1], by_nodes[largest][0]]
+    if ranks_per_host(launcher, smallest, devices_per_node) != ranks_per_host(launcher, largest, devices_per_node):
+        chosen.append(by_nodes[largest][-1])
+    multi_rank = [n for n in by_nodes if n * devices_per_node > 1]
+    if len({n for n in (smallest, largest) if n in multi_rank}) < 2 and len(multi_rank) >= 2:
+        second = min(n for n in multi_rank if n not in (smallest, largest))
+        chosen.append(by_nodes[second][0])
+    return [c for i, c in enumerate(chosen) if c not in chosen[:i]]
 
 
 def plan(job: dict, memory_path: Path, out: Path) -> dict:
@@ -57,7 +81,8 @@ def plan(job: dict, memory_path: Path, out: Path) -> dict:
             f"multiples of nodes x devices, at most {memory['max_batch_per_device']} per device (memory.json) and at most "
             f"{memory['dataset']['train']} (the training set)")
     mode = job["search"]["mode"]
-    result = {"job": job["name"], "mode": mode, "candidates": grid, "profile": grid if mode == "full" else extremes(grid),
+    result = {"job": job["name"], "mode": mode, "candidates": grid,
+              "profile": grid if mode == "full" else partial_set(grid, devices, job["launcher"]),
               "max_batch_per_device": memory["max_batch_per_device"], "dataset": memory["dataset"]}
     write_json(out, result)
     return result

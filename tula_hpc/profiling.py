@@ -1,17 +1,34 @@
 """Stage `profile`: a few real DDP training steps at one (nodes, global batch), timed part by part.
 
-Odd steps are ordinary DDP steps (gradient sync overlapped with backward): their time is the step
-time training will see. Even steps split the same work into data loading, forward+backward without
-sync (`no_sync`), an explicit all-reduce of the flattened gradients, and the optimiser update, so the
-performance model can fit compute and sync separately. Per-step times are the maximum over ranks.
+Steps come in pairs. The first of a pair splits the work into data loading, forward+backward without
+gradient sync (`no_sync`), an explicit all-reduce of the flattened gradients and the optimiser update, so
+the performance model can fit compute and sync separately. The second is an ordinary DDP step (sync
+overlapped with backward): its time is the step time training will see. Per-step times are the maximum
+over ranks; the profile keeps medians, which one slow step does not move.
+
+Shared machines are noisy (the same step measured in separate processes here varies by 10-15 %, and by
+2x while another job runs), so the measurement defends itself:
+- short steps are measured for at least `min_measure_s` seconds (many cheap samples); long steps stop
+  after `steps` pairs (their own length averages the jitter out);
+- it records how much other work disturbed it (`Interference`) and, above `interference_tolerance`,
+  backs off and measures again, up to `max_attempts` times, keeping the quietest attempt; the fit then
+  weighs each profile by how quiet it was.
+
+With `--adaptive` the stage runs adaptive search instead: one profile job after another, chosen by the
+performance model (see `adapt`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import itertools
+import json
+import math
+import os
 import re
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -22,12 +39,17 @@ from torch import nn
 
 from . import launch
 from .data import make_loader
-from .distributed import init_distributed, shutdown
+from .distributed import Context, init_distributed, shutdown
 from .files import read_json, write_json
+from .perfmodel import adaptive_search, model_params
+from .plan import ranks_per_host
 from .stage import StageError, stage_main
 from .train import build_for_job, make_optimizer, wrap_ddp
 
 PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
+MAX_STEPS = 200
+BACKOFF_S = 1.0
+MEASUREMENT_KEYS = ("warmup_steps", "steps", "min_measure_s", "max_attempts", "interference_tolerance")
 
 
 def _batches(loader):
@@ -51,18 +73,88 @@ def _peak_rss_bytes() -> int:
     return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
 
 
-def profile_worker(job: dict, global_batch: int, warmup_steps: int, steps: int) -> dict | None:
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
-    per_device = global_batch // ctx.world_size
+def _thread_run_delay_s() -> float:
+    """Time the calling thread has spent runnable but waiting for a CPU (Linux schedstat; 0 elsewhere)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _host_busy_s() -> float:
+    """CPU seconds every process on this host has used since boot (hypervisor steal counts as busy)."""
+    try:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    except (OSError, ValueError):
+        return 0.0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class Interference:
+    """How much other work disturbed a measurement: on a shared machine it can double a step time.
+
+    Two views, the larger counts: the share of the measured steps the training thread spent waiting for
+    a CPU (someone runs on our cores), and the share of the host's CPUs that processes other than this
+    profile's ranks used meanwhile (they compete for caches and memory bandwidth even on other cores).
+    """
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.started = (time.perf_counter(), _host_busy_s(), time.process_time())
+        self.waited = self.busy = 0.0
+
+    def around(self, step):
+        """Run `step()`, counting how long the training thread waited for a CPU meanwhile."""
+        before, t0 = _thread_run_delay_s(), time.perf_counter()
+        result = step()
+        self.waited += _thread_run_delay_s() - before
+        self.busy += time.perf_counter() - t0
+        return result
+
+    def share(self) -> float:
+        wall = time.perf_counter() - self.started[0]
+        mine = (socket.gethostname(), _host_busy_s() - self.started[1], time.process_time() - self.started[2],
+                self.waited / max(self.busy, 1e-9))
+        everyone = [mine]
+        if self.ctx.world_size > 1:
+            everyone = [None] * self.ctx.world_size
+            dist.all_gather_object(everyone, mine)
+        hosts = {host for host, *_ in everyone}
+        foreign = max(max(busy for host, busy, _, _ in everyone if host == h)
+                      - sum(own for host, _, own, _ in everyone if host == h) for h in hosts)
+        return max(foreign / (wall * os.cpu_count()), max(wait for *_, wait in everyone), 0.0)
+
+
+def _max_over_ranks(values: list[float], ctx: Context) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if ctx.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def _summary(values: list[float]) -> tuple[float, float]:
+    """Median and interquartile range over the median (0 when there is nothing to spread)."""
+    median = statistics.median(values)
+    if median <= 0 or len(values) < 2:
+        return median, 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return median, (q3 - q1) / median
+
+
+def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
+    """Time training steps at `per_device_batch` on the ranks of `ctx`; rank 0 returns the profile."""
+    started = time.perf_counter()
+    search = job["search"]
     splits, model = build_for_job(job, ctx)
     net = wrap_ddp(model, ctx)
     optimizer = make_optimizer(model, job["train"])
     loss_fn = nn.CrossEntropyLoss()
-    batches = _batches(make_loader(splits.train, per_device, rank=ctx.rank, world_size=ctx.world_size,
+    batches = _batches(make_loader(splits.train, per_device_batch, rank=ctx.rank, world_size=ctx.world_size,
                                    seed=job["train"]["seed"], shuffle=True, drop_last=True,
                                    num_workers=job["data"]["num_workers"]))
-    no_sync = net.no_sync if ctx.world_size > 1 else contextlib.nullcontext
-    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    distributed = ctx.world_size > 1
+    no_sync = net.no_sync if distributed else contextlib.nullcontext
+    device_sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
 
     def split_step() -> list[float]:
         t0 = time.perf_counter()
@@ -71,21 +163,19 @@ def profile_worker(job: dict, global_batch: int, warmup_steps: int, steps: int) 
         optimizer.zero_grad(set_to_none=True)
         with no_sync():
             loss_fn(net(x), y).backward()
-        sync()
+        device_sync()
         t2 = time.perf_counter()
-        if ctx.world_size > 1:
+        sync_s = 0.0
+        if distributed:
             dist.barrier()  # stragglers wait here, not inside the timed all-reduce
-            t_sync0 = time.perf_counter()
+            t_sync = time.perf_counter()
             _all_reduce_gradients(model, ctx.world_size)
-            sync()
-            sync_s = time.perf_counter() - t_sync0
-        else:
-            sync_s = 0.0
+            device_sync()
+            sync_s = time.perf_counter() - t_sync
         t3 = time.perf_counter()
         optimizer.step()
-        sync()
-        t4 = time.perf_counter()
-        return [t1 - t0, t2 - t1, sync_s, t4 - t3]
+        device_sync()
+        return [t1 - t0, t2 - t1, sync_s, time.perf_counter() - t3]
 
     def full_step() -> float:
         t0 = time.perf_counter()
@@ -93,58 +183,134 @@ def profile_worker(job: dict, global_batch: int, warmup_steps: int, steps: int) 
         optimizer.zero_grad(set_to_none=True)
         loss_fn(net(x), y).backward()
         optimizer.step()
-        sync()
+        device_sync()
         return time.perf_counter() - t0
 
-    for _ in range(warmup_steps):
-        full_step()
-    rows = []
-    for _ in range(steps):
-        rows.append(split_step() + [full_step()])
-    times = torch.tensor(rows, dtype=torch.float64)
-    if ctx.world_size > 1:
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    peak = torch.tensor([_peak_rss_bytes()], dtype=torch.float64)
-    if ctx.world_size > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    shutdown()
+    warmup = [full_step() for _ in range(max(1, search["warmup_steps"]))]
+    # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
+    pair_s = 2 * max(_max_over_ranks([statistics.median(warmup)], ctx)[0], 1e-6)
+    pairs = min(MAX_STEPS, max(search["steps"], math.ceil(search["min_measure_s"] / pair_s)))
+
+    def block() -> tuple[list[list[float]], float]:
+        """`pairs` step pairs, and how much other work disturbed them (see Interference)."""
+        interference = Interference(ctx)
+        rows = [interference.around(split_step) + [full_step()] for _ in range(pairs)]
+        return rows, interference.share()
+
+    attempts = []
+    for attempt in range(search["max_attempts"]):
+        time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
+        attempts.append(block())
+        if attempts[-1][1] <= search["interference_tolerance"]:
+            break
+    rows, interference = min(attempts, key=lambda attempt: attempt[1])
+    columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
+    peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
     if not ctx.is_main:
         return None
-    columns = {part: times[:, i].tolist() for i, part in enumerate(PARTS)}
-    medians = {part: statistics.median(values) for part, values in columns.items()}
-    spread = {part: (statistics.quantiles(v, n=4)[2] - statistics.quantiles(v, n=4)[0]) / medians[part] if medians[part] > 0 else 0.0
-              for part, v in columns.items()}
+    per_step = {part: list(values) for part, values in zip(PARTS, columns)}
+    stats = {part: _summary(values) for part, values in per_step.items()}
+    median = {part: m for part, (m, _) in stats.items()}
     return {
-        "world_size": ctx.world_size, "per_device_batch": per_device, "global_batch": global_batch,
-        "warmup_steps": warmup_steps, "steps": steps, "median": medians, "iqr_over_median": spread,
-        "per_step": columns, "samples_per_s": global_batch / medians["step_s"], "peak_rss_bytes": int(peak.item()),
-        "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "world_size": ctx.world_size, "per_device_batch": per_device_batch,
+        "global_batch": per_device_batch * ctx.world_size, "warmup_steps": len(warmup), "steps": pairs,
+        "median": median, "iqr_over_median": {part: s for part, (_, s) in stats.items()}, "per_step": per_step,
+        "samples_per_s": per_device_batch * ctx.world_size / median["step_s"], "peak_rss_bytes": int(peak),
+        "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+        "measure_wall_s": time.perf_counter() - started, "interference": interference,
+        "attempts_interference": [share for _, share in attempts],
     }
+
+
+def profile_worker(job: dict, global_batch: int) -> dict | None:
+    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+    try:
+        return measure(job, ctx, global_batch // ctx.world_size)
+    finally:
+        shutdown()
+
+
+def fingerprint(job: dict) -> str:
+    """What a profile depends on: a profile made under other settings must not be reused."""
+    search = {key: job["search"][key] for key in MEASUREMENT_KEYS}
+    settings = {"model": job["model"], "data": job["data"], "train": job["train"], "search": search,
+                "resources": {k: v for k, v in job["resources"].items() if k != "slurm"}, "launcher": job["launcher"]}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path) -> dict:
+    """Run one profile job at (nodes, batch) and write its file atomically."""
+    spec = launch.LaunchSpec.for_job(job, nodes=nodes)
+    started = time.perf_counter()
+    result = launch.run(profile_worker, dict(job=job, global_batch=batch), spec,
+                        Path(work_dir) / "profile" / f"N{nodes}_B{batch}", name=f"{job['name']}-profile-N{nodes}-B{batch}")
+    result.update(nodes=nodes, launcher=spec.launcher, ranks_per_host=ranks_per_host(spec.launcher, nodes, spec.tasks_per_node),
+                  job_wall_s=time.perf_counter() - started, fingerprint=fingerprint(job))
+    write_json(out, result)
+    return result
 
 
 def profile(job: dict, plan_path: Path, nodes: int, batch: int, out: Path, work_dir: Path) -> dict:
     planned = read_json(plan_path)["profile"]
     if not any(c["nodes"] == nodes and c["batch"] == batch for c in planned):
         raise StageError(f"job '{job['name']}': (nodes={nodes}, batch={batch}) is not in the plan {plan_path}")
-    spec = launch.LaunchSpec.for_job(job, nodes=nodes)
+    return profile_one(job, nodes, batch, out, work_dir)
+
+
+def adapt(job: dict, plan_path: Path, out: Path, work_dir: Path) -> dict:
+    """Adaptive search: from the partial profiles, add one profile at a time until the model is sure enough.
+
+    Every profile is written to profile/N{n}_B{b}.json (the plan's) or profile/adaptive/N{n}_B{b}.json
+    (added here) atomically as soon as it is measured, so a killed stage resumes where it stopped: files
+    made with the same settings are read back instead of measured again.
+    """
+    plan = read_json(plan_path)
+    profile_dir = Path(out).parent / "profile"
+    devices = max(1, job["resources"]["gpus_per_node"])
+    initial = {(c["nodes"], c["batch"]) for c in plan["profile"]}
+    current = fingerprint(job)
+    paths: list[Path] = []
+
+    def measure_candidate(candidate: dict) -> dict:
+        name = f"N{candidate['nodes']}_B{candidate['batch']}.json"
+        path = profile_dir / name if (candidate["nodes"], candidate["batch"]) in initial else profile_dir / "adaptive" / name
+        paths.append(path)
+        if path.exists():
+            existing = read_json(path)
+            if existing.get("fingerprint") == current:
+                return existing
+        return profile_one(job, candidate["nodes"], candidate["batch"], path, work_dir)
+
     search = job["search"]
-    result = launch.run(profile_worker, dict(job=job, global_batch=batch, warmup_steps=search["warmup_steps"],
-                                             steps=search["steps"]),
-                        spec, Path(work_dir) / "profile" / f"N{nodes}_B{batch}", name=f"{job['name']}-profile-N{nodes}-B{batch}")
-    result.update(nodes=nodes, launcher=spec.launcher)
-    write_json(out, result)
-    return result
+    result = adaptive_search(
+        plan["candidates"], plan["profile"], measure_candidate,
+        lambda c: (c["nodes"] * devices, ranks_per_host(job["launcher"], c["nodes"], devices)),
+        model_params(job), search["adaptive"]["tolerance"], search["adaptive"]["max_profiles"])
+    manifest = {"job": job["name"], "profiles": [str(p) for p in paths], "history": result["history"],
+                "discrepancy_per_octave": result["discrepancy_per_octave"], "stopped": result["stopped"],
+                "profiled": len(paths), "candidates": len(plan["candidates"])}
+    write_json(out, manifest)
+    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:
     def add_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--plan", required=True, type=Path, help="plan.json from the plan stage")
-        parser.add_argument("--nodes", required=True, type=int)
-        parser.add_argument("--batch", required=True, type=int, help="global batch")
-        parser.add_argument("--out", required=True, type=Path, help="results/{job}/profile/N{n}_B{b}.json")
+        parser.add_argument("--nodes", type=int, help="nodes of the one configuration to profile")
+        parser.add_argument("--batch", type=int, help="global batch of the one configuration to profile")
+        parser.add_argument("--adaptive", action="store_true",
+                            help="adaptive search instead of one configuration: --out is then adaptive.json")
+        parser.add_argument("--out", required=True, type=Path,
+                            help="results/{job}/profile/N{n}_B{b}.json, or results/{job}/adaptive.json with --adaptive")
 
-    return stage_main("profile", add_args,
-                      lambda job, args: profile(job, args.plan, args.nodes, args.batch, args.out, args.work_dir), argv)
+    def run(job: dict, args: argparse.Namespace):
+        if args.adaptive:
+            return adapt(job, args.plan, args.out, args.work_dir)
+        if args.nodes is None or args.batch is None:
+            raise StageError("profile needs --nodes and --batch (or --adaptive)")
+        return profile(job, args.plan, args.nodes, args.batch, args.out, args.work_dir)
+
+    return stage_main("profile", add_args, run, argv)
 
 
 if __name__ == "__main__":

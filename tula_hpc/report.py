@@ -1,63 +1,167 @@
-"""Stage `report`: results/{job}/report.md and its plot, from every file the earlier stages wrote."""
+"""Stage `report`: results/{job}/report.md and its plots, from every file the earlier stages wrote.
+
+Plots: time vs global batch per node count (profiled points, fitted curves with their uncertainty, both
+knees, the choice), the cost surface over (N, B), and predicted vs measured step times.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
 
 from .files import atomic_path, read_json, write_text  # noqa: E402
 from .stage import stage_main  # noqa: E402
 
+PLOTS = {"time": "time_vs_batch.png", "cost": "cost_surface.png", "accuracy": "predicted_vs_measured.png"}
 
-def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for nodes in sorted({c["nodes"] for c in perfmodel["candidates"]}):
-        row = sorted((c for c in perfmodel["candidates"] if c["nodes"] == nodes), key=lambda c: c["batch"])
-        ax.plot([c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"predicted, N={nodes}")
-        measured = [p for p in perfmodel["profiled"] if p["nodes"] == nodes]
-        epochs_steps = {c["batch"]: c["steps_per_epoch"] * perfmodel["epochs"] for c in row}
-        ax.scatter([p["batch"] for p in measured], [p["measured_step_s"] * epochs_steps[p["batch"]] for p in measured],
-                   marker="x", s=60, label=f"profiled, N={nodes}")
-    chosen = selection["chosen"]
-    ax.scatter([chosen["batch"]], [chosen["time_s"]], s=200, facecolors="none", edgecolors="red", linewidths=2,
-               label=f"chosen: N={chosen['nodes']}, B={chosen['batch']}")
-    if selection["knees"]["kneedle"]:
-        ax.axvline(selection["knees"]["kneedle"], color="grey", linestyle="--", label="Kneedle knee")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("global batch B")
-    ax.set_ylabel("predicted training time T (s)")
-    ax.set_title(f"{perfmodel['job']}: time vs batch ({selection['objective']} objective)")
-    ax.legend(fontsize=8)
+
+def _save(fig, out: Path) -> None:
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
 
 
+def _rows_by_nodes(candidates: list[dict]) -> dict[int, list[dict]]:
+    rows: dict[int, list[dict]] = {}
+    for c in sorted(candidates, key=lambda c: (c["nodes"], c["batch"])):
+        rows.setdefault(c["nodes"], []).append(c)
+    return rows
+
+
+def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    rows = _rows_by_nodes(perfmodel["candidates"])
+    for nodes, row in rows.items():
+        line, = ax.plot([c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"fitted, N={nodes}")
+        ax.fill_between([c["batch"] for c in row], [c["time_s_range"][0] for c in row], [c["time_s_range"][1] for c in row],
+                        color=line.get_color(), alpha=0.15, linewidth=0)
+        steps = {c["batch"]: c["steps_per_epoch"] * perfmodel["epochs"] for c in row}
+        measured = [p for p in perfmodel["profiled"] if p["nodes"] == nodes]
+        ax.scatter([p["batch"] for p in measured], [p["measured_step_s"] * steps[p["batch"]] for p in measured],
+                   marker="x", s=60, color=line.get_color(), label=f"profiled, N={nodes}")
+    knees = selection["knees"]
+    if knees["kneedle"] is not None:
+        ax.axvline(knees["kneedle"], color="grey", linestyle="--", label=f"Kneedle knee B={knees['kneedle']}")
+    ax.axvline(knees["model"], color="black", linestyle=":", label=f"model knee B={knees['model']}")
+    chosen = selection["chosen"]
+    ax.scatter([chosen["batch"]], [chosen["time_s"]], s=220, facecolors="none", edgecolors="red", linewidths=2,
+               label=f"chosen: N={chosen['nodes']}, B={chosen['batch']}", zorder=5)
+    ax.set(xscale="log", yscale="log", xlabel="global batch B", ylabel="training time T (s)",
+           title=f"{perfmodel['job']}: time vs batch ({selection['objective']} objective)")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7)
+    _save(fig, out)
+
+
+def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
+    rows = _rows_by_nodes(perfmodel["candidates"])
+    batches = sorted({c["batch"] for c in perfmodel["candidates"]})
+    grid = [[math.nan] * len(batches) for _ in rows]
+    for i, row in enumerate(rows.values()):
+        for c in row:
+            grid[i][batches.index(c["batch"])] = c["cost"]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.75 * len(batches), 1.6 + 0.6 * len(rows)))
+    image = ax.imshow(grid, cmap="viridis", norm=LogNorm(), aspect="auto", origin="lower")
+    for i, row in enumerate(rows.values()):
+        for c in row:
+            ax.text(batches.index(c["batch"]), i, f"{c['cost']:.3g}", ha="center", va="center", fontsize=7, color="white")
+    chosen = selection["chosen"]
+    ax.add_patch(plt.Rectangle((batches.index(chosen["batch"]) - 0.5, list(rows).index(chosen["nodes"]) - 0.5), 1, 1,
+                               fill=False, edgecolor="red", linewidth=2.5))
+    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_yticks(range(len(rows)), [str(n) for n in rows])
+    ax.set(xlabel="global batch B", ylabel="nodes N", title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen")
+    fig.colorbar(image, ax=ax, label="cost")
+    _save(fig, out)
+
+
+def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    measured = [p["measured_step_s"] for p in perfmodel["profiled"]]
+    predicted = [p["predicted_step_s"] for p in perfmodel["profiled"]]
+    ax.scatter(measured, predicted, marker="x", label="profiled configurations")
+    trained = summary["train_time_s"] / max(summary["steps"], 1)
+    ax.scatter([trained], [selection["chosen"]["step_s"]], marker="o", color="red", label="training run (mean step)")
+    low, high = min(measured + predicted + [trained]) / 1.3, max(measured + predicted + [trained]) * 1.3
+    ax.plot([low, high], [low, high], color="black", linewidth=1)
+    ax.fill_between([low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="grey", alpha=0.2, label="+-10 %")
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured step time (s)",
+           ylabel="predicted step time (s)", title="predicted vs measured")
+    ax.legend(fontsize=7)
+    _save(fig, out)
+
+
 def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     head = "| " + " | ".join(title for title, _, _ in columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(format(r[key], fmt) for _, key, fmt in columns) + " |\n" for r in rows)
+    return head + "".join("| " + " | ".join("-" if r.get(key) is None else format(r[key], fmt) for _, key, fmt in columns)
+                          + " |\n" for r in rows)
 
 
-def render(job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict, summary: dict, evaluation: dict,
-           plot_name: str) -> str:
+def _constraints(selection: dict) -> str:
+    set_ = {k: v for k, v in selection["constraints"].items() if v is not None}
+    if not set_:
+        return "No constraints."
+    return "Constraints: " + ", ".join(f"{k} = {v:g}" for k, v in set_.items()) + \
+        f" ({selection['feasible']} of {selection['candidates']} candidates meet them)."
+
+
+def _model_section(plan: dict, perfmodel: dict) -> str:
+    p, identified = perfmodel["params"], perfmodel["identified"]
+    unidentified = [name for name, ok in identified.items() if not ok]
+    loo = perfmodel["leave_one_out"]
+    quality = (f"leave-one-out over {loo['count']} profiles: median {loo['median_rel_error']:.1%}, max {loo['max_rel_error']:.1%}"
+               if loo["count"] else "no leave-one-out estimate (the profiles exactly identify the model)")
+    search = perfmodel["search"]
+    adaptive = ""
+    if search["history"]:
+        adaptive = ("\nAdaptive search added, each time the least certain candidate (error = how far the model was off "
+                    f"before seeing it); stopped: {search['stopped']}.\n\n"
+                    + _table(search["history"], [("N", "nodes", "d"), ("B", "batch", "d"), ("uncertainty", "uncertainty", ".1%"),
+                                                 ("predicted step (s)", "predicted_step_s", ".5f"),
+                                                 ("measured step (s)", "measured_step_s", ".5f"), ("error", "rel_error", ".1%")]))
+    notes = "".join(f"\n- {note}" for note in perfmodel["notes"])
+    return f"""## Performance model ({plan['mode']} search, {len(perfmodel['profiled'])} of {len(plan['candidates'])} candidates profiled)
+t_step = data + compute + e x sync, with b the per-device batch and h the ranks per host:
+- data = {p['data_intercept_s'] * 1e3:.3f} ms + {p['data_per_sample_s'] * 1e6:.2f} us x b
+- compute = {p['intercept_s'] * 1e3:.3f} ms + {p['per_sample_s'] * 1e6:.2f} us x b + (h - 1) x ({p['contention_s'] * 1e3:.3f} ms + {p['contention_per_sample_s'] * 1e6:.2f} us x b)
+- sync ({perfmodel['collective']}) = {p['latency_s'] * 1e6:.1f} us per hop + {p['seconds_per_byte'] * 1e9:.3f} s/GB moved; exposed share e = {p['sync_exposed']:.2f} (overlap {p['overlap']:+.2f})
+
+Not identified by these profiles: {', '.join(unidentified) if unidentified else 'none'}.{notes}
+Fit error on the profiles (RMS) {p['rms_rel_error']:.1%}; {quality}.
+{adaptive}
+{_table(perfmodel['profiled'], [('N', 'nodes', 'd'), ('B', 'batch', 'd'), ('measured step (s)', 'measured_step_s', '.5f'),
+                                ('predicted step (s)', 'predicted_step_s', '.5f'), ('step IQR/median', 'step_iqr_over_median', '.1%'),
+                                ('interference', 'interference', '.0%')])}"""
+
+
+def render(job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict, summary: dict, evaluation: dict) -> str:
     chosen = selection["chosen"]
     candidates = sorted(perfmodel["candidates"], key=lambda c: (c["nodes"], c["batch"]))
-    p = perfmodel["params"]
     resumed = summary["resumed_from_epoch"]
+    knees = selection["knees"]
     return f"""# tula-hpc report: {job}
 
 ## Choice
 **{chosen['nodes']} node(s), global batch {chosen['batch']}** ({chosen['per_device_batch']} per device), chosen to
-minimise **{selection['objective']}**. Predicted training time {chosen['time_s']:.2f} s, cost {chosen['cost']:.5f}.
-Knees of the time-vs-batch curve: Kneedle {selection['knees']['kneedle']}, model-based {selection['knees']['model']}.
+minimise **{selection['objective']}** ({selection['pricing']} pricing). Predicted training time {chosen['time_s']:.2f} s
+(+-{chosen['rel_uncertainty']:.0%}), cost {chosen['cost']:.5g}. {_constraints(selection)}
+Knees of the best-time-per-batch curve: Kneedle {knees['kneedle']} (depends only on the sampled batch range),
+model-based {knees['model']} (from there each doubling saves less than the set share); the knee objective follows
+`{selection['knee_method']}`.
 
-![time vs batch]({plot_name})
+{_table(selection['runners_up'], [('runner-up N', 'nodes', 'd'), ('B', 'batch', 'd'), ('T (s)', 'time_s', '.2f'),
+                                  ('cost', 'cost', '.5g')])}
+![time vs batch]({PLOTS['time']})
+
+![cost surface]({PLOTS['cost']})
 
 ## Outcome
 | | predicted | measured |
@@ -69,6 +173,8 @@ Relative time error {evaluation['time_rel_error']:+.1%}. Test top-1 accuracy **{
 on {evaluation['test_samples']} images. Training wall time {summary['wall_time_s']:.1f} s over {summary['epochs']} epochs
 ({summary['steps']} steps){'' if resumed is None else f'; resumed from the checkpoint at epoch {resumed}'}.
 
+![predicted vs measured]({PLOTS['accuracy']})
+
 ## Memory model
 Peak step memory = {memory['fit']['intercept_bytes'] / 1e6:.2f} MB + {memory['fit']['slope_bytes_per_sample'] / 1e3:.2f} kB x batch,
 plus {memory['param_bytes'] / 1e6:.2f} MB of parameters. Device memory {memory['device_memory_bytes'] / 1e9:.2f} GB with
@@ -77,15 +183,43 @@ plus {memory['param_bytes'] / 1e6:.2f} MB of parameters. Device memory {memory['
 {_table(memory['probes'], [('probe batch', 'batch', 'd'), ('measured peak (B)', 'measured_peak_bytes', 'd'),
                            ('activations (B)', 'activation_bytes', 'd'), ('gradients (B)', 'grad_bytes', 'd'),
                            ('optimiser (B)', 'optimizer_bytes', 'd')])}
-## Performance model ({plan['mode']} search, {len(perfmodel['profiled'])} of {len(plan['candidates'])} candidates profiled)
-t_step = {p['local_intercept_s_'] * 1e3:.3f} ms + {p['local_per_sample_s_'] * 1e6:.2f} us x b + (1 - {p['overlap_']:.2f}) x sync(N),
-sync latency {p['latency_s_'] * 1e3:.3f} ms per hop, {p['seconds_per_byte_'] * 1e9:.3f} s/GB; fit error (RMS) {p['rel_uncertainty_']:.1%}.
-
-{_table(perfmodel['profiled'], [('N', 'nodes', 'd'), ('B', 'batch', 'd'), ('measured step (s)', 'measured_step_s', '.5f'),
-                                ('predicted step (s)', 'predicted_step_s', '.5f')])}
+{_model_section(plan, perfmodel)}
 ### Every candidate
 {_table(candidates, [('N', 'nodes', 'd'), ('B', 'batch', 'd'), ('b/device', 'per_device_batch', 'd'),
-                     ('step (s)', 'step_s', '.5f'), ('T (s)', 'time_s', '.2f'), ('cost', 'cost', '.5f')])}"""
+                     ('step (s)', 'step_s', '.5f'), ('+-', 'rel_uncertainty', '.0%'), ('T (s)', 'time_s', '.2f'),
+                     ('cost', 'cost', '.5g')])}"""
+
+
+def strategy_section(summary: dict, plot: Path) -> str:
+    """The training strategy; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density."""
+    strategy = summary.get("strategy", "lbt")
+    epochs = [r for r in summary["history"] if "ags" in r]
+    if not epochs:
+        return f"\n## Training strategy\n`{strategy}`: no gradient scaling.\n"
+    fractions = [r["ags"]["scaled_fraction"] for r in epochs]
+    hist = epochs[-1]["ags"]["scale_hist"]
+    fig, axes = plt.subplots(1, 2 if hist else 1, figsize=(10, 3.6) if hist else (5.5, 3.6), squeeze=False)
+    axes[0][0].plot([r["epoch"] for r in epochs], fractions, marker=".")
+    axes[0][0].set(xlabel="epoch", ylabel="fraction of steps scaled", ylim=(-0.05, 1.05),
+                   title="steps outside sensitive phases (Delta < delta)")
+    if hist:
+        total = sum(hist["counts"])
+        axes[0][1].stairs([c / total for c in hist["counts"]], hist["edges"], fill=True)
+        axes[0][1].set(xscale="log", xlabel="scale factor s (s_min, 1, s_max)", ylabel="share of gradient entries",
+                       title=f"factors after epoch {epochs[-1]['epoch']}")
+        ticks = [hist["edges"][0], 1.0, hist["edges"][-1]]
+        axes[0][1].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
+        axes[0][1].minorticks_off()
+    fig.tight_layout()
+    with atomic_path(plot) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    steps = sum(r["ags"]["steps"] for r in epochs)
+    scaled = sum(r["ags"]["scaled_steps"] for r in epochs)
+    medians = [r["ags"]["delta"]["median"] for r in epochs if r["ags"]["delta"]]
+    delta = f"; median Delta per epoch from {min(medians):.3g} to {max(medians):.3g}" if medians else ""
+    return (f"\n## Gradient scaling (`{strategy}`)\n{scaled} of {steps} steps ({scaled / steps:.0%}) were scaled, "
+            f"{sum(r['ags']['gradscale_updates'] for r in epochs)} factor updates{delta}.\n\n![gradient scaling]({plot.name})\n")
 
 
 def report(job: dict, results_dir: Path, out: Path) -> None:
@@ -93,9 +227,12 @@ def report(job: dict, results_dir: Path, out: Path) -> None:
     inputs = {name: read_json(results_dir / f) for name, f in [
         ("memory", "memory.json"), ("plan", "plan.json"), ("perfmodel", "perfmodel.json"),
         ("selection", "selection.json"), ("summary", "train/summary.json"), ("evaluation", "eval.json")]}
-    plot = Path(out).with_name("time_vs_batch.png")
-    plot_time_vs_batch(inputs["perfmodel"], inputs["selection"], plot)
-    write_text(out, render(job["name"], **inputs, plot_name=plot.name))
+    plots = {key: Path(out).with_name(name) for key, name in PLOTS.items()}
+    plot_time_vs_batch(inputs["perfmodel"], inputs["selection"], plots["time"])
+    plot_cost_surface(inputs["perfmodel"], inputs["selection"], plots["cost"])
+    plot_predicted_vs_measured(inputs["perfmodel"], inputs["summary"], inputs["selection"], plots["accuracy"])
+    scaling = strategy_section(inputs["summary"], plots["time"].with_name("ags.png"))
+    write_text(out, render(job["name"], **inputs) + scaling)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,13 @@
-"""Stage `select`: the configuration that minimises time, cost, or sits at the knee of time vs batch.
+"""Stage `select`: the feasible configuration that minimises time, cost, or sits at the knee of time vs batch.
+
+Constraints (all optional): at most `max_nodes` nodes, a global batch of at most `max_batch`, predicted
+time T within `deadline_s` and cost C within `budget`. When no candidate meets them the stage fails with
+the closest candidates and which constraint each breaks, by how much.
 
 Two knees are reported. Kneedle (kneed, as in the paper) on the best time per global batch; it
 normalises both axes, so for t(B) = a/B + c its answer depends only on the sampled range of B. The
-model-based knee is the smallest B after which doubling B saves less than `min_saving` of the time.
+model-based knee is the smallest B from which every further doubling saves less than `knee_min_saving`
+of the time. `knee_method` says which one the knee objective follows.
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ from .files import read_json, write_json
 from .stage import StageError, stage_main
 
 RUNNERS_UP = 5
-MIN_SAVING = 0.10
+CLOSEST_SHOWN = 3
+# constraint key -> (candidate field, unit shown in messages)
+CONSTRAINTS = {"max_nodes": ("nodes", ""), "max_batch": ("batch", ""), "deadline_s": ("time_s", " s"), "budget": ("cost", "")}
+
+
+class InfeasibleError(StageError):
+    """No candidate meets the constraints; the message lists the closest ones and what each breaks."""
 
 
 def best_time_per_batch(candidates: list[dict]) -> list[dict]:
@@ -28,13 +39,14 @@ def best_time_per_batch(candidates: list[dict]) -> list[dict]:
 
 
 def kneedle_knee(curve: list[dict]) -> int | None:
-    if len(curve) < 3:
+    times = [c["time_s"] for c in curve]
+    if len(curve) < 3 or max(times) == min(times):  # no curve, no knee
         return None
-    knee = KneeLocator([c["batch"] for c in curve], [c["time_s"] for c in curve], curve="convex", direction="decreasing").knee
+    knee = KneeLocator([c["batch"] for c in curve], times, curve="convex", direction="decreasing").knee
     return None if knee is None else int(knee)
 
 
-def model_knee(curve: list[dict], min_saving: float = MIN_SAVING) -> int:
+def model_knee(curve: list[dict], min_saving: float) -> int:
     """Smallest batch from which every further doubling saves less than `min_saving` of the time."""
     for i, c in enumerate(curve):
         later = curve[i + 1:]
@@ -43,26 +55,64 @@ def model_knee(curve: list[dict], min_saving: float = MIN_SAVING) -> int:
     return curve[-1]["batch"]
 
 
-def select(perfmodel: dict, objective: str) -> dict:
+def violations(candidate: dict, objective: dict) -> dict[str, float]:
+    """Each broken constraint with its relative excess (0.25 = 25 % over the limit)."""
+    broken = {}
+    for key, (field, _) in CONSTRAINTS.items():
+        limit = objective.get(key)
+        if limit is not None and candidate[field] > limit:
+            broken[key] = candidate[field] / limit - 1 if limit > 0 else float("inf")
+    return broken
+
+
+def _describe(candidate: dict, objective: dict) -> str:
+    parts = []
+    for key, excess in violations(candidate, objective).items():
+        field, unit = CONSTRAINTS[key]
+        parts.append(f"{field} {candidate[field]:.6g}{unit} > {key} {objective[key]:.6g}{unit} (+{excess:.0%})")
+    return f"N={candidate['nodes']}, B={candidate['batch']}: " + "; ".join(parts)
+
+
+def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> list[dict]:
+    if goal == "time":
+        return sorted(candidates, key=lambda c: (c["time_s"], c["cost"]))
+    if goal == "cost":
+        return sorted(candidates, key=lambda c: (c["cost"], c["time_s"]))
+    at_knee = [c for c in curve if c["batch"] == knee]
+    rest = sorted((c for c in candidates if c not in at_knee), key=lambda c: (abs(c["batch"].bit_length() - knee.bit_length()), c["time_s"]))
+    return at_knee + rest
+
+
+def select(perfmodel: dict, objective: dict) -> dict:
     candidates = perfmodel["candidates"]
     if not candidates:
         raise StageError("perfmodel.json has no candidates to choose from")
-    curve = best_time_per_batch(candidates)
-    knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve)}
-    if objective == "time":
-        ranked = sorted(candidates, key=lambda c: (c["time_s"], c["cost"]))
-    elif objective == "cost":
-        ranked = sorted(candidates, key=lambda c: (c["cost"], c["time_s"]))
-    else:
-        knee_batch = knees["kneedle"] if knees["kneedle"] is not None else knees["model"]
-        at_knee = [c for c in curve if c["batch"] == knee_batch]
-        ranked = at_knee + sorted((c for c in candidates if c not in at_knee), key=lambda c: abs(c["batch"] - knee_batch) + c["time_s"] * 1e-9)
-    return {"objective": objective, "chosen": ranked[0], "knees": knees, "runners_up": ranked[1:1 + RUNNERS_UP],
-            "best_time_curve": [{"batch": c["batch"], "nodes": c["nodes"], "time_s": c["time_s"]} for c in curve]}
+    feasible = [c for c in candidates if not violations(c, objective)]
+    if not feasible:
+        closest = sorted(candidates, key=lambda c: (sum(violations(c, objective).values()), c["time_s"]))[:CLOSEST_SHOWN]
+        raise InfeasibleError("no candidate meets the constraints; closest: " + " | ".join(_describe(c, objective) for c in closest))
+    curve = best_time_per_batch(feasible)
+    knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve, objective["knee_min_saving"])}
+    knee = knees[objective["knee_method"]] if knees[objective["knee_method"]] is not None else knees["model"]
+    ranked = _rank(feasible, curve, objective["minimize"], knee)
+    return {
+        "objective": objective["minimize"], "pricing": perfmodel["pricing"], "knee_method": objective["knee_method"],
+        "chosen": ranked[0], "knees": knees,
+        "runners_up": [{k: c[k] for k in ("nodes", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")}
+                       for c in ranked[1:1 + RUNNERS_UP]],
+        "constraints": {key: objective.get(key) for key in CONSTRAINTS},
+        "feasible": len(feasible), "candidates": len(candidates),
+        "best_time_curve": [{"batch": c["batch"], "nodes": c["nodes"], "time_s": c["time_s"]} for c in curve],
+    }
 
 
 def run_select(job: dict, perfmodel_path: Path, out: Path) -> dict:
-    result = {"job": job["name"], **select(read_json(perfmodel_path), job["objective"]["minimize"])}
+    try:
+        choice = select(read_json(perfmodel_path), job["objective"])
+    except InfeasibleError as err:
+        fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if job["objective"].get(key) is not None)
+        raise InfeasibleError(f"job '{job['name']}': fields '{fields}': {err}") from None
+    result = {"job": job["name"], **choice}
     write_json(out, result)
     return result
 

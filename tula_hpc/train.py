@@ -7,8 +7,12 @@ work/{job}/train/ (never a declared output, so Snakemake never deletes them); on
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import math
+import os
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -16,22 +20,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import launch
+from . import launch, memory
 from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from .data import load_splits, make_loader
-from .distributed import Context, init_distributed, seed_everything, shutdown
+from .distributed import Context, init_distributed, peer_failure, post_failure, seed_everything, shutdown
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json
 from .models import build_model
-from .stage import stage_main
+from .stage import StageError, stage_main
+from .strategies import build_strategy
 
 
 def make_optimizer(model: nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=train_cfg["lr"], momentum=train_cfg["momentum"],
                            weight_decay=train_cfg["weight_decay"])
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg: dict):
-    return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=train_cfg["lr_milestones"], gamma=train_cfg["lr_gamma"])
 
 
 def build_for_job(job: dict, ctx: Context):
@@ -46,6 +47,31 @@ def wrap_ddp(model: nn.Module, ctx: Context) -> nn.Module:
     if ctx.world_size == 1:
         return model
     return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def training_step(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
+    """One optimiser step on the batch (x, y); returns the batch's mean loss.
+
+    With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each loss
+    weighted by its share: the same step (up to BatchNorm's per-slice statistics) with the activations
+    of one slice, which is how training survives running out of memory without changing the global
+    batch. Under DDP only the last slice synchronises.
+    """
+    strategy.optimizer.zero_grad(set_to_none=True)
+    slices = [(xs, ys) for xs, ys in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)) if len(ys)]
+    losses = []
+    for i, (xs, ys) in enumerate(slices):
+        last = i == len(slices) - 1
+        with contextlib.nullcontext() if last or not isinstance(net, DDP) else net.no_sync():
+            loss = loss_fn(net(xs), ys)
+            if len(slices) > 1:
+                loss = loss * (len(ys) / len(y))
+            loss.backward()
+        losses.append(loss.detach())
+    strategy.before_step(net, loss_fn, x, y)
+    strategy.optimizer.step()
+    strategy.after_step()
+    return sum(losses[1:], losses[0])
 
 
 def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256) -> float:
@@ -68,16 +94,47 @@ def _fingerprint(job: dict, global_batch: int) -> dict:
     return {"model": job["model"], "data": job["data"], "train": job["train"], "global_batch": global_batch}
 
 
-def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path: str, metrics_path: str) -> dict | None:
+def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path: str, metrics_path: str,
+                 accumulation: int = 1, selected_batch: int | None = None, failure_dir: str | None = None) -> dict | None:
+    """One training attempt on every rank, with the device limited to resources.device_memory_gb.
+
+    `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
+    global batch, which names the run's checkpoint (default: global_batch). If any rank runs out of
+    memory, every rank ends the attempt and returns {"outcome": "out_of_memory", "rank", "error"}
+    instead of the summary (its peers learn of it through `failure_dir`); the checkpoint stays.
+    """
+    try:
+        return _train_attempt(job, global_batch, checkpoint_path, model_path, metrics_path, accumulation,
+                              selected_batch or global_batch)
+    except Exception as err:
+        rank = int(os.environ.get("RANK", "0"))
+        if memory.is_out_of_memory(err):
+            note = {"outcome": "out_of_memory", "rank": rank, "error": str(err)[:500]}
+            if failure_dir:
+                post_failure(failure_dir, rank, note)
+            return note
+        note = peer_failure(failure_dir) if failure_dir and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        if note is None:
+            raise
+        return note
+    finally:
+        memory.device_memory.lift()
+
+
+def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_path: str, metrics_path: str,
+                   accumulation: int, selected_batch: int) -> dict | None:
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     per_device = global_batch // ctx.world_size
     splits, model = build_for_job(job, ctx)
+    memory.device_memory.limit(ctx.device, memory.budget_bytes(job), memory.model_bytes(model), job)
     net = wrap_ddp(model, ctx)
-    optimizer = make_optimizer(model, job["train"])
-    scheduler = make_scheduler(optimizer, job["train"])
-    fingerprint = _fingerprint(job, global_batch)
+    steps_per_epoch = math.ceil(math.ceil(len(splits.train) / ctx.world_size) / per_device)
+    # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks below.
+    strategy = build_strategy(net, job["train"], global_batch, steps_per_epoch)
+    optimizer, scheduler = strategy.optimizer, strategy.scheduler
+    fingerprint = _fingerprint(job, selected_batch)
 
-    start_epoch, step, train_time, resumed_from, restarts = 0, 0, 0.0, None, []
+    start_epoch, step, train_time, resumed_from, restarts, done_in_epoch = 0, 0, 0.0, None, [], 0
     checkpoint = load_checkpoint(Path(checkpoint_path))
     if checkpoint is not None and checkpoint["config"] == fingerprint:
         model.load_state_dict(checkpoint["model"])
@@ -85,6 +142,7 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
         scheduler.load_state_dict(checkpoint["scheduler"])
         restore_rng(checkpoint["rng"])
         start_epoch, step = checkpoint["epoch"], checkpoint["step"]
+        done_in_epoch = checkpoint["extra"]["batches_done_in_epoch"]
         train_time = checkpoint["extra"]["train_time_s"]
         resumed_from = start_epoch
         restarts = checkpoint["extra"]["restarts"] + [start_epoch]
@@ -94,7 +152,15 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
         if checkpoint is not None:
             print(f"[train] ignoring checkpoint {checkpoint_path}: it belongs to a different configuration", flush=True)
         Path(metrics_path).unlink(missing_ok=True)
+    del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
+    def save(epoch: int, batches_done: int, elapsed: float) -> None:
+        save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
+                        step=step, config=fingerprint,
+                        extra={"train_time_s": elapsed, "restarts": restarts, "batches_done_in_epoch": batches_done})
+
+    gate = launch.PreemptionGate(is_main=ctx.is_main)
+    micro_batch = math.ceil(per_device / accumulation)
     loader = make_loader(splits.train, per_device, rank=ctx.rank, world_size=ctx.world_size, seed=job["train"]["seed"],
                          shuffle=True, num_workers=job["data"]["num_workers"])
     loss_fn = nn.CrossEntropyLoss()
@@ -102,22 +168,21 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
     for epoch in range(start_epoch, epochs):
         loader.sampler.set_epoch(epoch)
         started = time.perf_counter()
-        for x, y in loader:
+        # A checkpoint written at a requeue signal resumes mid-epoch: the sampler's order is fixed by (seed, epoch).
+        for batch_index, (x, y) in enumerate(itertools.islice(loader, done_in_epoch, None), start=done_in_epoch + 1):
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(net(x), y)
-            loss.backward()
-            optimizer.step()
+            loss = training_step(net, strategy, loss_fn, x, y, accumulation)
             step += 1
+            gate.at_step_boundary(lambda: save(epoch, batch_index, train_time + time.perf_counter() - started))
+        done_in_epoch = 0
+        strategy_metrics = strategy.end_epoch()
         epoch_time = time.perf_counter() - started
         train_time += epoch_time
-        scheduler.step()
-        val_accuracy = evaluate_accuracy(net, splits.val, ctx)
+        val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
         if ctx.is_main:
-            save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                            step=step, config=fingerprint, extra={"train_time_s": train_time, "restarts": restarts})
+            save(epoch + 1, 0, train_time)
             record = {"epoch": epoch + 1, "step": step, "loss": float(loss), "val_accuracy": val_accuracy,
-                      "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0]}
+                      "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0], **strategy_metrics}
             append_jsonl(metrics_path, record)
             print(f"[train] epoch {epoch + 1}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
                   f"time {epoch_time:.2f}s", flush=True)
@@ -129,7 +194,8 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
                         "in_channels": splits.in_channels, "image_size": job["data"]["image_size"]}, tmp)
         summary = {
             "nodes": None, "global_batch": global_batch, "per_device_batch": per_device, "world_size": ctx.world_size,
-            "epochs": epochs, "steps": step, "steps_per_epoch": math.ceil(math.ceil(len(splits.train) / ctx.world_size) / per_device),
+            "accumulation": accumulation, "micro_batch": micro_batch,
+            "epochs": epochs, "steps": step, "steps_per_epoch": steps_per_epoch, "strategy": strategy.name,
             "train_samples": len(splits.train), "train_time_s": train_time, "resumed_from_epoch": resumed_from,
             "restarts_at_epochs": restarts,
             "history": list({r["epoch"]: r for r in read_jsonl(metrics_path)}.values()),
@@ -138,21 +204,75 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
     return summary
 
 
+def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world_size: int) -> tuple[int, int] | None:
+    """The next attempt's (global batch, accumulation) after running out of memory; None once one sample failed.
+
+    keep_global_batch halves the slice each device computes at once and doubles the accumulation, so the
+    selected configuration (global batch, steps, gradient statistics) stays; shrink_global_batch halves
+    the global batch instead, as the paper does.
+    """
+    per_device = global_batch // world_size
+    if math.ceil(per_device / accumulation) <= 1:
+        return None
+    if on_oom == "keep_global_batch":
+        return global_batch, accumulation * 2
+    return per_device // 2 * world_size, accumulation
+
+
+def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
+    """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk."""
+    if not attempts:
+        return chosen["batch"], 1
+    last = attempts[-1]
+    if last["outcome"] != "out_of_memory":
+        attempts.pop()
+        return last["global_batch"], last["accumulation"]
+    shrunk = after_out_of_memory(job["resources"]["on_oom"], last["global_batch"], last["accumulation"], world_size)
+    if shrunk is None:
+        raise StageError(
+            f"job '{job['name']}': training ran out of memory even with {last['micro_batch']} sample per device at once "
+            f"({len(attempts)} attempts): field 'resources.device_memory_gb' ({job['resources']['device_memory_gb']} GB) "
+            f"cannot train {job['model']['name']} with strategy {job['train']['strategy']}; last error: {last['error']}")
+    return shrunk
+
+
 def train(job: dict, selection_path: Path, out_dir: Path, work_dir: Path) -> dict:
-    """Submit training on the selected configuration, wait, and write train/summary.json."""
+    """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
+
+    Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
+    last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
+    """
     chosen = read_json(selection_path)["chosen"]
     stage_dir = Path(work_dir) / "train"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"])
     started = time.time()
-    summary = launch.run(
-        train_worker,
-        dict(job=job, global_batch=chosen["batch"], checkpoint_path=str(stage_dir / "checkpoint.pt"),
-             model_path=str(out_dir / "model.pt"), metrics_path=str(stage_dir / "metrics.jsonl")),
-        spec, stage_dir, name=f"{job['name']}-train",
-    )
-    summary.update(nodes=chosen["nodes"], wall_time_s=time.time() - started)
+    log_path, selected = stage_dir / "attempts.json", {"nodes": chosen["nodes"], "batch": chosen["batch"]}
+    log = read_json(log_path) if log_path.exists() else {}
+    attempts = log["attempts"] if log.get("selected") == selected else []
+    while True:
+        global_batch, accumulation = _next_attempt(job, chosen, attempts, spec.world_size)
+        per_device = global_batch // spec.world_size
+        attempt = {"global_batch": global_batch, "per_device_batch": per_device, "accumulation": accumulation,
+                   "micro_batch": math.ceil(per_device / accumulation), "outcome": "running"}
+        attempts.append(attempt)
+        write_json(log_path, {"selected": selected, "attempts": attempts})
+        result = launch.run(
+            train_worker,
+            dict(job=job, global_batch=global_batch, checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                 model_path=str(out_dir / "model.pt"), metrics_path=str(stage_dir / "metrics.jsonl"),
+                 accumulation=accumulation, selected_batch=chosen["batch"],
+                 failure_dir=str(stage_dir / "failures" / uuid.uuid4().hex[:12])),
+            spec, stage_dir, name=f"{job['name']}-train",
+        )
+        attempt.update(outcome=result.get("outcome", "completed"), **{k: result[k] for k in ("rank", "error") if k in result})
+        write_json(log_path, {"selected": selected, "attempts": attempts})
+        if attempt["outcome"] == "completed":
+            break
+        print(f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once",
+              flush=True)
+    summary = {**result, "nodes": chosen["nodes"], "wall_time_s": time.time() - started, "attempts": attempts}
     write_json(out_dir / "summary.json", summary)
     return summary
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DESIGN_OUTPUTS = ["memory.json", "plan.json", "perfmodel.json", "selection.json", "train/summary.json", "train/model.pt",
-                  "eval.json", "report.md", "time_vs_batch.png"]
+                  "eval.json", "report.md", "time_vs_batch.png", "cost_surface.png", "predicted_vs_measured.png"]
 
 
 def snakemake(workdir: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess | subprocess.Popen:
@@ -54,6 +54,14 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     selection = json.loads((results / "selection.json").read_text())
     chosen = selection["chosen"]
     assert (chosen["nodes"], chosen["batch"]) in {(c["nodes"], c["batch"]) for c in plan["candidates"]}
+    assert set(selection["knees"]) == {"kneedle", "model"} and selection["runners_up"]
+    assert all(r["time_s"] > 0 and r["cost"] > 0 for r in selection["runners_up"])
+    perfmodel = json.loads((results / "perfmodel.json").read_text())
+    assert perfmodel["identified"]["latency_s"] is False  # N in {1, 2}: one multi-rank size, latency from the prior
+    for name in plan["profile"]:
+        profile = json.loads((results / "profile" / f"N{name['nodes']}_B{name['batch']}.json").read_text())
+        assert set(profile["median"]) == {"data_s", "compute_s", "sync_s", "update_s", "step_s"}
+        assert 0 <= profile["interference"] <= 1 and profile["samples_per_s"] > 0 and profile["peak_rss_bytes"] > 0
     summary = json.loads((results / "train" / "summary.json").read_text())
     assert summary["global_batch"] == chosen["batch"] and summary["world_size"] == chosen["nodes"]
     assert summary["epochs"] == 12 and [h["epoch"] for h in summary["history"]] == list(range(1, 13))

@@ -1,41 +1,209 @@
+import copy
+
 import numpy as np
 import pytest
+import torch
+import yaml
+from sklearn.linear_model import LinearRegression
+from torch import nn
 
-from tula_hpc.memory import GB, LinearMemoryModel, summarise
+from tests.conftest import REPO
+from tula_hpc.config import ConfigError, job_settings, load_config
+from tula_hpc.memory import (GB, DeviceBudgetError, StepMemoryModel, device_memory, fit_probes, is_out_of_memory,
+                             next_trial, run_in_fresh_process, settle, summarise)
 from tula_hpc.stage import StageError
+from tula_hpc.strategies import build_strategy
+from tula_hpc.train import after_out_of_memory, training_step
 
 
-def test_linear_fit_recovers_intercept_and_slope():
-    batches = np.array([8, 16, 32, 64])
-    model = LinearMemoryModel().fit(batches, 5e6 + 4.5e5 * batches)
-    assert model.intercept_ == pytest.approx(5e6)
-    assert model.slope_ == pytest.approx(4.5e5)
-    assert model.predict([512])[0] == pytest.approx(5e6 + 4.5e5 * 512)
+def _job(**resources) -> dict:
+    job = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
+    job["resources"].update(resources)
+    return job
 
 
-def test_max_batch_is_the_largest_that_fits():
-    model = LinearMemoryModel().fit([1, 2, 3], [100 + 10, 100 + 20, 100 + 30])
-    assert model.max_batch(200) == 10
-    assert model.max_batch(209) == 10
-    assert model.max_batch(50) == 0
+# --- the model on synthetic timelines with known answers ---------------------------------------------
+
+# Two points of a step's timeline: A = 100 + 1 b (the peak at small batches), B = 20 + 3 b (from b = 40 on).
+PROBES = [8, 16, 32]
+TIMELINES = [[50, 100 + b, 60, 20 + 3 * b, 10] for b in PROBES]
 
 
-def _job(device_memory_gb, headroom=0.1):
-    return {"name": "j", "model": {"name": "tiny_cnn"},
-            "resources": {"device_memory_gb": device_memory_gb, "memory_headroom": headroom}}
+def test_every_timeline_point_is_fitted_and_the_peak_is_their_envelope():
+    model = StepMemoryModel().fit(PROBES, TIMELINES)
+    np.testing.assert_allclose(model.intercepts_, [50, 100, 60, 20, 10], atol=1e-9)
+    np.testing.assert_allclose(model.slopes_, [0, 1, 0, 3, 0], atol=1e-12)
+    np.testing.assert_allclose(model.predict([8, 40, 100]), [108, 140, 320])
+    assert model.line_at(100) == pytest.approx((20, 3))
+    assert model.rel_residual_ == pytest.approx(0, abs=1e-12)
 
 
-def _measured(intercept=1e7, slope=5e4, params=6e5):
-    probes = [{"batch": b, "measured_peak_bytes": intercept + slope * b, "param_bytes": params} for b in (16, 32, 64)]
-    return {"probes": probes, "dataset": {"train": 1000, "val": 100, "test": 100}}
+def test_a_line_through_the_probes_peaks_underpredicts_where_the_peak_moves():
+    peaks = [max(t) for t in TIMELINES]
+    line = StepMemoryModel().fit(PROBES, peaks)
+    reference = LinearRegression().fit(np.reshape(PROBES, (-1, 1)), peaks)
+    assert line.predict([100])[0] == pytest.approx(reference.predict([[100]])[0]) == pytest.approx(200)
+    assert StepMemoryModel().fit(PROBES, TIMELINES).predict([100])[0] == pytest.approx(320)
 
 
-def test_summary_sizes_the_batch_for_the_budget_and_headroom():
-    result = summarise(_job(1.0, headroom=0.1), _measured())
-    assert abs(result["max_batch_per_device"] - (0.9 * GB - 6e5 - 1e7) / 5e4) <= 1
-    assert result["fit"] == {"intercept_bytes": pytest.approx(1e7), "slope_bytes_per_sample": pytest.approx(5e4)}
+def test_largest_batch_is_the_largest_under_every_point():
+    model = StepMemoryModel().fit(PROBES, TIMELINES)
+    assert model.max_batch(200) == 60  # B: (200 - 20) / 3; A alone would allow 100
+    assert model.max_batch(140) == 40
+    assert model.max_batch(100) == 0  # A is 101 at batch 1
+    assert model.max_batch(59) == 0  # a fixed point above the budget
 
 
-def test_budget_smaller_than_the_model_is_a_clear_error():
-    with pytest.raises(StageError, match=r"job 'j': field 'resources.device_memory_gb': .* needs \d+ bytes"):
-        summarise(_job(0.005), _measured())
+def test_probes_whose_steps_do_not_align_fall_back_to_the_peak_line():
+    probes = [{"batch": b, "timeline": t, "measured_peak_bytes": max(t)} for b, t in zip(PROBES, TIMELINES)]
+    assert len(fit_probes(probes).slopes_) == 5
+    probes[0]["timeline"] = probes[0]["timeline"][:-1]
+    model = fit_probes(probes)
+    assert len(model.slopes_) == 1 and model.predict([100])[0] == pytest.approx(200)
+
+
+# --- verification trials ---------------------------------------------------------------------------
+
+def _linear_model(intercept=1000.0, slope=10.0) -> StepMemoryModel:
+    return StepMemoryModel().fit([1, 2, 3], [intercept + slope * b for b in (1, 2, 3)])
+
+
+def test_a_trial_that_confirms_the_model_settles_in_one_step():
+    model = _linear_model()
+    assert next_trial(model, 2000, []) == 100
+    trials = [{"batch": 100, "outcome": "fits", "peak_bytes": 2000}]
+    assert next_trial(model, 2000, trials) is None
+    assert settle(trials) == (100, True)
+
+
+def test_a_trial_below_the_prediction_corrects_upwards_and_stops_after_two():
+    model = _linear_model()
+    trials = [{"batch": 100, "outcome": "fits", "peak_bytes": 1800}]  # slope was 8, not 10
+    assert next_trial(model, 2000, trials) == 125
+    trials.append({"batch": 125, "outcome": "out_of_memory", "failed_at_bytes": 2001})
+    assert next_trial(model, 2000, trials) is None
+    assert settle(trials) == (100, True)
+
+
+def test_a_trial_out_of_memory_corrects_downwards():
+    model = _linear_model()
+    trials = [{"batch": 100, "outcome": "out_of_memory", "failed_at_bytes": 2250}]  # slope at least 12.5
+    assert next_trial(model, 2000, trials) == 80
+    assert settle(trials + [{"batch": 80, "outcome": "fits", "peak_bytes": 1990}]) == (80, True)
+    assert settle(trials + [{"batch": 80, "outcome": "out_of_memory", "failed_at_bytes": 2100}]) == (40, False)
+
+
+# --- memory.json and bad budgets -------------------------------------------------------------------
+
+def _measured(intercept=2e6, slope=5e4, params=6e5, trials=None):
+    probes = [{"batch": b, "outcome": "measured", "measured_peak_bytes": intercept + slope * b, "param_bytes": params,
+               "grad_bytes": params, "timeline": [intercept / 2, intercept + slope * b, 1.0]} for b in (32, 48, 64)]
+    return {"probes": probes, "trials": trials or [{"batch": 1, "outcome": "fits", "peak_bytes": 1}],
+            "dataset": {"train": 1000, "val": 100, "test": 100}}
+
+
+def test_summary_sizes_the_batch_for_budget_headroom_and_ddp_buckets():
+    job = _job(device_memory_gb=1.0, memory_headroom=0.1)
+    proposed = int((0.9 * GB - 6e5 - 2e6) // 5e4)  # two nodes in the search space: DDP's buckets hold 6e5 bytes
+    result = summarise(job, _measured(trials=[{"batch": proposed, "outcome": "fits", "peak_bytes": 0.9 * GB - 6e5}]))
+    assert result["predicted_max_batch"] == result["max_batch_per_device"] == proposed and result["verified"]
+    assert result["ddp_bucket_bytes"] == 6e5 and result["usable_bytes"] == 0.9 * GB
+    assert result["fit"]["intercept_bytes"] == pytest.approx(2e6 + 6e5)
+    assert result["fit"]["slope_bytes_per_sample"] == pytest.approx(5e4)
+    assert all("timeline" not in p for p in result["probes"])
+
+
+def test_budget_smaller_than_one_sample_names_the_job_and_the_bytes_needed():
+    with pytest.raises(StageError, match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 GB .* "
+                                         r"even at batch 1: it needs 2,650,000 bytes"):
+        summarise(_job(device_memory_gb=0.002), _measured())
+
+
+def test_budget_smaller_than_the_model_names_the_job_and_the_bytes_needed():
+    job = _job(device_memory_gb=0.0001)
+    answer = run_in_fresh_process("measure", job=job, batch=32)
+    assert answer["outcome"] == "budget_too_small"
+    with pytest.raises(StageError, match=r"job 'digits-cnn': field 'resources.device_memory_gb': a budget of "
+                                         r"100,000 bytes cannot hold tiny_cnn at all: the model alone needs 605,224 bytes"):
+        summarise(job, {"probes": [answer], "trials": [], "dataset": {}})
+
+
+def test_zero_budget_is_refused_when_the_config_is_read(tmp_path):
+    config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
+    config["jobs"]["digits-cnn"]["resources"]["device_memory_gb"] = 0
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0 is less than or "
+                                          r"equal to the minimum of 0"):
+        load_config([tmp_path / "jobs.yaml"])
+
+
+def test_probe_batches_below_the_gradient_scaling_reference_are_refused(tmp_path):
+    config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
+    config["jobs"]["digits-cnn"]["resources"]["memory_probe_batches"] = [16, 32, 64]
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"field 'resources.memory_probe_batches': 16 is below train.ags.small_batch"):
+        load_config([tmp_path / "jobs.yaml"])
+
+
+# --- real measurements ------------------------------------------------------------------------------
+
+def test_components_at_the_peak_sum_to_the_measured_total():
+    job = _job()
+    job["train"]["strategy"] = "lbt"
+    probe = run_in_fresh_process("measure", job=job, batch=48)
+    parts = probe["at_peak"]
+    assert sum(parts.values()) == probe["measured_peak_bytes"] == probe["allocator_peak_bytes"]
+    assert parts["model"] == probe["param_bytes"] + probe["buffer_bytes"]
+    assert parts["optimizer_state"] == probe["optimizer_bytes"] == probe["param_bytes"]  # one momentum buffer
+    assert parts["batch"] == probe["batch_bytes"] == 48 * (8 * 8 * 4 + 8)
+    assert 0 < parts["gradients"] <= probe["grad_bytes"] == probe["param_bytes"]
+    assert 0 < parts["activations"] <= probe["activation_bytes"]
+    assert parts["workspace"] > 0
+    assert probe["timeline"][-1] < max(probe["timeline"]) == probe["measured_peak_bytes"]
+
+
+def test_the_budget_makes_allocations_fail_for_real_and_is_lifted():
+    job = _job()
+    device = torch.device("cpu")
+    device_memory.limit(device, budget_bytes=2_000_000, resident_bytes=500_000, job=job)
+    try:
+        kept = torch.empty(1_000_000, dtype=torch.uint8)
+        assert device_memory.in_use(device) == 1_500_000
+        with pytest.raises(torch.OutOfMemoryError, match="can't allocate memory") as failure:
+            torch.empty(600_000, dtype=torch.uint8)
+        assert is_out_of_memory(failure.value) and device_memory.failed_at(device) == 2_100_000
+        del kept
+        torch.empty(1_400_000, dtype=torch.uint8)
+        assert device_memory.peak(device) == 1_900_000
+    finally:
+        device_memory.lift()
+    torch.empty(10_000_000, dtype=torch.uint8)
+    with pytest.raises(DeviceBudgetError, match=r"job 'digits-cnn': .* the model alone needs 3,000,000 bytes"):
+        device_memory.limit(device, budget_bytes=2_000_000, resident_bytes=3_000_000, job=job)
+
+
+# --- out of memory in training ------------------------------------------------------------------------
+
+def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
+    assert after_out_of_memory("keep_global_batch", 512, 1, world_size=2) == (512, 2)
+    assert after_out_of_memory("keep_global_batch", 512, 128, world_size=2) == (512, 256)
+    assert after_out_of_memory("keep_global_batch", 512, 256, world_size=2) is None
+    assert after_out_of_memory("keep_global_batch", 6, 2, world_size=2) == (6, 4)  # slices of 2 and 1
+    assert after_out_of_memory("shrink_global_batch", 512, 1, world_size=2) == (256, 1)
+    assert after_out_of_memory("shrink_global_batch", 2, 1, world_size=2) is None
+
+
+def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
+    job = _job()
+    job["train"]["strategy"] = "lbt"
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 1, 8, 8), torch.randint(0, 10, (50,))
+    template = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+    weights, losses = [], []
+    for slices in (1, 4):
+        model = copy.deepcopy(template)
+        strategy = build_strategy(model, job["train"], 50, 1)
+        losses.append(training_step(model, strategy, nn.CrossEntropyLoss(), x, y, slices))
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(losses[0], losses[1])
+    torch.testing.assert_close(weights[0], weights[1])

@@ -1,24 +1,55 @@
 import pytest
 
-from tula_hpc.selection import best_time_per_batch, kneedle_knee, model_knee, select
+from tula_hpc.selection import InfeasibleError, best_time_per_batch, kneedle_knee, model_knee, run_select, select
+
+OBJECTIVE = {"minimize": "time", "knee_method": "kneedle", "knee_min_saving": 0.10, "max_nodes": None, "max_batch": None,
+             "deadline_s": None, "budget": None}
 
 
 def candidate(nodes, batch, time_s, cost):
-    return {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes, "time_s": time_s, "cost": cost}
+    return {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes, "time_s": time_s, "cost": cost,
+            "rel_uncertainty": 0.05}
 
 
 def perfmodel(candidates):
-    return {"candidates": candidates}
+    return {"candidates": candidates, "pricing": "node_hour"}
 
 
-def curve(a, c, batches):
-    return [candidate(1, b, a / b + c, 1.0) for b in batches]
+def objective(**changes):
+    return {**OBJECTIVE, **changes}
+
+
+def curve(a, c, batches, nodes=1):
+    return [candidate(nodes, b, a / b + c, nodes * (a / b + c)) for b in batches]
+
+
+# A hand-made model: more nodes are faster and dearer; time falls as a/B + c with a, c shrinking with N.
+BATCHES = [2 ** k for k in range(5, 12)]
+GRID = curve(1000.0, 10.0, BATCHES, nodes=1) + curve(600.0, 6.0, BATCHES, nodes=2) + curve(400.0, 4.0, BATCHES, nodes=4)
+
+
+def chosen(**changes):
+    c = select(perfmodel(GRID), objective(**changes))["chosen"]
+    return c["nodes"], c["batch"]
 
 
 def test_time_picks_the_fastest_and_cost_the_cheapest():
-    cands = [candidate(1, 64, 100, 1.0), candidate(2, 64, 60, 1.3), candidate(4, 128, 40, 2.0)]
-    assert select(perfmodel(cands), "time")["chosen"]["nodes"] == 4
-    assert select(perfmodel(cands), "cost")["chosen"]["nodes"] == 1
+    assert chosen(minimize="time") == (4, 2048)
+    assert chosen(minimize="cost") == (1, 2048)
+
+
+@pytest.mark.parametrize("constraint, expected", [
+    ({"max_nodes": 2}, (2, 2048)),
+    ({"max_batch": 256}, (4, 256)),
+    ({"budget": 13.0}, (2, 2048)),  # 4 nodes cost at least 16.8, 2 nodes at B=1024 13.2
+    ({"deadline_s": 6.0, "max_batch": 512, "minimize": "cost"}, (4, 512)),  # only 4 nodes finish in 6 s
+])
+def test_each_constraint_restricts_the_choice(constraint, expected):
+    result = select(perfmodel(GRID), objective(**constraint))
+    assert (result["chosen"]["nodes"], result["chosen"]["batch"]) == expected
+    for c in [result["chosen"], *result["runners_up"]]:
+        assert c["nodes"] <= (constraint.get("max_nodes") or 99) and c["batch"] <= (constraint.get("max_batch") or 10 ** 9)
+        assert c["time_s"] <= (constraint.get("deadline_s") or 1e9) and c["cost"] <= (constraint.get("budget") or 1e9)
 
 
 def test_kneedle_on_a_over_b_depends_only_on_the_sampled_range():
@@ -34,22 +65,45 @@ def test_model_knee_is_where_doubling_stops_paying():
     assert model_knee(curve(1000.0, 10.0, batches), min_saving=0.20) == 256
 
 
-def test_knee_objective_chooses_the_fastest_nodes_at_the_knee():
-    batches = [2 ** k for k in range(5, 15)]
-    cands = curve(1000.0, 5.0, batches) + [candidate(2, b, 1000.0 / b + 4.0, 2.0) for b in batches]
-    result = select(perfmodel(cands), "knee")
-    assert result["chosen"]["batch"] == result["knees"]["kneedle"] == 1024
-    assert result["chosen"]["nodes"] == 2
-    assert len(result["runners_up"]) == 5
+def test_knee_objective_follows_the_chosen_knee_method_at_the_fastest_node_count():
+    kneedle = select(perfmodel(GRID), objective(minimize="knee"))
+    model = select(perfmodel(GRID), objective(minimize="knee", knee_method="model"))
+    # Kneedle over B = 2^5..2^11 says 256 whatever a and c are; doubling stops saving 10 % from B = 512.
+    assert kneedle["chosen"]["batch"] == kneedle["knees"]["kneedle"] == 256
+    assert model["chosen"]["batch"] == model["knees"]["model"] == 512
+    assert kneedle["chosen"]["nodes"] == model["chosen"]["nodes"] == 4
+    assert len(kneedle["runners_up"]) == 5
 
 
 def test_flat_curve_falls_back_to_the_model_knee():
     cands = [candidate(1, b, 10.0, 1.0) for b in (32, 64, 128, 256)]
-    result = select(perfmodel(cands), "knee")
+    result = select(perfmodel(cands), objective(minimize="knee"))
     assert result["knees"]["kneedle"] is None
     assert result["chosen"]["batch"] == result["knees"]["model"] == 32
+
+
+def test_selection_names_both_knees_and_runners_up_with_time_and_cost():
+    result = select(perfmodel(GRID), objective(minimize="cost"))
+    assert set(result["knees"]) == {"kneedle", "model"}
+    assert all({"nodes", "batch", "time_s", "cost"} <= set(r) for r in result["runners_up"])
+    costs = [result["chosen"]["cost"]] + [r["cost"] for r in result["runners_up"]]
+    assert costs == sorted(costs)
 
 
 def test_best_time_per_batch_keeps_the_fastest_node_count():
     cands = [candidate(1, 64, 10, 1), candidate(2, 64, 8, 1), candidate(2, 128, 5, 1)]
     assert [(c["nodes"], c["batch"]) for c in best_time_per_batch(cands)] == [(2, 64), (2, 128)]
+
+
+def test_infeasible_constraints_name_the_closest_candidates_and_what_each_breaks(tmp_path):
+    path = tmp_path / "perfmodel.json"
+    path.write_text(__import__("json").dumps(perfmodel(GRID)))
+    job = {"name": "j", "objective": objective(deadline_s=3.0, budget=5.0)}
+    with pytest.raises(InfeasibleError) as err:
+        run_select(job, path, tmp_path / "selection.json")
+    message = str(err.value)
+    assert message.startswith("job 'j': fields 'objective.deadline_s/objective.budget': no candidate meets the constraints")
+    # Closest first: the 4-node runs miss the deadline least; each names what it breaks and by how much.
+    assert "N=4, B=2048: time_s 4.19531 s > deadline_s 3 s (+40%); cost 16.7812 > budget 5 (+236%)" in message
+    assert message.count("N=") == 3
+    assert not (tmp_path / "selection.json").exists()

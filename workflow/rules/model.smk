@@ -1,17 +1,23 @@
 rule fit_model:
     input:
         plan="results/{job}/plan.json",
-        profiles=planned_profiles,
+        memory="results/{job}/memory.json",
+        # The planned profiles; for adaptive search its adaptive.json, which lists every profile it took.
+        profiles=lambda wildcards: (
+            f"results/{wildcards.job}/adaptive.json"
+            if config["jobs"][wildcards.job]["search"]["mode"] == "adaptive"
+            else planned_profiles(wildcards)
+        ),
     output:
         "results/{job}/perfmodel.json",
     params:
-        settings=settings("train", "objective"),
+        settings=settings("train", "search", "objective"),
     conda:
         "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/fit_model.log",
     shell:
-        "tula-hpc fit-model --job {wildcards.job} --plan {input.plan}"
+        "tula-hpc fit-model --job {wildcards.job} --plan {input.plan} --memory {input.memory}"
         " --profiles {input.profiles} --out {output} > {log} 2>&1"
 
 

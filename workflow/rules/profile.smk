@@ -15,3 +15,24 @@ rule profile:
     shell:
         "tula-hpc profile --job {wildcards.job} --plan {input}"
         " --nodes {wildcards.nodes} --batch {wildcards.batch} --out {output} > {log} 2>&1"
+
+
+# Adaptive search: starts from the planned (partial) profiles and submits further profile jobs one at a
+# time; each lands atomically in profile/adaptive/ as soon as it is measured and is reused on a rerun.
+rule adapt:
+    input:
+        plan="results/{job}/plan.json",
+        profiles=planned_profiles,
+    output:
+        "results/{job}/adaptive.json",
+    params:
+        settings=settings("model", "data", "train", "search", "resources"),
+    conda:
+        "../../envs/tula-hpc.yaml"
+    log:
+        "logs/{job}/adapt.log",
+    threads: lambda wildcards: config["jobs"][wildcards.job]["search"]["nodes"]["max"]
+    resources:
+        timing_slot=1,
+    shell:
+        "tula-hpc profile --job {wildcards.job} --plan {input.plan} --adaptive --out {output} > {log} 2>&1"

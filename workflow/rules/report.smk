@@ -8,7 +8,9 @@ rule report:
         "results/{job}/eval.json",
     output:
         report="results/{job}/report.md",
-        plot="results/{job}/time_vs_batch.png",
+        time="results/{job}/time_vs_batch.png",
+        cost="results/{job}/cost_surface.png",
+        accuracy="results/{job}/predicted_vs_measured.png",
     conda:
         "../../envs/tula-hpc.yaml"
     log:

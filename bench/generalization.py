@@ -1,0 +1,270 @@
+"""The paper's Table I on what runs here: test accuracy of every strategy at global batches 256, 512, 1024.
+
+Every cell is the real training loop (tula_hpc.train.train_worker with its strategy hooks) on 2 ranks
+(DDP, gloo, 1 thread each), so polo runs PyTorch's post-local SGD and ags averages its factors over
+ranks as on a cluster. Data: scikit-learn's digits (1257 training images) with the job's seeded split
+(a seed changes the split, the initial weights and the shuffling). A run is a model at a budget of
+epochs that every batch of it trains, with the default job's LR milestones at the same fractions,
+plus a small-batch (32) lbt reference. Default runs: the tiny CNN (8x8) at 10 epochs (where the small
+batch has just converged) and at 30 (the default job), and mobilenet_v3_small (32x32) at 10 epochs.
+
+Test accuracy is scored twice: as trained, and after recomputing BatchNorm statistics over the
+training set with the final weights (precise BN), the headline. torchvision's MobileNetV3 uses BN
+momentum 0.01, so after the few dozen steps of a large batch its running statistics still describe
+the initial weights and every cell scores near chance as trained; precise BN scores the weights.
+The tiny CNN has no BN: both scores agree.
+
+Writes bench/results/generalization.json: mean and std over seeds per cell, ags_minus_lbt_mean_points
+(AGS minus LBT averaged over runs and batches, accuracy points), AGS against the best baseline (lbt,
+lrs, lars, polo) per run and batch, and an ablation of the AGS knobs (delta, s_min, granularity) on
+the first tiny-CNN run. Finished cells are kept in work/bench/generalization/cells.jsonl, so an
+interrupted bench continues where it stopped (--fresh starts over). Run it under
+`flock /tmp/tula-cpu.lock`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tula_hpc.config import job_settings, load_config  # noqa: E402
+from tula_hpc.data import load_splits  # noqa: E402
+from tula_hpc.distributed import Context  # noqa: E402
+from tula_hpc.files import append_jsonl, read_jsonl, write_json  # noqa: E402
+from tula_hpc.models import build_model  # noqa: E402
+from tula_hpc.strategies import STRATEGIES  # noqa: E402
+from tula_hpc.train import evaluate_accuracy, train_worker  # noqa: E402
+
+WORLD = 2
+BATCHES = (256, 512, 1024)
+SMALL_BATCH = 32
+BASELINES = ("lbt", "lrs", "lars", "polo")
+IMAGE_SIZE = {"tiny_cnn": 8, "mobilenet_v3_small": 32}
+DEFAULT_RUNS = ("tiny_cnn:10", "tiny_cnn:30", "mobilenet_v3_small:10")
+# AGS knobs varied one at a time from the defaults, on the first tiny-CNN run.
+ABLATION = {
+    "delta=0.2": {"delta": 0.2},
+    "delta=0.8": {"delta": 0.8},
+    "delta=inf (always scale)": {"delta": 1e9},
+    "granularity=tensor": {"granularity": "tensor"},
+    "s_min=1 (never shrink)": {"s_min": 1.0},
+}
+ABLATION_BATCHES = (256, 1024)
+OUT = REPO / "bench" / "results" / "generalization.json"
+SCRATCH = REPO / "work" / "bench" / "generalization"
+
+
+def cell_job(base: dict, cell: dict) -> dict:
+    job = copy.deepcopy(base)
+    job["model"]["name"] = cell["model"]
+    job["data"]["image_size"] = IMAGE_SIZE[cell["model"]]
+    epochs = cell["epochs"]
+    # The default job decays at 2/3 and 5/6 of its 30 epochs; keep those fractions.
+    job["train"].update(epochs=epochs, strategy=cell["strategy"], seed=cell["seed"],
+                        lr_milestones=[round(epochs * 2 / 3), round(epochs * 5 / 6)])
+    job["train"]["ags"].update(cell["ags"])
+    return job
+
+
+def plan_cells(runs: list[str], seeds: int, ablation: bool) -> list[dict]:
+    """Seed-major, so that a partial bench already covers every cell once."""
+    ablation_run = next((r for r in runs if r.startswith("tiny_cnn:")), None) if ablation else None
+    cells = []
+    for seed in range(seeds):
+        for run in runs:
+            cells.append(dict(run=run, batch=SMALL_BATCH, strategy="lbt", variant="small-batch", seed=seed, ags={}))
+            cells += [dict(run=run, batch=b, strategy=s, variant="default", seed=seed, ags={})
+                      for b in BATCHES for s in STRATEGIES]
+        if ablation_run:
+            cells += [dict(run=ablation_run, batch=b, strategy="ags", variant=name, seed=seed, ags=knobs)
+                      for b in ABLATION_BATCHES for name, knobs in ABLATION.items()]
+    for cell in cells:
+        model, epochs = cell["run"].split(":")
+        cell.update(model=model, epochs=int(epochs),
+                    key=f"{cell['run']}|B{cell['batch']}|{cell['strategy']}|{cell['variant']}|seed{cell['seed']}")
+    return cells
+
+
+def score_test_set(job: dict, model_path: Path) -> dict:
+    """Test accuracy as trained, and after recomputing BN statistics on the training set (precise BN)."""
+    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    model = build_model(saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"])
+    model.load_state_dict(saved["model"])
+    splits = load_splits(job["data"], job["train"]["seed"])
+    ctx = Context(0, 1, 0, torch.device("cpu"))
+    as_trained = evaluate_accuracy(model, splits.test, ctx)
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return {"test_accuracy": as_trained, "test_accuracy_as_trained": as_trained}
+    model.eval()
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over every training batch
+        norm.train()
+    with torch.no_grad():
+        for x, _ in torch.utils.data.DataLoader(splits.train, batch_size=256):
+            model(x)
+    return {"test_accuracy": evaluate_accuracy(model, splits.test, ctx), "test_accuracy_as_trained": as_trained}
+
+
+def worker(rank: int, base: dict, cells: list[dict], ports: list[int], scratch: str) -> None:
+    """Both ranks walk the same cells; each cell is a fresh process group on its own port.
+
+    A cell interrupted earlier resumes from its checkpoint, which gives the uninterrupted result.
+    """
+    os.environ.update(MASTER_ADDR="127.0.0.1", WORLD_SIZE=str(WORLD), RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    for cell, port in zip(cells, ports):
+        os.environ["MASTER_PORT"] = str(port)
+        job = cell_job(base, cell)
+        run_dir = Path(scratch) / cell["key"].replace("|", "_").replace(":", "_").replace(" ", "_")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with open(run_dir / f"rank{rank}.log", "w") as log, contextlib.redirect_stdout(log):
+            summary = train_worker(job, cell["batch"], str(run_dir / "checkpoint.pt"), str(run_dir / "model.pt"),
+                                   str(run_dir / "metrics.jsonl"))
+        if rank == 0:
+            scaled = [r["ags"]["scaled_fraction"] for r in summary["history"] if "ags" in r]
+            record = {**{k: cell[k] for k in ("key", "run", "model", "epochs", "batch", "strategy", "variant", "seed")},
+                      **score_test_set(job, run_dir / "model.pt"),
+                      "val_accuracy": summary["history"][-1]["val_accuracy"], "steps": summary["steps"],
+                      "train_time_s": summary["train_time_s"], "wall_s": time.perf_counter() - started,
+                      "scaled_fraction": statistics.fmean(scaled) if scaled else None}
+            append_jsonl(Path(scratch) / "cells.jsonl", record)
+            print(f"{cell['key']:60s} test {record['test_accuracy']:.4f} (as trained {record['test_accuracy_as_trained']:.4f},"
+                  f" {record['wall_s']:.1f} s)", flush=True)
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def summarise(records: list[dict]) -> dict:
+    values = [r["test_accuracy"] for r in records]
+    raw = [r["test_accuracy_as_trained"] for r in records]
+    scaled = [r["scaled_fraction"] for r in records if r["scaled_fraction"] is not None]
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values), "values": values, "as_trained_mean": statistics.fmean(raw),
+            **({"scaled_fraction_mean": statistics.fmean(scaled)} if scaled else {})}
+
+
+def aggregate(records: list[dict], runs: list[str]) -> dict:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["run"], r["batch"], r["strategy"], r["variant"]), []).append(r)
+    cell = {key: summarise(rs) for key, rs in groups.items()}
+    table = {run: {str(b): {s: cell[(run, b, s, "default")] for s in STRATEGIES if (run, b, s, "default") in cell}
+                   for b in BATCHES} for run in runs}
+    versus_best, versus_lbt = {}, {}
+    for run in runs:
+        for b in BATCHES:
+            row = table[run][str(b)]
+            if "ags" not in row or not all(s in row for s in BASELINES):
+                continue
+            best = max(BASELINES, key=lambda s: row[s]["mean"])
+            versus_best.setdefault(run, {})[str(b)] = {
+                "best_baseline": best, "ags_minus_best_points": 100 * (row["ags"]["mean"] - row[best]["mean"])}
+            versus_lbt.setdefault(run, {})[str(b)] = 100 * (row["ags"]["mean"] - row["lbt"]["mean"])
+    all_vs_lbt = [v for per_run in versus_lbt.values() for v in per_run.values()]
+    all_vs_best = [g["ags_minus_best_points"] for per_run in versus_best.values() for g in per_run.values()]
+    mean_vs_lbt = statistics.fmean(all_vs_lbt) if all_vs_lbt else None
+    ablation = {}
+    for (run, b, strategy, variant), stats in cell.items():
+        if strategy == "ags" and b in ABLATION_BATCHES and (variant in ABLATION or variant == "default"):
+            ablation.setdefault(run, {}).setdefault(str(b), {})[variant] = stats
+    return {
+        "table": table,
+        "small_batch_reference": {run: cell[(run, SMALL_BATCH, "lbt", "small-batch")] for run in runs
+                                  if (run, SMALL_BATCH, "lbt", "small-batch") in cell},
+        "ags_minus_lbt_mean_points": mean_vs_lbt,
+        "ags_minus_lbt_points": versus_lbt,
+        "ags_vs_best_baseline": versus_best,
+        "targets": {
+            "ags_minus_lbt_mean_points >= 3": mean_vs_lbt is not None and mean_vs_lbt >= 3,
+            "ags within 1 point of the best baseline at every run and batch": bool(all_vs_best) and min(all_vs_best) >= -1,
+        },
+        "ablation": {run: per_run for run, per_run in ablation.items() if any(len(v) > 1 for v in per_run.values())},
+    }
+
+
+def print_table(result: dict) -> None:
+    for run, rows in result["table"].items():
+        ref = result["small_batch_reference"].get(run)
+        print(f"\n{run}  (small batch {SMALL_BATCH}: " + (f"{100 * ref['mean']:.2f} +- {100 * ref['std']:.2f})" if ref else "-)"))
+        print("batch  " + "".join(f"{s:>15s}" for s in STRATEGIES))
+        for batch, row in rows.items():
+            print(f"{batch:>5s}  " + "".join(f"{100 * row[s]['mean']:8.2f} +-{100 * row[s]['std']:5.2f}" if s in row
+                                            else f"{'-':>15s}" for s in STRATEGIES))
+    print(f"\nags - lbt (points): {result['ags_minus_lbt_points']}; mean {result['ags_minus_lbt_mean_points']}")
+    print(f"ags vs best baseline: {result['ags_vs_best_baseline']}")
+    print(f"targets: {result['targets']}")
+    for run, per_batch in result["ablation"].items():
+        for batch, variants in per_batch.items():
+            print(f"ablation {run} B={batch}: " + ", ".join(f"{v}: {100 * s['mean']:.2f} +- {100 * s['std']:.2f}"
+                                                           for v, s in variants.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), help="model:epochs, model in " + ", ".join(IMAGE_SIZE))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--no-ablation", dest="ablation", action="store_false")
+    parser.add_argument("--fresh", action="store_true", help="forget finished cells and start over")
+    args = parser.parse_args()
+
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    done_path = SCRATCH / "cells.jsonl"
+    if args.fresh:
+        done_path.unlink(missing_ok=True)
+    done = {r["key"] for r in read_jsonl(done_path)} if done_path.exists() else set()
+    cells = plan_cells(args.runs, args.seeds, args.ablation)
+    todo = [c for c in cells if c["key"] not in done]
+    print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
+    started = time.perf_counter()
+    base = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
+    if todo:
+        mp.spawn(worker, args=(base, todo, free_ports(len(todo)), str(SCRATCH)), nprocs=WORLD, join=True)
+    wanted = {c["key"] for c in cells}
+    records = [r for r in {r["key"]: r for r in read_jsonl(done_path)}.values() if r["key"] in wanted]
+    result = {
+        "setup": {"data": "digits (scikit-learn): 1257 train / 180 val / 360 test images, split by the seed",
+                  "world_size": WORLD, "threads_per_rank": 1, "runs": args.runs, "seeds": args.seeds,
+                  "batches": list(BATCHES), "small_batch": SMALL_BATCH, "image_size": IMAGE_SIZE,
+                  "lr_milestones": "at 2/3 and 5/6 of the epochs",
+                  "train": {k: base["train"][k] for k in ("lr", "momentum", "weight_decay", "lr_gamma", "warmup_epochs",
+                                                          "lr_base_batch", "ags", "lars", "polo")},
+                  "baselines": list(BASELINES),
+                  "score": "test_accuracy = after precise BN (BN statistics recomputed on the training set); "
+                           "as_trained_mean = with the running statistics training left"},
+        **aggregate(records, args.runs),
+        "cells": records,
+        "wall_time_s": time.perf_counter() - started,
+    }
+    write_json(OUT, result)
+    print_table(result)
+    print(f"\nwrote {OUT} ({result['wall_time_s']:.0f} s for {len(todo)} cells)")
+
+
+if __name__ == "__main__":
+    main()

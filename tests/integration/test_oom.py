@@ -1,0 +1,108 @@
+"""Out of memory for real: the device budget, every rank learning of it, and the relaunch that keeps the batch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import tula_hpc.train as train_module
+from tests.conftest import REPO, tiny_job_config
+from tests.integration.workers import train_with_budget_per_rank
+from tula_hpc import launch
+from tula_hpc.config import job_settings, load_config
+from tula_hpc.train import train, train_worker
+
+pytestmark = pytest.mark.integration
+
+# The tiny CNN's step on 8x8 digits needs about 2.4 MB + 58 kB per sample on each of 2 ranks (memory.json):
+# 12 MB hold 128 samples at once, not 256.
+TIGHT_GB = 0.012
+
+
+def _job(tmp_path, **resources) -> dict:
+    config = tiny_job_config()
+    job = config["jobs"]["digits-cnn"]
+    job["train"].update(epochs=3, lr_milestones=[])
+    job["resources"].update(resources)
+    (tmp_path / "jobs.yaml").write_text(json.dumps(config))
+    return job_settings(load_config([tmp_path / "jobs.yaml"]), "digits-cnn")
+
+
+def _checkpoint_at_epoch_1(job: dict, batch: int, stage_dir, monkeypatch) -> None:
+    """A run of the same selection that died in its second epoch, with a budget it fitted in."""
+    evaluate, calls = train_module.evaluate_accuracy, []
+
+    def lose_the_node_in_epoch_2(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("node lost")
+        return evaluate(*args, **kwargs)
+
+    roomy = {**job, "resources": {**job["resources"], "device_memory_gb": 1}}
+    monkeypatch.setattr(train_module, "evaluate_accuracy", lose_the_node_in_epoch_2)
+    with pytest.raises(RuntimeError, match="node lost"):
+        train_worker(roomy, batch, str(stage_dir / "checkpoint.pt"), str(stage_dir / "model.pt"),
+                     str(stage_dir / "metrics.jsonl"))
+    monkeypatch.undo()
+
+
+def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint(tmp_path, monkeypatch):
+    job = _job(tmp_path, device_memory_gb=TIGHT_GB)
+    work = tmp_path / "work"
+    _checkpoint_at_epoch_1(job, 512, work / "train", monkeypatch)
+    (tmp_path / "selection.json").write_text(json.dumps({"chosen": {"nodes": 2, "batch": 512}}))
+
+    summary = train(job, tmp_path / "selection.json", tmp_path / "results", work)
+
+    attempts = summary["attempts"]
+    assert attempts[0] == {"global_batch": 512, "per_device_batch": 256, "accumulation": 1, "micro_batch": 256,
+                           "outcome": "out_of_memory", "rank": attempts[0]["rank"], "error": attempts[0]["error"]}
+    assert "can't allocate memory" in attempts[0]["error"]
+    assert attempts[-1]["outcome"] == "completed" and all(a["global_batch"] == 512 for a in attempts)
+    assert [a["accumulation"] for a in attempts] == [2 ** i for i in range(len(attempts))]
+    assert summary["global_batch"] == 512 and summary["accumulation"] == attempts[-1]["accumulation"]
+    assert summary["steps_per_epoch"] == 3 and summary["steps"] == 9
+    assert summary["resumed_from_epoch"] == 1 and [h["epoch"] for h in summary["history"]] == [1, 2, 3]
+    assert torch.load(work / "train" / "checkpoint.pt", weights_only=False)["epoch"] == 3
+    assert json.loads((work / "train" / "attempts.json").read_text())["attempts"] == attempts
+
+
+def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
+    job = _job(tmp_path, device_memory_gb=TIGHT_GB, on_oom="shrink_global_batch")
+    (tmp_path / "selection.json").write_text(json.dumps({"chosen": {"nodes": 2, "batch": 512}}))
+    summary = train(job, tmp_path / "selection.json", tmp_path / "results", tmp_path / "work")
+    assert [a["global_batch"] for a in summary["attempts"]][:2] == [512, 256]
+    assert {a["accumulation"] for a in summary["attempts"]} == {1}
+    assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512
+
+
+def test_every_rank_learns_at_once_that_one_ran_out_of_memory(tmp_path):
+    job = _job(tmp_path)
+    spec = launch.LaunchSpec(launcher="local", nodes=2)
+    started = time.monotonic()
+    outcome = launch.run(
+        train_with_budget_per_rank,
+        dict(budgets_gb=[1, TIGHT_GB], job=job, global_batch=512, checkpoint_path=str(tmp_path / "checkpoint.pt"),
+             model_path=str(tmp_path / "model.pt"), metrics_path=str(tmp_path / "metrics.jsonl"),
+             failure_dir=str(tmp_path / "failures")),
+        spec, tmp_path / "stage", name="oom-on-rank-1")
+    assert outcome["outcome"] == "out_of_memory" and outcome["rank"] == 1  # rank 0's answer, about rank 1
+    assert time.monotonic() - started < 60  # not the 120 s collective timeout
+
+
+def test_a_budget_too_small_for_the_model_fails_the_stage_naming_job_and_bytes(tmp_path):
+    _job(tmp_path, device_memory_gb=0.0001)
+    out = tmp_path / "memory.json"
+    out.write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--config", str(tmp_path / "jobs.yaml"), "--job",
+                           "digits-cnn", "--launcher", "local", "--work-dir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert ("job 'digits-cnn': field 'resources.device_memory_gb': a budget of 100,000 bytes cannot hold tiny_cnn at "
+            "all: the model alone needs 605,224 bytes") in proc.stderr
+    assert out.read_text() == "{}"

@@ -1,0 +1,52 @@
+import copy
+
+import pytest
+import torch
+
+from tula_hpc.config import job_settings, validate_config
+from tula_hpc.distributed import Context
+from tula_hpc import profiling
+from tula_hpc.profiling import fingerprint, measure
+
+
+@pytest.fixture
+def job(default_config):
+    """The default job, measured as its profile jobs run: one torch thread per rank (cpus_per_task)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    job = job_settings(validate_config(default_config), "digits-cnn")
+    job["search"].update(warmup_steps=2, steps=3, min_measure_s=0.05, max_attempts=2)
+    yield job
+    torch.set_num_threads(threads)
+
+
+def test_measure_times_each_part_of_real_training_steps(job):
+    profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16)
+    median = profile["median"]
+    assert median["sync_s"] == 0.0  # one rank has nothing to all-reduce
+    assert all(median[part] > 0 for part in ("data_s", "compute_s", "update_s", "step_s"))
+    # The ordinary step does the split step's work in one go.
+    assert median["step_s"] == pytest.approx(median["data_s"] + median["compute_s"] + median["update_s"], rel=0.5)
+    assert profile["steps"] >= 3 and all(len(values) == profile["steps"] for values in profile["per_step"].values())
+    assert profile["samples_per_s"] == pytest.approx(16 / median["step_s"])
+    assert profile["grad_bytes"] == 4 * 151_306  # float32 gradients of the tiny CNN on 8x8 digits
+    assert profile["peak_rss_bytes"] > 0
+
+
+def test_a_disturbed_measurement_is_repeated_and_the_quietest_attempt_kept(job, monkeypatch):
+    monkeypatch.setattr(profiling, "BACKOFF_S", 0.0)
+    job["search"].update(max_attempts=2, interference_tolerance=0.0)  # nothing is quiet enough: both attempts run
+    profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=8)
+    attempts = profile["attempts_interference"]
+    assert len(attempts) == 2 or attempts[0] == 0.0
+    assert profile["interference"] == min(attempts) and 0.0 <= profile["interference"] <= 1.0
+
+
+def test_profiles_made_under_other_settings_are_not_reused(job):
+    other_model = copy.deepcopy(job)
+    other_model["model"]["name"] = "resnet18"
+    other_objective = copy.deepcopy(job)
+    other_objective["objective"]["minimize"] = "cost"
+    other_objective["search"]["adaptive"]["tolerance"] = 0.5
+    assert fingerprint(other_model) != fingerprint(job)
+    assert fingerprint(other_objective) == fingerprint(job)

@@ -1,0 +1,232 @@
+"""Large-batch strategies: LARS against its formula, the LR schedule, real training runs, polo on two ranks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import tula_hpc.train as train_module
+from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
+from tula_hpc.report import strategy_section
+from tula_hpc.strategies import LARS, STRATEGIES, build_strategy
+from tula_hpc.train import train_worker
+
+from tests.conftest import REPO
+
+
+def _job(**train) -> dict:
+    job = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
+    job["train"].update(train)
+    return job
+
+
+def _lrs(strategy, steps: int) -> list[float]:
+    seen = []
+    for _ in range(steps):
+        seen.append(strategy.optimizer.param_groups[0]["lr"])
+        strategy.optimizer.step()
+        strategy.after_step()
+    return seen
+
+
+def test_lars_step_follows_the_formula():
+    lr, momentum, decay, trust = 0.5, 0.9, 0.1, 0.02
+    w = torch.tensor([[3.0, 4.0]])  # |w| = 5
+    bias = torch.tensor([1.0])
+    zero = torch.zeros(2, 2)
+    opt = LARS([{"params": [w, zero]}, {"params": [bias], "adapt": False}], lr=lr, momentum=momentum,
+               weight_decay=decay, trust_coefficient=trust, eps=0.0)
+    g = torch.tensor([[0.6, 0.8]])  # |g| = 1
+
+    def local_rate(weights):
+        norm = float(weights.norm())
+        return trust * norm / (1.0 + decay * norm)
+
+    w.grad, bias.grad, zero.grad = g.clone(), torch.tensor([2.0]), torch.ones(2, 2)
+    first = local_rate(w) * (g + decay * w)
+    opt.step()
+    torch.testing.assert_close(w, torch.tensor([[3.0, 4.0]]) - lr * first)
+    torch.testing.assert_close(bias, torch.tensor([1.0 - lr * (2.0 + decay * 1.0)]))  # excluded: plain SGD
+    torch.testing.assert_close(zero, torch.full((2, 2), -lr))  # |w| = 0: local rate 1
+
+    w_before = w.clone()
+    second = local_rate(w_before) * (g + decay * w_before)
+    w.grad = g.clone()
+    opt.step()
+    torch.testing.assert_close(w, w_before - lr * (momentum * first + second))
+
+
+def test_lrs_scales_linearly_and_warms_up_per_step():
+    job = _job(strategy="lrs", lr=0.05, lr_base_batch=128, warmup_epochs=2, lr_milestones=[3], lr_gamma=0.1)
+    strategy = build_strategy(nn.Linear(2, 2), job["train"], global_batch=512, steps_per_epoch=4)
+    peak = 0.05 * 512 / 128
+    expected = [peak * (k + 1) / 8 for k in range(8)] + [peak] * 4 + [peak * 0.1] * 4
+    assert _lrs(strategy, 16) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["lbt", "ags"])
+def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
+    job = _job(strategy=name, lr=0.05, lr_milestones=[1, 2], lr_gamma=0.5)
+    model = nn.Linear(2, 2)
+    model(torch.ones(1, 2)).sum().backward()
+    strategy = build_strategy(model, job["train"], global_batch=512, steps_per_epoch=3)
+    assert _lrs(strategy, 9) == pytest.approx([0.05] * 3 + [0.025] * 3 + [0.0125] * 3)
+
+
+def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
+    paths = dict(checkpoint_path=str(tmp_path / "checkpoint.pt"), model_path=str(tmp_path / "model.pt"),
+                 metrics_path=str(tmp_path / "metrics.jsonl"))
+    summary = train_worker(job, batch, **paths)
+    return summary, torch.load(paths["model_path"], weights_only=False)["model"]
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
+    job = _job(strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2, "averages_per_epoch": 4})
+    summary, _ = _run_training(job, tmp_path)
+    assert summary["strategy"] == name
+    assert summary["history"][-1]["val_accuracy"] >= 0.9
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    if name in ("ags", "static"):
+        ags = [r["ags"] for r in records]
+        assert all(a["steps"] == summary["steps_per_epoch"] for a in ags)
+        assert 0 < sum(a["scaled_steps"] for a in ags) < summary["steps"]
+        assert (ags[-1]["scale_hist"] is None) == (name == "static")
+        if name == "ags":
+            assert [a["gradscale_updates"] for a in ags] == [0] + [1] * 9  # once per epoch, from the second
+    else:
+        assert all("ags" not in r for r in records)
+    section = strategy_section(summary, tmp_path / "ags.png")
+    if name in ("ags", "static"):
+        scaled = sum(r["ags"]["scaled_steps"] for r in records)
+        assert f"{scaled} of {summary['steps']} steps" in section
+        assert (tmp_path / "ags.png").read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert f"`{name}`: no gradient scaling" in section and not (tmp_path / "ags.png").exists()
+
+
+@pytest.mark.parametrize("name", ["ags", "lrs"])
+def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
+    job = _job(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4])
+    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
+
+    evaluate = train_module.evaluate_accuracy
+    calls = []
+
+    def crash_in_third_epoch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("node lost")
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate_accuracy", crash_in_third_epoch)
+    with pytest.raises(RuntimeError, match="node lost"):
+        _run_training(copy.deepcopy(job), tmp_path / "split")
+    monkeypatch.setattr(train_module, "evaluate_accuracy", evaluate)
+    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split")
+
+    assert summary["resumed_from_epoch"] == 2
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _polo_worker(rank: int, port: int, train_cfg: dict, outdir: str) -> None:
+    """Three epochs of 4 steps on rank-specific data: in sync for one, then local SGD averaged every 2 steps."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+
+    def build():
+        torch.manual_seed(0)
+        net = DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)))
+        return net, build_strategy(net, train_cfg, global_batch=32, steps_per_epoch=4)
+
+    def run(net, strategy, epochs):
+        in_sync = []
+        for epoch in epochs:
+            for step in range(4):
+                gen = torch.Generator().manual_seed(1000 * rank + 10 * epoch + step)
+                x, y = torch.randn(16, 4, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+                strategy.optimizer.zero_grad()
+                F.cross_entropy(net(x), y).backward()
+                strategy.before_step(net, F.cross_entropy, x, y)
+                strategy.optimizer.step()
+                strategy.after_step()
+                in_sync.append(_same_on_both_ranks(net))
+            strategy.end_epoch()
+            in_sync.append(_same_on_both_ranks(net))
+        return in_sync
+
+    try:
+        net, strategy = build()
+        in_sync = run(net, strategy, range(3))
+        whole = [p.detach().clone() for p in net.parameters()]
+        # Interrupted after epoch 2, resumed from rank 0's state as train.py does.
+        net, strategy = build()
+        run(net, strategy, range(2))
+        state = {"model": net.module.state_dict(), "opt": strategy.optimizer.state_dict(),
+                 "sched": strategy.scheduler.state_dict()}
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        net, strategy = build()
+        net.module.load_state_dict(box[0]["model"])
+        strategy.optimizer.load_state_dict(box[0]["opt"])
+        strategy.scheduler.load_state_dict(box[0]["sched"])
+        resumed_sync = run(net, strategy, [2])
+        torch.save({"in_sync": in_sync, "resumed_sync": resumed_sync, "whole": whole,
+                    "resumed": [p.detach() for p in net.parameters()], "hook_iter": strategy.optimizer.hook_state.iter},
+                   os.path.join(outdir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _same_on_both_ranks(net: nn.Module) -> bool:
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    other = flat.clone()
+    dist.broadcast(other, src=0)
+    same = torch.tensor([float(torch.equal(flat, other))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    return bool(same.item())
+
+
+def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
+    # momentum 0: each rank's momentum buffer is local, and a resume restores rank 0's on both ranks.
+    train_cfg = _job(strategy="polo", momentum=0.0, warmup_epochs=1, epochs=3,
+                     polo={"sync_epochs": 1, "averages_per_epoch": 2})["train"]
+    mp.spawn(_polo_worker, args=(_free_port(), train_cfg, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    # Per epoch: 4 steps then the end-of-epoch check. Local phase averages after its 1st and 3rd steps
+    # (period 2 from the switch), and the epoch's end closes the gap left by the 4th.
+    local = [True, False, True, False, True]
+    assert r0["in_sync"] == [True] * 5 + local + local
+    assert r0["resumed_sync"] == local
+    assert r0["hook_iter"] == 4  # DDP's hook knew it was past the switch after the resume
+    for a, b, c in zip(r0["whole"], r0["resumed"], r1["resumed"]):
+        assert torch.equal(a, b) and torch.equal(b, c)
+
+
+@pytest.mark.parametrize("strategy,field,change", [
+    ("lrs", "train.warmup_epochs", dict(warmup_epochs=30)),
+    ("polo", "train.polo.sync_epochs", dict(polo={"sync_epochs": 30, "averages_per_epoch": 4})),
+])
+def test_warm_up_or_sync_phase_covering_every_epoch_is_rejected(strategy, field, change):
+    config = load_config([REPO / "config" / "jobs.yaml"])
+    config["jobs"]["digits-cnn"]["train"].update(strategy=strategy, epochs=30, **change)
+    with pytest.raises(ConfigError, match=f"job 'digits-cnn': field '{field}'.*allowed: below 30"):
+        validate_config(config)

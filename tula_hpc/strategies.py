@@ -1,0 +1,224 @@
+"""Large-batch training strategies (Tula paper Sec. IV-D, Table I), selected by `train.strategy`.
+
+A strategy is an optimiser, a per-step learning-rate schedule and three hooks that train.py calls
+around every optimiser step and at the end of every epoch; nothing else in the loop knows which
+strategy runs.
+
+| strategy | optimiser                                          | peak learning rate          | warm-up |
+|----------|----------------------------------------------------|-----------------------------|---------|
+| lbt      | SGD (vanilla large-batch training)                 | lr                          | no      |
+| lrs      | SGD (linear LR scaling, Goyal et al.)              | lr x B / lr_base_batch      | yes     |
+| lars     | LARS (below)                                       | lr x B / lr_base_batch      | yes     |
+| polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
+| static   | TulaOptimizer, step function U(s) of Eq. 8         | lr                          | no      |
+| ags      | TulaOptimizer, Algorithm 1                         | lr                          | no      |
+
+The paper: "LRS and LARS apply linear learning-rate scaling relative to a base batch-size of 128,
+while PoLo switches from synchronous to local-SGD after 5 epochs, aggregating updates 4 times every
+epoch. All these methods apply LR warmup for 5 epochs." Vanilla LBT and Tula's own scaling run
+without warm-up: AGS's gate already leaves the sensitive early steps unscaled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.algorithms.model_averaging.utils import average_parameters_or_parameter_groups
+from torch.distributed.optim import PostLocalSGDOptimizer
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
+
+from .ags import TulaOptimizer
+
+STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")
+WARMUP_STRATEGIES = frozenset({"lrs", "lars", "polo"})
+LR_SCALING_STRATEGIES = frozenset({"lrs", "lars"})
+
+
+class LARS(torch.optim.Optimizer):
+    """Layer-wise Adaptive Rate Scaling (You, Gitman and Ginsburg, 2017) in torch's momentum-SGD form.
+
+    Per parameter tensor (one layer's weight): d = local_lr * (g + weight_decay * w) with
+    local_lr = trust_coefficient * |w| / (|g| + weight_decay * |w| + eps), then v = momentum * v + d and
+    w -= lr * v, as torch.optim.SGD applies lr and momentum. A tensor whose weight or gradient norm is 0
+    keeps local_lr = 1. Groups with ``adapt=False`` (biases, normalisation layers) take plain SGD
+    steps, as TF's exclude_from_layer_adaptation, timm and apex's LARC do.
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                 trust_coefficient: float = 0.001, eps: float = 1e-8, adapt: bool = True) -> None:
+        if not lr > 0 or not trust_coefficient > 0:
+            raise ValueError(f"lr and trust_coefficient must be > 0, got {lr} and {trust_coefficient}")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
+                        eps=eps, adapt=adapt)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            decay = group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                update = p.grad.add(p, alpha=decay)
+                if group["adapt"]:
+                    w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(p.grad)
+                    local_lr = group["trust_coefficient"] * w_norm / (g_norm + decay * w_norm + group["eps"])
+                    update.mul_(torch.where((w_norm > 0) & (g_norm > 0), local_lr, torch.ones_like(local_lr)))
+                if group["momentum"]:
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = update.clone()
+                    else:
+                        state["momentum_buffer"].mul_(group["momentum"]).add_(update)
+                    update = state["momentum_buffer"]
+                p.add_(update, alpha=-group["lr"])
+        return loss
+
+
+def peak_lr(train_cfg: dict, global_batch: int) -> float:
+    """The learning rate after warm-up and before decay: linearly scaled for lrs and lars."""
+    if train_cfg["strategy"] in LR_SCALING_STRATEGIES:
+        return train_cfg["lr"] * global_batch / train_cfg["lr_base_batch"]
+    return train_cfg["lr"]
+
+
+def lr_factor(train_cfg: dict, steps_per_epoch: int) -> Callable[[int], float]:
+    """Multiplier of the peak rate at optimiser step k (0-based): linear warm-up, then step decay.
+
+    Warm-up ramps (k + 1) / (warmup_epochs x steps_per_epoch) to 1, per step as in Goyal et al.
+    (from peak / warm-up steps rather than their unscaled rate, so that it also applies to polo,
+    whose rate is not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as
+    MultiStepLR stepped once per epoch does.
+    """
+    warm_steps = train_cfg["warmup_epochs"] * steps_per_epoch if train_cfg["strategy"] in WARMUP_STRATEGIES else 0
+    milestones, gamma = train_cfg["lr_milestones"], train_cfg["lr_gamma"]
+
+    def factor(step: int) -> float:
+        epoch = step // steps_per_epoch
+        decay = gamma ** sum(epoch >= m for m in milestones)
+        return decay * min(1.0, (step + 1) / warm_steps) if warm_steps else decay
+
+    return factor
+
+
+class Strategy:
+    """Optimiser and schedule of one run, and the hooks train.py calls; lbt, lrs and lars need no more."""
+
+    def __init__(self, name: str, optimizer: torch.optim.Optimizer, train_cfg: dict, steps_per_epoch: int) -> None:
+        self.name = name
+        self.optimizer = optimizer
+        self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
+
+    def before_step(self, net: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Called after backward (the full, accumulated gradient) and before ``optimizer.step()``."""
+
+    def after_step(self) -> None:
+        self.scheduler.step()
+
+    def end_epoch(self) -> dict:
+        """Called after an epoch's last step, before evaluation and checkpoint; returns metrics to record."""
+        return {}
+
+
+class ScalingStrategy(Strategy):
+    """static and ags: TulaOptimizer profiles when due and reports its per-epoch metrics under ``ags``."""
+
+    def before_step(self, net, loss_fn, inputs, targets) -> None:
+        # A short last batch cannot hold the reference batch: profile on the next full one (every rank
+        # sees equal batch sizes, so all ranks defer together and the factor all-reduce stays matched).
+        if self.optimizer.needs_update() and inputs.shape[0] >= self.optimizer.small_batch_size:
+            self.optimizer.update_gradscale(net, loss_fn, inputs, targets)
+
+    def end_epoch(self) -> dict:
+        return {"ags": self.optimizer.pop_epoch_metrics()}
+
+
+class ResumablePostLocalSGD(PostLocalSGDOptimizer):
+    """PyTorch's post-local SGD optimiser whose checkpoint also restores DDP's comm-hook phase.
+
+    The averager's step (saved by PostLocalSGDOptimizer) says how many steps ran; without this the
+    hook would count from 0 after a resume and all-reduce gradients through a second warm-up.
+    """
+
+    def __init__(self, optim: torch.optim.Optimizer, averager: PeriodicModelAverager, hook_state: PostLocalSGDState):
+        super().__init__(optim, averager)
+        self.hook_state = hook_state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.hook_state.iter = min(self.averager.step, self.hook_state.start_localSGD_iter)
+
+
+class PostLocalSGDStrategy(Strategy):
+    """polo: synchronous for polo.sync_epochs, then local SGD with at least averages_per_epoch model averages.
+
+    Every rank is one local-SGD worker (DDP's comm hook stops gradient all-reduce at the switch). The
+    averaging period is steps_per_epoch // averages_per_epoch (at least 1); an epoch whose last step
+    was not an averaging step is closed with one more average, so evaluation and the checkpoint (rank
+    0's model) see the one model every rank holds. Each rank keeps its own momentum buffer; a resume
+    gives every rank rank 0's.
+    """
+
+    def end_epoch(self) -> dict:
+        averager = self.optimizer.averager
+        last = averager.step - 1
+        if last >= averager.warmup_steps and (last - averager.warmup_steps) % averager.period:
+            average_parameters_or_parameter_groups(self.optimizer.param_groups, averager.process_group)
+        return {}
+
+
+def _world_size(net: nn.Module) -> int:
+    return dist.get_world_size() if isinstance(net, DistributedDataParallel) else 1
+
+
+def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per_epoch: int) -> Strategy:
+    """The strategy named by train_cfg["strategy"] for `net` (DDP-wrapped when there are several ranks).
+
+    `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
+    averaging period are laid out in steps.
+    """
+    name = train_cfg["strategy"]
+    lr = peak_lr(train_cfg, global_batch)
+    sgd = dict(lr=lr, momentum=train_cfg["momentum"], weight_decay=train_cfg["weight_decay"])
+    params = list(net.parameters())
+    if name == "lars":
+        layers = [p for p in params if p.ndim > 1]
+        others = [p for p in params if p.ndim <= 1]
+        optimizer = LARS([{"params": layers}, {"params": others, "adapt": False}], **sgd,
+                         trust_coefficient=train_cfg["lars"]["trust_coefficient"])
+        return Strategy(name, optimizer, train_cfg, steps_per_epoch)
+    optimizer = torch.optim.SGD(params, **sgd)
+    if name in ("static", "ags"):
+        ags = train_cfg["ags"]
+        world = _world_size(net)
+        tula = TulaOptimizer(
+            optimizer, mode="static" if name == "static" else "adaptive", delta=ags["delta"],
+            large_batch_size=global_batch, small_batch_size=min(ags["small_batch"], global_batch // world),
+            granularity=ags["granularity"], s_min=ags["s_min"], static_scale=ags["static_scale"],
+            update_every_steps=ags["update_every_steps"], seed=train_cfg["seed"],
+        )
+        return ScalingStrategy(name, tula, train_cfg, steps_per_epoch)
+    if name == "polo" and isinstance(net, DistributedDataParallel):
+        polo = train_cfg["polo"]
+        switch = polo["sync_epochs"] * steps_per_epoch
+        hook_state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=switch,
+                                       post_local_gradient_allreduce=False)
+        net.register_comm_hook(hook_state, post_localSGD_hook)
+        period = max(1, steps_per_epoch // polo["averages_per_epoch"])
+        averager = PeriodicModelAverager(period=period, warmup_steps=switch)
+        return PostLocalSGDStrategy(name, ResumablePostLocalSGD(optimizer, averager, hook_state), train_cfg,
+                                    steps_per_epoch)
+    # lbt, lrs, and polo on a single process (local SGD with one worker is plain SGD).
+    return Strategy(name, optimizer, train_cfg, steps_per_epoch)
+
