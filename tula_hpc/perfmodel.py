@@ -142,8 +142,12 @@ class PerfModel(BaseEstimator, RegressorMixin):
         full[self.compute_columns_] = coef
         for name, value in zip(COMPUTE_TERMS, full):
             setattr(self, name, float(value))
-        for j, ok in zip(self.compute_columns_, _identified(A)):
-            self.identified_[COMPUTE_TERMS[j].rstrip("_")] = bool(ok)
+        for j, ok, value in zip(self.compute_columns_, _identified(A), coef):
+            name = COMPUTE_TERMS[j].rstrip("_")
+            self.identified_[name] = bool(ok)
+            if ok and value == 0.0:
+                self.notes_.append(f"{name} held at 0 by the non-negativity constraint: the profiles alone would make "
+                                   f"it negative (e.g. compute growing faster than linearly in b over this range)")
         residual = (self.predict(X) - y) / y
         self.rms_rel_error_ = float(np.sqrt(np.mean(residual ** 2)))
         return self
@@ -312,9 +316,10 @@ def last_batch(train_samples: int, ranks: int, per_device_batch: int) -> int:
 
 
 def device_memory_gb(memory: dict, per_device_batch: int) -> float:
-    """Memory one device uses at this batch, from the fitted memory model (memory.json)."""
+    """Peak device memory of a training step at this batch, from memory.json's line (parameters, optimiser
+    state and DDP buckets are in its intercept)."""
     fit = memory["fit"]
-    return (memory["param_bytes"] + fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * per_device_batch) / GB
+    return (fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * per_device_batch) / GB
 
 
 def charge_factor(objective: dict, partition: str | None) -> float | None:

@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from .files import atomic_path, read_json, write_text  # noqa: E402
 from .stage import stage_main  # noqa: E402
@@ -36,6 +37,15 @@ def _rows_by_nodes(candidates: list[dict]) -> dict[int, list[dict]]:
     return rows
 
 
+def _log_axis(ax, which: str, scale: float = 1.0) -> None:
+    """Log scale with plain numbers at 1-2-5 steps, readable even when the data span less than a decade."""
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value * scale:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
     rows = _rows_by_nodes(perfmodel["candidates"])
@@ -43,9 +53,10 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
         line, = ax.plot([c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"fitted, N={nodes}")
         ax.fill_between([c["batch"] for c in row], [c["time_s_range"][0] for c in row], [c["time_s_range"][1] for c in row],
                         color=line.get_color(), alpha=0.15, linewidth=0)
-        steps = {c["batch"]: c["steps_per_epoch"] * perfmodel["epochs"] for c in row}
+        # A profile's T: the candidate's predicted T scaled by how its measured step compares with the prediction.
+        predicted = {c["batch"]: c["time_s"] / c["step_s"] for c in row}
         measured = [p for p in perfmodel["profiled"] if p["nodes"] == nodes]
-        ax.scatter([p["batch"] for p in measured], [p["measured_step_s"] * steps[p["batch"]] for p in measured],
+        ax.scatter([p["batch"] for p in measured], [p["measured_step_s"] * predicted[p["batch"]] for p in measured],
                    marker="x", s=60, color=line.get_color(), label=f"profiled, N={nodes}")
     knees = selection["knees"]
     if knees["kneedle"] is not None:
@@ -54,9 +65,10 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     chosen = selection["chosen"]
     ax.scatter([chosen["batch"]], [chosen["time_s"]], s=220, facecolors="none", edgecolors="red", linewidths=2,
                label=f"chosen: N={chosen['nodes']}, B={chosen['batch']}", zorder=5)
-    ax.set(xscale="log", yscale="log", xlabel="global batch B", ylabel="training time T (s)",
+    ax.set(xlabel="global batch B", ylabel="training time T (s)",
            title=f"{perfmodel['job']}: time vs batch ({selection['objective']} objective)")
     ax.set_xscale("log", base=2)
+    _log_axis(ax, "y")
     ax.legend(fontsize=7)
     _save(fig, out)
 
@@ -68,11 +80,14 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
     for i, row in enumerate(rows.values()):
         for c in row:
             grid[i][batches.index(c["batch"])] = c["cost"]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.75 * len(batches), 1.6 + 0.6 * len(rows)))
-    image = ax.imshow(grid, cmap="viridis", norm=LogNorm(), aspect="auto", origin="lower")
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 + 0.8 * len(batches)), 1.8 + 0.6 * len(rows)))
+    norm = LogNorm()
+    image = ax.imshow(grid, cmap="viridis", norm=norm, aspect="auto", origin="lower")
     for i, row in enumerate(rows.values()):
         for c in row:
-            ax.text(batches.index(c["batch"]), i, f"{c['cost']:.3g}", ha="center", va="center", fontsize=7, color="white")
+            dark = norm(c["cost"]) < 0.6  # viridis is dark at its low end
+            ax.text(batches.index(c["batch"]), i, f"{c['cost']:.3g}", ha="center", va="center", fontsize=7,
+                    color="white" if dark else "black")
     chosen = selection["chosen"]
     ax.add_patch(plt.Rectangle((batches.index(chosen["batch"]) - 0.5, list(rows).index(chosen["nodes"]) - 0.5), 1, 1,
                                fill=False, edgecolor="red", linewidth=2.5))
@@ -93,8 +108,10 @@ def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, 
     low, high = min(measured + predicted + [trained]) / 1.3, max(measured + predicted + [trained]) * 1.3
     ax.plot([low, high], [low, high], color="black", linewidth=1)
     ax.fill_between([low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="grey", alpha=0.2, label="+-10 %")
-    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured step time (s)",
-           ylabel="predicted step time (s)", title="predicted vs measured")
+    ax.set(xlim=(low, high), ylim=(low, high), xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
+           title="predicted vs measured")
+    _log_axis(ax, "x", scale=1e3)
+    _log_axis(ax, "y", scale=1e3)
     ax.legend(fontsize=7)
     _save(fig, out)
 
@@ -154,8 +171,8 @@ def render(job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict,
 minimise **{selection['objective']}** ({selection['pricing']} pricing). Predicted training time {chosen['time_s']:.2f} s
 (+-{chosen['rel_uncertainty']:.0%}), cost {chosen['cost']:.5g}. {_constraints(selection)}
 Knees of the best-time-per-batch curve: Kneedle {knees['kneedle']} (depends only on the sampled batch range),
-model-based {knees['model']} (from there each doubling saves less than the set share); the knee objective follows
-`{selection['knee_method']}`.
+model-based {knees['model']} (from there each doubling saves less than {selection['knee_min_saving']:.0%} of the time); the
+knee objective follows `{selection['knee_method']}`.
 
 {_table(selection['runners_up'], [('runner-up N', 'nodes', 'd'), ('B', 'batch', 'd'), ('T (s)', 'time_s', '.2f'),
                                   ('cost', 'cost', '.5g')])}
@@ -176,9 +193,10 @@ on {evaluation['test_samples']} images. Training wall time {summary['wall_time_s
 ![predicted vs measured]({PLOTS['accuracy']})
 
 ## Memory model
-Peak step memory = {memory['fit']['intercept_bytes'] / 1e6:.2f} MB + {memory['fit']['slope_bytes_per_sample'] / 1e3:.2f} kB x batch,
-plus {memory['param_bytes'] / 1e6:.2f} MB of parameters. Device memory {memory['device_memory_bytes'] / 1e9:.2f} GB with
-{memory['headroom']:.0%} headroom: largest per-device batch **{memory['max_batch_per_device']}**.
+Peak device memory of a step near the largest batch = {memory['fit']['intercept_bytes'] / 1e6:.2f} MB
++ {memory['fit']['slope_bytes_per_sample'] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
+it prices memory-based cost). Device memory {memory['device_memory_bytes'] / 1e9:.2f} GB with {memory['headroom']:.0%}
+headroom: largest per-device batch **{memory['max_batch_per_device']}**.
 
 {_table(memory['probes'], [('probe batch', 'batch', 'd'), ('measured peak (B)', 'measured_peak_bytes', 'd'),
                            ('activations (B)', 'activation_bytes', 'd'), ('gradients (B)', 'grad_bytes', 'd'),

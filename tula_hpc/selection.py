@@ -97,6 +97,7 @@ def select(perfmodel: dict, objective: dict) -> dict:
     ranked = _rank(feasible, curve, objective["minimize"], knee)
     return {
         "objective": objective["minimize"], "pricing": perfmodel["pricing"], "knee_method": objective["knee_method"],
+        "knee_min_saving": objective["knee_min_saving"],
         "chosen": ranked[0], "knees": knees,
         "runners_up": [{k: c[k] for k in ("nodes", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")}
                        for c in ranked[1:1 + RUNNERS_UP]],

@@ -101,7 +101,7 @@ def test_uncertainty_grows_away_from_the_profiled_configurations():
 
 def test_total_time_and_cost_follow_eq_4_under_every_pricing():
     model = fit(synthetic([1, 1, 2, 2], [10, 40, 10, 40]))
-    memory = {"param_bytes": 1e9, "fit": {"intercept_bytes": 1e9, "slope_bytes_per_sample": 1e7}}
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
     job = {"resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}}, "train": {"epochs": 3}, "launcher": "local",
            "objective": {"pricing": "memory", "price_per_node_hour": 3.6, "price_per_gb_hour": 0.5,
                          "charge_factors": {"gpu": 4.0, "default": 1.0}}}
@@ -129,7 +129,7 @@ def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
 
 
 def test_costs_count_each_pricing_from_time_nodes_and_memory():
-    memory = {"param_bytes": 0.0, "fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 0.0}}
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 0.0}}
     objective = {"price_per_node_hour": 2.0, "price_per_gb_hour": 0.25, "charge_factors": {"default": 1.5}}
     assert costs(7200, 4, 8, 32, objective, memory, None) == {"node_hour": 16.0, "memory": 8.0, "service_units": 12.0}
 
