@@ -33,9 +33,19 @@ wildcard_constraints:
     batch=r"\d+",
 
 
-def settings(*sections):
-    """The job's sections a stage depends on: a rule's params, so editing them reruns that stage."""
-    return lambda wildcards: {s: config["jobs"][wildcards.job].get(s) for s in sections}
+def settings(*keys):
+    """The job settings a stage depends on ("section" or "section.key"): a rule's params, so editing them
+    reruns that stage and what follows, and editing anything else (say, epochs before training) does not."""
+
+    def pick(wildcards):
+        job = config["jobs"][wildcards.job]
+        return {key: job[key.split(".")[0]].get(key.split(".")[1]) if "." in key else job.get(key) for key in keys}
+
+    return pick
+
+
+# What a training step is made of, apart from how many of them there are (epochs) and the LR schedule.
+STEP_SETTINGS = ("model", "data", "resources", "train.optimizer", "train.strategy", "train.ags")
 
 
 def planned_profiles(wildcards):

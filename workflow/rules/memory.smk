@@ -2,7 +2,7 @@ rule probe_memory:
     output:
         "results/{job}/memory.json",
     params:
-        settings=settings("model", "data", "train", "resources"),
+        settings=settings(*STEP_SETTINGS),
     conda:
         "../../envs/tula-hpc.yaml"
     log:

@@ -4,7 +4,7 @@ rule profile:
     output:
         "results/{job}/profile/N{nodes}_B{batch}.json",
     params:
-        settings=settings("model", "data", "train", "search", "resources"),
+        settings=settings(*STEP_SETTINGS, "search"),
     conda:
         "../../envs/tula-hpc.yaml"
     log:
@@ -26,7 +26,7 @@ rule adapt:
     output:
         "results/{job}/adaptive.json",
     params:
-        settings=settings("model", "data", "train", "search", "resources"),
+        settings=settings(*STEP_SETTINGS, "search"),
     conda:
         "../../envs/tula-hpc.yaml"
     log:
