@@ -2,12 +2,14 @@
 
     t_step(N, b, h) = data(b) + compute(b, h) + e * sync(N)
     data(b)         = d0 + d1 * b                                  loading, linear in b
-    compute(b, h)   = a0 + a1 * b + (h - 1) * (c0 + c1 * b)        forward+backward+update (Eq. 2b)
+    compute(b, h)   = a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))    forward+backward+update (Eq. 2b)
     sync(N)         = alpha * hops(N) + beta * bytes(N)            per collective (Eq. 2c), 0 on one rank
         ring:             hops = 2(N-1), bytes = 2(N-1)/N * gradient bytes
         parameter_server: hops = 2,      bytes = 2N * gradient bytes
 
-N is the number of ranks, b the per-device batch, h the ranks sharing one host. On a cluster h is the
+N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
+time there and may stay non-negative when compute grows faster than linearly: a line through the
+profiles of a convex curve crosses zero before b = 0), h the ranks sharing one host. On a cluster h is the
 devices per node and constant; with the local launcher all N "nodes" share this machine, and each rank
 computes slower the more ranks compete for its cores: the (h - 1) terms model that honestly instead of
 pooling one- and two-rank timings into one line. e is the share of sync not hidden behind backward
@@ -104,7 +106,8 @@ class PerfModel(BaseEstimator, RegressorMixin):
 
     # -- design -------------------------------------------------------------------------------------
     def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
-        columns = [np.ones_like(batch), batch, extra_ranks, extra_ranks * batch, sync]
+        beyond = batch - self.batch_ref_
+        columns = [np.ones_like(batch), beyond, extra_ranks, extra_ranks * beyond, sync]
         return np.column_stack([columns[j] for j in self.compute_columns_])
 
     def _sync(self, ranks) -> np.ndarray:
@@ -120,6 +123,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         y, data_s, compute_s, sync_s = (np.asarray(v, float) for v in (y, data_s, compute_s, sync_s))
         weight = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
         self.profiled_ = X.copy()
+        self.batch_ref_ = float(batch.min())
         self.identified_ = {}
         self.notes_ = []
 
@@ -177,8 +181,9 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def predict_parts(self, X) -> dict[str, np.ndarray]:
         X = np.asarray(X, float).reshape(-1, 3)
         ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
-        compute = (self.intercept_s_ + self.per_sample_s_ * batch
-                   + extra * (self.contention_s_ + self.contention_per_sample_s_ * batch))
+        beyond = batch - self.batch_ref_
+        compute = (self.intercept_s_ + self.per_sample_s_ * beyond
+                   + extra * (self.contention_s_ + self.contention_per_sample_s_ * beyond))
         sync = self._sync(ranks)
         data = self._data(batch)
         return {"data_s": data, "compute_s": compute, "sync_s": sync, "exposed_sync_s": self.sync_exposed_ * sync,
@@ -209,6 +214,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def params(self) -> dict:
         latency, per_byte = (float(v) for v in self.sync_coef_)
         return {"data_intercept_s": float(self.data_coef_[0]), "data_per_sample_s": float(self.data_coef_[1]),
+                "batch_ref": self.batch_ref_,
                 **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
                 "overlap": 1.0 - self.sync_exposed_, "latency_s": latency, "seconds_per_byte": per_byte,
                 "rms_rel_error": self.rms_rel_error_, "discrepancy_per_octave": self.discrepancy_per_octave}
@@ -281,7 +287,7 @@ def adaptive_search(candidates: list[dict], initial: list[dict], measure, ranks_
         X = np.array([[ranks_of(c)[0], c["per_device_batch"], ranks_of(c)[1]] for c in remaining], float)
         uncertainty = model.predict_uncertainty(X)
         worst = int(np.argmax(uncertainty))
-        if uncertainty[worst] <= tolerance:
+        if history and uncertainty[worst] <= tolerance:  # an uncertainty no profile has tested yet is only the prior
             stopped = f"largest predicted uncertainty {uncertainty[worst]:.1%} <= tolerance {tolerance:.1%}"
             break
         recent = history[-VALIDATIONS:]

@@ -148,7 +148,7 @@ def _model_section(plan: dict, perfmodel: dict) -> str:
     return f"""## Performance model ({plan['mode']} search, {len(perfmodel['profiled'])} of {len(plan['candidates'])} candidates profiled)
 t_step = data + compute + e x sync, with b the per-device batch and h the ranks per host:
 - data = {p['data_intercept_s'] * 1e3:.3f} ms + {p['data_per_sample_s'] * 1e6:.2f} us x b
-- compute = {p['intercept_s'] * 1e3:.3f} ms + {p['per_sample_s'] * 1e6:.2f} us x b + (h - 1) x ({p['contention_s'] * 1e3:.3f} ms + {p['contention_per_sample_s'] * 1e6:.2f} us x b)
+- compute = {p['intercept_s'] * 1e3:.3f} ms + {p['per_sample_s'] * 1e6:.2f} us x (b - {p['batch_ref']:g}) + (h - 1) x ({p['contention_s'] * 1e3:.3f} ms + {p['contention_per_sample_s'] * 1e6:.2f} us x (b - {p['batch_ref']:g}))
 - sync ({perfmodel['collective']}) = {p['latency_s'] * 1e6:.1f} us per hop + {p['seconds_per_byte'] * 1e9:.3f} s/GB moved; exposed share e = {p['sync_exposed']:.2f} (overlap {p['overlap']:+.2f})
 
 Not identified by these profiles: {', '.join(unidentified) if unidentified else 'none'}.{notes}
