@@ -10,8 +10,8 @@ one process with 2 threads, SGD with momentum as in the default job, and per gra
   epoch (5 steps of 256) and a CIFAR-10-sized epoch (45000 images: 176 steps);
 - measured_epoch: a whole digits-sized epoch through the real strategy hooks (tula_hpc.strategies,
   lbt vs ags: profiling, gate, scaling, the epoch's metrics and histogram), measured directly.
-Plain and AGS alternate round by round, so drift on the shared machine hits both; figures are
-medians over rounds. Writes bench/results/ags_overhead.json. Run it under `flock /tmp/tula-cpu.lock`.
+Plain and AGS alternate step by step (epoch by epoch for measured_epoch), so drift on the shared
+machine hits both; figures are medians. Writes bench/results/ags_overhead.json. Run it under `flock /tmp/tula-cpu.lock`.
 """
 
 from __future__ import annotations
@@ -88,14 +88,17 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
     for model, opt in runs.values():  # factors in place, so that scaled steps multiply
         step(model, opt)()
         update(model, opt)()
-    samples = {"plain": [], **{g: [] for g in GRANULARITIES}, **{f"update_{g}": [] for g in GRANULARITIES}}
+    # Step by step in turn (plain, element, tensor, ...), so drift on the shared machine hits all alike.
+    contenders = {"plain": (plain_model, plain), **runs}
+    samples = {key: [] for key in [*contenders, *(f"update_{g}" for g in GRANULARITIES)]}
     for _ in range(rounds):
-        timed(step(plain_model, plain), 2)  # warm-up after the other optimisers ran
-        samples["plain"].append(statistics.median(timed(step(plain_model, plain), steps)))
+        for model, opt in contenders.values():
+            timed(step(model, opt), 1)  # warm-up
+        for _ in range(steps):
+            for key, (model, opt) in contenders.items():
+                samples[key] += timed(step(model, opt), 1)
         for granularity, (model, opt) in runs.items():
-            timed(step(model, opt), 2)
-            samples[granularity].append(statistics.median(timed(step(model, opt), steps)))
-            samples[f"update_{granularity}"].append(statistics.median(timed(update(model, opt), 3)))
+            samples[f"update_{granularity}"] += timed(update(model, opt), 1)
     plain_s = statistics.median(samples["plain"])
     result = {"plain_step_s": plain_s, "ags_step_s": {}, "update_s": {}, "per_step_overhead": {}, "overhead_per_epoch": {}}
     for granularity in GRANULARITIES:
@@ -130,19 +133,20 @@ def measure_epochs(name: str, base: torch.nn.Module, x: torch.Tensor, y: torch.T
             strategy.end_epoch()
         return run
 
+    for model, strategy in strategies.values():
+        epoch(model, strategy)()  # warm-up, and the first AGS epoch has no factors yet
     samples = {k: [] for k in strategies}
     for _ in range(rounds):
         for key, (model, strategy) in strategies.items():
-            epoch(model, strategy)()  # warm-up, and the first AGS epoch has no factors yet
-            samples[key].append(statistics.median(timed(epoch(model, strategy), 2)))
+            samples[key] += timed(epoch(model, strategy), 1)
     lbt, ags = statistics.median(samples["lbt"]), statistics.median(samples["ags"])
     return {"steps": steps, "lbt_epoch_s": lbt, "ags_epoch_s": ags, "overhead": (ags - lbt) / lbt}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and optimiser")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and optimiser (interleaved)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     train_cfg = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")["train"]

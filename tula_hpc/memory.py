@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ from .stage import StageError, stage_main
 
 GB = 1e9
 MAX_VERIFICATION_TRIALS = 2
+PROBES_AT_ONCE = 2  # the rule's threads (workflow/rules/memory.smk)
 # Probe timelines are exactly linear in the batch; anything above this share of the peak means the
 # probes' steps differ in more than their sizes (a kernel switch between probe batches).
 ALIGNMENT_TOLERANCE = 1e-6
@@ -300,26 +302,27 @@ def ddp_bucket_bytes(job: dict, probes: list[dict]) -> int:
     return probes[0]["grad_bytes"] if runs_on_several_devices(job) else 0
 
 
-def next_trial(model: StepMemoryModel, available: int, trials: list[dict]) -> int | None:
+def next_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: int) -> int | None:
     """The batch to try next when the step may use `available` bytes, or None when the trials settle it.
 
     The first trial is the model's largest batch. A second one follows only if the first corrects the
     model: the bytes it reached (its peak, or where it ran out of memory) rescale the slope of the
     prediction at that batch, and the corrected largest batch is larger (it fit) or smaller (it did not).
+    No trial exceeds `cap`, the training set: no device ever sees a larger batch.
     """
     if not trials:
-        return model.max_batch(available) or None
+        return min(model.max_batch(available), cap) or None
     last = trials[-1]
-    if len(trials) >= MAX_VERIFICATION_TRIALS:
+    if len(trials) >= MAX_VERIFICATION_TRIALS or (last["outcome"] == "fits" and last["batch"] >= cap):
         return None
     seen = last["peak_bytes"] if last["outcome"] == "fits" else (last["failed_at_bytes"] or available + 1)
     intercept, slope = model.line_at(last["batch"])
     corrected = StepMemoryModel()
     corrected.intercepts_ = model.intercepts_
-    corrected.slopes_ = model.slopes_ * (seen - intercept) / (slope * last["batch"])
+    corrected.slopes_ = model.slopes_ * ((seen - intercept) / (slope * last["batch"]) if slope > 0 else 1.0)
     batch = corrected.max_batch(available)
     if last["outcome"] == "fits":
-        return batch if batch > last["batch"] else None
+        return min(batch, cap) if batch > last["batch"] else None
     return min(batch, last["batch"] - 1) or None
 
 
@@ -510,21 +513,20 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
 # --- the stage --------------------------------------------------------------------------------------
 
 def probe_worker(job: dict) -> dict:
-    """Probes (a fresh process each, stopping at the first that does not fit), then the verification trials."""
+    """Probes (a fresh process each, two at once when there are two cores), then the verification trials."""
     from .data import load_splits
 
-    probes = []
-    for batch in job["resources"]["memory_probe_batches"]:
-        probes.append(run_in_fresh_process("measure", job=job, batch=batch))
-        if probes[-1]["outcome"] != "measured":
-            break
+    with ThreadPoolExecutor(max_workers=min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))) as pool:
+        answers = list(pool.map(lambda b: run_in_fresh_process("measure", job=job, batch=b),
+                                job["resources"]["memory_probe_batches"]))
+    probes = answers[:next((i + 1 for i, p in enumerate(answers) if p["outcome"] != "measured"), len(answers))]
+    splits = load_splits(job["data"], job["train"]["seed"])
     trials: list[dict] = []
     if probes[-1]["outcome"] == "measured":
         model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
-        while (batch := next_trial(model, usable_bytes(job) - buckets, trials)) is not None:
+        while (batch := next_trial(model, usable_bytes(job) - buckets, trials, len(splits.train))) is not None:
             trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable_bytes(job), ddp=buckets > 0)
             trials.append({**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}})
-    splits = load_splits(job["data"], job["train"]["seed"])
     return {"probes": probes, "trials": trials,
             "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}
 
@@ -568,6 +570,7 @@ def summarise(job: dict, measured: dict) -> dict:
         "verification": measured["trials"],
         "verified": verified,
         "max_batch_per_device": largest,
+        "limited_by": "training set" if proposed > largest == measured["dataset"]["train"] else "memory",
         "dataset": measured["dataset"],
     }
 

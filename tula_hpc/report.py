@@ -122,6 +122,16 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
                           + " |\n" for r in rows)
 
 
+def _attempts(summary: dict) -> str:
+    """One line when training ran out of memory and was relaunched (train/summary.json's attempts)."""
+    attempts = summary.get("attempts", [])
+    if len(attempts) < 2:
+        return ""
+    tried = "; ".join(f"global batch {a['global_batch']}, {a['per_device_batch']} per device as {a['accumulation']} x "
+                      f"{a['micro_batch']}: {a['outcome'].replace('_', ' ')}" for a in attempts)
+    return f"Training ran out of memory and was relaunched from its checkpoint: {tried}.\n"
+
+
 def _constraints(selection: dict) -> str:
     set_ = {k: v for k, v in selection["constraints"].items() if v is not None}
     if not set_:
@@ -189,7 +199,7 @@ knee objective follows `{selection['knee_method']}`.
 Relative time error {evaluation['time_rel_error']:+.1%}. Test top-1 accuracy **{evaluation['test_accuracy']:.2%}**
 on {evaluation['test_samples']} images. Training wall time {summary['wall_time_s']:.1f} s over {summary['epochs']} epochs
 ({summary['steps']} steps){'' if resumed is None else f'; resumed from the checkpoint at epoch {resumed}'}.
-
+{_attempts(summary)}
 ![predicted vs measured]({PLOTS['accuracy']})
 
 ## Memory model

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 import tula_hpc.train as train_module
 from tests.conftest import REPO, tiny_job_config
@@ -29,7 +30,7 @@ def _job(tmp_path, **resources) -> dict:
     job = config["jobs"]["digits-cnn"]
     job["train"].update(epochs=3, lr_milestones=[])
     job["resources"].update(resources)
-    (tmp_path / "jobs.yaml").write_text(json.dumps(config))
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
     return job_settings(load_config([tmp_path / "jobs.yaml"]), "digits-cnn")
 
 

@@ -64,31 +64,41 @@ def test_probes_whose_steps_do_not_align_fall_back_to_the_peak_line():
 
 # --- verification trials ---------------------------------------------------------------------------
 
+CAP = 10**6
+
+
 def _linear_model(intercept=1000.0, slope=10.0) -> StepMemoryModel:
     return StepMemoryModel().fit([1, 2, 3], [intercept + slope * b for b in (1, 2, 3)])
 
 
 def test_a_trial_that_confirms_the_model_settles_in_one_step():
     model = _linear_model()
-    assert next_trial(model, 2000, []) == 100
+    assert next_trial(model, 2000, [], CAP) == 100
     trials = [{"batch": 100, "outcome": "fits", "peak_bytes": 2000}]
-    assert next_trial(model, 2000, trials) is None
+    assert next_trial(model, 2000, trials, CAP) is None
     assert settle(trials) == (100, True)
 
 
 def test_a_trial_below_the_prediction_corrects_upwards_and_stops_after_two():
     model = _linear_model()
     trials = [{"batch": 100, "outcome": "fits", "peak_bytes": 1800}]  # slope was 8, not 10
-    assert next_trial(model, 2000, trials) == 125
+    assert next_trial(model, 2000, trials, CAP) == 125
     trials.append({"batch": 125, "outcome": "out_of_memory", "failed_at_bytes": 2001})
-    assert next_trial(model, 2000, trials) is None
+    assert next_trial(model, 2000, trials, CAP) is None
     assert settle(trials) == (100, True)
+
+
+def test_no_trial_exceeds_the_training_set():
+    model = _linear_model()
+    assert next_trial(model, 2000, [], cap=60) == 60
+    assert next_trial(model, 2000, [{"batch": 60, "outcome": "fits", "peak_bytes": 1600}], cap=60) is None
+    assert next_trial(model, 2000, [{"batch": 40, "outcome": "fits", "peak_bytes": 1300}], cap=60) == 60
 
 
 def test_a_trial_out_of_memory_corrects_downwards():
     model = _linear_model()
     trials = [{"batch": 100, "outcome": "out_of_memory", "failed_at_bytes": 2250}]  # slope at least 12.5
-    assert next_trial(model, 2000, trials) == 80
+    assert next_trial(model, 2000, trials, CAP) == 80
     assert settle(trials + [{"batch": 80, "outcome": "fits", "peak_bytes": 1990}]) == (80, True)
     assert settle(trials + [{"batch": 80, "outcome": "out_of_memory", "failed_at_bytes": 2100}]) == (40, False)
 

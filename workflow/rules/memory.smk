@@ -7,6 +7,6 @@ rule probe_memory:
         "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/probe_memory.log",
-    threads: 1
+    threads: 2  # probes run two at a time, a fresh process each
     shell:
         "tula-hpc probe-memory --job {wildcards.job} --out {output} > {log} 2>&1"
