@@ -1,9 +1,10 @@
 """Benchmark: how well the performance model predicts step time from partial, adaptive and full profiles.
 
 For each model the whole grid available here (N in {1, 2} ranks as local processes, per-device batch b
-from 8 to 512) is measured ROUNDS times with the profile stage's own measurement (`profiling.measure`:
-same model, loader, DDP, retries when another process takes our CPU). Rounds run in a shuffled order
-that mixes models and configurations, inside one pair of long-lived ranks (no process start per config).
+from 8 to 512) is measured in up to ROUNDS rounds (at least MIN_ROUNDS, none that would end after
+BUDGET_S) with the profile stage's own measurement (`profiling.measure`: same model, loader, DDP,
+retries when other work disturbs it). Each round runs in a shuffled order that mixes models and
+configurations, inside one pair of long-lived ranks (no process start per configuration).
 
 Each round then plays the role of one profiling campaign, judged against the other rounds:
 - truth(c): median step time of configuration c over the OTHER rounds (a fit never meets its own data);
@@ -24,7 +25,6 @@ Writes bench/results/perf_accuracy.json (figures and the raw per-round measureme
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import random
 import statistics
@@ -38,7 +38,9 @@ OUT = REPO / "bench" / "results" / "perf_accuracy.json"
 MODELS = {"tiny_cnn": 8, "resnet18": 8, "mobilenet_v3_small": 16}  # model -> image side (digits, resized)
 NODES = (1, 2)
 PER_DEVICE = (8, 512)
-ROUNDS = 5
+ROUNDS = 5  # at most; at least MIN_ROUNDS, and no round that would end after BUDGET_S
+MIN_ROUNDS = 3
+BUDGET_S = 600.0
 MEASUREMENT = {"warmup_steps": 1, "steps": 2, "min_measure_s": 0.5, "max_attempts": 3, "interference_tolerance": 0.1}
 # Adaptive search stops on predictions confirmed within this; here it is set to about this machine's noise
 # floor (a tighter tolerance cannot be confirmed on it and turns adaptive into full search).
@@ -69,8 +71,12 @@ def grid(job: dict, train_samples: int) -> list[dict]:
     return [c for c in candidate_grid(job["search"], 1, PER_DEVICE[1], train_samples) if c["per_device_batch"] >= PER_DEVICE[0]]
 
 
-def pool_worker(jobs: dict, schedule: list[dict]) -> list[dict] | None:
-    """Both ranks walk the schedule; one-rank configurations run on rank 0 while rank 1 waits (idle)."""
+def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[dict] | None:
+    """Both ranks walk the rounds; one-rank configurations run on rank 0 while rank 1 waits (idle).
+
+    After MIN_ROUNDS, another round starts only if it should end within `budget_s`: on a busy machine
+    re-measured disturbances make rounds slow, and the benchmark must still finish in time.
+    """
     import torch
     import torch.distributed as dist
 
@@ -79,25 +85,32 @@ def pool_worker(jobs: dict, schedule: list[dict]) -> list[dict] | None:
 
     ctx = init_distributed(False)
     alone = Context(0, 1, 0, torch.device("cpu"))
+    started = time.perf_counter()
     records = []
-    for item in schedule:
-        job = jobs[item["model"]]
-        record = None
-        if item["nodes"] == ctx.world_size:
-            record = measure(job, ctx, item["per_device_batch"])
-        elif ctx.rank == 0:
-            record = measure(job, alone, item["per_device_batch"])
-        dist.barrier()
-        if ctx.rank == 0:
-            record.pop("per_step")
-            records.append({**item, **record, "ranks_per_host": record["world_size"], "finished_at": time.time()})
-            print(f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
-                  f"{record['median']['step_s'] * 1e3:.2f} ms (interference {record['interference']:.2f})", flush=True)
+    for done, schedule in enumerate(rounds):
+        elapsed = time.perf_counter() - started
+        go_on = torch.tensor([float(done < MIN_ROUNDS or elapsed / done * (done + 1) <= budget_s)])
+        dist.broadcast(go_on, src=0)  # rank 0's clock decides for both
+        if not go_on.item():
+            break
+        for item in schedule:
+            job = jobs[item["model"]]
+            record = None
+            if item["nodes"] == ctx.world_size:
+                record = measure(job, ctx, item["per_device_batch"])
+            elif ctx.rank == 0:
+                record = measure(job, alone, item["per_device_batch"])
+            dist.barrier()
+            if ctx.rank == 0:
+                record.pop("per_step")
+                records.append({**item, **record, "ranks_per_host": record["world_size"]})
+                print(f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
+                      f"{record['median']['step_s'] * 1e3:.2f} ms (interference {record['interference']:.2f})", flush=True)
     shutdown()
     return records if ctx.rank == 0 else None
 
 
-def measure_all(jobs: dict, grids: dict, rounds: int, seed: int) -> list[dict]:
+def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
     from tula_hpc import launch
 
     rng = random.Random(seed)
@@ -105,11 +118,12 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int) -> list[dict]:
     for r in range(rounds):
         order = [{"round": r, "model": m, **c} for m, g in grids.items() for c in g]
         rng.shuffle(order)
-        schedule += order
+        schedule.append(order)
     os.environ.setdefault("TULA_COLLECTIVE_TIMEOUT_S", "3600")  # a rank may wait out a long one-rank measurement
     spec = launch.LaunchSpec(launcher="local", nodes=NODES[-1], cpus_per_task=1, time_min=60)
     work = REPO / "work" / "bench" / "perf_accuracy"
-    return launch.run(pool_worker, dict(jobs=jobs, schedule=schedule), spec, work, name="bench-perf-accuracy")
+    return launch.run(pool_worker, dict(jobs=jobs, rounds=schedule, budget_s=budget_s), spec, work,
+                      name="bench-perf-accuracy")
 
 
 def _key(c: dict) -> tuple[int, int]:
@@ -215,7 +229,7 @@ def main() -> int:
     if args.reuse:
         records = json.loads(args.reuse.read_text())["measurements"]
     else:
-        records = measure_all(jobs, grids, args.rounds, args.seed)
+        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
     measure_wall = time.time() - started
     results = {m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples)
                for m in jobs}
@@ -236,14 +250,19 @@ def main() -> int:
     report = {
         "description": "step-time prediction error on configurations not used in the fit (full: leave-one-out), per "
                        "search mode; medians over models of per-model figures",
-        "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
-        "settings": {"models": MODELS, "nodes": NODES, "per_device_batch": PER_DEVICE, "rounds": args.rounds,
+        "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+                    "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
+                    "disturbed_share": sum(r.get("interference", 0.0) > MEASUREMENT["interference_tolerance"]
+                                           for r in records) / len(records)},
+        "settings": {"models": MODELS, "nodes": NODES, "per_device_batch": PER_DEVICE,
+                     "rounds": len({r["round"] for r in records}), "max_rounds": args.rounds, "budget_s": BUDGET_S,
                      "measurement": MEASUREMENT, "adaptive": ADAPTIVE},
         "targets": TARGETS, "targets_met": met, "noise_floor": noise_floor, "overall": overall, "models": results,
         "measure_wall_s": measure_wall if not args.reuse else None, "measurements": records,
     }
     write_json(args.out, report)
-    print(f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}")
+    print(f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
+          f"{report['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work")
     for m, r in results.items():
         print(f"{m}: noise floor {r['noise_floor']:.1%}")
         for mode, s in r["modes"].items():
