@@ -8,7 +8,6 @@ rerun of the stage re-attaches to a job that is still running instead of submitt
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -61,35 +60,6 @@ class LaunchSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
-
-
-class PreemptionGate:
-    """Holds the time-limit/preemption signal until the training loop reaches a step boundary.
-
-    submitit requeues the job from its signal handler, which would run mid-step; the gate delays it until
-    `at_step_boundary(save)`, where `save` writes a consistent checkpoint first (rank 0 only), then hands the
-    signal to submitit, which requeues the job and exits. Outside a submitit job it does nothing.
-    """
-
-    def __init__(self, is_main: bool):
-        self.is_main, self.pending = is_main, None
-        requeue_signal = getattr(signal, "SIG" + submitit.JobEnvironment.USR_SIG)
-        self.requeue = signal.getsignal(requeue_signal)
-        if callable(self.requeue):
-            signal.signal(requeue_signal, self._hold)
-
-    def _hold(self, signum: int, frame: Any) -> None:
-        self.pending = (signum, frame)
-
-    def at_step_boundary(self, save: Callable[[], None]) -> None:
-        if self.pending is None:
-            return
-        signum, frame = self.pending
-        self.pending = None
-        if self.is_main:
-            print("[tula-hpc] requeue signal: checkpointing at this step, then requeueing", flush=True)
-            save()
-        self.requeue(signum, frame)
 
 
 class DistributedTask(submitit.helpers.Checkpointable):

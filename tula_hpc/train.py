@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import math
 import os
 import time
@@ -134,7 +133,7 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
     optimizer, scheduler = strategy.optimizer, strategy.scheduler
     fingerprint = _fingerprint(job, selected_batch)
 
-    start_epoch, step, train_time, resumed_from, restarts, done_in_epoch = 0, 0, 0.0, None, [], 0
+    start_epoch, step, train_time, resumed_from, restarts = 0, 0, 0.0, None, []
     checkpoint = load_checkpoint(Path(checkpoint_path))
     if checkpoint is not None and checkpoint["config"] == fingerprint:
         model.load_state_dict(checkpoint["model"])
@@ -142,7 +141,6 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
         scheduler.load_state_dict(checkpoint["scheduler"])
         restore_rng(checkpoint["rng"])
         start_epoch, step = checkpoint["epoch"], checkpoint["step"]
-        done_in_epoch = checkpoint["extra"]["batches_done_in_epoch"]
         train_time = checkpoint["extra"]["train_time_s"]
         resumed_from = start_epoch
         restarts = checkpoint["extra"]["restarts"] + [start_epoch]
@@ -154,12 +152,6 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
         Path(metrics_path).unlink(missing_ok=True)
     del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
-    def save(epoch: int, batches_done: int, elapsed: float) -> None:
-        save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
-                        step=step, config=fingerprint,
-                        extra={"train_time_s": elapsed, "restarts": restarts, "batches_done_in_epoch": batches_done})
-
-    gate = launch.PreemptionGate(is_main=ctx.is_main)
     micro_batch = math.ceil(per_device / accumulation)
     loader = make_loader(splits.train, per_device, rank=ctx.rank, world_size=ctx.world_size, seed=job["train"]["seed"],
                          shuffle=True, num_workers=job["data"]["num_workers"])
@@ -168,19 +160,17 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
     for epoch in range(start_epoch, epochs):
         loader.sampler.set_epoch(epoch)
         started = time.perf_counter()
-        # A checkpoint written at a requeue signal resumes mid-epoch: the sampler's order is fixed by (seed, epoch).
-        for batch_index, (x, y) in enumerate(itertools.islice(loader, done_in_epoch, None), start=done_in_epoch + 1):
+        for x, y in loader:
             x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
             loss = training_step(net, strategy, loss_fn, x, y, accumulation)
             step += 1
-            gate.at_step_boundary(lambda: save(epoch, batch_index, train_time + time.perf_counter() - started))
-        done_in_epoch = 0
         strategy_metrics = strategy.end_epoch()
         epoch_time = time.perf_counter() - started
         train_time += epoch_time
         val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
         if ctx.is_main:
-            save(epoch + 1, 0, train_time)
+            save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
+                            step=step, config=fingerprint, extra={"train_time_s": train_time, "restarts": restarts})
             record = {"epoch": epoch + 1, "step": step, "loss": float(loss), "val_accuracy": val_accuracy,
                       "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0], **strategy_metrics}
             append_jsonl(metrics_path, record)
