@@ -25,8 +25,6 @@ def test_measure_times_each_part_of_real_training_steps(job):
     median = profile["median"]
     assert median["sync_s"] == 0.0  # one rank has nothing to all-reduce
     assert all(median[part] > 0 for part in ("data_s", "compute_s", "update_s", "step_s"))
-    # The ordinary step does the split step's work in one go.
-    assert median["step_s"] == pytest.approx(median["data_s"] + median["compute_s"] + median["update_s"], rel=0.5)
     assert profile["steps"] >= 3 and all(len(values) == profile["steps"] for values in profile["per_step"].values())
     assert profile["samples_per_s"] == pytest.approx(16 / median["step_s"])
     assert profile["grad_bytes"] == 4 * 151_306  # float32 gradients of the tiny CNN on 8x8 digits
