@@ -7,7 +7,8 @@ retries when other work disturbs it). Each round runs in a shuffled order that m
 configurations, inside one pair of long-lived ranks (no process start per configuration).
 
 Each round then plays the role of one profiling campaign, judged against the other rounds:
-- truth(c): median step time of configuration c over the OTHER rounds (a fit never meets its own data);
+- truth(c): median step time of configuration c over the OTHER rounds (a fit never meets its own data),
+  of those the profiler saw undisturbed by other work when there are any;
 - noise_floor: median of |x_r(c) / truth(c) - 1| over configurations and rounds: how far one careful
   measurement lands from the others. A model error below it cannot be shown;
 - partial / adaptive: fit on the round's profiles the mode chooses, error on every configuration it did
@@ -130,6 +131,10 @@ def _key(c: dict) -> tuple[int, int]:
     return c["nodes"], c["batch"]
 
 
+def disturbed(record: dict) -> bool:
+    return record["interference"] > MEASUREMENT["interference_tolerance"]
+
+
 def _rel(predicted: float, measured: float) -> float:
     return float(abs(predicted / measured - 1))
 
@@ -144,7 +149,10 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
     search = job["search"]
 
     def truth(c, excluded):
-        return statistics.median(by_round[r][_key(c)]["median"]["step_s"] for r in rounds if r != excluded)
+        """Median over the other rounds, of their quiet measurements when there are any."""
+        others = [by_round[r][_key(c)] for r in rounds if r != excluded]
+        quiet = [x for x in others if not disturbed(x)] or others
+        return statistics.median(x["median"]["step_s"] for x in quiet)
 
     def total(c, step):  # training time up to the constant number of epochs
         return steps_per_epoch(train_samples, c["nodes"], c["per_device_batch"]) * step
@@ -189,7 +197,10 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
             modes[mode]["costs"].append(cost(used, current))
             modes[mode]["profiled"].append(len(used))
 
-    noise = [_rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)) for r in rounds for c in candidates]
+    deviation = {(r, _key(c)): _rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)) for r in rounds for c in candidates}
+    noise = list(deviation.values())
+    quiet = [e for (r, k), e in deviation.items() if not disturbed(by_round[r][k])]
+    loud = [e for (r, k), e in deviation.items() if disturbed(by_round[r][k])]
     full_cost = statistics.median(modes["full"]["costs"])
     summary = {}
     for mode, m in modes.items():
@@ -206,7 +217,9 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
     for mode in summary.values():
         mode["error_over_noise_floor"] = mode["median_rel_error"] / noise_floor if mode["median_rel_error"] is not None else None
     return {"noise_floor": noise_floor, "noise_max": max(noise), "configs": len(candidates), "rounds": len(rounds),
-            "modes": summary}
+            # How far measurements the profiler saw as quiet, and those it saw disturbed, land from the truth.
+            "noise_quiet": statistics.median(quiet) if quiet else None,
+            "noise_disturbed": statistics.median(loud) if loud else None, "disturbed": len(loud), "modes": summary}
 
 
 def main() -> int:
@@ -227,10 +240,11 @@ def main() -> int:
     grids = {m: grid(job, train_samples) for m, job in jobs.items()}
     started = time.time()
     if args.reuse:
-        records = json.loads(args.reuse.read_text())["measurements"]
+        reused = json.loads(args.reuse.read_text())
+        records, measure_wall = reused["measurements"], reused.get("measure_wall_s")
     else:
         records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
-    measure_wall = time.time() - started
+        measure_wall = time.time() - started
     results = {m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples)
                for m in jobs}
     def across_models(mode: str, key: str) -> float | None:
@@ -252,19 +266,20 @@ def main() -> int:
                        "search mode; medians over models of per-model figures",
         "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
                     "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
-                    "disturbed_share": sum(r.get("interference", 0.0) > MEASUREMENT["interference_tolerance"]
-                                           for r in records) / len(records)},
+                    "disturbed_share": sum(map(disturbed, records)) / len(records)},
         "settings": {"models": MODELS, "nodes": NODES, "per_device_batch": PER_DEVICE,
                      "rounds": len({r["round"] for r in records}), "max_rounds": args.rounds, "budget_s": BUDGET_S,
                      "measurement": MEASUREMENT, "adaptive": ADAPTIVE},
         "targets": TARGETS, "targets_met": met, "noise_floor": noise_floor, "overall": overall, "models": results,
-        "measure_wall_s": measure_wall if not args.reuse else None, "measurements": records,
+        "measure_wall_s": measure_wall, "reanalysed": bool(args.reuse), "measurements": records,
     }
     write_json(args.out, report)
     print(f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
           f"{report['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work")
     for m, r in results.items():
-        print(f"{m}: noise floor {r['noise_floor']:.1%}")
+        disturbed_noise = "-" if r["noise_disturbed"] is None else f"{r['noise_disturbed']:.1%}"
+        print(f"{m}: noise floor {r['noise_floor']:.1%} (quiet measurements {r['noise_quiet']:.1%}, "
+              f"{r['disturbed']} disturbed ones {disturbed_noise})")
         for mode, s in r["modes"].items():
             if s["median_rel_error"] is None:
                 print(f"  {mode:8s} profiled every configuration in every round: nothing left to judge")

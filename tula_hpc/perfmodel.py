@@ -40,7 +40,6 @@ HOUR_S = 3600.0
 GB = 1e9
 HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01
-MIN_WEIGHT = 0.05
 VALIDATIONS = 2
 COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_", "sync_exposed_")
 
@@ -224,12 +223,16 @@ def _row(profile: dict) -> list[float]:
     return [profile["world_size"], profile["per_device_batch"], profile["ranks_per_host"]]
 
 
-def fit_profiles(profiles: list[dict], **model_params) -> PerfModel:
-    """Fit a PerfModel to profile records (profile/N{n}_B{b}.json contents)."""
+def fit_profiles(profiles: list[dict], interference_tolerance: float = 0.1, **model_params) -> PerfModel:
+    """Fit a PerfModel to profile records (profile/N{n}_B{b}.json contents).
+
+    Profiles that other work kept disturbed (interference above the tolerance even after re-measuring)
+    land several times farther from the truth than quiet ones, so they weigh as much less: half at the
+    tolerance, a tenth at three times it. This matters only where profiles are to spare.
+    """
     X = [_row(p) for p in profiles]
     med = [p["median"] for p in profiles]
-    # A profile measured while other work used half the machine counts half.
-    weight = [max(MIN_WEIGHT, 1.0 - p.get("interference", 0.0)) for p in profiles]
+    weight = [1.0 / (1.0 + (p.get("interference", 0.0) / interference_tolerance) ** 2) for p in profiles]
     return PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params).fit(
         X, [m["step_s"] for m in med], data_s=[m["data_s"] for m in med],
         compute_s=[m["compute_s"] + m["update_s"] for m in med], sync_s=[m["sync_s"] for m in med], sample_weight=weight)
@@ -380,10 +383,11 @@ def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, trai
 
 
 def model_params(job: dict) -> dict:
-    """PerfModel settings from the job's `search` section."""
+    """Fit settings from the job's `search` section (PerfModel's parameters and how profiles are weighed)."""
     search = job["search"]
     return {"collective": search["collective"], "latency_prior_s": search["latency_prior_s"],
-            "noise_prior": search["noise_prior"], "discrepancy_per_octave": search["discrepancy_per_octave"]}
+            "noise_prior": search["noise_prior"], "discrepancy_per_octave": search["discrepancy_per_octave"],
+            "interference_tolerance": search["interference_tolerance"]}
 
 
 def _gather_profiles(paths: list[Path]) -> tuple[list[dict], dict | None]:
@@ -414,9 +418,14 @@ def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list
                  "measured_step_s": p["median"]["step_s"], "predicted_step_s": float(s),
                  "step_iqr_over_median": p["iqr_over_median"]["step_s"], "interference": p.get("interference")}
                 for p, s in zip(profiles, predicted)]
+    tolerance = job["search"]["interference_tolerance"]
+    disturbed = [f"profile N={p['nodes']} B={p['global_batch']} stayed disturbed by other work after re-measuring "
+                 f"(interference {p['interference']:.0%} > {tolerance:.0%}): its times may be far off; profile it again "
+                 f"when the machine is quieter, or use adaptive search, which checks the model on fresh profiles"
+                 for p in profiles if p.get("interference", 0.0) > tolerance]
     result = {
         "job": job["name"], "collective": model.collective, "params": model.params(), "identified": model.identified_,
-        "notes": model.notes_, "grad_bytes": model.grad_bytes, "train_samples": plan["dataset"]["train"],
+        "notes": model.notes_ + disturbed, "grad_bytes": model.grad_bytes, "train_samples": plan["dataset"]["train"],
         "epochs": job["train"]["epochs"], "pricing": job["objective"]["pricing"], "profiled": measured,
         "search": {"mode": plan["mode"], "history": manifest["history"] if manifest else [],
                    "stopped": manifest["stopped"] if manifest else None},
