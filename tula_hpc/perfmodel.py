@@ -309,7 +309,7 @@ def adaptive_search(candidates: list[dict], initial: list[dict], measure, ranks_
         profiled.append(candidate)
         profiles.append(profile)
     return {"profiled": profiled, "profiles": profiles, "history": history, "discrepancy_per_octave": discrepancy,
-            "stopped": stopped, "model": model}
+            "stopped": stopped}
 
 
 # -- pricing and candidates ------------------------------------------------------------------------------
