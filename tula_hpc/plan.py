@@ -6,12 +6,10 @@ the training set; B must split evenly over the N x devices ranks and fit in a de
 
 Search modes (paper III-A-2):
 - full: every candidate.
-- partial: the fewest extreme configurations that identify every coefficient of the performance model:
-  the smallest and largest batch at the smallest and at the largest N (compute line, contention,
-  sync and its overlap), plus the smallest batch at a second multi-rank size when the grid has one, so
-  that latency and bandwidth of the all-reduce separate.
-- adaptive: starts from partial; the `adapt` stage then adds the candidate the fitted model is least
-  sure about until its uncertainty drops below the tolerance.
+- partial: the fewest extreme configurations that identify every coefficient of the performance model
+  (see `partial_set`): 3 to 5 of them, whatever the size of the grid.
+- adaptive: starts from partial; the profile stage's `--adaptive` mode then adds the candidate the
+  fitted model is least sure about until its uncertainty, calibrated on those very profiles, is small.
 """
 
 from __future__ import annotations
