@@ -41,6 +41,10 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         handle.write(json.dumps(record) + "\n")
 
 
+def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
+    write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     records = []
     for line in Path(path).read_text().splitlines():

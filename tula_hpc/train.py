@@ -23,7 +23,7 @@ from . import launch, memory
 from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from .data import load_splits, make_loader
 from .distributed import Context, init_distributed, peer_failure, post_failure, seed_everything, shutdown
-from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json
+from .files import append_jsonl, atomic_path, read_json, write_json, write_jsonl
 from .models import build_model
 from .stage import StageError, stage_main
 from .strategies import build_strategy
@@ -133,7 +133,7 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
     optimizer, scheduler = strategy.optimizer, strategy.scheduler
     fingerprint = _fingerprint(job, selected_batch)
 
-    start_epoch, step, train_time, resumed_from, restarts = 0, 0, 0.0, None, []
+    start_epoch, step, train_time, resumed_from, restarts, history = 0, 0, 0.0, None, [], []
     checkpoint = load_checkpoint(Path(checkpoint_path))
     if checkpoint is not None and checkpoint["config"] == fingerprint:
         model.load_state_dict(checkpoint["model"])
@@ -144,12 +144,14 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
         train_time = checkpoint["extra"]["train_time_s"]
         resumed_from = start_epoch
         restarts = checkpoint["extra"]["restarts"] + [start_epoch]
+        history = checkpoint["extra"]["history"]
         if ctx.is_main:
             print(f"[train] resuming from checkpoint {checkpoint_path} at epoch {start_epoch}", flush=True)
-    elif ctx.is_main:
-        if checkpoint is not None:
-            print(f"[train] ignoring checkpoint {checkpoint_path}: it belongs to a different configuration", flush=True)
-        Path(metrics_path).unlink(missing_ok=True)
+    elif ctx.is_main and checkpoint is not None:
+        print(f"[train] ignoring checkpoint {checkpoint_path}: it belongs to a different configuration", flush=True)
+    if ctx.is_main:
+        # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
+        write_jsonl(metrics_path, history)
     del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
     micro_batch = math.ceil(per_device / accumulation)
@@ -168,11 +170,13 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
         epoch_time = time.perf_counter() - started
         train_time += epoch_time
         val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
+        record = {"epoch": epoch + 1, "step": step, "loss": float(loss), "val_accuracy": val_accuracy,
+                  "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0], **strategy_metrics}
+        history.append(record)
         if ctx.is_main:
             save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                            step=step, config=fingerprint, extra={"train_time_s": train_time, "restarts": restarts})
-            record = {"epoch": epoch + 1, "step": step, "loss": float(loss), "val_accuracy": val_accuracy,
-                      "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0], **strategy_metrics}
+                            step=step, config=fingerprint,
+                            extra={"train_time_s": train_time, "restarts": restarts, "history": history})
             append_jsonl(metrics_path, record)
             print(f"[train] epoch {epoch + 1}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
                   f"time {epoch_time:.2f}s", flush=True)
@@ -188,7 +192,7 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
             "epochs": epochs, "steps": step, "steps_per_epoch": steps_per_epoch, "strategy": strategy.name,
             "train_samples": len(splits.train), "train_time_s": train_time, "resumed_from_epoch": resumed_from,
             "restarts_at_epochs": restarts,
-            "history": list({r["epoch"]: r for r in read_jsonl(metrics_path)}.values()),
+            "history": history,
         }
     shutdown()
     return summary
