@@ -16,7 +16,7 @@ capped with torch.cuda.set_per_process_memory_fraction. On the CPU a small alloc
 with torch.utils.cpp_extension) counts every tensor byte and refuses an allocation beyond the budget
 with PyTorch's own out-of-memory error, where it happens: the CPU counterpart of the GPU cap. An
 address-space limit (RLIMIT_AS) was measured and rejected: oneDNN maps 6-90 MB of kernel code per new
-input shape and glibc's heap keeps 16-34 % above the live tensors (exact only with a fixed mmap
+input shape and glibc's heap keeps 16-36 % above the live tensors (exact only with a fixed mmap
 threshold, which slows CPU training 1.5-2.4x), so it fails at batches the device could hold.
 
 The stage. Each probe batch runs in a fresh process (the allocator and lazily built kernels of one

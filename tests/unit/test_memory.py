@@ -13,7 +13,7 @@ from tula_hpc.memory import (GB, DeviceBudgetError, StepMemoryModel, device_memo
                              next_trial, run_in_fresh_process, settle, summarise)
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import build_strategy
-from tula_hpc.train import after_out_of_memory, training_step
+from tula_hpc.train import _next_attempt, after_out_of_memory, training_step
 
 
 def _job(**resources) -> dict:
@@ -129,15 +129,6 @@ def test_budget_smaller_than_one_sample_names_the_job_and_the_bytes_needed():
         summarise(_job(device_memory_gb=0.002), _measured())
 
 
-def test_budget_smaller_than_the_model_names_the_job_and_the_bytes_needed():
-    job = _job(device_memory_gb=0.0001)
-    answer = run_in_fresh_process("measure", job=job, batch=32)
-    assert answer["outcome"] == "budget_too_small"
-    with pytest.raises(StageError, match=r"job 'digits-cnn': field 'resources.device_memory_gb': a budget of "
-                                         r"100,000 bytes cannot hold tiny_cnn at all: the model alone needs 605,224 bytes"):
-        summarise(job, {"probes": [answer], "trials": [], "dataset": {}})
-
-
 def test_zero_budget_is_refused_when_the_config_is_read(tmp_path):
     config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
     config["jobs"]["digits-cnn"]["resources"]["device_memory_gb"] = 0
@@ -201,6 +192,16 @@ def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample()
     assert after_out_of_memory("keep_global_batch", 6, 2, world_size=2) == (6, 4)  # slices of 2 and 1
     assert after_out_of_memory("shrink_global_batch", 512, 1, world_size=2) == (256, 1)
     assert after_out_of_memory("shrink_global_batch", 2, 1, world_size=2) is None
+
+
+def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
+    job = _job(device_memory_gb=0.001)
+    failed = {"global_batch": 4, "per_device_batch": 2, "accumulation": 2, "micro_batch": 1, "outcome": "out_of_memory",
+              "rank": 1, "error": "DefaultCPUAllocator: can't allocate memory"}
+    assert _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}], world_size=2) == (4, 2)
+    with pytest.raises(StageError, match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
+                                         r"at once \(2 attempts\): field 'resources.device_memory_gb' \(0.001 GB\)"):
+        _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
 
 
 def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
