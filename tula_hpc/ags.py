@@ -203,14 +203,14 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._last_sq_norm = sq_norm
         self._last_scaled = self._last_delta < self.delta
         if self._last_scaled:
+            # One foreach call instead of a Python loop over tensors: the gate runs on every step.
             if self.mode == "static":
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(self.static_scale)
+                scaled = [(p.grad, self.static_scale) for p in params if p.grad is not None]
             else:
-                for p, scale in self._gradscale.items():
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
+                scaled = [(p.grad, scale) for p, scale in self._gradscale.items() if p.grad is not None]
+            if scaled:
+                grads, scales = zip(*scaled)
+                torch._foreach_mul_(list(grads), list(scales))
         self.optimizer.step()
 
         self._steps += 1
