@@ -1,17 +1,21 @@
 """What AGS costs on top of the plain optimiser at the same batch (target: <= 3 % per epoch).
 
 Per model (the default job's tiny CNN on 8x8 digits, mobilenet_v3_small on 32x32), global batch 256,
-one process with 2 threads, SGD with momentum as in the default job, and per granularity:
-- plain_step_s / ags_step_s: median optimiser step (zero_grad, forward, backward, step). AGS runs with
+one process with 2 threads, SGD with momentum as in the default job, every step through
+`train.training_step` and the strategy hooks exactly as training runs them, per granularity:
+- plain_step_s / ags_step_s: median step (zero_grad, forward, backward, step) of lbt and of ags with
   delta = inf, so every step pays the gate (one squared norm) and the scaling (the worst case);
-- update_s: median update_gradscale, one forward/backward of the 32-sample reference batch, once per
-  epoch by default;
+- update_s: what an update adds to a step: the step that carries the reference sub-batch as its first
+  micro-batch (no extra forward/backward: the sub-batch's gradient is read off before the rest of the
+  batch adds to it) plus closing the epoch's metrics, minus an ags step; once per epoch by default;
+- separate_update_s: `TulaOptimizer.update_gradscale`, the stand-alone API's separate forward/backward
+  of the 32-sample sub-batch (the paper's way), for comparison;
 - overhead_per_epoch: (steps x (ags_step - plain_step) + update) / (steps x plain_step) for the digits
   epoch (5 steps of 256) and a CIFAR-10-sized epoch (45000 images: 176 steps);
-- measured_epoch: a whole digits-sized epoch through the real strategy hooks (tula_hpc.strategies,
-  lbt vs ags: profiling, gate, scaling, the epoch's metrics and histogram), measured directly.
-Plain and AGS alternate step by step (epoch by epoch for measured_epoch), so drift on the shared
-machine hits both; figures are medians. Writes bench/results/ags_overhead.json. Run it under `flock /tmp/tula-cpu.lock`.
+- measured_epoch: whole digits-sized epochs of lbt and ags (default delta), measured directly.
+All contenders alternate step by step (epoch by epoch for measured_epoch), so drift on the shared
+machine hits them alike; figures are medians. Writes bench/results/ags_overhead.json. Run it under
+`flock /tmp/tula-cpu.lock`.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tula_hpc.ags import TulaOptimizer  # noqa: E402
 from tula_hpc.config import job_settings, load_config  # noqa: E402
 from tula_hpc.files import write_json  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import build_strategy  # noqa: E402
+from tula_hpc.train import training_step  # noqa: E402
 
 BATCH = 256
 SMALL = 32
@@ -56,9 +60,9 @@ def timed(fn, n: int) -> list[float]:
     return times
 
 
-def sgd(model: torch.nn.Module, train_cfg: dict) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=train_cfg["lr"], momentum=train_cfg["momentum"],
-                           weight_decay=train_cfg["weight_decay"])
+def strategy_for(model: torch.nn.Module, train_cfg: dict, steps: int, **ags):
+    cfg = {**train_cfg, "strategy": "ags" if ags else "lbt", "ags": {**train_cfg["ags"], **ags}}
+    return build_strategy(model, cfg, BATCH, steps)
 
 
 def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
@@ -67,72 +71,67 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 1, size, size), torch.randint(0, 10, (BATCH,))
     base = build_model(name, 10, 1, size)
-    plain_model = copy.deepcopy(base)
-    plain = sgd(plain_model, train_cfg)
-    runs = {}
+    plain = copy.deepcopy(base)
+    contenders = {"plain": (plain, strategy_for(plain, train_cfg, EPOCHS["digits (1257 images)"]))}
     for granularity in GRANULARITIES:
-        model = copy.deepcopy(base)
-        opt = TulaOptimizer(sgd(model, train_cfg), delta=math.inf, large_batch_size=BATCH, small_batch_size=SMALL,
-                            granularity=granularity)
-        runs[granularity] = (model, opt)
+        for role in ("", "update_"):
+            model = copy.deepcopy(base)
+            contenders[role + granularity] = (model, strategy_for(model, train_cfg, EPOCHS["digits (1257 images)"],
+                                                                  delta=math.inf, granularity=granularity))
 
-    def step(model, opt):
-        def run():
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return run
+    def step(key):
+        model, strategy = contenders[key]
+        if key.startswith("update_"):
+            def run():  # closing an epoch makes the next step carry the reference sub-batch
+                strategy.end_epoch()
+                training_step(model, strategy, F.cross_entropy, x, y)
+            return run
+        return lambda: training_step(model, strategy, F.cross_entropy, x, y)
 
-    def update(model, opt):
-        def run():
-            opt.update_gradscale(model, F.cross_entropy, x, y)
-        return run
+    def separate_update(granularity):
+        model, strategy = contenders[granularity]
+        return lambda: strategy.optimizer.update_gradscale(model, F.cross_entropy, x, y)
 
-    for model, opt in runs.values():  # factors in place, so that scaled steps multiply
-        step(model, opt)()
-        update(model, opt)()
-    # Step by step in turn (plain, element, tensor, ...), so drift on the shared machine hits all alike.
-    contenders = {"plain": (plain_model, plain), **runs}
-    samples = {key: [] for key in [*contenders, *(f"update_{g}" for g in GRANULARITIES)]}
+    for key in contenders:  # factors in place, so that scaled steps multiply
+        contenders[key][1].end_epoch()
+        step(key)()
+    samples = {key: [] for key in [*contenders, *(f"separate_{g}" for g in GRANULARITIES)]}
     for _ in range(rounds):
-        for model, opt in contenders.values():
-            timed(step(model, opt), 1)  # warm-up
+        for key in contenders:
+            timed(step(key), 1)  # warm-up
         for _ in range(steps):
-            for key, (model, opt) in contenders.items():
-                samples[key] += timed(step(model, opt), 1)
-        for granularity, (model, opt) in runs.items():
-            samples[f"update_{granularity}"] += timed(update(model, opt), 1)
+            for key in contenders:
+                samples[key] += timed(step(key), 1)
+        for granularity in GRANULARITIES:
+            samples[f"separate_{granularity}"] += timed(separate_update(granularity), 1)
     plain_s = statistics.median(samples["plain"])
-    result = {"plain_step_s": plain_s, "ags_step_s": {}, "update_s": {}, "per_step_overhead": {}, "overhead_per_epoch": {}}
+    result = {"plain_step_s": plain_s, "ags_step_s": {}, "update_s": {}, "separate_update_s": {},
+              "per_step_overhead": {}, "overhead_per_epoch": {}}
     for granularity in GRANULARITIES:
         ags_s = statistics.median(samples[granularity])
-        update_s = statistics.median(samples[f"update_{granularity}"])
+        update_s = max(0.0, statistics.median(samples[f"update_{granularity}"]) - ags_s)
         result["ags_step_s"][granularity] = ags_s
         result["update_s"][granularity] = update_s
+        result["separate_update_s"][granularity] = statistics.median(samples[f"separate_{granularity}"])
         result["per_step_overhead"][granularity] = (ags_s - plain_s) / plain_s
         result["overhead_per_epoch"][granularity] = {
             label: (n * (ags_s - plain_s) + update_s) / (n * plain_s) for label, n in EPOCHS.items()}
-    result["measured_epoch"] = measure_epochs(name, base, x, y, train_cfg, rounds)
+    result["measured_epoch"] = measure_epochs(base, x, y, train_cfg, rounds)
     return result
 
 
-def measure_epochs(name: str, base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, train_cfg: dict,
-                   rounds: int) -> dict:
-    """Digits-sized epochs through the strategy hooks, as train.py runs them (a sensitive step is not scaled)."""
+def measure_epochs(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, train_cfg: dict, rounds: int) -> dict:
+    """Digits-sized epochs through training_step and the strategy hooks (a sensitive step is not scaled)."""
     steps = EPOCHS["digits (1257 images)"]
     strategies = {}
-    for name_ in ("lbt", "ags"):
+    for name in ("lbt", "ags"):
         model = copy.deepcopy(base)
-        strategies[name_] = (model, build_strategy(model, {**train_cfg, "strategy": name_}, BATCH, steps))
+        strategies[name] = (model, build_strategy(model, {**train_cfg, "strategy": name}, BATCH, steps))
 
     def epoch(model, strategy):
         def run():
             for _ in range(steps):
-                strategy.optimizer.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), y).backward()
-                strategy.before_step(model, F.cross_entropy, x, y)
-                strategy.optimizer.step()
-                strategy.after_step()
+                training_step(model, strategy, F.cross_entropy, x, y)
             strategy.end_epoch()
         return run
 
@@ -161,14 +160,15 @@ def main() -> None:
         for g in GRANULARITIES:
             epochs = ", ".join(f"{label} {100 * v:+.2f} %" for label, v in r["overhead_per_epoch"][g].items())
             print(f"  {g:8s} ags step {r['ags_step_s'][g] * 1e3:.2f} ms ({100 * r['per_step_overhead'][g]:+.2f} %), "
-                  f"update {r['update_s'][g] * 1e3:.2f} ms; per epoch: {epochs}")
+                  f"update {r['update_s'][g] * 1e3:.2f} ms (separate pass {r['separate_update_s'][g] * 1e3:.2f} ms); "
+                  f"per epoch: {epochs}")
         m = r["measured_epoch"]
         print(f"  measured digits epoch ({m['steps']} steps): lbt {m['lbt_epoch_s'] * 1e3:.1f} ms, "
               f"ags {m['ags_epoch_s'] * 1e3:.1f} ms ({100 * m['overhead']:+.2f} %)", flush=True)
     result = {
         "setup": {"batch": BATCH, "small_batch": SMALL, "threads": 2, "processes": 1, "rounds": args.rounds,
                   "steps_per_round": args.steps, "repeats (rounds and steps x)": {m: r for m, (_, r) in MODELS.items()},
-                  "optimizer": "SGD momentum 0.9, weight decay 5e-4",
+                  "optimizer": "SGD momentum 0.9, weight decay 5e-4", "update": "reference sub-batch fused into the step",
                   "ags_step": "delta = inf: every step gated and scaled (worst case)", "epochs": EPOCHS},
         "target_overhead_per_epoch": TARGET,
         "models": models,

@@ -41,8 +41,8 @@ NODES = (1, 2)
 PER_DEVICE = (8, 512)
 ROUNDS = 5  # at most; at least MIN_ROUNDS, and no round that would end after BUDGET_S
 MIN_ROUNDS = 3
-BUDGET_S = 600.0
-MEASUREMENT = {"warmup_steps": 1, "steps": 2, "min_measure_s": 0.5, "max_attempts": 3, "interference_tolerance": 0.1}
+BUDGET_S = 900.0
+MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempts": 3, "interference_tolerance": 0.1}
 # Adaptive search stops on predictions confirmed within this; here it is set to about this machine's noise
 # floor (a tighter tolerance cannot be confirmed on it and turns adaptive into full search).
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}

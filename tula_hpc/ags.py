@@ -262,19 +262,49 @@ class TulaOptimizer(torch.optim.Optimizer):
         world * B_small). The cost is one sub-batch forward/backward and one
         all-reduce of a gradient-sized (element) or tiny (tensor) buffer.
         """
+        self._check_update(inputs.shape[0])
+        params = self._profiled_params()
+        module = model.module if isinstance(model, DistributedDataParallel) else model
+        idx = self.reference_indices(inputs.shape[0])
+        small = self._small_batch_grads(module, loss_fn, inputs, targets, idx, params)
+        self._set_factors(small, params)
+
+    def reference_indices(self, local_batch: int) -> torch.Tensor:
+        """The reference sub-batch's positions in a local batch of this size (from the checkpointed sampler)."""
+        return torch.randperm(local_batch, generator=self._generator)[: self.small_batch_size]
+
+    def update_gradscale_from(self, small_grads: list[torch.Tensor | None]) -> None:
+        """Re-estimate the factors from reference gradients the caller already has.
+
+        The training loop gets them for free by making the reference sub-batch (positions from
+        :meth:`reference_indices`) the first, unsynchronised micro-batch of the step's gradient
+        accumulation: ``small_grads`` (one per parameter of ``param_groups``, in order, None where a
+        parameter got no gradient) are that micro-batch's mean-loss gradients, and ``.grad`` holds the
+        whole step's, already all-reduced. Same comparison as :meth:`update_gradscale` with no extra
+        forward/backward; BatchNorm normalises the two micro-batches separately in that one step.
+        """
+        self._check_update(self.small_batch_size)
+        params = self._profiled_params()
+        by_param = dict(zip(self._params(), small_grads))
+        small = [torch.zeros_like(p) if by_param[p] is None else by_param[p] for p in params]
+        self._set_factors(small, params)
+
+    def _check_update(self, local_batch: int) -> None:
         if self.mode != "adaptive":
             raise RuntimeError("static mode uses the fixed static_scale; there is nothing to profile")
-        if inputs.shape[0] < self.small_batch_size:
+        if local_batch < self.small_batch_size:
             raise ValueError(
-                f"local batch of {inputs.shape[0]} samples cannot hold a reference "
+                f"local batch of {local_batch} samples cannot hold a reference "
                 f"sub-batch of {self.small_batch_size}"
             )
+
+    def _profiled_params(self) -> list[torch.Tensor]:
         params = [p for p in self._params() if p.requires_grad and p.grad is not None]
         if not params:
-            raise RuntimeError("update_gradscale compares against the large-batch .grad: call it after backward()")
-        module = model.module if isinstance(model, DistributedDataParallel) else model
-        idx = torch.randperm(inputs.shape[0], generator=self._generator)[: self.small_batch_size]
-        small = self._small_batch_grads(module, loss_fn, inputs, targets, idx, params)
+            raise RuntimeError("the factors compare against the large-batch .grad: update after backward()")
+        return params
+
+    def _set_factors(self, small: list[torch.Tensor], params: list[torch.Tensor]) -> None:
         with torch.no_grad():
             scales = [self._ratio(g_small, p.grad) for g_small, p in zip(small, params)]
             self._average_across_ranks(scales)
@@ -368,13 +398,17 @@ class TulaOptimizer(torch.optim.Optimizer):
         edges = torch.logspace(
             math.log10(self.s_min), math.log10(self.s_max), self.hist_bins + 1, dtype=torch.float64
         )
+        low, width = math.log(self.s_min), (math.log(self.s_max) - math.log(self.s_min)) / self.hist_bins
         counts = torch.zeros(self.hist_bins, dtype=torch.int64)
         for p in self._params():
             scale = self._gradscale.get(p)
             values = torch.ones(1) if scale is None else scale.detach().reshape(-1).cpu()
-            # Factors sit on the closed range [s_min, s_max]; clamping the bin
-            # index keeps float32 rounding at either end inside the histogram.
-            bins = (torch.bucketize(values.double(), edges, right=True) - 1).clamp_(0, self.hist_bins - 1)
+            # Equal bins in log space (the edges above); clamping the bin index keeps float32
+            # rounding at either end of the closed range [s_min, s_max] inside the histogram.
+            if width > 0:
+                bins = values.log().sub_(low).div_(width).floor_().clamp_(0, self.hist_bins - 1).long()
+            else:
+                bins = torch.zeros(values.numel(), dtype=torch.int64)
             counts += torch.bincount(bins, minlength=self.hist_bins) * (p.numel() // values.numel())
         return {"edges": edges.tolist(), "counts": counts.tolist()}
 

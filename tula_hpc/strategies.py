@@ -120,8 +120,16 @@ class Strategy:
         self.optimizer = optimizer
         self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
 
-    def before_step(self, net: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """Called after backward (the full, accumulated gradient) and before ``optimizer.step()``."""
+    def reference_indices(self, local_batch: int) -> torch.Tensor | None:
+        """Positions of a reference sub-batch this step's gradient must also be taken on, if any."""
+        return None
+
+    def before_step(self, net: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor,
+                    reference_grads: list[torch.Tensor | None] | None = None) -> None:
+        """Called after backward (the full, accumulated gradient) and before ``optimizer.step()``.
+
+        ``reference_grads`` are the mean-loss gradients of the sub-batch at ``reference_indices``.
+        """
 
     def after_step(self) -> None:
         self.scheduler.step()
@@ -134,11 +142,22 @@ class Strategy:
 class ScalingStrategy(Strategy):
     """static and ags: TulaOptimizer profiles when due and reports its per-epoch metrics under ``ags``."""
 
-    def before_step(self, net, loss_fn, inputs, targets) -> None:
-        # A short last batch cannot hold the reference batch: profile on the next full one (every rank
-        # sees equal batch sizes, so all ranks defer together and the factor all-reduce stays matched).
-        if self.optimizer.needs_update() and inputs.shape[0] >= self.optimizer.small_batch_size:
-            self.optimizer.update_gradscale(net, loss_fn, inputs, targets)
+    def reference_indices(self, local_batch: int) -> torch.Tensor | None:
+        # The reference sub-batch rides along as the step's first micro-batch (no extra forward/backward)
+        # when the rest of the batch is left to synchronise the whole gradient; a short last batch
+        # defers the update to the next full one (every rank sees equal batch sizes, so all ranks defer
+        # together and the factor all-reduce stays matched). delta = 0 never scales: nothing to profile.
+        tula = self.optimizer
+        if tula.delta > 0 and tula.needs_update() and local_batch > tula.small_batch_size:
+            return tula.reference_indices(local_batch)
+        return None
+
+    def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
+        tula = self.optimizer
+        if reference_grads is not None:
+            tula.update_gradscale_from(reference_grads)
+        elif tula.delta > 0 and tula.needs_update() and inputs.shape[0] == tula.small_batch_size:
+            tula.update_gradscale(net, loss_fn, inputs, targets)  # no rest to synchronise: a separate pass
 
     def end_epoch(self) -> dict:
         return {"ags": self.optimizer.pop_epoch_metrics()}

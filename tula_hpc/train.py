@@ -54,11 +54,20 @@ def training_step(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.T
     With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each loss
     weighted by its share: the same step (up to BatchNorm's per-slice statistics) with the activations
     of one slice, which is how training survives running out of memory without changing the global
-    batch. Under DDP only the last slice synchronises.
+    batch. Under DDP only the last slice synchronises. When the strategy asks for a reference
+    sub-batch (AGS), it is accumulated first, and its own gradient is read off before the rest adds to it.
     """
     strategy.optimizer.zero_grad(set_to_none=True)
-    slices = [(xs, ys) for xs, ys in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)) if len(ys)]
-    losses = []
+    reference = strategy.reference_indices(len(y))
+    head, (x_main, y_main) = [], (x, y)
+    if reference is not None:
+        in_reference = torch.zeros(len(y), dtype=torch.bool)
+        in_reference[reference] = True
+        in_reference = in_reference.to(x.device)
+        head, (x_main, y_main) = [(x[in_reference], y[in_reference])], (x[~in_reference], y[~in_reference])
+    slices = head + [(xs, ys) for xs, ys in zip(x_main.tensor_split(micro_batches), y_main.tensor_split(micro_batches))
+                     if len(ys)]
+    losses, reference_grads = [], None
     for i, (xs, ys) in enumerate(slices):
         last = i == len(slices) - 1
         with contextlib.nullcontext() if last or not isinstance(net, DDP) else net.no_sync():
@@ -67,7 +76,11 @@ def training_step(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.T
                 loss = loss * (len(ys) / len(y))
             loss.backward()
         losses.append(loss.detach())
-    strategy.before_step(net, loss_fn, x, y)
+        if reference is not None and i == 0:
+            share = len(y) / len(ys)
+            params = [p for group in strategy.optimizer.param_groups for p in group["params"]]
+            reference_grads = [None if p.grad is None else p.grad * share for p in params]
+    strategy.before_step(net, loss_fn, x, y, reference_grads)
     strategy.optimizer.step()
     strategy.after_step()
     return sum(losses[1:], losses[0])

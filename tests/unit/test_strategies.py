@@ -66,6 +66,27 @@ def test_lars_step_follows_the_formula():
     torch.testing.assert_close(w, w_before - lr * (momentum * first + second))
 
 
+def test_ags_reads_the_reference_gradient_off_the_training_step_as_a_separate_pass_would():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))  # no BatchNorm: micro-batches are exact
+    separate = copy.deepcopy(model)
+    train_cfg = _job(strategy="ags")["train"]
+    fused, reference = (build_strategy(m, train_cfg, 128, steps_per_epoch=4) for m in (model, separate))
+    for strategy in (fused, reference):
+        strategy.end_epoch()  # an epoch-cadence update is due
+    x, y = torch.randn(128, 6), torch.randint(0, 4, (128,))
+
+    loss = train_module.training_step(model, fused, F.cross_entropy, x, y)
+    F.cross_entropy(separate(x), y).backward()
+    reference.optimizer.update_gradscale(separate, F.cross_entropy, x, y)
+
+    assert torch.allclose(loss, F.cross_entropy(separate(x), y))
+    factors = [fused.optimizer.gradscale[p] for p in model.parameters()]
+    expected = [reference.optimizer.gradscale[p] for p in separate.parameters()]
+    assert all(torch.allclose(f, e, rtol=1e-4) for f, e in zip(factors, expected))
+    assert any((f != 1).any() for f in factors)
+
+
 def test_lrs_scales_linearly_and_warms_up_per_step():
     job = _job(strategy="lrs", lr=0.05, lr_base_batch=128, warmup_epochs=2, lr_milestones=[3], lr_gamma=0.1)
     strategy = build_strategy(nn.Linear(2, 2), job["train"], global_batch=512, steps_per_epoch=4)
