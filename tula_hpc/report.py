@@ -182,7 +182,7 @@ minimise **{selection['objective']}** ({selection['pricing']} pricing). Predicte
 (+-{chosen['rel_uncertainty']:.0%}), cost {chosen['cost']:.5g}. {_constraints(selection)}
 Knees of the best-time-per-batch curve: Kneedle {knees['kneedle']} (depends only on the sampled batch range),
 model-based {knees['model']} (from there each doubling saves less than {selection['knee_min_saving']:.0%} of the time); the
-knee objective follows `{selection['knee_method']}`.
+knee objective used the {selection.get('knee_used', selection['knee_method'])} knee (asked for: `{selection['knee_method']}`).
 
 {_table(selection['runners_up'], [('runner-up N', 'nodes', 'd'), ('B', 'batch', 'd'), ('T (s)', 'time_s', '.2f'),
                                   ('cost', 'cost', '.5g')])}

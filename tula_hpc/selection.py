@@ -93,12 +93,14 @@ def select(perfmodel: dict, objective: dict) -> dict:
         raise InfeasibleError("no candidate meets the constraints; closest: " + " | ".join(_describe(c, objective) for c in closest))
     curve = best_time_per_batch(feasible)
     knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve, objective["knee_min_saving"])}
-    knee = knees[objective["knee_method"]] if knees[objective["knee_method"]] is not None else knees["model"]
+    # Kneedle finds no knee on a curve without one (e.g. still falling steeply): the model knee stands in.
+    knee_used = objective["knee_method"] if knees[objective["knee_method"]] is not None else "model"
+    knee = knees[knee_used]
     ranked = _rank(feasible, curve, objective["minimize"], knee)
     return {
         "objective": objective["minimize"], "pricing": perfmodel["pricing"], "knee_method": objective["knee_method"],
         "knee_min_saving": objective["knee_min_saving"],
-        "chosen": ranked[0], "knees": knees,
+        "chosen": ranked[0], "knees": knees, "knee_used": knee_used,
         "runners_up": [{k: c[k] for k in ("nodes", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")}
                        for c in ranked[1:1 + RUNNERS_UP]],
         "constraints": {key: objective.get(key) for key in CONSTRAINTS},

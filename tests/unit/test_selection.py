@@ -72,6 +72,7 @@ def test_knee_objective_follows_the_chosen_knee_method_at_the_fastest_node_count
     assert kneedle["chosen"]["batch"] == kneedle["knees"]["kneedle"] == 256
     assert model["chosen"]["batch"] == model["knees"]["model"] == 512
     assert kneedle["chosen"]["nodes"] == model["chosen"]["nodes"] == 4
+    assert (kneedle["knee_used"], model["knee_used"]) == ("kneedle", "model")
     assert len(kneedle["runners_up"]) == 5
 
 
@@ -80,6 +81,7 @@ def test_flat_curve_falls_back_to_the_model_knee():
     result = select(perfmodel(cands), objective(minimize="knee"))
     assert result["knees"]["kneedle"] is None
     assert result["chosen"]["batch"] == result["knees"]["model"] == 32
+    assert result["knee_used"] == "model"
 
 
 def test_selection_names_both_knees_and_runners_up_with_time_and_cost():
