@@ -273,20 +273,19 @@ class TulaOptimizer(torch.optim.Optimizer):
         """The reference sub-batch's positions in a local batch of this size (from the checkpointed sampler)."""
         return torch.randperm(local_batch, generator=self._generator)[: self.small_batch_size]
 
-    def update_gradscale_from(self, small_grads: list[torch.Tensor | None]) -> None:
+    def update_gradscale_from(self, small_grads: dict[torch.Tensor, torch.Tensor]) -> None:
         """Re-estimate the factors from reference gradients the caller already has.
 
         The training loop gets them for free by making the reference sub-batch (positions from
         :meth:`reference_indices`) the first, unsynchronised micro-batch of the step's gradient
-        accumulation: ``small_grads`` (one per parameter of ``param_groups``, in order, None where a
-        parameter got no gradient) are that micro-batch's mean-loss gradients, and ``.grad`` holds the
-        whole step's, already all-reduced. Same comparison as :meth:`update_gradscale` with no extra
-        forward/backward; BatchNorm normalises the two micro-batches separately in that one step.
+        accumulation: ``small_grads`` maps each parameter that micro-batch reached to its mean-loss
+        gradient, and ``.grad`` holds the whole step's, already all-reduced. Same comparison as
+        :meth:`update_gradscale` with no extra forward/backward; BatchNorm normalises the two
+        micro-batches separately in that one step.
         """
         self._check_update(self.small_batch_size)
         params = self._profiled_params()
-        by_param = dict(zip(self._params(), small_grads))
-        small = [torch.zeros_like(p) if by_param[p] is None else by_param[p] for p in params]
+        small = [small_grads[p] if p in small_grads else torch.zeros_like(p) for p in params]
         self._set_factors(small, params)
 
     def _check_update(self, local_batch: int) -> None:

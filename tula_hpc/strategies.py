@@ -125,10 +125,11 @@ class Strategy:
         return None
 
     def before_step(self, net: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor,
-                    reference_grads: list[torch.Tensor | None] | None = None) -> None:
+                    reference_grads: dict[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Called after backward (the full, accumulated gradient) and before ``optimizer.step()``.
 
-        ``reference_grads`` are the mean-loss gradients of the sub-batch at ``reference_indices``.
+        ``reference_grads`` map parameters to the mean-loss gradients of the sub-batch at
+        ``reference_indices``.
         """
 
     def after_step(self) -> None:
@@ -147,17 +148,18 @@ class ScalingStrategy(Strategy):
         # when the rest of the batch is left to synchronise the whole gradient; a short last batch
         # defers the update to the next full one (every rank sees equal batch sizes, so all ranks defer
         # together and the factor all-reduce stays matched). delta = 0 never scales: nothing to profile.
-        tula = self.optimizer
-        if tula.delta > 0 and tula.needs_update() and local_batch > tula.small_batch_size:
-            return tula.reference_indices(local_batch)
+        if self._update_due() and local_batch > self.optimizer.small_batch_size:
+            return self.optimizer.reference_indices(local_batch)
         return None
 
     def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
-        tula = self.optimizer
         if reference_grads is not None:
-            tula.update_gradscale_from(reference_grads)
-        elif tula.delta > 0 and tula.needs_update() and inputs.shape[0] == tula.small_batch_size:
-            tula.update_gradscale(net, loss_fn, inputs, targets)  # no rest to synchronise: a separate pass
+            self.optimizer.update_gradscale_from(reference_grads)
+        elif self._update_due() and inputs.shape[0] == self.optimizer.small_batch_size:
+            self.optimizer.update_gradscale(net, loss_fn, inputs, targets)  # no rest to synchronise: a separate pass
+
+    def _update_due(self) -> bool:
+        return self.optimizer.delta > 0 and self.optimizer.needs_update()
 
     def end_epoch(self) -> dict:
         return {"ags": self.optimizer.pop_epoch_metrics()}

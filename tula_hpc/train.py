@@ -78,8 +78,7 @@ def training_step(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.T
         losses.append(loss.detach())
         if reference is not None and i == 0:
             share = len(y) / len(ys)
-            params = [p for group in strategy.optimizer.param_groups for p in group["params"]]
-            reference_grads = [None if p.grad is None else p.grad * share for p in params]
+            reference_grads = {p: p.grad * share for p in net.parameters() if p.grad is not None}
     strategy.before_step(net, loss_fn, x, y, reference_grads)
     strategy.optimizer.step()
     strategy.after_step()
