@@ -36,6 +36,16 @@ PIDS="$STATE/pids"
 RUN="$STATE/run"
 SPOOL="$STATE/spool"
 MUNGE_DIR="$STATE/munge"
+MUNGE_LOG="$LOG/munged.log"
+# munged runs as user munge and must reach its own files. Under a private parent (mktemp -d makes 0700
+# directories) it cannot, so its files then live in a directory of their own under /run.
+_existing="$STATE"; while [ ! -e "$_existing" ]; do _existing="$(dirname "$_existing")"; done
+if [ "$(id -u)" = 0 ] && id munge >/dev/null 2>&1 \
+   && ! setpriv --reuid=munge --regid=munge --init-groups test -x "$_existing" 2>/dev/null; then
+  MUNGE_DIR="/run/tula-munge-$(printf '%s' "$STATE" | md5sum | cut -c1-12)"
+  MUNGE_LOG="$MUNGE_DIR/munged.log"
+fi
+unset _existing
 MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
 DB_DIR="$STATE/mariadb"
 DB_DATA="$DB_DIR/data"

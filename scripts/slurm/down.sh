@@ -66,6 +66,7 @@ hosts_remove
 # 5. state that would confuse a fresh start (the next up.sh also clears it)
 if [ "$PURGE" = 1 ]; then
   rm -rf "$STATE"
+  case "$MUNGE_DIR" in "$STATE"/*) ;; *) rm -rf "$MUNGE_DIR" ;; esac
   say "DOWN (purged $STATE)"
 elif [ -d "$STATE" ]; then
   rm -rf "$SPOOL"/slurmd.* "$SPOOL/ctld" "$RUN" "$PIDS"

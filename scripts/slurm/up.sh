@@ -220,14 +220,14 @@ if ! is_running munged; then
   chmod 0755 "$MUNGE_DIR"          # the socket must be reachable by any job user
   chmod 0400 "$MUNGE_DIR/munge.key"
   rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
-  : >>"$LOG/munged.log"; chown munge:munge "$LOG/munged.log"
+  : >>"$MUNGE_LOG"; chown munge:munge "$MUNGE_LOG"
   start_daemon munged \
     setpriv --reuid=munge --regid=munge --init-groups \
     munged -F --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
-    --pid-file="$MUNGE_DIR/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munged.seed"
+    --pid-file="$MUNGE_DIR/munged.pid" --log-file="$MUNGE_LOG" --seed-file="$MUNGE_DIR/munged.seed"
 fi
 munge_ok() { munge -S "$MUNGE_SOCKET" -n | unmunge -S "$MUNGE_SOCKET"; }
-wait_until "munged answering on $MUNGE_SOCKET" munged "$LOG/munged.log" munge_ok
+wait_until "munged answering on $MUNGE_SOCKET" munged "$MUNGE_LOG" munge_ok
 
 # ---- 5. MariaDB ------------------------------------------------------------------------------
 DB_PASS_FILE="$DB_DIR/slurm.pass"
