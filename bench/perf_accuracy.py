@@ -18,9 +18,13 @@ Each round then plays the role of one profiling campaign, judged against the oth
 - selection_regret: measured time of the configuration each mode picks for the `time` objective over
   the measured best, minus 1 (cost_regret likewise for node-hour cost).
 
-Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py
+On the local Slurm cluster (`--launcher slurm`, after `make slurm-up`) the pool is one 2-node sbatch job:
+the ranks talk over the cluster's network, and, as on any cluster, the model knows each rank alone on
+its node (ranks_per_host 1), so partial search profiles 3 configurations instead of 4.
+
+Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py [--launcher slurm]
       .venv/bin/python bench/perf_accuracy.py --reuse bench/results/perf_accuracy.json   (re-analyse only)
-Writes bench/results/perf_accuracy.json (figures and the raw per-round measurements).
+Writes bench/results/perf_accuracy[_slurm].json (figures and the raw per-round measurements).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 TARGETS = {"partial_median": 0.05, "full_median": 0.02, "regret": 0.03, "partial_cost_share": 0.25}
 
 
-def bench_jobs() -> dict[str, dict]:
+def bench_jobs(launcher: str) -> dict[str, dict]:
     from tula_hpc.config import job_settings, load_config
 
     config = load_config([REPO / "config" / "jobs.yaml"])
@@ -61,7 +65,7 @@ def bench_jobs() -> dict[str, dict]:
         job["data"].update(name="digits", image_size=side)
         job["search"].update(MEASUREMENT, adaptive=ADAPTIVE, nodes={"min": NODES[0], "max": NODES[-1]},
                              batch={"min": PER_DEVICE[0], "max": NODES[-1] * PER_DEVICE[1]})
-        job["launcher"] = "local"
+        job["launcher"] = launcher
         jobs[model] = job
     return jobs
 
@@ -82,6 +86,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
     import torch.distributed as dist
 
     from tula_hpc.distributed import Context, init_distributed, shutdown
+    from tula_hpc.plan import ranks_per_host
     from tula_hpc.profiling import measure
 
     ctx = init_distributed(False)
@@ -104,14 +109,15 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
             dist.barrier()
             if ctx.rank == 0:
                 record.pop("per_step")
-                records.append({**item, **record, "ranks_per_host": record["world_size"]})
+                hosts = ranks_per_host(job["launcher"], record["world_size"], 1)
+                records.append({**item, **record, "ranks_per_host": hosts})
                 print(f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
                       f"{record['median']['step_s'] * 1e3:.2f} ms (interference {record['interference']:.2f})", flush=True)
     shutdown()
     return records if ctx.rank == 0 else None
 
 
-def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
+def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float, launcher: str) -> list[dict]:
     from tula_hpc import launch
 
     rng = random.Random(seed)
@@ -121,8 +127,8 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float
         rng.shuffle(order)
         schedule.append(order)
     os.environ.setdefault("TULA_COLLECTIVE_TIMEOUT_S", "3600")  # a rank may wait out a long one-rank measurement
-    spec = launch.LaunchSpec(launcher="local", nodes=NODES[-1], cpus_per_task=1, time_min=60)
-    work = REPO / "work" / "bench" / "perf_accuracy"
+    spec = launch.LaunchSpec(launcher=launcher, nodes=NODES[-1], cpus_per_task=1, time_min=60)
+    work = REPO / "work" / "bench" / f"perf_accuracy_{launcher}"
     return launch.run(pool_worker, dict(jobs=jobs, rounds=schedule, budget_s=budget_s), spec, work,
                       name="bench-perf-accuracy")
 
@@ -140,8 +146,14 @@ def _rel(predicted: float, measured: float) -> float:
 
 
 def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
-    from tula_hpc.perfmodel import adaptive_search, fit_profiles, model_params, steps_per_epoch
-    from tula_hpc.plan import partial_set
+    from tula_hpc.perfmodel import (adaptive_search, estimate_steps, fit_profiles, leave_one_out, measurement_weight,
+                                    model_params, steps_per_epoch)
+    from tula_hpc.plan import partial_set, ranks_per_host
+
+    launcher = job["launcher"]
+
+    def rows(configs: list[dict]) -> list[list[int]]:
+        return [[c["nodes"], c["per_device_batch"], ranks_per_host(launcher, c["nodes"], 1)] for c in configs]
 
     rounds = sorted({r["round"] for r in records})
     by_round = {r: {_key(x): x for x in records if x["round"] == r} for r in rounds}
@@ -157,9 +169,13 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
     def total(c, step):  # training time up to the constant number of epochs
         return steps_per_epoch(train_samples, c["nodes"], c["per_device_batch"]) * step
 
-    def regrets(model, r) -> tuple[float, float]:
-        X = [[c["nodes"], c["per_device_batch"], c["nodes"]] for c in candidates]
-        predicted = [total(c, s) for c, s in zip(candidates, model.predict(X))]
+    def regrets(profiles: list[dict], r) -> tuple[float, float]:
+        """As selection sees it: a profiled candidate's measured step weighed in (perfmodel.estimate_steps)."""
+        model = fit_profiles(profiles, **settings)
+        weight = measurement_weight(leave_one_out(profiles, **settings), search["noise_prior"])
+        measured = {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
+        steps = estimate_steps(model, rows(candidates), measured, weight)
+        predicted = [total(c, s) for c, s in zip(candidates, steps)]
         measured = [total(c, truth(c, r)) for c in candidates]
         fastest = int(np.argmin(predicted))
         cheapest = int(np.argmin([t * c["nodes"] for t, c in zip(predicted, candidates)]))
@@ -174,24 +190,22 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
     for current in rounds:
         profiles = by_round[current]
         measure = lambda c: profiles[_key(c)]  # noqa: E731  (the round's measurement stands in for a profile job)
-        chosen = {"partial": partial_set(candidates, 1, "local")}
-        adaptive = adaptive_search(candidates, chosen["partial"], measure, lambda c: (c["nodes"], c["nodes"]), settings,
+        chosen = {"partial": partial_set(candidates, 1, launcher)}
+        adaptive = adaptive_search(candidates, chosen["partial"], measure, lambda c: (c["nodes"], ranks_per_host(launcher, c["nodes"], 1)), settings,
                                    search["adaptive"]["tolerance"], search["adaptive"]["max_profiles"])
         chosen["adaptive"] = adaptive["profiled"]
         for mode in ("partial", "adaptive"):
             model = fit_profiles([measure(c) for c in chosen[mode]], **settings)
             unseen = [c for c in candidates if c not in chosen[mode]]
-            X = [[c["nodes"], c["per_device_batch"], c["nodes"]] for c in unseen]
-            modes[mode]["errors"] += [_rel(p, truth(c, current)) for c, p in zip(unseen, model.predict(X))]
+            modes[mode]["errors"] += [_rel(p, truth(c, current)) for c, p in zip(unseen, model.predict(rows(unseen)))]
         for i, held in enumerate(candidates):
             rest = [measure(c) for c in candidates if c is not held]
             model = fit_profiles(rest, **settings)
-            step = model.predict([[held["nodes"], held["per_device_batch"], held["nodes"]]])[0]
+            step = model.predict(rows([held]))[0]
             modes["full"]["errors"].append(_rel(step, truth(held, current)))
         chosen["full"] = candidates
         for mode, used in chosen.items():
-            model = fit_profiles([measure(c) for c in used], **settings)
-            time_regret, cost_regret = regrets(model, current)
+            time_regret, cost_regret = regrets([measure(c) for c in used], current)
             modes[mode]["regret"].append(time_regret)
             modes[mode]["cost_regret"].append(cost_regret)
             modes[mode]["costs"].append(cost(used, current))
@@ -227,7 +241,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", type=Path, help="re-analyse the measurements stored in an earlier result file")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="slurm: the pool is one job on the local Slurm cluster (make slurm-up first)")
+    parser.add_argument("--out", type=Path, help=f"default {OUT.name}, or perf_accuracy_slurm.json with --launcher slurm")
     args = parser.parse_args()
 
     import json
@@ -235,15 +251,17 @@ def main() -> int:
     from tula_hpc.data import load_splits
     from tula_hpc.files import write_json
 
-    jobs = bench_jobs()
+    reused = json.loads(args.reuse.read_text()) if args.reuse else None
+    launcher = reused["settings"].get("launcher", "local") if reused else args.launcher
+    out = args.out or (OUT if launcher == "local" else OUT.with_name(f"perf_accuracy_{launcher}.json"))
+    jobs = bench_jobs(launcher)
     train_samples = len(load_splits(next(iter(jobs.values()))["data"], 0).train)
     grids = {m: grid(job, train_samples) for m, job in jobs.items()}
     started = time.time()
-    if args.reuse:
-        reused = json.loads(args.reuse.read_text())
+    if reused:
         records, measure_wall = reused["measurements"], reused.get("measure_wall_s")
     else:
-        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
+        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S, launcher)
         measure_wall = time.time() - started
     results = {m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples)
                for m in jobs}
@@ -267,13 +285,13 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
                     "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
                     "disturbed_share": sum(map(disturbed, records)) / len(records)},
-        "settings": {"models": MODELS, "nodes": NODES, "per_device_batch": PER_DEVICE,
+        "settings": {"launcher": launcher, "models": MODELS, "nodes": NODES, "per_device_batch": PER_DEVICE,
                      "rounds": len({r["round"] for r in records}), "max_rounds": args.rounds, "budget_s": BUDGET_S,
                      "measurement": MEASUREMENT, "adaptive": ADAPTIVE},
         "targets": TARGETS, "targets_met": met, "noise_floor": noise_floor, "overall": overall, "models": results,
         "measure_wall_s": measure_wall, "reanalysed": bool(args.reuse), "measurements": records,
     }
-    write_json(args.out, report)
+    write_json(out, report)
     print(f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
           f"{report['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work")
     for m, r in results.items():

@@ -19,7 +19,8 @@ Every coefficient is non-negative. Fits minimise relative error (a 2 ms step mat
 one), down-weight outlying profiles when there are spare ones (Huber), and report which coefficients
 the profiles identify: with one multi-rank N, latency and bandwidth are collinear, so latency is fixed
 at a prior and only bandwidth is fitted. Then T = E * (steps per epoch of B, the last one with the rest
-of the data) * t_step (Eq. 4a) and the cost follows the job's pricing (Eq. 4b and paper IV-C-2).
+of the data) * t_step (Eq. 4a) and the cost follows the job's pricing (Eq. 4b and paper IV-C-2). A profiled
+candidate's t_step weighs its own measurement against the model by their errors (`measurement_weight`).
 """
 
 from __future__ import annotations
@@ -252,6 +253,30 @@ def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
     return errors
 
 
+def measurement_weight(out_of_sample: list[float], noise: float) -> float:
+    """How much a profiled candidate's own measured step counts against the model's prediction of it.
+
+    Inverse-variance weighting of two estimates of the same step time: the model's, off by its
+    out-of-sample (leave-one-out) error, and the measurement's, off by the profile noise. Real step times
+    have structure no few-parameter model follows (kernel choice by shape, caches), so with spare profiles
+    the measurement mostly wins; with none spare the model passes through its profiles and the weight is moot.
+    """
+    if not out_of_sample:
+        return 0.0
+    model_variance = float(np.mean(np.square(out_of_sample)))
+    return model_variance / (model_variance + noise ** 2)
+
+
+def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, int], float], weight: float) -> np.ndarray:
+    """Step times for rows X: the model's, moved by `weight` toward the measurement where (ranks, b) was profiled."""
+    X = np.asarray(X, float).reshape(-1, 3)
+    steps = model.predict(X)
+    for i, (ranks, batch) in enumerate(X[:, :2].astype(int)):
+        if (ranks, batch) in measured:
+            steps[i] += weight * (measured[(ranks, batch)] - steps[i])
+    return steps
+
+
 def discrepancy_estimate(history: list[dict], prior: float) -> float:
     """Model error per octave from each adaptive step's out-of-sample error, shrunk toward the prior.
 
@@ -349,7 +374,11 @@ def costs(time_s: float, nodes: int, ranks: int, per_device_batch: int, objectiv
     }
 
 
-def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, train_samples: int, memory: dict) -> list[dict]:
+def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, train_samples: int, memory: dict,
+                       measured: dict[tuple[int, int], float] | None = None, weight: float = 0.0) -> list[dict]:
+    """T and cost of every candidate; a profiled one's step is its measurement weighed with the model's
+    (`measured`: (ranks, per-device batch) -> measured step, `weight`: see `measurement_weight`)."""
+    measured = measured or {}
     devices = max(1, job["resources"]["gpus_per_node"])
     objective, epochs = job["objective"], job["train"]["epochs"]
     partition = job["resources"]["slurm"].get("partition")
@@ -359,22 +388,24 @@ def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, trai
     X = np.array([[c["nodes"] * devices, c["per_device_batch"], ranks_per_host(job["launcher"], c["nodes"], devices)]
                   for c in candidates], float)
     parts = model.predict_parts(X)
+    steps = estimate_steps(model, X, measured, weight)
     uncertainty = model.predict_uncertainty(X)
     # Eq. 4a, step by step: an epoch's last step carries only the rest of each rank's share.
     last = X.copy()
     last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
-    last_step = model.predict(last)
+    last_step = model.predict(last) * steps / parts["step_s"]  # the last, smaller step moves by the same factor
     profiled = {tuple(row) for row in model.profiled_[:, :2]}
     rows = []
     for i, c in enumerate(candidates):
         ranks = int(X[i, 0])
-        step = float(parts["step_s"][i])
+        step = float(steps[i])
         per_epoch = steps_per_epoch(train_samples, ranks, c["per_device_batch"])
         epoch = (per_epoch - 1) * step + float(last_step[i])
         total = epochs * epoch
         price = costs(total, c["nodes"], ranks, c["per_device_batch"], objective, memory, partition)
         rows.append({**c, "ranks": ranks, "ranks_per_host": int(X[i, 2]), "profiled": (ranks, c["per_device_batch"]) in profiled,
                      **{part: float(values[i]) for part, values in parts.items()},
+                     "model_step_s": float(parts["step_s"][i]), "step_s": step,
                      "steps_per_epoch": per_epoch, "epoch_s": epoch, "time_s": total,
                      "rel_uncertainty": float(uncertainty[i]),
                      "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
@@ -413,6 +444,8 @@ def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list
         settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
     model = fit_profiles(profiles, **settings)
     loo = leave_one_out(profiles, **settings)
+    weight = measurement_weight(loo, job["search"]["noise_prior"])
+    steps_measured = {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
     predicted = model.predict([_row(p) for p in profiles])
     measured = [{"nodes": p["nodes"], "batch": p["global_batch"], "per_device_batch": p["per_device_batch"],
                  "measured_step_s": p["median"]["step_s"], "predicted_step_s": float(s),
@@ -431,7 +464,9 @@ def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list
                    "stopped": manifest["stopped"] if manifest else None},
         "leave_one_out": {"count": len(loo), "median_rel_error": float(np.median(loo)) if loo else None,
                           "max_rel_error": max(loo) if loo else None},
-        "candidates": predict_candidates(model, plan["candidates"], job, plan["dataset"]["train"], memory),
+        "measurement_weight": weight,
+        "candidates": predict_candidates(model, plan["candidates"], job, plan["dataset"]["train"], memory,
+                                         steps_measured, weight),
     }
     write_json(out, result)
     return result

@@ -81,6 +81,15 @@ def _thread_run_delay_s() -> float:
         return 0.0
 
 
+def _machine_id() -> str:
+    """Which physical machine this is. Not the hostname: Slurm nodes in namespaces of one host have their own
+    names but share its CPUs and /proc/stat, and so share a boot id."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
 def _host_busy_s() -> float:
     """CPU seconds every process on this host has used since boot (hypervisor steal counts as busy)."""
     try:
@@ -113,7 +122,7 @@ class Interference:
 
     def share(self) -> float:
         wall = time.perf_counter() - self.started[0]
-        mine = (socket.gethostname(), _host_busy_s() - self.started[1], time.process_time() - self.started[2],
+        mine = (_machine_id(), _host_busy_s() - self.started[1], time.process_time() - self.started[2],
                 self.waited / max(self.busy, 1e-9))
         everyone = [mine]
         if self.ctx.world_size > 1:

@@ -50,7 +50,7 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
     rows = _rows_by_nodes(perfmodel["candidates"])
     for nodes, row in rows.items():
-        line, = ax.plot([c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"fitted, N={nodes}")
+        line, = ax.plot([c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"estimated, N={nodes}")
         ax.fill_between([c["batch"] for c in row], [c["time_s_range"][0] for c in row], [c["time_s_range"][1] for c in row],
                         color=line.get_color(), alpha=0.15, linewidth=0)
         # A profile's T: the candidate's predicted T scaled by how its measured step compares with the prediction.
@@ -162,7 +162,8 @@ t_step = data + compute + e x sync, with b the per-device batch and h the ranks 
 - sync ({perfmodel['collective']}) = {p['latency_s'] * 1e6:.1f} us per hop + {p['seconds_per_byte'] * 1e9:.3f} s/GB moved; exposed share e = {p['sync_exposed']:.2f} (overlap {p['overlap']:+.2f})
 
 Not identified by these profiles: {', '.join(unidentified) if unidentified else 'none'}.{notes}
-Fit error on the profiles (RMS) {p['rms_rel_error']:.1%}; {quality}.
+Fit error on the profiles (RMS) {p['rms_rel_error']:.1%}; {quality}. A profiled candidate's step below counts its own
+measurement with weight {perfmodel.get('measurement_weight', 0.0):.2f} against the model (its out-of-sample error against the profile noise).
 {adaptive}
 {_table(perfmodel['profiled'], [('N', 'nodes', 'd'), ('B', 'batch', 'd'), ('measured step (s)', 'measured_step_s', '.5f'),
                                 ('predicted step (s)', 'predicted_step_s', '.5f'), ('step IQR/median', 'step_iqr_over_median', '.1%'),

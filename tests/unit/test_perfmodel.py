@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from tula_hpc.perfmodel import (PerfModel, adaptive_search, costs, predict_candidates, steps_per_epoch, sync_features)
+from tula_hpc.perfmodel import (PerfModel, adaptive_search, costs, estimate_steps, measurement_weight, predict_candidates,
+                                steps_per_epoch, sync_features)
 from tula_hpc.plan import candidate_grid, partial_set
 from tula_hpc.stage import StageError
 
@@ -126,6 +127,30 @@ def test_total_time_and_cost_follow_eq_4_under_every_pricing():
     assert row["costs"]["memory"] == pytest.approx(hours * 2 * (1 + 1 + 0.2) * 0.5)  # 2 devices x 2.2 GB
     assert row["costs"]["service_units"] == pytest.approx(hours * 2 * 4.0)
     assert row["cost"] == row["costs"]["memory"]
+
+
+def test_measurement_weight_is_inverse_variance_of_model_error_against_profile_noise():
+    assert measurement_weight([0.06, 0.08], noise=0.05) == pytest.approx(0.005 / (0.005 + 0.0025))
+    assert measurement_weight([], noise=0.05) == 0.0  # no spare profiles: the model passes through them anyway
+    assert measurement_weight([0.0, 0.0], noise=0.05) == 0.0  # an exact model needs no measurement
+
+
+def test_a_profiled_candidate_moves_toward_its_measurement_and_an_unprofiled_one_keeps_the_model():
+    model = fit(synthetic([1, 1, 2, 2], [10, 40, 10, 40]))
+    X = [[2, 20, 2], [1, 10, 1]]
+    predicted = model.predict(X)
+    measured = {(2, 20): predicted[0] * 1.4}
+    steps = estimate_steps(model, X, measured, weight=0.75)
+    assert steps[0] == pytest.approx(predicted[0] * (1 + 0.75 * 0.4))
+    assert steps[1] == predicted[1]
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
+    job = {"resources": {"gpus_per_node": 0, "slurm": {}}, "train": {"epochs": 3}, "launcher": "local",
+           "objective": {"pricing": "node_hour", "price_per_node_hour": 3.6, "price_per_gb_hour": 0.5,
+                         "charge_factors": {}}}
+    # 1000 samples over 2 ranks in batches of 20 per rank: 25 steps, the last one full too.
+    [row] = predict_candidates(model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, 1000, memory, measured, 0.75)
+    assert row["step_s"] == pytest.approx(steps[0]) and row["model_step_s"] == pytest.approx(predicted[0])
+    assert row["time_s"] == pytest.approx(3 * 25 * steps[0])
 
 
 def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
