@@ -15,6 +15,7 @@ Search modes (paper III-A-2):
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from .files import read_json, write_json
@@ -51,9 +52,10 @@ def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[
 
     Both batch extremes at the smallest N fit the compute line; the smallest batch at the largest N adds
     sync and its overlap. When ranks share hosts differently across N (the local launcher), contention is
-    fitted too, from both batch extremes at the largest N (a second N could identify it from small batches
-    alone, but extrapolating those to the largest batch would be guesswork). A second multi-rank size,
-    at its smallest batch, separates latency from bandwidth.
+    fitted too, from a second batch at the largest N: the one nearest the geometric middle of its range
+    (ties to the smaller). It identifies the per-sample contention as the largest batch would, at about
+    1/8 of the largest's cost on a doubling grid, and measured here it predicts the rest at least as well
+    (bench/perf_accuracy.py). A second multi-rank size, at its smallest batch, separates latency from bandwidth.
     """
     by_nodes: dict[int, list[dict]] = {}
     for c in sorted(grid, key=lambda c: (c["nodes"], c["batch"])):
@@ -61,7 +63,10 @@ def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[
     smallest, largest = min(by_nodes), max(by_nodes)
     chosen = [by_nodes[smallest][0], by_nodes[smallest][-1], by_nodes[largest][0]]
     if ranks_per_host(launcher, smallest, devices_per_node) != ranks_per_host(launcher, largest, devices_per_node):
-        chosen.append(by_nodes[largest][-1])
+        first, *rest = by_nodes[largest]
+        if rest:
+            middle = (math.log2(first["per_device_batch"]) + math.log2(rest[-1]["per_device_batch"])) / 2
+            chosen.append(min(rest, key=lambda c: abs(math.log2(c["per_device_batch"]) - middle)))
     multi_rank = [n for n in by_nodes if n * devices_per_node > 1]
     if len({n for n in (smallest, largest) if n in multi_rank}) < 2 and len(multi_rank) >= 2:
         second = min(n for n in multi_rank if n not in (smallest, largest))
