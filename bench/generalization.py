@@ -17,7 +17,7 @@ The tiny CNN has no BN: both scores agree.
 Writes bench/results/generalization.json: mean and std over seeds per cell, ags_minus_lbt_mean_points
 (AGS minus LBT averaged over runs and batches, accuracy points), AGS against the best baseline (lbt,
 lrs, lars, polo) per run and batch, and an ablation of the AGS knobs (delta, s_min, granularity) on
-the first tiny-CNN run. Finished cells are kept in work/bench/generalization/cells.jsonl, so an
+the first run of each model. Finished cells are kept in work/bench/generalization/cells.jsonl, so an
 interrupted bench continues where it stopped (--fresh starts over). Run it under
 `flock /tmp/tula-cpu.lock`.
 """
@@ -55,7 +55,7 @@ SMALL_BATCH = 32
 BASELINES = ("lbt", "lrs", "lars", "polo")
 IMAGE_SIZE = {"tiny_cnn": 8, "mobilenet_v3_small": 32}
 DEFAULT_RUNS = ("tiny_cnn:10", "tiny_cnn:30", "mobilenet_v3_small:10")
-# AGS knobs varied one at a time from the defaults, on the first tiny-CNN run.
+# AGS knobs varied one at a time from the defaults, on the first run of each model.
 ABLATION = {
     "delta=0.2": {"delta": 0.2},
     "delta=0.8": {"delta": 0.8},
@@ -82,16 +82,16 @@ def cell_job(base: dict, cell: dict) -> dict:
 
 def plan_cells(runs: list[str], seeds: int, ablation: bool) -> list[dict]:
     """Seed-major, so that a partial bench already covers every cell once."""
-    ablation_run = next((r for r in runs if r.startswith("tiny_cnn:")), None) if ablation else None
+    ablation_runs = [run for i, run in enumerate(runs) if ablation and run.split(":")[0] not in
+                     {r.split(":")[0] for r in runs[:i]}]
     cells = []
     for seed in range(seeds):
         for run in runs:
             cells.append(dict(run=run, batch=SMALL_BATCH, strategy="lbt", variant="small-batch", seed=seed, ags={}))
             cells += [dict(run=run, batch=b, strategy=s, variant="default", seed=seed, ags={})
                       for b in BATCHES for s in STRATEGIES]
-        if ablation_run:
-            cells += [dict(run=ablation_run, batch=b, strategy="ags", variant=name, seed=seed, ags=knobs)
-                      for b in ABLATION_BATCHES for name, knobs in ABLATION.items()]
+        cells += [dict(run=run, batch=b, strategy="ags", variant=name, seed=seed, ags=knobs)
+                  for run in ablation_runs for b in ABLATION_BATCHES for name, knobs in ABLATION.items()]
     for cell in cells:
         model, epochs = cell["run"].split(":")
         cell.update(model=model, epochs=int(epochs),
