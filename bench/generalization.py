@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import hashlib
+import json
 import os
 import socket
 import statistics
@@ -36,7 +38,6 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,9 +45,10 @@ sys.path.insert(0, str(REPO))
 from tula_hpc.config import job_settings, load_config  # noqa: E402
 from tula_hpc.data import load_splits  # noqa: E402
 from tula_hpc.distributed import Context  # noqa: E402
-from tula_hpc.files import append_jsonl, read_jsonl, write_json  # noqa: E402
+from tula_hpc.files import append_jsonl, read_jsonl, write_json, write_jsonl  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import STRATEGIES  # noqa: E402
+from tula_hpc.evaluate import score  # noqa: E402
 from tula_hpc.train import evaluate_accuracy, train_worker  # noqa: E402
 
 WORLD = 2
@@ -60,7 +62,7 @@ ABLATION = {
     "delta=0.2": {"delta": 0.2},
     "delta=0.8": {"delta": 0.8},
     "delta=inf (always scale)": {"delta": 1e9},
-    "granularity=tensor": {"granularity": "tensor"},
+    "granularity=element (paper)": {"granularity": "element"},
     "s_min=1 (never shrink)": {"s_min": 1.0},
 }
 ABLATION_BATCHES = (256, 1024)
@@ -80,8 +82,12 @@ def cell_job(base: dict, cell: dict) -> dict:
     return job
 
 
-def plan_cells(runs: list[str], seeds: int, ablation: bool) -> list[dict]:
-    """Seed-major, so that a partial bench already covers every cell once."""
+def plan_cells(runs: list[str], seeds: int, ablation: bool, ags_defaults: dict) -> list[dict]:
+    """Seed-major, so that a partial bench already covers every cell once.
+
+    The key of an ags or static cell names its scaling settings, so a change of the job's defaults reruns
+    those cells instead of reusing finished ones made under the old settings.
+    """
     ablation_runs = [run for i, run in enumerate(runs) if ablation and run.split(":")[0] not in
                      {r.split(":")[0] for r in runs[:i]}]
     cells = []
@@ -94,31 +100,36 @@ def plan_cells(runs: list[str], seeds: int, ablation: bool) -> list[dict]:
                   for run in ablation_runs for b in ABLATION_BATCHES for name, knobs in ABLATION.items()]
     for cell in cells:
         model, epochs = cell["run"].split(":")
+        scaling = ""
+        if cell["strategy"] in ("ags", "static"):
+            settings = json.dumps({**ags_defaults, **cell["ags"]}, sort_keys=True)
+            scaling = "|" + hashlib.sha256(settings.encode()).hexdigest()[:8]
         cell.update(model=model, epochs=int(epochs),
-                    key=f"{cell['run']}|B{cell['batch']}|{cell['strategy']}|{cell['variant']}|seed{cell['seed']}")
+                    key=f"{cell['run']}|B{cell['batch']}|{cell['strategy']}|{cell['variant']}|seed{cell['seed']}{scaling}")
     return cells
 
 
 def score_test_set(job: dict, model_path: Path) -> dict:
-    """Test accuracy as trained, and after recomputing BN statistics on the training set (precise BN)."""
+    """Test and validation accuracy after precise BN (see tula_hpc.evaluate), and test accuracy as trained."""
     saved = torch.load(model_path, map_location="cpu", weights_only=False)
     model = build_model(saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"])
     model.load_state_dict(saved["model"])
     splits = load_splits(job["data"], job["train"]["seed"])
     ctx = Context(0, 1, 0, torch.device("cpu"))
-    as_trained = evaluate_accuracy(model, splits.test, ctx)
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return {"test_accuracy": as_trained, "test_accuracy_as_trained": as_trained}
-    model.eval()
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # a cumulative average over every training batch
-        norm.train()
-    with torch.no_grad():
-        for x, _ in torch.utils.data.DataLoader(splits.train, batch_size=256):
-            model(x)
-    return {"test_accuracy": evaluate_accuracy(model, splits.test, ctx), "test_accuracy_as_trained": as_trained}
+    test = score(model, splits, ctx, splits.test)
+    return {"test_accuracy": test["accuracy"], "test_accuracy_as_trained": test["accuracy_as_trained"],
+            "val_accuracy_precise_bn": evaluate_accuracy(model, splits.val, ctx)}
+
+
+def cell_dir(scratch: Path, key: str) -> Path:
+    return scratch / key.replace("|", "_").replace(":", "_").replace(" ", "_")
+
+
+def rescore(base: dict, records: list[dict], cells: list[dict]) -> list[dict]:
+    """Score finished cells of the plan again from their saved models (after a change of scoring; no training)."""
+    planned = {c["key"]: c for c in cells}
+    return [{**r, **score_test_set(cell_job(base, planned[r["key"]]), cell_dir(SCRATCH, r["key"]) / "model.pt")}
+            if r["key"] in planned else r for r in records]
 
 
 def worker(rank: int, base: dict, cells: list[dict], ports: list[int], scratch: str) -> None:
@@ -131,7 +142,7 @@ def worker(rank: int, base: dict, cells: list[dict], ports: list[int], scratch: 
     for cell, port in zip(cells, ports):
         os.environ["MASTER_PORT"] = str(port)
         job = cell_job(base, cell)
-        run_dir = Path(scratch) / cell["key"].replace("|", "_").replace(":", "_").replace(" ", "_")
+        run_dir = cell_dir(Path(scratch), cell["key"])
         run_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         with open(run_dir / f"rank{rank}.log", "w") as log, contextlib.redirect_stdout(log):
@@ -164,8 +175,10 @@ def summarise(records: list[dict]) -> dict:
     values = [r["test_accuracy"] for r in records]
     raw = [r["test_accuracy_as_trained"] for r in records]
     scaled = [r["scaled_fraction"] for r in records if r["scaled_fraction"] is not None]
+    val = [r["val_accuracy_precise_bn"] for r in records if "val_accuracy_precise_bn" in r]
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "n": len(values), "values": values, "as_trained_mean": statistics.fmean(raw),
+            **({"val_mean": statistics.fmean(val)} if val else {}),
             **({"scaled_fraction_mean": statistics.fmean(scaled)} if scaled else {})}
 
 
@@ -221,8 +234,9 @@ def print_table(result: dict) -> None:
     print(f"targets: {result['targets']}")
     for run, per_batch in result["ablation"].items():
         for batch, variants in per_batch.items():
-            print(f"ablation {run} B={batch}: " + ", ".join(f"{v}: {100 * s['mean']:.2f} +- {100 * s['std']:.2f}"
-                                                           for v, s in variants.items()))
+            print(f"ablation {run} B={batch}: " + ", ".join(
+                f"{v}: {100 * s['mean']:.2f} +- {100 * s['std']:.2f} (val {100 * s.get('val_mean', float('nan')):.2f})"
+                for v, s in variants.items()))
 
 
 def main() -> None:
@@ -231,18 +245,21 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--no-ablation", dest="ablation", action="store_false")
     parser.add_argument("--fresh", action="store_true", help="forget finished cells and start over")
+    parser.add_argument("--rescore", action="store_true", help="score finished cells again from their saved models")
     args = parser.parse_args()
 
     SCRATCH.mkdir(parents=True, exist_ok=True)
     done_path = SCRATCH / "cells.jsonl"
     if args.fresh:
         done_path.unlink(missing_ok=True)
+    base = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
+    cells = plan_cells(args.runs, args.seeds, args.ablation, base["train"]["ags"])
+    if args.rescore and done_path.exists():
+        write_jsonl(done_path, rescore(base, read_jsonl(done_path), cells))
     done = {r["key"] for r in read_jsonl(done_path)} if done_path.exists() else set()
-    cells = plan_cells(args.runs, args.seeds, args.ablation)
     todo = [c for c in cells if c["key"] not in done]
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
     started = time.perf_counter()
-    base = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
     if todo:
         mp.spawn(worker, args=(base, todo, free_ports(len(todo)), str(SCRATCH)), nprocs=WORLD, join=True)
     wanted = {c["key"] for c in cells}

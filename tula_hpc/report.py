@@ -198,7 +198,8 @@ knee objective used the {selection.get('knee_used', selection['knee_method'])} k
 | cost | {evaluation['predicted_cost']:.5f} | {evaluation['measured_cost']:.5f} |
 
 Relative time error {evaluation['time_rel_error']:+.1%}. Test top-1 accuracy **{evaluation['test_accuracy']:.2%}**
-on {evaluation['test_samples']} images. Training wall time {summary['wall_time_s']:.1f} s over {summary['epochs']} epochs
+on {evaluation['test_samples']} images (BatchNorm statistics recomputed on the training set; as trained
+{evaluation.get('test_accuracy_as_trained', evaluation['test_accuracy']):.2%}). Training wall time {summary['wall_time_s']:.1f} s over {summary['epochs']} epochs
 ({summary['steps']} steps){'' if resumed is None else f'; resumed from the checkpoint at epoch {resumed}'}.
 {_attempts(summary)}
 ![predicted vs measured]({PLOTS['accuracy']})
