@@ -105,10 +105,13 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.robust = robust
 
     # -- design -------------------------------------------------------------------------------------
-    def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
+    def _all_compute_columns(self, batch, extra_ranks, sync) -> np.ndarray:
+        """One column per COMPUTE_TERMS entry."""
         beyond = batch - self.batch_ref_
-        columns = [np.ones_like(batch), beyond, extra_ranks, extra_ranks * beyond, sync]
-        return np.column_stack([columns[j] for j in self.compute_columns_])
+        return np.column_stack([np.ones_like(batch), beyond, extra_ranks, extra_ranks * beyond, sync])
+
+    def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
+        return self._all_compute_columns(batch, extra_ranks, sync)[:, self.compute_columns_]
 
     def _sync(self, ranks) -> np.ndarray:
         return sync_features(ranks, self.grad_bytes, self.collective) @ self.sync_coef_
@@ -181,9 +184,8 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def predict_parts(self, X) -> dict[str, np.ndarray]:
         X = np.asarray(X, float).reshape(-1, 3)
         ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
-        beyond = batch - self.batch_ref_
-        compute = (self.intercept_s_ + self.per_sample_s_ * beyond
-                   + extra * (self.contention_s_ + self.contention_per_sample_s_ * beyond))
+        compute_only = self._all_compute_columns(batch, extra, np.zeros_like(batch))  # exposed sync is added below
+        compute = compute_only @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
         sync = self._sync(ranks)
         data = self._data(batch)
         return {"data_s": data, "compute_s": compute, "sync_s": sync, "exposed_sync_s": self.sync_exposed_ * sync,

@@ -20,7 +20,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from .files import atomic_path, read_json, write_text  # noqa: E402
 from .stage import stage_main  # noqa: E402
 
-PLOTS = {"time": "time_vs_batch.png", "cost": "cost_surface.png", "accuracy": "predicted_vs_measured.png"}
+PLOTS = {"time": "time_vs_batch.png", "cost": "cost_surface.png", "accuracy": "predicted_vs_measured.png",
+         "training": "training.png"}
 
 
 def _save(fig, out: Path) -> None:
@@ -221,35 +222,41 @@ headroom: largest per-device batch **{memory['max_batch_per_device']}**.
 
 
 def strategy_section(summary: dict, plot: Path) -> str:
-    """The training strategy; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density."""
+    """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density."""
     strategy = summary.get("strategy", "lbt")
-    epochs = [r for r in summary["history"] if "ags" in r]
-    if not epochs:
-        return f"\n## Training strategy\n`{strategy}`: no gradient scaling.\n"
-    fractions = [r["ags"]["scaled_fraction"] for r in epochs]
-    hist = epochs[-1]["ags"]["scale_hist"]
-    fig, axes = plt.subplots(1, 2 if hist else 1, figsize=(10, 3.6) if hist else (5.5, 3.6), squeeze=False)
-    axes[0][0].plot([r["epoch"] for r in epochs], fractions, marker=".")
-    axes[0][0].set(xlabel="epoch", ylabel="fraction of steps scaled", ylim=(-0.05, 1.05),
-                   title="steps outside sensitive phases (Delta < delta)")
+    history = summary["history"]
+    epochs = [r for r in history if "ags" in r]
+    hist = epochs[-1]["ags"]["scale_hist"] if epochs else None
+    panels = 1 + bool(epochs) + bool(hist)
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)
+    curves = axes[0][0]
+    curves.plot([r["epoch"] for r in history], [r["val_accuracy"] for r in history], marker=".", label="validation accuracy")
+    curves.set(xlabel="epoch", ylabel="validation accuracy (as trained)", ylim=(0, 1.02), title=f"training (`{strategy}`)")
+    loss_axis = curves.twinx()
+    loss_axis.plot([r["epoch"] for r in history], [r["loss"] for r in history], color="grey", linestyle="--", label="loss")
+    loss_axis.set(ylabel="training loss")
+    if epochs:
+        axes[0][1].plot([r["epoch"] for r in epochs], [r["ags"]["scaled_fraction"] for r in epochs], marker=".")
+        axes[0][1].set(xlabel="epoch", ylabel="fraction of steps scaled", ylim=(-0.05, 1.05),
+                       title="steps outside sensitive phases (Delta < delta)")
     if hist:
         total = sum(hist["counts"])
-        axes[0][1].stairs([c / total for c in hist["counts"]], hist["edges"], fill=True)
-        axes[0][1].set(xscale="log", xlabel="scale factor s (s_min, 1, s_max)", ylabel="share of gradient entries",
+        axes[0][2].stairs([c / total for c in hist["counts"]], hist["edges"], fill=True)
+        axes[0][2].set(xscale="log", xlabel="scale factor s (s_min, 1, s_max)", ylabel="share of gradient entries",
                        title=f"factors after epoch {epochs[-1]['epoch']}")
         ticks = [hist["edges"][0], 1.0, hist["edges"][-1]]
-        axes[0][1].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
-        axes[0][1].minorticks_off()
-    fig.tight_layout()
-    with atomic_path(plot) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+        axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
+        axes[0][2].minorticks_off()
+    _save(fig, plot)
+    figure = f"\n\n![training]({plot.name})\n"
+    if not epochs:
+        return f"\n## Training strategy\n`{strategy}`: no gradient scaling.{figure}"
     steps = sum(r["ags"]["steps"] for r in epochs)
     scaled = sum(r["ags"]["scaled_steps"] for r in epochs)
     medians = [r["ags"]["delta"]["median"] for r in epochs if r["ags"]["delta"]]
     delta = f"; median Delta per epoch from {min(medians):.3g} to {max(medians):.3g}" if medians else ""
     return (f"\n## Gradient scaling (`{strategy}`)\n{scaled} of {steps} steps ({scaled / steps:.0%}) were scaled, "
-            f"{sum(r['ags']['gradscale_updates'] for r in epochs)} factor updates{delta}.\n\n![gradient scaling]({plot.name})\n")
+            f"{sum(r['ags']['gradscale_updates'] for r in epochs)} factor updates{delta}.{figure}")
 
 
 def report(job: dict, results_dir: Path, out: Path) -> None:
@@ -261,7 +268,7 @@ def report(job: dict, results_dir: Path, out: Path) -> None:
     plot_time_vs_batch(inputs["perfmodel"], inputs["selection"], plots["time"])
     plot_cost_surface(inputs["perfmodel"], inputs["selection"], plots["cost"])
     plot_predicted_vs_measured(inputs["perfmodel"], inputs["summary"], inputs["selection"], plots["accuracy"])
-    scaling = strategy_section(inputs["summary"], plots["time"].with_name("ags.png"))
+    scaling = strategy_section(inputs["summary"], plots["training"])
     write_text(out, render(job["name"], **inputs) + scaling)
 
 

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DESIGN_OUTPUTS = ["memory.json", "plan.json", "perfmodel.json", "selection.json", "train/summary.json", "train/model.pt",
-                  "eval.json", "report.md", "time_vs_batch.png", "cost_surface.png", "predicted_vs_measured.png"]
+                  "eval.json", "report.md", "time_vs_batch.png", "cost_surface.png", "predicted_vs_measured.png",
+                  "training.png"]
 
 
 def snakemake(workdir: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess | subprocess.Popen:

@@ -11,6 +11,7 @@ rule report:
         time="results/{job}/time_vs_batch.png",
         cost="results/{job}/cost_surface.png",
         accuracy="results/{job}/predicted_vs_measured.png",
+        training="results/{job}/training.png",
     conda:
         "../../envs/tula-hpc.yaml"
     log:
