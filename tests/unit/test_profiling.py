@@ -1,4 +1,8 @@
 import copy
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -48,3 +52,13 @@ def test_profiles_made_under_other_settings_are_not_reused(job):
     other_objective["search"]["adaptive"]["tolerance"] = 0.5
     assert fingerprint(other_model) != fingerprint(job)
     assert fingerprint(other_objective) == fingerprint(job)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+def test_ranks_under_another_hostname_on_this_machine_count_as_the_same_machine():
+    """Slurm nodes in namespaces of one host have their own hostnames but share its CPUs: the profiler must
+    not count a fellow rank's CPU time as other users' work."""
+    probe = [sys.executable, "-c", "from tula_hpc.profiling import _machine_id; print(_machine_id())"]
+    renamed = subprocess.run(["unshare", "--uts", "sh", "-c", 'hostname tula-test-node && exec "$@"', "sh", *probe],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert renamed == profiling._machine_id() != ""
