@@ -45,10 +45,10 @@ sys.path.insert(0, str(REPO))
 from tula_hpc.config import job_settings, load_config  # noqa: E402
 from tula_hpc.data import load_splits  # noqa: E402
 from tula_hpc.distributed import Context  # noqa: E402
+from tula_hpc.evaluate import score  # noqa: E402
 from tula_hpc.files import append_jsonl, read_jsonl, write_json, write_jsonl  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import STRATEGIES  # noqa: E402
-from tula_hpc.evaluate import score  # noqa: E402
 from tula_hpc.train import evaluate_accuracy, train_worker  # noqa: E402
 
 WORLD = 2

@@ -146,8 +146,8 @@ def _rel(predicted: float, measured: float) -> float:
 
 
 def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
-    from tula_hpc.perfmodel import (adaptive_search, estimate_steps, fit_profiles, leave_one_out, measurement_weight,
-                                    model_params, steps_per_epoch)
+    from tula_hpc.perfmodel import (adaptive_search, estimate_steps, fit_profiles, leave_one_out, measured_steps,
+                                    measurement_weight, model_params, steps_per_epoch)
     from tula_hpc.plan import partial_set, ranks_per_host
 
     launcher = job["launcher"]
@@ -173,8 +173,7 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
         """As selection sees it: a profiled candidate's measured step weighed in (perfmodel.estimate_steps)."""
         model = fit_profiles(profiles, **settings)
         weight = measurement_weight(leave_one_out(profiles, **settings), search["noise_prior"])
-        measured = {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
-        steps = estimate_steps(model, rows(candidates), measured, weight)
+        steps = estimate_steps(model, rows(candidates), measured_steps(profiles), weight)
         predicted = [total(c, s) for c, s in zip(candidates, steps)]
         measured = [total(c, truth(c, r)) for c in candidates]
         fastest = int(np.argmin(predicted))

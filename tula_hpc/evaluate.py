@@ -12,10 +12,9 @@ import argparse
 from pathlib import Path
 
 import torch
-
-from . import launch
 from torch import nn
 
+from . import launch
 from .data import load_splits
 from .distributed import init_distributed, shutdown
 from .files import read_json, write_json

@@ -269,6 +269,11 @@ def measurement_weight(out_of_sample: list[float], noise: float) -> float:
     return model_variance / (model_variance + noise ** 2)
 
 
+def measured_steps(profiles: list[dict]) -> dict[tuple[int, int], float]:
+    """(ranks, per-device batch) -> measured median step of each profile, as `estimate_steps` takes them."""
+    return {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
+
+
 def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, int], float], weight: float) -> np.ndarray:
     """Step times for rows X: the model's, moved by `weight` toward the measurement where (ranks, b) was profiled."""
     X = np.asarray(X, float).reshape(-1, 3)
@@ -447,7 +452,6 @@ def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list
     model = fit_profiles(profiles, **settings)
     loo = leave_one_out(profiles, **settings)
     weight = measurement_weight(loo, job["search"]["noise_prior"])
-    steps_measured = {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
     predicted = model.predict([_row(p) for p in profiles])
     measured = [{"nodes": p["nodes"], "batch": p["global_batch"], "per_device_batch": p["per_device_batch"],
                  "measured_step_s": p["median"]["step_s"], "predicted_step_s": float(s),
@@ -468,7 +472,7 @@ def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list
                           "max_rel_error": max(loo) if loo else None},
         "measurement_weight": weight,
         "candidates": predict_candidates(model, plan["candidates"], job, plan["dataset"]["train"], memory,
-                                         steps_measured, weight),
+                                         measured_steps(profiles), weight),
     }
     write_json(out, result)
     return result
