@@ -20,7 +20,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -ra tests
 
+# ruff (lint and format), snakefmt and Snakemake's own lint; pinned in envs/requirements.txt.
 lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint
 
 bench-slurm: $(STAMP)

@@ -19,6 +19,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand("results/{job}/report.md", job=JOBS),
-    default_target: True

@@ -76,15 +76,19 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
     for granularity in GRANULARITIES:
         for role in ("", "update_"):
             model = copy.deepcopy(base)
-            contenders[role + granularity] = (model, strategy_for(model, train_cfg, EPOCHS["digits (1257 images)"],
-                                                                  delta=math.inf, granularity=granularity))
+            contenders[role + granularity] = (
+                model,
+                strategy_for(model, train_cfg, EPOCHS["digits (1257 images)"], delta=math.inf, granularity=granularity),
+            )
 
     def step(key):
         model, strategy = contenders[key]
         if key.startswith("update_"):
+
             def run():  # closing an epoch makes the next step carry the reference sub-batch
                 strategy.end_epoch()
                 training_step(model, strategy, F.cross_entropy, x, y)
+
             return run
         return lambda: training_step(model, strategy, F.cross_entropy, x, y)
 
@@ -105,8 +109,14 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
         for granularity in GRANULARITIES:
             samples[f"separate_{granularity}"] += timed(separate_update(granularity), 1)
     plain_s = statistics.median(samples["plain"])
-    result = {"plain_step_s": plain_s, "ags_step_s": {}, "update_s": {}, "separate_update_s": {},
-              "per_step_overhead": {}, "overhead_per_epoch": {}}
+    result = {
+        "plain_step_s": plain_s,
+        "ags_step_s": {},
+        "update_s": {},
+        "separate_update_s": {},
+        "per_step_overhead": {},
+        "overhead_per_epoch": {},
+    }
     for granularity in GRANULARITIES:
         ags_s = statistics.median(samples[granularity])
         update_s = max(0.0, statistics.median(samples[f"update_{granularity}"]) - ags_s)
@@ -115,7 +125,8 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
         result["separate_update_s"][granularity] = statistics.median(samples[f"separate_{granularity}"])
         result["per_step_overhead"][granularity] = (ags_s - plain_s) / plain_s
         result["overhead_per_epoch"][granularity] = {
-            label: (n * (ags_s - plain_s) + update_s) / (n * plain_s) for label, n in EPOCHS.items()}
+            label: (n * (ags_s - plain_s) + update_s) / (n * plain_s) for label, n in EPOCHS.items()
+        }
     result["measured_epoch"] = measure_epochs(base, x, y, train_cfg, rounds)
     return result
 
@@ -133,6 +144,7 @@ def measure_epochs(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, trai
             for _ in range(steps):
                 training_step(model, strategy, F.cross_entropy, x, y)
             strategy.end_epoch()
+
         return run
 
     for model, strategy in strategies.values():
@@ -159,21 +171,37 @@ def main() -> None:
         print(f"{name}: plain step {r['plain_step_s'] * 1e3:.2f} ms", flush=True)
         for g in GRANULARITIES:
             epochs = ", ".join(f"{label} {100 * v:+.2f} %" for label, v in r["overhead_per_epoch"][g].items())
-            print(f"  {g:8s} ags step {r['ags_step_s'][g] * 1e3:.2f} ms ({100 * r['per_step_overhead'][g]:+.2f} %), "
-                  f"update {r['update_s'][g] * 1e3:.2f} ms (separate pass {r['separate_update_s'][g] * 1e3:.2f} ms); "
-                  f"per epoch: {epochs}")
+            print(
+                f"  {g:8s} ags step {r['ags_step_s'][g] * 1e3:.2f} ms ({100 * r['per_step_overhead'][g]:+.2f} %), "
+                f"update {r['update_s'][g] * 1e3:.2f} ms (separate pass {r['separate_update_s'][g] * 1e3:.2f} ms); "
+                f"per epoch: {epochs}"
+            )
         m = r["measured_epoch"]
-        print(f"  measured digits epoch ({m['steps']} steps): lbt {m['lbt_epoch_s'] * 1e3:.1f} ms, "
-              f"ags {m['ags_epoch_s'] * 1e3:.1f} ms ({100 * m['overhead']:+.2f} %)", flush=True)
+        print(
+            f"  measured digits epoch ({m['steps']} steps): lbt {m['lbt_epoch_s'] * 1e3:.1f} ms, "
+            f"ags {m['ags_epoch_s'] * 1e3:.1f} ms ({100 * m['overhead']:+.2f} %)",
+            flush=True,
+        )
     result = {
-        "setup": {"batch": BATCH, "small_batch": SMALL, "threads": 2, "processes": 1, "rounds": args.rounds,
-                  "steps_per_round": args.steps, "repeats (rounds and steps x)": {m: r for m, (_, r) in MODELS.items()},
-                  "optimizer": "SGD momentum 0.9, weight decay 5e-4", "update": "reference sub-batch fused into the step",
-                  "ags_step": "delta = inf: every step gated and scaled (worst case)", "epochs": EPOCHS},
+        "setup": {
+            "batch": BATCH,
+            "small_batch": SMALL,
+            "threads": 2,
+            "processes": 1,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "repeats (rounds and steps x)": {m: r for m, (_, r) in MODELS.items()},
+            "optimizer": "SGD momentum 0.9, weight decay 5e-4",
+            "update": "reference sub-batch fused into the step",
+            "ags_step": "delta = inf: every step gated and scaled (worst case)",
+            "epochs": EPOCHS,
+        },
         "target_overhead_per_epoch": TARGET,
         "models": models,
-        "meets_target": {name: {g: {label: v <= TARGET for label, v in r["overhead_per_epoch"][g].items()}
-                                for g in GRANULARITIES} for name, r in models.items()},
+        "meets_target": {
+            name: {g: {label: v <= TARGET for label, v in r["overhead_per_epoch"][g].items()} for g in GRANULARITIES}
+            for name, r in models.items()
+        },
     }
     write_json(OUT, result)
     print(f"wrote {OUT}")

@@ -76,8 +76,12 @@ def cell_job(base: dict, cell: dict) -> dict:
     job["data"]["image_size"] = IMAGE_SIZE[cell["model"]]
     epochs = cell["epochs"]
     # The default job decays at 2/3 and 5/6 of its 30 epochs; keep those fractions.
-    job["train"].update(epochs=epochs, strategy=cell["strategy"], seed=cell["seed"],
-                        lr_milestones=[round(epochs * 2 / 3), round(epochs * 5 / 6)])
+    job["train"].update(
+        epochs=epochs,
+        strategy=cell["strategy"],
+        seed=cell["seed"],
+        lr_milestones=[round(epochs * 2 / 3), round(epochs * 5 / 6)],
+    )
     job["train"]["ags"].update(cell["ags"])
     return job
 
@@ -88,24 +92,35 @@ def plan_cells(runs: list[str], seeds: int, ablation: bool, ags_defaults: dict) 
     The key of an ags or static cell names its scaling settings, so a change of the job's defaults reruns
     those cells instead of reusing finished ones made under the old settings.
     """
-    ablation_runs = [run for i, run in enumerate(runs) if ablation and run.split(":")[0] not in
-                     {r.split(":")[0] for r in runs[:i]}]
+    ablation_runs = [
+        run for i, run in enumerate(runs) if ablation and run.split(":")[0] not in {r.split(":")[0] for r in runs[:i]}
+    ]
     cells = []
     for seed in range(seeds):
         for run in runs:
             cells.append(dict(run=run, batch=SMALL_BATCH, strategy="lbt", variant="small-batch", seed=seed, ags={}))
-            cells += [dict(run=run, batch=b, strategy=s, variant="default", seed=seed, ags={})
-                      for b in BATCHES for s in STRATEGIES]
-        cells += [dict(run=run, batch=b, strategy="ags", variant=name, seed=seed, ags=knobs)
-                  for run in ablation_runs for b in ABLATION_BATCHES for name, knobs in ABLATION.items()]
+            cells += [
+                dict(run=run, batch=b, strategy=s, variant="default", seed=seed, ags={})
+                for b in BATCHES
+                for s in STRATEGIES
+            ]
+        cells += [
+            dict(run=run, batch=b, strategy="ags", variant=name, seed=seed, ags=knobs)
+            for run in ablation_runs
+            for b in ABLATION_BATCHES
+            for name, knobs in ABLATION.items()
+        ]
     for cell in cells:
         model, epochs = cell["run"].split(":")
         scaling = ""
         if cell["strategy"] in ("ags", "static"):
             settings = json.dumps({**ags_defaults, **cell["ags"]}, sort_keys=True)
             scaling = "|" + hashlib.sha256(settings.encode()).hexdigest()[:8]
-        cell.update(model=model, epochs=int(epochs),
-                    key=f"{cell['run']}|B{cell['batch']}|{cell['strategy']}|{cell['variant']}|seed{cell['seed']}{scaling}")
+        cell.update(
+            model=model,
+            epochs=int(epochs),
+            key=f"{cell['run']}|B{cell['batch']}|{cell['strategy']}|{cell['variant']}|seed{cell['seed']}{scaling}",
+        )
     return cells
 
 
@@ -117,8 +132,11 @@ def score_test_set(job: dict, model_path: Path) -> dict:
     splits = load_splits(job["data"], job["train"]["seed"])
     ctx = Context(0, 1, 0, torch.device("cpu"))
     test = score(model, splits, ctx, splits.test)
-    return {"test_accuracy": test["accuracy"], "test_accuracy_as_trained": test["accuracy_as_trained"],
-            "val_accuracy_precise_bn": evaluate_accuracy(model, splits.val, ctx)}
+    return {
+        "test_accuracy": test["accuracy"],
+        "test_accuracy_as_trained": test["accuracy_as_trained"],
+        "val_accuracy_precise_bn": evaluate_accuracy(model, splits.val, ctx),
+    }
 
 
 def cell_dir(scratch: Path, key: str) -> Path:
@@ -128,8 +146,12 @@ def cell_dir(scratch: Path, key: str) -> Path:
 def rescore(base: dict, records: list[dict], cells: list[dict]) -> list[dict]:
     """Score finished cells of the plan again from their saved models (after a change of scoring; no training)."""
     planned = {c["key"]: c for c in cells}
-    return [{**r, **score_test_set(cell_job(base, planned[r["key"]]), cell_dir(SCRATCH, r["key"]) / "model.pt")}
-            if r["key"] in planned else r for r in records]
+    return [
+        {**r, **score_test_set(cell_job(base, planned[r["key"]]), cell_dir(SCRATCH, r["key"]) / "model.pt")}
+        if r["key"] in planned
+        else r
+        for r in records
+    ]
 
 
 def worker(rank: int, base: dict, cells: list[dict], ports: list[int], scratch: str) -> None:
@@ -146,18 +168,31 @@ def worker(rank: int, base: dict, cells: list[dict], ports: list[int], scratch: 
         run_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         with open(run_dir / f"rank{rank}.log", "w") as log, contextlib.redirect_stdout(log):
-            summary = train_worker(job, cell["batch"], str(run_dir / "checkpoint.pt"), str(run_dir / "model.pt"),
-                                   str(run_dir / "metrics.jsonl"))
+            summary = train_worker(
+                job,
+                cell["batch"],
+                str(run_dir / "checkpoint.pt"),
+                str(run_dir / "model.pt"),
+                str(run_dir / "metrics.jsonl"),
+            )
         if rank == 0:
             scaled = [r["ags"]["scaled_fraction"] for r in summary["history"] if "ags" in r]
-            record = {**{k: cell[k] for k in ("key", "run", "model", "epochs", "batch", "strategy", "variant", "seed")},
-                      **score_test_set(job, run_dir / "model.pt"),
-                      "val_accuracy": summary["history"][-1]["val_accuracy"], "steps": summary["steps"],
-                      "train_time_s": summary["train_time_s"], "wall_s": time.perf_counter() - started,
-                      "scaled_fraction": statistics.fmean(scaled) if scaled else None}
+            record = {
+                **{k: cell[k] for k in ("key", "run", "model", "epochs", "batch", "strategy", "variant", "seed")},
+                **score_test_set(job, run_dir / "model.pt"),
+                "val_accuracy": summary["history"][-1]["val_accuracy"],
+                "steps": summary["steps"],
+                "train_time_s": summary["train_time_s"],
+                "wall_s": time.perf_counter() - started,
+                "scaled_fraction": statistics.fmean(scaled) if scaled else None,
+            }
             append_jsonl(Path(scratch) / "cells.jsonl", record)
-            print(f"{cell['key']:60s} test {record['test_accuracy']:.4f} (as trained {record['test_accuracy_as_trained']:.4f},"
-                  f" {record['wall_s']:.1f} s)", flush=True)
+            print(
+                f"{cell['key']:60s} test {record['test_accuracy']:.4f}"
+                f" (as trained {record['test_accuracy_as_trained']:.4f},"
+                f" {record['wall_s']:.1f} s)",
+                flush=True,
+            )
 
 
 def free_ports(n: int) -> list[int]:
@@ -176,10 +211,15 @@ def summarise(records: list[dict]) -> dict:
     raw = [r["test_accuracy_as_trained"] for r in records]
     scaled = [r["scaled_fraction"] for r in records if r["scaled_fraction"] is not None]
     val = [r["val_accuracy_precise_bn"] for r in records if "val_accuracy_precise_bn" in r]
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values), "values": values, "as_trained_mean": statistics.fmean(raw),
-            **({"val_mean": statistics.fmean(val)} if val else {}),
-            **({"scaled_fraction_mean": statistics.fmean(scaled)} if scaled else {})}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+        "values": values,
+        "as_trained_mean": statistics.fmean(raw),
+        **({"val_mean": statistics.fmean(val)} if val else {}),
+        **({"scaled_fraction_mean": statistics.fmean(scaled)} if scaled else {}),
+    }
 
 
 def aggregate(records: list[dict], runs: list[str]) -> dict:
@@ -187,8 +227,13 @@ def aggregate(records: list[dict], runs: list[str]) -> dict:
     for r in records:
         groups.setdefault((r["run"], r["batch"], r["strategy"], r["variant"]), []).append(r)
     cell = {key: summarise(rs) for key, rs in groups.items()}
-    table = {run: {str(b): {s: cell[(run, b, s, "default")] for s in STRATEGIES if (run, b, s, "default") in cell}
-                   for b in BATCHES} for run in runs}
+    table = {
+        run: {
+            str(b): {s: cell[(run, b, s, "default")] for s in STRATEGIES if (run, b, s, "default") in cell}
+            for b in BATCHES
+        }
+        for run in runs
+    }
     versus_best, versus_lbt = {}, {}
     for run in runs:
         for b in BATCHES:
@@ -197,7 +242,9 @@ def aggregate(records: list[dict], runs: list[str]) -> dict:
                 continue
             best = max(BASELINES, key=lambda s: row[s]["mean"])
             versus_best.setdefault(run, {})[str(b)] = {
-                "best_baseline": best, "ags_minus_best_points": 100 * (row["ags"]["mean"] - row[best]["mean"])}
+                "best_baseline": best,
+                "ags_minus_best_points": 100 * (row["ags"]["mean"] - row[best]["mean"]),
+            }
             versus_lbt.setdefault(run, {})[str(b)] = 100 * (row["ags"]["mean"] - row["lbt"]["mean"])
     all_vs_lbt = [v for per_run in versus_lbt.values() for v in per_run.values()]
     all_vs_best = [g["ags_minus_best_points"] for per_run in versus_best.values() for g in per_run.values()]
@@ -208,14 +255,18 @@ def aggregate(records: list[dict], runs: list[str]) -> dict:
             ablation.setdefault(run, {}).setdefault(str(b), {})[variant] = stats
     return {
         "table": table,
-        "small_batch_reference": {run: cell[(run, SMALL_BATCH, "lbt", "small-batch")] for run in runs
-                                  if (run, SMALL_BATCH, "lbt", "small-batch") in cell},
+        "small_batch_reference": {
+            run: cell[(run, SMALL_BATCH, "lbt", "small-batch")]
+            for run in runs
+            if (run, SMALL_BATCH, "lbt", "small-batch") in cell
+        },
         "ags_minus_lbt_mean_points": mean_vs_lbt,
         "ags_minus_lbt_points": versus_lbt,
         "ags_vs_best_baseline": versus_best,
         "targets": {
             "ags_minus_lbt_mean_points >= 3": mean_vs_lbt is not None and mean_vs_lbt >= 3,
-            "ags within 1 point of the best baseline at every run and batch": bool(all_vs_best) and min(all_vs_best) >= -1,
+            "ags within 1 point of the best baseline at every run and batch": bool(all_vs_best)
+            and min(all_vs_best) >= -1,
         },
         "ablation": {run: per_run for run, per_run in ablation.items() if any(len(v) > 1 for v in per_run.values())},
     }
@@ -224,24 +275,39 @@ def aggregate(records: list[dict], runs: list[str]) -> dict:
 def print_table(result: dict) -> None:
     for run, rows in result["table"].items():
         ref = result["small_batch_reference"].get(run)
-        print(f"\n{run}  (small batch {SMALL_BATCH}: " + (f"{100 * ref['mean']:.2f} +- {100 * ref['std']:.2f})" if ref else "-)"))
+        print(
+            f"\n{run}  (small batch {SMALL_BATCH}: "
+            + (f"{100 * ref['mean']:.2f} +- {100 * ref['std']:.2f})" if ref else "-)")
+        )
         print("batch  " + "".join(f"{s:>15s}" for s in STRATEGIES))
         for batch, row in rows.items():
-            print(f"{batch:>5s}  " + "".join(f"{100 * row[s]['mean']:8.2f} +-{100 * row[s]['std']:5.2f}" if s in row
-                                            else f"{'-':>15s}" for s in STRATEGIES))
+            print(
+                f"{batch:>5s}  "
+                + "".join(
+                    f"{100 * row[s]['mean']:8.2f} +-{100 * row[s]['std']:5.2f}" if s in row else f"{'-':>15s}"
+                    for s in STRATEGIES
+                )
+            )
     print(f"\nags - lbt (points): {result['ags_minus_lbt_points']}; mean {result['ags_minus_lbt_mean_points']}")
     print(f"ags vs best baseline: {result['ags_vs_best_baseline']}")
     print(f"targets: {result['targets']}")
     for run, per_batch in result["ablation"].items():
         for batch, variants in per_batch.items():
-            print(f"ablation {run} B={batch}: " + ", ".join(
-                f"{v}: {100 * s['mean']:.2f} +- {100 * s['std']:.2f} (val {100 * s.get('val_mean', float('nan')):.2f})"
-                for v, s in variants.items()))
+            print(
+                f"ablation {run} B={batch}: "
+                + ", ".join(
+                    f"{v}: {100 * s['mean']:.2f} +- {100 * s['std']:.2f}"
+                    f" (val {100 * s.get('val_mean', float('nan')):.2f})"
+                    for v, s in variants.items()
+                )
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS), help="model:epochs, model in " + ", ".join(IMAGE_SIZE))
+    parser.add_argument(
+        "--runs", nargs="+", default=list(DEFAULT_RUNS), help="model:epochs, model in " + ", ".join(IMAGE_SIZE)
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--no-ablation", dest="ablation", action="store_false")
     parser.add_argument("--fresh", action="store_true", help="forget finished cells and start over")
@@ -265,15 +331,34 @@ def main() -> None:
     wanted = {c["key"] for c in cells}
     records = [r for r in {r["key"]: r for r in read_jsonl(done_path)}.values() if r["key"] in wanted]
     result = {
-        "setup": {"data": "digits (scikit-learn): 1257 train / 180 val / 360 test images, split by the seed",
-                  "world_size": WORLD, "threads_per_rank": 1, "runs": args.runs, "seeds": args.seeds,
-                  "batches": list(BATCHES), "small_batch": SMALL_BATCH, "image_size": IMAGE_SIZE,
-                  "lr_milestones": "at 2/3 and 5/6 of the epochs",
-                  "train": {k: base["train"][k] for k in ("lr", "momentum", "weight_decay", "lr_gamma", "warmup_epochs",
-                                                          "lr_base_batch", "ags", "lars", "polo")},
-                  "baselines": list(BASELINES),
-                  "score": "test_accuracy = after precise BN (BN statistics recomputed on the training set); "
-                           "as_trained_mean = with the running statistics training left"},
+        "setup": {
+            "data": "digits (scikit-learn): 1257 train / 180 val / 360 test images, split by the seed",
+            "world_size": WORLD,
+            "threads_per_rank": 1,
+            "runs": args.runs,
+            "seeds": args.seeds,
+            "batches": list(BATCHES),
+            "small_batch": SMALL_BATCH,
+            "image_size": IMAGE_SIZE,
+            "lr_milestones": "at 2/3 and 5/6 of the epochs",
+            "train": {
+                k: base["train"][k]
+                for k in (
+                    "lr",
+                    "momentum",
+                    "weight_decay",
+                    "lr_gamma",
+                    "warmup_epochs",
+                    "lr_base_batch",
+                    "ags",
+                    "lars",
+                    "polo",
+                )
+            },
+            "baselines": list(BASELINES),
+            "score": "test_accuracy = after precise BN (BN statistics recomputed on the training set); "
+            "as_trained_mean = with the running statistics training left",
+        },
         **aggregate(records, args.runs),
         "cells": records,
         "wall_time_s": time.perf_counter() - started,

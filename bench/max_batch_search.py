@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from memory_accuracy import MODELS, REPO, bench_job
 
@@ -82,9 +81,14 @@ def ours(job: dict) -> dict:
     started = time.perf_counter()
     measured = probe_worker(job)
     result = summarise(job, measured)
-    return {"batch": result["max_batch_per_device"], "predicted_batch": result["predicted_max_batch"],
-            "verified": result["verified"], "trial_runs": len(measured["trials"]), "probe_runs": len(measured["probes"]),
-            "seconds": time.perf_counter() - started}
+    return {
+        "batch": result["max_batch_per_device"],
+        "predicted_batch": result["predicted_max_batch"],
+        "verified": result["verified"],
+        "trial_runs": len(measured["trials"]),
+        "probe_runs": len(measured["probes"]),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def bench_model(model: str) -> dict:
@@ -97,15 +101,26 @@ def bench_model(model: str) -> dict:
     lightning_trials = Trials(job)
     lightning = lightning_binsearch(lightning_trials)
     row = {
-        "model": model, "input": [1, side, side], "budget_bytes": int(BUDGET_GB[model] * 1e9),
-        "strategy": job["train"]["strategy"], "true_max_batch": truth, "true_search_trial_runs": truth_trials.runs,
+        "model": model,
+        "input": [1, side, side],
+        "budget_bytes": int(BUDGET_GB[model] * 1e9),
+        "strategy": job["train"]["strategy"],
+        "true_max_batch": truth,
+        "true_search_trial_runs": truth_trials.runs,
         "ours": {**found, "rel_error": abs(found["batch"] - truth) / truth},
-        "lightning": {"batch": lightning, "trial_runs": lightning_trials.runs, "seconds": lightning_trials.seconds,
-                      "rel_error": abs(lightning - truth) / truth},
+        "lightning": {
+            "batch": lightning,
+            "trial_runs": lightning_trials.runs,
+            "seconds": lightning_trials.seconds,
+            "rel_error": abs(lightning - truth) / truth,
+        },
     }
-    print(f"{model:20s} true {truth:5d} | ours {found['batch']:5d} in {found['trial_runs']} trial(s) + "
-          f"{found['probe_runs']} probes, {found['seconds']:.0f} s | lightning {lightning:5d} in "
-          f"{lightning_trials.runs} trials, {lightning_trials.seconds:.0f} s", flush=True)
+    print(
+        f"{model:20s} true {truth:5d} | ours {found['batch']:5d} in {found['trial_runs']} trial(s) + "
+        f"{found['probe_runs']} probes, {found['seconds']:.0f} s | lightning {lightning:5d} in "
+        f"{lightning_trials.runs} trials, {lightning_trials.seconds:.0f} s",
+        flush=True,
+    )
     return row
 
 
@@ -118,12 +133,16 @@ def main() -> None:
         "ours_max_rel_error": max(r["ours"]["rel_error"] for r in rows),
         "ours_max_trial_runs": max(r["ours"]["trial_runs"] for r in rows),
         "lightning_median_trial_runs": sorted(r["lightning"]["trial_runs"] for r in rows)[len(rows) // 2],
-        "targets": TARGETS, "lightning_settings": LIGHTNING, "models": rows,
+        "targets": TARGETS,
+        "lightning_settings": LIGHTNING,
+        "models": rows,
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nours: within {result['ours_max_rel_error']:.1%} of the true largest batch in at most "
-          f"{result['ours_max_trial_runs']} trial runs (targets {TARGETS['rel_error']:.0%}, {TARGETS['trial_runs']}); "
-          f"Lightning-style search: {result['lightning_median_trial_runs']} trial runs (median)\nwrote {OUT}")
+    print(
+        f"\nours: within {result['ours_max_rel_error']:.1%} of the true largest batch in at most "
+        f"{result['ours_max_trial_runs']} trial runs (targets {TARGETS['rel_error']:.0%}, {TARGETS['trial_runs']}); "
+        f"Lightning-style search: {result['lightning_median_trial_runs']} trial runs (median)\nwrote {OUT}"
+    )
 
 
 if __name__ == "__main__":

@@ -72,20 +72,34 @@ def bench_model(model: str, side: int, batches: list[int]) -> tuple[list[dict], 
         truth = run_in_fresh_process("measure", job=job, batch=batch)
         measured = truth["measured_peak_bytes"]
         predicted = float(timeline.predict([batch])[0])
-        case = {"model": model, "input": [1, side, side], "batch": batch, "strategy": job["train"]["strategy"],
-                "predicted_bytes": round(predicted), "measured_bytes": measured,
-                "rel_error": abs(predicted - measured) / measured,
-                "allocator_peak_bytes": truth["allocator_peak_bytes"],
-                "peak_line_rel_error": abs(peak_line.predict([batch])[0] - measured) / measured,
-                "eq3_sum_rel_error": abs(eq3_prediction(probes, batch) - measured) / measured,
-                "at_peak": truth["at_peak"]}
+        case = {
+            "model": model,
+            "input": [1, side, side],
+            "batch": batch,
+            "strategy": job["train"]["strategy"],
+            "predicted_bytes": round(predicted),
+            "measured_bytes": measured,
+            "rel_error": abs(predicted - measured) / measured,
+            "allocator_peak_bytes": truth["allocator_peak_bytes"],
+            "peak_line_rel_error": abs(peak_line.predict([batch])[0] - measured) / measured,
+            "eq3_sum_rel_error": abs(eq3_prediction(probes, batch) - measured) / measured,
+            "at_peak": truth["at_peak"],
+        }
         cases.append(case)
-        print(f"{model:20s} b={batch:5d} predicted {predicted / 1e6:9.2f} MB measured {measured / 1e6:9.2f} MB "
-              f"error {case['rel_error']:.4%}  (peak line {case['peak_line_rel_error']:.2%}, "
-              f"Eq. 3 sum {case['eq3_sum_rel_error']:.1%})", flush=True)
-    fit = {"model": model, "probe_batches": [p["batch"] for p in probes], "probe_seconds": probe_seconds,
-           "kind": "timeline" if len(timeline.slopes_) > 1 else "peak_line", "timeline_points": len(timeline.slopes_),
-           "rel_residual": timeline.rel_residual_}
+        print(
+            f"{model:20s} b={batch:5d} predicted {predicted / 1e6:9.2f} MB measured {measured / 1e6:9.2f} MB "
+            f"error {case['rel_error']:.4%}  (peak line {case['peak_line_rel_error']:.2%}, "
+            f"Eq. 3 sum {case['eq3_sum_rel_error']:.1%})",
+            flush=True,
+        )
+    fit = {
+        "model": model,
+        "probe_batches": [p["batch"] for p in probes],
+        "probe_seconds": probe_seconds,
+        "kind": "timeline" if len(timeline.slopes_) > 1 else "peak_line",
+        "timeline_points": len(timeline.slopes_),
+        "rel_residual": timeline.rel_residual_,
+    }
     return cases, fit
 
 
@@ -107,18 +121,23 @@ def main() -> None:
     largest_probe = max(max(f["probe_batches"]) for f in fits)
     result = {
         **summary(cases, "rel_error"),
-        "baselines": {"peak_line": summary(cases, "peak_line_rel_error"), "eq3_sum": summary(cases, "eq3_sum_rel_error")},
+        "baselines": {
+            "peak_line": summary(cases, "peak_line_rel_error"),
+            "eq3_sum": summary(cases, "eq3_sum_rel_error"),
+        },
         "largest_batch_over_largest_probe": max(c["batch"] for c in cases) / largest_probe,
         "targets": TARGETS,
         "fits": fits,
         "cases": cases,
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nmemory model: median {result['median_rel_error']:.4%}, max {result['max_rel_error']:.4%} over "
-          f"{len(cases)} cases (targets {TARGETS['median_rel_error']:.0%} / {TARGETS['max_rel_error']:.0%}); "
-          f"peak line: median {result['baselines']['peak_line']['median_rel_error']:.2%}, max "
-          f"{result['baselines']['peak_line']['max_rel_error']:.2%}; Eq. 3 sum: median "
-          f"{result['baselines']['eq3_sum']['median_rel_error']:.1%}\nwrote {OUT}")
+    print(
+        f"\nmemory model: median {result['median_rel_error']:.4%}, max {result['max_rel_error']:.4%} over "
+        f"{len(cases)} cases (targets {TARGETS['median_rel_error']:.0%} / {TARGETS['max_rel_error']:.0%}); "
+        f"peak line: median {result['baselines']['peak_line']['median_rel_error']:.2%}, max "
+        f"{result['baselines']['peak_line']['max_rel_error']:.2%}; Eq. 3 sum: median "
+        f"{result['baselines']['eq3_sum']['median_rel_error']:.1%}\nwrote {OUT}"
+    )
 
 
 if __name__ == "__main__":

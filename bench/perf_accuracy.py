@@ -63,8 +63,12 @@ def bench_jobs(launcher: str) -> dict[str, dict]:
         job["name"] = f"bench-{model}"
         job["model"]["name"] = model
         job["data"].update(name="digits", image_size=side)
-        job["search"].update(MEASUREMENT, adaptive=ADAPTIVE, nodes={"min": NODES[0], "max": NODES[-1]},
-                             batch={"min": PER_DEVICE[0], "max": NODES[-1] * PER_DEVICE[1]})
+        job["search"].update(
+            MEASUREMENT,
+            adaptive=ADAPTIVE,
+            nodes={"min": NODES[0], "max": NODES[-1]},
+            batch={"min": PER_DEVICE[0], "max": NODES[-1] * PER_DEVICE[1]},
+        )
         job["launcher"] = launcher
         jobs[model] = job
     return jobs
@@ -73,7 +77,11 @@ def bench_jobs(launcher: str) -> dict[str, dict]:
 def grid(job: dict, train_samples: int) -> list[dict]:
     from tula_hpc.plan import candidate_grid
 
-    return [c for c in candidate_grid(job["search"], 1, PER_DEVICE[1], train_samples) if c["per_device_batch"] >= PER_DEVICE[0]]
+    return [
+        c
+        for c in candidate_grid(job["search"], 1, PER_DEVICE[1], train_samples)
+        if c["per_device_batch"] >= PER_DEVICE[0]
+    ]
 
 
 def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[dict] | None:
@@ -111,8 +119,11 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
                 record.pop("per_step")
                 hosts = ranks_per_host(job["launcher"], record["world_size"], 1)
                 records.append({**item, **record, "ranks_per_host": hosts})
-                print(f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
-                      f"{record['median']['step_s'] * 1e3:.2f} ms (interference {record['interference']:.2f})", flush=True)
+                print(
+                    f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
+                    f"{record['median']['step_s'] * 1e3:.2f} ms (interference {record['interference']:.2f})",
+                    flush=True,
+                )
     shutdown()
     return records if ctx.rank == 0 else None
 
@@ -129,8 +140,9 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float
     os.environ.setdefault("TULA_COLLECTIVE_TIMEOUT_S", "3600")  # a rank may wait out a long one-rank measurement
     spec = launch.LaunchSpec(launcher=launcher, nodes=NODES[-1], cpus_per_task=1, time_min=60)
     work = REPO / "work" / "bench" / f"perf_accuracy_{launcher}"
-    return launch.run(pool_worker, dict(jobs=jobs, rounds=schedule, budget_s=budget_s), spec, work,
-                      name="bench-perf-accuracy")
+    return launch.run(
+        pool_worker, dict(jobs=jobs, rounds=schedule, budget_s=budget_s), spec, work, name="bench-perf-accuracy"
+    )
 
 
 def _key(c: dict) -> tuple[int, int]:
@@ -146,8 +158,16 @@ def _rel(predicted: float, measured: float) -> float:
 
 
 def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
-    from tula_hpc.perfmodel import (adaptive_search, estimate_steps, fit_profiles, leave_one_out, measured_steps,
-                                    measurement_weight, model_params, steps_per_epoch)
+    from tula_hpc.perfmodel import (
+        adaptive_search,
+        estimate_steps,
+        fit_profiles,
+        leave_one_out,
+        measured_steps,
+        measurement_weight,
+        model_params,
+        steps_per_epoch,
+    )
     from tula_hpc.plan import partial_set, ranks_per_host
 
     launcher = job["launcher"]
@@ -184,20 +204,29 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
     def cost(used, r) -> float:
         return sum(by_round[r][_key(c)]["measure_wall_s"] * c["nodes"] for c in used)
 
-    modes: dict[str, dict] = {m: {"errors": [], "costs": [], "regret": [], "cost_regret": [], "profiled": []}
-                              for m in ("partial", "adaptive", "full")}
+    modes: dict[str, dict] = {
+        m: {"errors": [], "costs": [], "regret": [], "cost_regret": [], "profiled": []}
+        for m in ("partial", "adaptive", "full")
+    }
     for current in rounds:
         profiles = by_round[current]
-        measure = lambda c: profiles[_key(c)]  # noqa: E731  (the round's measurement stands in for a profile job)
+        measure = lambda c, profiles=profiles: profiles[_key(c)]  # noqa: E731  (the round's measurement stands in for a profile job)
         chosen = {"partial": partial_set(candidates, 1, launcher)}
-        adaptive = adaptive_search(candidates, chosen["partial"], measure, lambda c: (c["nodes"], ranks_per_host(launcher, c["nodes"], 1)), settings,
-                                   search["adaptive"]["tolerance"], search["adaptive"]["max_profiles"])
+        adaptive = adaptive_search(
+            candidates,
+            chosen["partial"],
+            measure,
+            lambda c: (c["nodes"], ranks_per_host(launcher, c["nodes"], 1)),
+            settings,
+            search["adaptive"]["tolerance"],
+            search["adaptive"]["max_profiles"],
+        )
         chosen["adaptive"] = adaptive["profiled"]
         for mode in ("partial", "adaptive"):
             model = fit_profiles([measure(c) for c in chosen[mode]], **settings)
             unseen = [c for c in candidates if c not in chosen[mode]]
             modes[mode]["errors"] += [_rel(p, truth(c, current)) for c, p in zip(unseen, model.predict(rows(unseen)))]
-        for i, held in enumerate(candidates):
+        for held in candidates:
             rest = [measure(c) for c in candidates if c is not held]
             model = fit_profiles(rest, **settings)
             step = model.predict(rows([held]))[0]
@@ -210,7 +239,9 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
             modes[mode]["costs"].append(cost(used, current))
             modes[mode]["profiled"].append(len(used))
 
-    deviation = {(r, _key(c)): _rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)) for r in rounds for c in candidates}
+    deviation = {
+        (r, _key(c)): _rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)) for r in rounds for c in candidates
+    }
     noise = list(deviation.values())
     quiet = [e for (r, k), e in deviation.items() if not disturbed(by_round[r][k])]
     loud = [e for (r, k), e in deviation.items() if disturbed(by_round[r][k])]
@@ -223,16 +254,26 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
             "profiled_configs": statistics.median(m["profiled"]),
             "profiling_cost_s": statistics.median(m["costs"]),
             "profiling_cost_share_of_full": statistics.median(m["costs"]) / full_cost,
-            "selection_regret": statistics.median(m["regret"]), "selection_regret_max": max(m["regret"]),
+            "selection_regret": statistics.median(m["regret"]),
+            "selection_regret_max": max(m["regret"]),
             "cost_regret": statistics.median(m["cost_regret"]),
         }
     noise_floor = statistics.median(noise)
     for mode in summary.values():
-        mode["error_over_noise_floor"] = mode["median_rel_error"] / noise_floor if mode["median_rel_error"] is not None else None
-    return {"noise_floor": noise_floor, "noise_max": max(noise), "configs": len(candidates), "rounds": len(rounds),
-            # How far measurements the profiler saw as quiet, and those it saw disturbed, land from the truth.
-            "noise_quiet": statistics.median(quiet) if quiet else None,
-            "noise_disturbed": statistics.median(loud) if loud else None, "disturbed": len(loud), "modes": summary}
+        mode["error_over_noise_floor"] = (
+            mode["median_rel_error"] / noise_floor if mode["median_rel_error"] is not None else None
+        )
+    return {
+        "noise_floor": noise_floor,
+        "noise_max": max(noise),
+        "configs": len(candidates),
+        "rounds": len(rounds),
+        # How far measurements the profiler saw as quiet, and those it saw disturbed, land from the truth.
+        "noise_quiet": statistics.median(quiet) if quiet else None,
+        "noise_disturbed": statistics.median(loud) if loud else None,
+        "disturbed": len(loud),
+        "modes": summary,
+    }
 
 
 def main() -> int:
@@ -240,9 +281,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", type=Path, help="re-analyse the measurements stored in an earlier result file")
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                        help="slurm: the pool is one job on the local Slurm cluster (make slurm-up first)")
-    parser.add_argument("--out", type=Path, help=f"default {OUT.name}, or perf_accuracy_slurm.json with --launcher slurm")
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="slurm: the pool is one job on the local Slurm cluster (make slurm-up first)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help=f"default {OUT.name}, or perf_accuracy_slurm.json with --launcher slurm"
+    )
     args = parser.parse_args()
 
     import json
@@ -262,15 +309,21 @@ def main() -> int:
     else:
         records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S, launcher)
         measure_wall = time.time() - started
-    results = {m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples)
-               for m in jobs}
+    results = {
+        m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples) for m in jobs
+    }
+
     def across_models(mode: str, key: str) -> float | None:
         values = [results[m]["modes"][mode][key] for m in results if results[m]["modes"][mode][key] is not None]
         return statistics.median(values) if values else None
 
-    overall = {mode: {key: across_models(mode, key)
-                      for key in ("median_rel_error", "max_rel_error", "profiling_cost_share_of_full", "selection_regret")}
-               for mode in ("partial", "adaptive", "full")}
+    overall = {
+        mode: {
+            key: across_models(mode, key)
+            for key in ("median_rel_error", "max_rel_error", "profiling_cost_share_of_full", "selection_regret")
+        }
+        for mode in ("partial", "adaptive", "full")
+    }
     noise_floor = statistics.median(r["noise_floor"] for r in results.values())
     met = {
         "partial_median": bool(overall["partial"]["median_rel_error"] <= TARGETS["partial_median"]),
@@ -280,33 +333,59 @@ def main() -> int:
     }
     report = {
         "description": "step-time prediction error on configurations not used in the fit (full: leave-one-out), per "
-                       "search mode; medians over models of per-model figures",
-        "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-                    "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
-                    "disturbed_share": sum(map(disturbed, records)) / len(records)},
-        "settings": {"launcher": launcher, "models": MODELS, "nodes": NODES, "per_device_batch": PER_DEVICE,
-                     "rounds": len({r["round"] for r in records}), "max_rounds": args.rounds, "budget_s": BUDGET_S,
-                     "measurement": MEASUREMENT, "adaptive": ADAPTIVE},
-        "targets": TARGETS, "targets_met": met, "noise_floor": noise_floor, "overall": overall, "models": results,
-        "measure_wall_s": measure_wall, "reanalysed": bool(args.reuse), "measurements": records,
+        "search mode; medians over models of per-model figures",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_at_end": os.getloadavg(),
+            "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
+            "disturbed_share": sum(map(disturbed, records)) / len(records),
+        },
+        "settings": {
+            "launcher": launcher,
+            "models": MODELS,
+            "nodes": NODES,
+            "per_device_batch": PER_DEVICE,
+            "rounds": len({r["round"] for r in records}),
+            "max_rounds": args.rounds,
+            "budget_s": BUDGET_S,
+            "measurement": MEASUREMENT,
+            "adaptive": ADAPTIVE,
+        },
+        "targets": TARGETS,
+        "targets_met": met,
+        "noise_floor": noise_floor,
+        "overall": overall,
+        "models": results,
+        "measure_wall_s": measure_wall,
+        "reanalysed": bool(args.reuse),
+        "measurements": records,
     }
     write_json(out, report)
-    print(f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
-          f"{report['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work")
+    print(
+        f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
+        f"{report['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work"
+    )
     for m, r in results.items():
         disturbed_noise = "-" if r["noise_disturbed"] is None else f"{r['noise_disturbed']:.1%}"
-        print(f"{m}: noise floor {r['noise_floor']:.1%} (quiet measurements {r['noise_quiet']:.1%}, "
-              f"{r['disturbed']} disturbed ones {disturbed_noise})")
+        print(
+            f"{m}: noise floor {r['noise_floor']:.1%} (quiet measurements {r['noise_quiet']:.1%}, "
+            f"{r['disturbed']} disturbed ones {disturbed_noise})"
+        )
         for mode, s in r["modes"].items():
             if s["median_rel_error"] is None:
                 print(f"  {mode:8s} profiled every configuration in every round: nothing left to judge")
                 continue
-            print(f"  {mode:8s} median {s['median_rel_error']:6.1%} max {s['max_rel_error']:6.1%} "
-                  f"({s['error_over_noise_floor']:.1f}x noise)  profiled {s['profiled_configs']:4.1f}  "
-                  f"cost {s['profiling_cost_s']:6.1f} node-s ({s['profiling_cost_share_of_full']:.0%} of full)  "
-                  f"regret {s['selection_regret']:.1%}")
+            print(
+                f"  {mode:8s} median {s['median_rel_error']:6.1%} max {s['max_rel_error']:6.1%} "
+                f"({s['error_over_noise_floor']:.1f}x noise)  profiled {s['profiled_configs']:4.1f}  "
+                f"cost {s['profiling_cost_s']:6.1f} node-s ({s['profiling_cost_share_of_full']:.0%} of full)  "
+                f"regret {s['selection_regret']:.1%}"
+            )
     for mode, s in overall.items():
-        print(f"overall {mode:8s} " + " ".join(f"{key} {'-' if value is None else f'{value:.1%}'}" for key, value in s.items()))
+        print(
+            f"overall {mode:8s} "
+            + " ".join(f"{key} {'-' if value is None else f'{value:.1%}'}" for key, value in s.items())
+        )
     print("targets met:", met)
     return 0
 

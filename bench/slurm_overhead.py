@@ -8,7 +8,6 @@ Prints and writes bench/results/slurm_overhead.json:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -47,11 +46,18 @@ def submit_to_start(workdir: Path) -> list[float]:
 
 
 def job_intervals(prefix: str) -> list[tuple[float, float]]:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "-o", "JobName,Start,End"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "-o", "JobName,Start,End"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     stamp = lambda s: datetime.fromisoformat(s).timestamp()  # noqa: E731
-    return sorted((stamp(start), stamp(end)) for name, start, end in (l.split("|") for l in out.splitlines())
-                  if name.startswith(prefix) and end not in ("Unknown", ""))
+    return sorted(
+        (stamp(start), stamp(end))
+        for name, start, end in (line.split("|") for line in out.splitlines())
+        if name.startswith(prefix) and end not in ("Unknown", "")
+    )
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
@@ -72,15 +78,34 @@ def dag_overhead(workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
     started = time.time()
-    subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile",
-                    str(REPO / "profiles" / "slurm"), "--configfile", str(workdir / "jobs.yaml")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(workdir),
+            "--profile",
+            str(REPO / "profiles" / "slurm"),
+            "--configfile",
+            str(workdir / "jobs.yaml"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wall = time.time() - started
     time.sleep(launch.ACCOUNTING_LAG_S)
     intervals = job_intervals(f"{name}-")
     inside = union_length(intervals)
-    return {"wall_s": wall, "slurm_jobs": len(intervals), "inside_jobs_s": inside, "orchestration_overhead_s": wall - inside,
-            "overhead_fraction": (wall - inside) / wall}
+    return {
+        "wall_s": wall,
+        "slurm_jobs": len(intervals),
+        "inside_jobs_s": inside,
+        "orchestration_overhead_s": wall - inside,
+        "overhead_fraction": (wall - inside) / wall,
+    }
 
 
 def main() -> None:
@@ -89,13 +114,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dag = dag_overhead(Path(tmp) / "dag")
         latencies = submit_to_start(Path(tmp))
-    result = {"submit_to_start_s": {"median": statistics.median(latencies), "min": min(latencies), "max": max(latencies),
-                                    "samples": latencies},
-              "dag": dag, "note": "1-second resolution for sacct Start/End; local cluster on 2 shared cores"}
+    result = {
+        "submit_to_start_s": {
+            "median": statistics.median(latencies),
+            "min": min(latencies),
+            "max": max(latencies),
+            "samples": latencies,
+        },
+        "dag": dag,
+        "note": "1-second resolution for sacct Start/End; local cluster on 2 shared cores",
+    }
     write_json(REPO / "bench" / "results" / "slurm_overhead.json", result)
-    print(f"submit-to-start median {result['submit_to_start_s']['median']:.2f} s over {len(latencies)} jobs; "
-          f"DAG wall {dag['wall_s']:.1f} s, inside {dag['slurm_jobs']} jobs {dag['inside_jobs_s']:.1f} s, "
-          f"orchestration overhead {dag['orchestration_overhead_s']:.1f} s ({dag['overhead_fraction']:.0%})")
+    print(
+        f"submit-to-start median {result['submit_to_start_s']['median']:.2f} s over {len(latencies)} jobs; "
+        f"DAG wall {dag['wall_s']:.1f} s, inside {dag['slurm_jobs']} jobs {dag['inside_jobs_s']:.1f} s, "
+        f"orchestration overhead {dag['orchestration_overhead_s']:.1f} s ({dag['overhead_fraction']:.0%})"
+    )
 
 
 if __name__ == "__main__":

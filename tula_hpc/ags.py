@@ -293,8 +293,7 @@ class TulaOptimizer(torch.optim.Optimizer):
             raise RuntimeError("static mode uses the fixed static_scale; there is nothing to profile")
         if local_batch < self.small_batch_size:
             raise ValueError(
-                f"local batch of {local_batch} samples cannot hold a reference "
-                f"sub-batch of {self.small_batch_size}"
+                f"local batch of {local_batch} samples cannot hold a reference sub-batch of {self.small_batch_size}"
             )
 
     def _profiled_params(self) -> list[torch.Tensor]:
@@ -394,9 +393,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         return metrics
 
     def _scale_histogram(self) -> dict[str, list]:
-        edges = torch.logspace(
-            math.log10(self.s_min), math.log10(self.s_max), self.hist_bins + 1, dtype=torch.float64
-        )
+        edges = torch.logspace(math.log10(self.s_min), math.log10(self.s_max), self.hist_bins + 1, dtype=torch.float64)
         low, width = math.log(self.s_min), (math.log(self.s_max) - math.log(self.s_min)) / self.hist_bins
         counts = torch.zeros(self.hist_bins, dtype=torch.int64)
         for p in self._params():

@@ -29,8 +29,17 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    epoch: int, step: int, config: dict, extra: dict | None = None) -> None:
+def save_checkpoint(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    epoch: int,
+    step: int,
+    config: dict,
+    extra: dict | None = None,
+) -> None:
     """`epoch` is the number of finished epochs: training resumes at that epoch index."""
     state = {
         "model": model.state_dict(),

@@ -40,14 +40,18 @@ def unlock_stale(workdir: Path = Path(".")) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: tula-hpc {" + ",".join([*STAGES, "unlock-stale"]) + "} [options]\n"
-              "Each stage takes --config config/jobs.yaml --job NAME; see tula-hpc STAGE --help.")
+        print(
+            "usage: tula-hpc {" + ",".join([*STAGES, "unlock-stale"]) + "} [options]\n"
+            "Each stage takes --config config/jobs.yaml --job NAME; see tula-hpc STAGE --help."
+        )
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "unlock-stale":
         return unlock_stale()
     if command not in STAGES:
-        print(f"tula-hpc: unknown command '{command}'; allowed: {', '.join([*STAGES, 'unlock-stale'])}", file=sys.stderr)
+        print(
+            f"tula-hpc: unknown command '{command}'; allowed: {', '.join([*STAGES, 'unlock-stale'])}", file=sys.stderr
+        )
         return 2
     return importlib.import_module(STAGES[command]).main(rest)
 

@@ -91,15 +91,23 @@ def _check_semantics(name: str, job: dict) -> None:
         fail("search.batch", f"min ({batch['min']}) is larger than max ({batch['max']})")
     objective = job["objective"]
     if objective["max_nodes"] is not None and objective["max_nodes"] < nodes["min"]:
-        fail("objective.max_nodes", f"{objective['max_nodes']} is below search.nodes.min ({nodes['min']}): no candidate "
-                                    f"could meet it; allowed: at least {nodes['min']}")
+        fail(
+            "objective.max_nodes",
+            f"{objective['max_nodes']} is below search.nodes.min ({nodes['min']}): no candidate "
+            f"could meet it; allowed: at least {nodes['min']}",
+        )
     if objective["max_batch"] is not None and objective["max_batch"] < batch["min"]:
-        fail("objective.max_batch", f"{objective['max_batch']} is below search.batch.min ({batch['min']}): no candidate "
-                                    f"could meet it; allowed: at least {batch['min']}")
+        fail(
+            "objective.max_batch",
+            f"{objective['max_batch']} is below search.batch.min ({batch['min']}): no candidate "
+            f"could meet it; allowed: at least {batch['min']}",
+        )
     data = job["data"]
     if data["name"] != "digits":
         if not data["root"]:
-            fail("data.root", f"data set '{data['name']}' needs a root folder holding its files (nothing is downloaded)")
+            fail(
+                "data.root", f"data set '{data['name']}' needs a root folder holding its files (nothing is downloaded)"
+            )
         if not Path(data["root"]).is_dir():
             fail("data.root", f"folder '{data['root']}' does not exist")
     if data["val_fraction"] + data["test_fraction"] >= 1:
@@ -114,7 +122,10 @@ def _check_semantics(name: str, job: dict) -> None:
         if not callable(factory):
             fail("model.name", f"'{model}' is not callable")
     elif data["image_size"] < MIN_IMAGE_SIZE[model]:
-        fail("data.image_size", f"{model} needs images of at least {MIN_IMAGE_SIZE[model]} pixels, got {data['image_size']}")
+        fail(
+            "data.image_size",
+            f"{model} needs images of at least {MIN_IMAGE_SIZE[model]} pixels, got {data['image_size']}",
+        )
     epochs = job["train"]["epochs"]
     late = [m for m in job["train"]["lr_milestones"] if m > epochs]
     if late:
@@ -122,18 +133,27 @@ def _check_semantics(name: str, job: dict) -> None:
     train = job["train"]
     # The strategies that warm up (tula_hpc.strategies.WARMUP_STRATEGIES; not imported: it needs torch).
     if train["strategy"] in ("lrs", "lars", "polo") and train["warmup_epochs"] >= epochs:
-        fail("train.warmup_epochs", f"strategy '{train['strategy']}' would warm up for {train['warmup_epochs']} of "
-                                    f"{epochs} epochs and never train at its full rate; allowed: below {epochs}")
+        fail(
+            "train.warmup_epochs",
+            f"strategy '{train['strategy']}' would warm up for {train['warmup_epochs']} of "
+            f"{epochs} epochs and never train at its full rate; allowed: below {epochs}",
+        )
     probes = job["resources"]["memory_probe_batches"]
     if probes != sorted(set(probes)):
         fail("resources.memory_probe_batches", f"{probes} must be distinct batches in increasing order")
     if train["strategy"] == "ags" and probes[0] < train["ags"]["small_batch"]:
-        fail("resources.memory_probe_batches", f"{probes[0]} is below train.ags.small_batch ({train['ags']['small_batch']}): "
-                                               f"that probe would skip the per-epoch scaling update; allowed: at least "
-                                               f"{train['ags']['small_batch']}")
+        fail(
+            "resources.memory_probe_batches",
+            f"{probes[0]} is below train.ags.small_batch ({train['ags']['small_batch']}): "
+            f"that probe would skip the per-epoch scaling update; allowed: at least "
+            f"{train['ags']['small_batch']}",
+        )
     if train["strategy"] == "polo" and train["polo"]["sync_epochs"] >= epochs:
-        fail("train.polo.sync_epochs", f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
-                                       f"start local SGD; allowed: below {epochs}")
+        fail(
+            "train.polo.sync_epochs",
+            f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
+            f"start local SGD; allowed: below {epochs}",
+        )
 
 
 def validate_config(config: dict) -> dict:
@@ -141,7 +161,9 @@ def validate_config(config: dict) -> dict:
     if not isinstance(config, dict):
         raise ConfigError("top level: the configuration must be a mapping with a 'jobs' key")
     validator = _validator_with_defaults()(_schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    errors = sorted(
+        validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))
+    )
     if errors:
         raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
     for name, job in config["jobs"].items():

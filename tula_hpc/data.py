@@ -102,9 +102,26 @@ def load_splits(data_cfg: dict, seed: int) -> Splits:
     return LOADERS[data_cfg["name"]](data_cfg, seed)
 
 
-def make_loader(dataset: Dataset, batch_size: int, *, rank: int, world_size: int, seed: int, shuffle: bool,
-                num_workers: int = 0, drop_last: bool = False) -> DataLoader:
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    rank: int,
+    world_size: int,
+    seed: int,
+    shuffle: bool,
+    num_workers: int = 0,
+    drop_last: bool = False,
+) -> DataLoader:
     """Each rank sees its own 1/world_size of the data: DistributedSampler under DDP, as in training."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
-                      persistent_workers=num_workers > 0)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        persistent_workers=num_workers > 0,
+    )

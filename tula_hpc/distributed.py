@@ -44,7 +44,9 @@ def init_distributed(use_gpus: bool) -> Context:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
-            rank=rank, world_size=world_size, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
     return Context(rank, world_size, local_rank, device)
 

@@ -49,7 +49,10 @@ def score(model: nn.Module, splits, ctx, dataset) -> dict:
     """Accuracy on `dataset` as trained, and after precise BN over the training split (the headline)."""
     as_trained = evaluate_accuracy(model, dataset, ctx)
     precise = recompute_batchnorm_statistics(model, splits.train, ctx.device)
-    return {"accuracy": evaluate_accuracy(model, dataset, ctx) if precise else as_trained, "accuracy_as_trained": as_trained}
+    return {
+        "accuracy": evaluate_accuracy(model, dataset, ctx) if precise else as_trained,
+        "accuracy_as_trained": as_trained,
+    }
 
 
 def evaluate_worker(job: dict, model_path: str) -> dict:
@@ -60,23 +63,36 @@ def evaluate_worker(job: dict, model_path: str) -> dict:
     model.load_state_dict(saved["model"])
     scores = score(model.to(ctx.device), splits, ctx, splits.test)
     shutdown()
-    return {"test_accuracy": scores["accuracy"], "test_accuracy_as_trained": scores["accuracy_as_trained"],
-            "test_samples": len(splits.test)}
+    return {
+        "test_accuracy": scores["accuracy"],
+        "test_accuracy_as_trained": scores["accuracy_as_trained"],
+        "test_samples": len(splits.test),
+    }
 
 
 def evaluate(job: dict, model_path: Path, summary_path: Path, selection_path: Path, out: Path, work_dir: Path) -> dict:
     summary, chosen = read_json(summary_path), read_json(selection_path)["chosen"]
     spec = launch.LaunchSpec.for_job(job, nodes=1)
     spec = launch.LaunchSpec(**{**spec.__dict__, "gpus_per_node": min(spec.gpus_per_node, 1)})
-    scores = launch.run(evaluate_worker, dict(job=job, model_path=str(Path(model_path).resolve())), spec,
-                        Path(work_dir) / "evaluate", name=f"{job['name']}-evaluate")
+    scores = launch.run(
+        evaluate_worker,
+        dict(job=job, model_path=str(Path(model_path).resolve())),
+        spec,
+        Path(work_dir) / "evaluate",
+        name=f"{job['name']}-evaluate",
+    )
     measured, predicted = summary["train_time_s"], chosen["time_s"]
     result = {
-        "job": job["name"], **scores, "nodes": chosen["nodes"], "global_batch": chosen["batch"],
-        "measured_train_time_s": measured, "predicted_train_time_s": predicted,
+        "job": job["name"],
+        **scores,
+        "nodes": chosen["nodes"],
+        "global_batch": chosen["batch"],
+        "measured_train_time_s": measured,
+        "predicted_train_time_s": predicted,
         "time_rel_error": (predicted - measured) / measured,
         "measured_cost": measured / 3600 * chosen["nodes"] * job["objective"]["price_per_node_hour"],
-        "predicted_cost": chosen["cost"], "wall_time_s": summary["wall_time_s"],
+        "predicted_cost": chosen["cost"],
+        "wall_time_s": summary["wall_time_s"],
     }
     write_json(out, result)
     return result
@@ -89,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--selection", required=True, type=Path)
         parser.add_argument("--out", required=True, type=Path, help="results/{job}/eval.json")
 
-    return stage_main("evaluate", add_args, lambda job, args: evaluate(
-        job, args.model, args.summary, args.selection, args.out, args.work_dir), argv)
+    return stage_main(
+        "evaluate",
+        add_args,
+        lambda job, args: evaluate(job, args.model, args.summary, args.selection, args.out, args.work_dir),
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -11,17 +11,29 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from .files import read_json, write_json
 
-ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
-                       "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+ACTIVE_SLURM_STATES = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+    "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+}
 STDERR_TAIL_LINES = 40
 FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
@@ -45,11 +57,16 @@ class LaunchSpec:
     max_requeues: int = 3
 
     @classmethod
-    def for_job(cls, job: dict, nodes: int = 1) -> "LaunchSpec":
+    def for_job(cls, job: dict, nodes: int = 1) -> LaunchSpec:
         res = job["resources"]
         return cls(
-            launcher=job["launcher"], nodes=nodes, gpus_per_node=res["gpus_per_node"], cpus_per_task=res["cpus_per_task"],
-            mem_gb=res["mem_gb"], time_min=res["time_min"], slurm=dict(res.get("slurm", {})),
+            launcher=job["launcher"],
+            nodes=nodes,
+            gpus_per_node=res["gpus_per_node"],
+            cpus_per_task=res["cpus_per_task"],
+            mem_gb=res["mem_gb"],
+            time_min=res["time_min"],
+            slurm=dict(res.get("slurm", {})),
             max_requeues=res["max_requeues"],
         )
 
@@ -94,9 +111,14 @@ def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecuto
             key, _, value = arg.lstrip("-").partition("=")
             extra[key] = value or None
         params.update(
-            nodes=spec.nodes, tasks_per_node=spec.tasks_per_node, gpus_per_node=spec.gpus_per_node or None,
-            mem_gb=spec.mem_gb, slurm_partition=slurm.get("partition"), slurm_account=slurm.get("account"),
-            slurm_qos=slurm.get("qos"), slurm_constraint=slurm.get("constraint"),
+            nodes=spec.nodes,
+            tasks_per_node=spec.tasks_per_node,
+            gpus_per_node=spec.gpus_per_node or None,
+            mem_gb=spec.mem_gb,
+            slurm_partition=slurm.get("partition"),
+            slurm_account=slurm.get("account"),
+            slurm_qos=slurm.get("qos"),
+            slurm_constraint=slurm.get("constraint"),
             slurm_additional_parameters=extra or None,
             # One dead rank ends the whole step at once instead of leaving the others in a collective.
             slurm_srun_args=["--kill-on-bad-exit=1"],
@@ -120,7 +142,11 @@ def _reattach(record_path: Path) -> submitit.Job | None:
         while _pid_alive(pid):
             time.sleep(0.5)
         return submitit.local.local.LocalJob(folder=folder, job_id=job_id, tasks=tasks)
-    return submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tasks) if slurm_state(job_id) in ACTIVE_SLURM_STATES else None
+    return (
+        submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tasks)
+        if slurm_state(job_id) in ACTIVE_SLURM_STATES
+        else None
+    )
 
 
 def slurm_state(job_id: str) -> str:
@@ -175,16 +201,30 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
         folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         executor = _executor(spec, folder, name)
         job = executor.submit(DistributedTask(fn, kwargs, spec.cpus_per_task))
-        write_json(record_path, {"launcher": spec.launcher, "job_id": str(job.job_id), "folder": str(folder.resolve()),
-                                 "tasks": spec.world_size, "nodes": spec.nodes, "submitted": time.time()})
-        print(f"[tula-hpc] submitted {spec.launcher} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
-              f"logs in {folder}", flush=True)
+        write_json(
+            record_path,
+            {
+                "launcher": spec.launcher,
+                "job_id": str(job.job_id),
+                "folder": str(folder.resolve()),
+                "tasks": spec.world_size,
+                "nodes": spec.nodes,
+                "submitted": time.time(),
+            },
+        )
+        print(
+            f"[tula-hpc] submitted {spec.launcher} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
+            f"logs in {folder}",
+            flush=True,
+        )
     try:
         results = job.results()
     except (FailedJobError, UncompletedJobError) as err:
         state = slurm_state(str(job.job_id)) if spec.launcher == "slurm" else "FAILED"
-        raise JobFailed(f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}\n"
-                        f"{_stderr_tail(job)}\n{str(err).splitlines()[0] if str(err) else ''}") from None
+        raise JobFailed(
+            f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}\n"
+            f"{_stderr_tail(job)}\n{str(err).splitlines()[0] if str(err) else ''}"
+        ) from None
     _echo_rank0_output(job)
     return results[0]
 

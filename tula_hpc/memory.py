@@ -145,6 +145,7 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 # --- the device budget ------------------------------------------------------------------------------
 
+
 @functools.cache
 def _cpu_allocator() -> ctypes.CDLL:
     """The budget allocator's library, compiled on first use (cached by torch under ~/.cache/torch_extensions)."""
@@ -155,8 +156,9 @@ def _cpu_allocator() -> ctypes.CDLL:
     source = Path(tempfile.gettempdir()) / f"{name}.cpp"
     if not source.exists():
         write_text(source, _CPU_BUDGET_SOURCE)
-    library = ctypes.CDLL(cpp_extension.load(name=name, sources=[str(source)], is_python_module=False,
-                                             extra_cflags=["-O2"]))
+    library = ctypes.CDLL(
+        cpp_extension.load(name=name, sources=[str(source)], is_python_module=False, extra_cflags=["-O2"])
+    )
     for function in ("tula_used", "tula_peak", "tula_failed_at"):
         getattr(library, function).restype = ctypes.c_int64
     return library
@@ -181,7 +183,8 @@ class _DeviceMemory:
         if resident_bytes >= budget_bytes:
             raise DeviceBudgetError(
                 f"job '{job['name']}': field 'resources.device_memory_gb': a budget of {budget_bytes:,} bytes cannot "
-                f"hold {job['model']['name']} at all: the model alone needs {resident_bytes:,} bytes")
+                f"hold {job['model']['name']} at all: the model alone needs {resident_bytes:,} bytes"
+            )
         self.device = device
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
@@ -244,6 +247,7 @@ def usable_bytes(job: dict) -> int:
 
 # --- the model --------------------------------------------------------------------------------------
 
+
 class StepMemoryModel(BaseEstimator, RegressorMixin):
     """Device memory of a training step at per-device batch b: the highest of one line per timeline point.
 
@@ -252,7 +256,7 @@ class StepMemoryModel(BaseEstimator, RegressorMixin):
     linearly in b. Given one number per probe (its peak), it is the paper's single line.
     """
 
-    def fit(self, batches, timelines) -> "StepMemoryModel":
+    def fit(self, batches, timelines) -> StepMemoryModel:
         batches = np.asarray(batches, float).reshape(-1, 1)
         timelines = np.asarray(timelines, float).reshape(len(batches), -1)
         regression = LinearRegression().fit(batches, timelines)
@@ -335,6 +339,7 @@ def settle(trials: list[dict]) -> tuple[int, bool]:
 
 
 # --- one probe, in its own process ------------------------------------------------------------------
+
 
 def model_bytes(model) -> int:
     """Parameters and buffers: what a built model holds on its device before any step."""
@@ -432,8 +437,10 @@ def measure_probe(job: dict, batch: int) -> dict:
             saved[_storage(tensor)] = tensor.untyped_storage().nbytes()
         return tensor
 
-    with profile(activities=activities, profile_memory=True) as prof, \
-            torch.autograd.graph.saved_tensors_hooks(see, lambda t: t):
+    with (
+        profile(activities=activities, profile_memory=True) as prof,
+        torch.autograd.graph.saved_tensors_hooks(see, lambda t: t),
+    ):
         x, y = _collated_batch(splits, batch, device)
         training_step(model, strategy, loss_fn, x, y)
     events = _allocations(prof, device)
@@ -445,7 +452,15 @@ def measure_probe(job: dict, batch: int) -> dict:
     activations = {ptr: size for ptr, size in saved.items() if ptr not in inputs}
     at_peak = dict.fromkeys(("batch", "gradients", "activations", "workspace"), 0)
     for ptr, size in _live_after(events, peak).items():
-        kind = "batch" if ptr in inputs else "gradients" if ptr in grads else "activations" if ptr in activations else "workspace"
+        kind = (
+            "batch"
+            if ptr in inputs
+            else "gradients"
+            if ptr in grads
+            else "activations"
+            if ptr in activations
+            else "workspace"
+        )
         at_peak[kind] += size
     resident = model_bytes(model)
     return {
@@ -490,8 +505,12 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
 def run_in_fresh_process(kind: str, **kwargs) -> dict:
     """`measure_probe` or `trial_step` in a new interpreter; its answer is the last line it prints."""
     env = {**os.environ, "OMP_NUM_THREADS": str(kwargs["job"]["resources"]["cpus_per_task"])}
-    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--in-process", kind, json.dumps(kwargs)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tula_hpc.memory", "--in-process", kind, json.dumps(kwargs)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory {kind} at batch {kwargs['batch']} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -506,36 +525,51 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
     except Exception as err:
         if not is_out_of_memory(err):
             raise
-        return {"batch": kwargs["batch"], "outcome": "out_of_memory",
-                "failed_at_bytes": device_memory.failed_at(_device(kwargs["job"])), "error": str(err)[:500]}
+        return {
+            "batch": kwargs["batch"],
+            "outcome": "out_of_memory",
+            "failed_at_bytes": device_memory.failed_at(_device(kwargs["job"])),
+            "error": str(err)[:500],
+        }
 
 
 # --- the stage --------------------------------------------------------------------------------------
+
 
 def probe_worker(job: dict) -> dict:
     """Probes (a fresh process each, two at once when there are two cores), then the verification trials."""
     from .data import load_splits
 
     with ThreadPoolExecutor(max_workers=min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))) as pool:
-        answers = list(pool.map(lambda b: run_in_fresh_process("measure", job=job, batch=b),
-                                job["resources"]["memory_probe_batches"]))
-    probes = answers[:next((i + 1 for i, p in enumerate(answers) if p["outcome"] != "measured"), len(answers))]
+        answers = list(
+            pool.map(
+                lambda b: run_in_fresh_process("measure", job=job, batch=b), job["resources"]["memory_probe_batches"]
+            )
+        )
+    probes = answers[: next((i + 1 for i, p in enumerate(answers) if p["outcome"] != "measured"), len(answers))]
     splits = load_splits(job["data"], job["train"]["seed"])
     trials: list[dict] = []
     if probes[-1]["outcome"] == "measured":
         model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
         while (batch := next_trial(model, usable_bytes(job) - buckets, trials, len(splits.train))) is not None:
             trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable_bytes(job), ddp=buckets > 0)
-            trials.append({**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}})
-    return {"probes": probes, "trials": trials,
-            "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}
+            trials.append(
+                {**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}}
+            )
+    return {
+        "probes": probes,
+        "trials": trials,
+        "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+    }
 
 
 def _refuse(job: dict, message: str) -> StageError:
     res = job["resources"]
-    return StageError(f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} GB "
-                      f"({budget_bytes(job):,} bytes, {usable_bytes(job):,} after {res['memory_headroom']:.0%} headroom) "
-                      f"{message}")
+    return StageError(
+        f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} GB "
+        f"({budget_bytes(job):,} bytes, {usable_bytes(job):,} after {res['memory_headroom']:.0%} headroom) "
+        f"{message}"
+    )
 
 
 def summarise(job: dict, measured: dict) -> dict:
@@ -544,22 +578,32 @@ def summarise(job: dict, measured: dict) -> dict:
     if probes[-1]["outcome"] == "budget_too_small":
         raise StageError(probes[-1]["error"])
     if probes[-1]["outcome"] == "out_of_memory":
-        raise _refuse(job, f"runs out of memory in a training step of {job['model']['name']} at probe batch "
-                           f"{probes[-1]['batch']}: it needs more than {probes[-1]['failed_at_bytes']:,} bytes")
+        raise _refuse(
+            job,
+            f"runs out of memory in a training step of {job['model']['name']} at probe batch "
+            f"{probes[-1]['batch']}: it needs more than {probes[-1]['failed_at_bytes']:,} bytes",
+        )
     model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
     proposed = model.max_batch(usable_bytes(job) - buckets)
     if proposed < 1:
         needed = int(model.predict([1])[0] + buckets)
-        raise _refuse(job, f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
-                           f"{needed:,} bytes ({needed / GB:.3f} GB)")
+        raise _refuse(
+            job,
+            f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
+            f"{needed:,} bytes ({needed / GB:.3f} GB)",
+        )
     largest, verified = settle(measured["trials"])
     intercept, slope = model.line_at(largest)
     return {
         "job": job["name"],
         "model": "timeline" if len(model.slopes_) > 1 else "peak_line",
         "probes": [{k: v for k, v in p.items() if k != "timeline"} for p in probes],
-        "fit": {"intercept_bytes": intercept + buckets, "slope_bytes_per_sample": slope,
-                "timeline_points": len(model.slopes_), "rel_residual": model.rel_residual_},
+        "fit": {
+            "intercept_bytes": intercept + buckets,
+            "slope_bytes_per_sample": slope,
+            "timeline_points": len(model.slopes_),
+            "rel_residual": model.rel_residual_,
+        },
         "param_bytes": probes[0]["param_bytes"],
         "ddp_bucket_bytes": buckets,
         "device_memory_bytes": budget_bytes(job),
@@ -578,8 +622,9 @@ def summarise(job: dict, measured: dict) -> dict:
 def probe_memory(job: dict, out: Path, work_dir: Path) -> dict:
     spec = launch.LaunchSpec.for_job(job, nodes=1)
     spec = launch.LaunchSpec(**{**spec.__dict__, "gpus_per_node": min(spec.gpus_per_node, 1)})
-    measured = launch.run(probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory",
-                          name=f"{job['name']}-probe-memory")
+    measured = launch.run(
+        probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory", name=f"{job['name']}-probe-memory"
+    )
     result = summarise(job, measured)
     write_json(out, result)
     return result

@@ -18,8 +18,11 @@ class TinyCNN(nn.Module):
         super().__init__()
         pooled = image_size // 2
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 32, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(), nn.Linear(64 * pooled * pooled, 128), nn.ReLU(inplace=True), nn.Linear(128, num_classes)
@@ -54,8 +57,14 @@ def _vgg11(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
         # The CIFAR-style head (512-512-classes): the ImageNet head would be 100M parameters of padding.
         model.avgpool = nn.AdaptiveAvgPool2d(1)
         model.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(512, 512), nn.ReLU(True), nn.Dropout(), nn.Linear(512, 512), nn.ReLU(True),
-            nn.Dropout(), nn.Linear(512, num_classes),
+            nn.Flatten(),
+            nn.Linear(512, 512),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(512, 512),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(512, num_classes),
         )
     return model
 

@@ -71,9 +71,9 @@ def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: boo
         spread = max(1.4826 * np.median(np.abs(residual)), MIN_ROBUST_SCALE)
         huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residual), 1e-12))
     w = np.sqrt(huber) * scale
-    noise = noise_prior ** 2
+    noise = noise_prior**2
     if n > p:
-        noise = max(noise, float(np.sum(huber * weight * residual ** 2) / (n - p)))
+        noise = max(noise, float(np.sum(huber * weight * residual**2) / (n - p)))
     scaled = A * w[:, None]
     return coef, noise * np.linalg.pinv(scaled.T @ scaled)
 
@@ -95,8 +95,15 @@ class PerfModel(BaseEstimator, RegressorMixin):
     grows with the distance (in octaves of b and N) to the nearest profiled configuration.
     """
 
-    def __init__(self, grad_bytes: float = 0.0, collective: str = "ring", latency_prior_s: float = 5e-5,
-                 noise_prior: float = 0.03, discrepancy_per_octave: float = 0.02, robust: bool = True):
+    def __init__(
+        self,
+        grad_bytes: float = 0.0,
+        collective: str = "ring",
+        latency_prior_s: float = 5e-5,
+        noise_prior: float = 0.03,
+        discrepancy_per_octave: float = 0.02,
+        robust: bool = True,
+    ):
         self.grad_bytes = grad_bytes
         self.collective = collective
         self.latency_prior_s = latency_prior_s
@@ -120,7 +127,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         return self.data_coef_[0] + self.data_coef_[1] * np.asarray(batch, float)
 
     # -- fitting ------------------------------------------------------------------------------------
-    def fit(self, X, y, *, data_s, compute_s, sync_s, sample_weight=None) -> "PerfModel":
+    def fit(self, X, y, *, data_s, compute_s, sync_s, sample_weight=None) -> PerfModel:
         X = np.asarray(X, float)
         ranks, batch, hosts = X[:, 0], X[:, 1], X[:, 2]
         y, data_s, compute_s, sync_s = (np.asarray(v, float) for v in (y, data_s, compute_s, sync_s))
@@ -131,8 +138,9 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.notes_ = []
 
         data_design = np.column_stack([np.ones_like(batch), batch])
-        self.data_coef_, self.data_cov_ = _relative_nnls(data_design, np.maximum(data_s, 1e-9), weight, self.robust,
-                                                         self.noise_prior)
+        self.data_coef_, self.data_cov_ = _relative_nnls(
+            data_design, np.maximum(data_s, 1e-9), weight, self.robust, self.noise_prior
+        )
         self._fit_sync(ranks, sync_s, weight)
 
         # Contention terms only when the profiles see more than one host load; exposure only with sync.
@@ -143,8 +151,9 @@ class PerfModel(BaseEstimator, RegressorMixin):
             compute_rows[:, -1] = 0.0  # the split step's compute part holds no sync
         A = np.vstack([compute_rows, design])
         target = np.concatenate([compute_s, y - self._data(batch)])
-        coef, self.compute_cov_ = _relative_nnls(A, np.maximum(target, 1e-9), np.concatenate([weight, weight]),
-                                                 self.robust, self.noise_prior)
+        coef, self.compute_cov_ = _relative_nnls(
+            A, np.maximum(target, 1e-9), np.concatenate([weight, weight]), self.robust, self.noise_prior
+        )
         full = np.zeros(len(COMPUTE_TERMS))
         full[self.compute_columns_] = coef
         for name, value in zip(COMPUTE_TERMS, full):
@@ -153,10 +162,12 @@ class PerfModel(BaseEstimator, RegressorMixin):
             name = COMPUTE_TERMS[j].rstrip("_")
             self.identified_[name] = bool(ok)
             if ok and value == 0.0:
-                self.notes_.append(f"{name} held at 0 by the non-negativity constraint: the profiles alone would make "
-                                   f"it negative (e.g. compute growing faster than linearly in b over this range)")
+                self.notes_.append(
+                    f"{name} held at 0 by the non-negativity constraint: the profiles alone would make "
+                    f"it negative (e.g. compute growing faster than linearly in b over this range)"
+                )
         residual = (self.predict(X) - y) / y
-        self.rms_rel_error_ = float(np.sqrt(np.mean(residual ** 2)))
+        self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
         return self
 
     def _fit_sync(self, ranks, sync_s, weight) -> None:
@@ -173,12 +184,15 @@ class PerfModel(BaseEstimator, RegressorMixin):
             return
         # One multi-rank size: hops and bytes move together, so latency comes from the prior.
         latency = self.latency_prior_s * features[:, 0]
-        coef, _ = _relative_nnls(features[:, 1:], np.maximum(measured - latency, 1e-9), weight[multi], self.robust,
-                                 self.noise_prior)
+        coef, _ = _relative_nnls(
+            features[:, 1:], np.maximum(measured - latency, 1e-9), weight[multi], self.robust, self.noise_prior
+        )
         self.sync_coef_ = np.array([self.latency_prior_s, coef[0]])
         self.identified_.update(latency_s=False, seconds_per_byte=True)
-        self.notes_.append(f"one multi-rank size profiled (N={int(ranks[multi][0])}): latency and bandwidth are "
-                           f"collinear, latency fixed at the prior {self.latency_prior_s * 1e6:.0f} us per hop")
+        self.notes_.append(
+            f"one multi-rank size profiled (N={int(ranks[multi][0])}): latency and bandwidth are "
+            f"collinear, latency fixed at the prior {self.latency_prior_s * 1e6:.0f} us per hop"
+        )
 
     # -- prediction ---------------------------------------------------------------------------------
     def predict_parts(self, X) -> dict[str, np.ndarray]:
@@ -188,8 +202,13 @@ class PerfModel(BaseEstimator, RegressorMixin):
         compute = compute_only @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
         sync = self._sync(ranks)
         data = self._data(batch)
-        return {"data_s": data, "compute_s": compute, "sync_s": sync, "exposed_sync_s": self.sync_exposed_ * sync,
-                "step_s": data + compute + self.sync_exposed_ * sync}
+        return {
+            "data_s": data,
+            "compute_s": compute,
+            "sync_s": sync,
+            "exposed_sync_s": self.sync_exposed_ * sync,
+            "step_s": data + compute + self.sync_exposed_ * sync,
+        }
 
     def predict(self, X) -> np.ndarray:
         return self.predict_parts(X)["step_s"]
@@ -211,15 +230,21 @@ class PerfModel(BaseEstimator, RegressorMixin):
         d = np.column_stack([np.ones_like(batch), batch])
         variance = np.einsum("ij,jk,ik->i", g, self.compute_cov_, g) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
         discrepancy = self.discrepancy_per_octave * self.octaves_to_profiled(X)
-        return np.sqrt(variance / step ** 2 + discrepancy ** 2)
+        return np.sqrt(variance / step**2 + discrepancy**2)
 
     def params(self) -> dict:
         latency, per_byte = (float(v) for v in self.sync_coef_)
-        return {"data_intercept_s": float(self.data_coef_[0]), "data_per_sample_s": float(self.data_coef_[1]),
-                "batch_ref": self.batch_ref_,
-                **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
-                "overlap": 1.0 - self.sync_exposed_, "latency_s": latency, "seconds_per_byte": per_byte,
-                "rms_rel_error": self.rms_rel_error_, "discrepancy_per_octave": self.discrepancy_per_octave}
+        return {
+            "data_intercept_s": float(self.data_coef_[0]),
+            "data_per_sample_s": float(self.data_coef_[1]),
+            "batch_ref": self.batch_ref_,
+            **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
+            "overlap": 1.0 - self.sync_exposed_,
+            "latency_s": latency,
+            "seconds_per_byte": per_byte,
+            "rms_rel_error": self.rms_rel_error_,
+            "discrepancy_per_octave": self.discrepancy_per_octave,
+        }
 
 
 def _row(profile: dict) -> list[float]:
@@ -237,8 +262,13 @@ def fit_profiles(profiles: list[dict], interference_tolerance: float = 0.1, **mo
     med = [p["median"] for p in profiles]
     weight = [1.0 / (1.0 + (p.get("interference", 0.0) / interference_tolerance) ** 2) for p in profiles]
     return PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params).fit(
-        X, [m["step_s"] for m in med], data_s=[m["data_s"] for m in med],
-        compute_s=[m["compute_s"] + m["update_s"] for m in med], sync_s=[m["sync_s"] for m in med], sample_weight=weight)
+        X,
+        [m["step_s"] for m in med],
+        data_s=[m["data_s"] for m in med],
+        compute_s=[m["compute_s"] + m["update_s"] for m in med],
+        sync_s=[m["sync_s"] for m in med],
+        sample_weight=weight,
+    )
 
 
 def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
@@ -246,7 +276,7 @@ def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
     identified = fit_profiles(profiles, **model_params).identified_
     errors = []
     for i, held in enumerate(profiles):
-        rest = profiles[:i] + profiles[i + 1:]
+        rest = profiles[:i] + profiles[i + 1 :]
         model = fit_profiles(rest, **model_params)
         if model.identified_ != identified:
             continue
@@ -266,7 +296,7 @@ def measurement_weight(out_of_sample: list[float], noise: float) -> float:
     if not out_of_sample:
         return 0.0
     model_variance = float(np.mean(np.square(out_of_sample)))
-    return model_variance / (model_variance + noise ** 2)
+    return model_variance / (model_variance + noise**2)
 
 
 def measured_steps(profiles: list[dict]) -> dict[tuple[int, int], float]:
@@ -290,11 +320,18 @@ def discrepancy_estimate(history: list[dict], prior: float) -> float:
     The prior counts as one observation, so a single lucky prediction cannot end the search.
     """
     ratios = [h["rel_error"] / h["octaves"] for h in history if h["octaves"] > 0]
-    return math.sqrt((prior ** 2 + sum(r ** 2 for r in ratios)) / (1 + len(ratios)))
+    return math.sqrt((prior**2 + sum(r**2 for r in ratios)) / (1 + len(ratios)))
 
 
-def adaptive_search(candidates: list[dict], initial: list[dict], measure, ranks_of, settings: dict,
-                    tolerance: float, max_profiles: int | None = None) -> dict:
+def adaptive_search(
+    candidates: list[dict],
+    initial: list[dict],
+    measure,
+    ranks_of,
+    settings: dict,
+    tolerance: float,
+    max_profiles: int | None = None,
+) -> dict:
     """Profile `initial`, then keep adding the candidate with the largest predicted uncertainty.
 
     Before each new profile joins the fit, the current model predicts it: that out-of-sample error
@@ -330,18 +367,31 @@ def adaptive_search(candidates: list[dict], initial: list[dict], measure, ranks_
             stopped = f"the last {VALIDATIONS} profiles were predicted within tolerance {tolerance:.1%}"
             break
         candidate = remaining[worst]
-        predicted = float(model.predict(X[worst:worst + 1])[0])
-        octaves = float(model.octaves_to_profiled(X[worst:worst + 1])[0])
+        predicted = float(model.predict(X[worst : worst + 1])[0])
+        octaves = float(model.octaves_to_profiled(X[worst : worst + 1])[0])
         profile = measure(candidate)
         measured = profile["median"]["step_s"]
-        history.append({"nodes": candidate["nodes"], "batch": candidate["batch"], "uncertainty": float(uncertainty[worst]),
-                        "predicted_step_s": predicted, "measured_step_s": measured,
-                        "rel_error": abs(predicted / measured - 1), "octaves": octaves})
+        history.append(
+            {
+                "nodes": candidate["nodes"],
+                "batch": candidate["batch"],
+                "uncertainty": float(uncertainty[worst]),
+                "predicted_step_s": predicted,
+                "measured_step_s": measured,
+                "rel_error": abs(predicted / measured - 1),
+                "octaves": octaves,
+            }
+        )
         discrepancy = discrepancy_estimate(history, prior)
         profiled.append(candidate)
         profiles.append(profile)
-    return {"profiled": profiled, "profiles": profiles, "history": history, "discrepancy_per_octave": discrepancy,
-            "stopped": stopped}
+    return {
+        "profiled": profiled,
+        "profiles": profiles,
+        "history": history,
+        "discrepancy_per_octave": discrepancy,
+        "stopped": stopped,
+    }
 
 
 # -- pricing and candidates ------------------------------------------------------------------------------
@@ -369,8 +419,9 @@ def charge_factor(objective: dict, partition: str | None) -> float | None:
     return factors.get(partition, factors.get("default")) if partition else factors.get("default")
 
 
-def costs(time_s: float, nodes: int, ranks: int, per_device_batch: int, objective: dict, memory: dict,
-          partition: str | None) -> dict[str, float | None]:
+def costs(
+    time_s: float, nodes: int, ranks: int, per_device_batch: int, objective: dict, memory: dict, partition: str | None
+) -> dict[str, float | None]:
     """Cost of a run under each pricing model: node-hours, GB-hours of device memory, service units."""
     hours = time_s / HOUR_S
     factor = charge_factor(objective, partition)
@@ -381,8 +432,15 @@ def costs(time_s: float, nodes: int, ranks: int, per_device_batch: int, objectiv
     }
 
 
-def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, train_samples: int, memory: dict,
-                       measured: dict[tuple[int, int], float] | None = None, weight: float = 0.0) -> list[dict]:
+def predict_candidates(
+    model: PerfModel,
+    candidates: list[dict],
+    job: dict,
+    train_samples: int,
+    memory: dict,
+    measured: dict[tuple[int, int], float] | None = None,
+    weight: float = 0.0,
+) -> list[dict]:
     """T and cost of every candidate; a profiled one's step is its measurement weighed with the model's
     (`measured`: (ranks, per-device batch) -> measured step, `weight`: see `measurement_weight`)."""
     measured = measured or {}
@@ -390,10 +448,17 @@ def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, trai
     objective, epochs = job["objective"], job["train"]["epochs"]
     partition = job["resources"]["slurm"].get("partition")
     if objective["pricing"] == "service_units" and charge_factor(objective, partition) is None:
-        raise StageError(f"job '{job['name']}': field 'objective.charge_factors': no factor for partition "
-                         f"'{partition}' and no 'default'; allowed: add '{partition}: <SU per node-hour>' or 'default'")
-    X = np.array([[c["nodes"] * devices, c["per_device_batch"], ranks_per_host(job["launcher"], c["nodes"], devices)]
-                  for c in candidates], float)
+        raise StageError(
+            f"job '{job['name']}': field 'objective.charge_factors': no factor for partition "
+            f"'{partition}' and no 'default'; allowed: add '{partition}: <SU per node-hour>' or 'default'"
+        )
+    X = np.array(
+        [
+            [c["nodes"] * devices, c["per_device_batch"], ranks_per_host(job["launcher"], c["nodes"], devices)]
+            for c in candidates
+        ],
+        float,
+    )
     parts = model.predict_parts(X)
     steps = estimate_steps(model, X, measured, weight)
     uncertainty = model.predict_uncertainty(X)
@@ -410,22 +475,37 @@ def predict_candidates(model: PerfModel, candidates: list[dict], job: dict, trai
         epoch = (per_epoch - 1) * step + float(last_step[i])
         total = epochs * epoch
         price = costs(total, c["nodes"], ranks, c["per_device_batch"], objective, memory, partition)
-        rows.append({**c, "ranks": ranks, "ranks_per_host": int(X[i, 2]), "profiled": (ranks, c["per_device_batch"]) in profiled,
-                     **{part: float(values[i]) for part, values in parts.items()},
-                     "model_step_s": float(parts["step_s"][i]), "step_s": step,
-                     "steps_per_epoch": per_epoch, "epoch_s": epoch, "time_s": total,
-                     "rel_uncertainty": float(uncertainty[i]),
-                     "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
-                     "costs": price, "cost": price[objective["pricing"]]})
+        rows.append(
+            {
+                **c,
+                "ranks": ranks,
+                "ranks_per_host": int(X[i, 2]),
+                "profiled": (ranks, c["per_device_batch"]) in profiled,
+                **{part: float(values[i]) for part, values in parts.items()},
+                "model_step_s": float(parts["step_s"][i]),
+                "step_s": step,
+                "steps_per_epoch": per_epoch,
+                "epoch_s": epoch,
+                "time_s": total,
+                "rel_uncertainty": float(uncertainty[i]),
+                "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
+                "costs": price,
+                "cost": price[objective["pricing"]],
+            }
+        )
     return rows
 
 
 def model_params(job: dict) -> dict:
     """Fit settings from the job's `search` section (PerfModel's parameters and how profiles are weighed)."""
     search = job["search"]
-    return {"collective": search["collective"], "latency_prior_s": search["latency_prior_s"],
-            "noise_prior": search["noise_prior"], "discrepancy_per_octave": search["discrepancy_per_octave"],
-            "interference_tolerance": search["interference_tolerance"]}
+    return {
+        "collective": search["collective"],
+        "latency_prior_s": search["latency_prior_s"],
+        "noise_prior": search["noise_prior"],
+        "discrepancy_per_octave": search["discrepancy_per_octave"],
+        "interference_tolerance": search["interference_tolerance"],
+    }
 
 
 def _gather_profiles(paths: list[Path]) -> tuple[list[dict], dict | None]:
@@ -453,26 +533,51 @@ def fit_model(job: dict, plan_path: Path, memory_path: Path, profile_paths: list
     loo = leave_one_out(profiles, **settings)
     weight = measurement_weight(loo, job["search"]["noise_prior"])
     predicted = model.predict([_row(p) for p in profiles])
-    measured = [{"nodes": p["nodes"], "batch": p["global_batch"], "per_device_batch": p["per_device_batch"],
-                 "measured_step_s": p["median"]["step_s"], "predicted_step_s": float(s),
-                 "step_iqr_over_median": p["iqr_over_median"]["step_s"], "interference": p.get("interference")}
-                for p, s in zip(profiles, predicted)]
+    measured = [
+        {
+            "nodes": p["nodes"],
+            "batch": p["global_batch"],
+            "per_device_batch": p["per_device_batch"],
+            "measured_step_s": p["median"]["step_s"],
+            "predicted_step_s": float(s),
+            "step_iqr_over_median": p["iqr_over_median"]["step_s"],
+            "interference": p.get("interference"),
+        }
+        for p, s in zip(profiles, predicted)
+    ]
     tolerance = job["search"]["interference_tolerance"]
-    disturbed = [f"profile N={p['nodes']} B={p['global_batch']} stayed disturbed by other work after re-measuring "
-                 f"(interference {p['interference']:.0%} > {tolerance:.0%}): its times may be far off; profile it again "
-                 f"when the machine is quieter, or use adaptive search, which checks the model on fresh profiles"
-                 for p in profiles if p.get("interference", 0.0) > tolerance]
+    disturbed = [
+        f"profile N={p['nodes']} B={p['global_batch']} stayed disturbed by other work after re-measuring "
+        f"(interference {p['interference']:.0%} > {tolerance:.0%}): its times may be far off; profile it again "
+        f"when the machine is quieter, or use adaptive search, which checks the model on fresh profiles"
+        for p in profiles
+        if p.get("interference", 0.0) > tolerance
+    ]
     result = {
-        "job": job["name"], "collective": model.collective, "params": model.params(), "identified": model.identified_,
-        "notes": model.notes_ + disturbed, "grad_bytes": model.grad_bytes, "train_samples": plan["dataset"]["train"],
-        "epochs": job["train"]["epochs"], "pricing": job["objective"]["pricing"], "profiled": measured,
-        "search": {"mode": plan["mode"], "history": manifest["history"] if manifest else [],
-                   "stopped": manifest["stopped"] if manifest else None},
-        "leave_one_out": {"count": len(loo), "median_rel_error": float(np.median(loo)) if loo else None,
-                          "max_rel_error": max(loo) if loo else None},
+        "job": job["name"],
+        "collective": model.collective,
+        "params": model.params(),
+        "identified": model.identified_,
+        "notes": model.notes_ + disturbed,
+        "grad_bytes": model.grad_bytes,
+        "train_samples": plan["dataset"]["train"],
+        "epochs": job["train"]["epochs"],
+        "pricing": job["objective"]["pricing"],
+        "profiled": measured,
+        "search": {
+            "mode": plan["mode"],
+            "history": manifest["history"] if manifest else [],
+            "stopped": manifest["stopped"] if manifest else None,
+        },
+        "leave_one_out": {
+            "count": len(loo),
+            "median_rel_error": float(np.median(loo)) if loo else None,
+            "max_rel_error": max(loo) if loo else None,
+        },
         "measurement_weight": weight,
-        "candidates": predict_candidates(model, plan["candidates"], job, plan["dataset"]["train"], memory,
-                                         measured_steps(profiles), weight),
+        "candidates": predict_candidates(
+            model, plan["candidates"], job, plan["dataset"]["train"], memory, measured_steps(profiles), weight
+        ),
     }
     write_json(out, result)
     return result
@@ -482,12 +587,18 @@ def main(argv: list[str] | None = None) -> int:
     def add_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--plan", required=True, type=Path)
         parser.add_argument("--memory", required=True, type=Path, help="memory.json (memory-based pricing)")
-        parser.add_argument("--profiles", required=True, type=Path, nargs="+",
-                            help="profile/N{n}_B{b}.json files, or the adaptive.json of adaptive search")
+        parser.add_argument(
+            "--profiles",
+            required=True,
+            type=Path,
+            nargs="+",
+            help="profile/N{n}_B{b}.json files, or the adaptive.json of adaptive search",
+        )
         parser.add_argument("--out", required=True, type=Path, help="results/{job}/perfmodel.json")
 
-    return stage_main("fit-model", add_args, lambda job, args: fit_model(
-        job, args.plan, args.memory, args.profiles, args.out), argv)
+    return stage_main(
+        "fit-model", add_args, lambda job, args: fit_model(job, args.plan, args.memory, args.profiles, args.out), argv
+    )
 
 
 if __name__ == "__main__":

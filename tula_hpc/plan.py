@@ -80,13 +80,20 @@ def plan(job: dict, memory_path: Path, out: Path) -> dict:
     grid = candidate_grid(job["search"], devices, memory["max_batch_per_device"], memory["dataset"]["train"])
     if not grid:
         raise StageError(
-            f"job '{job['name']}': fields 'search.nodes'/'search.batch': no (nodes, batch) candidate fits: batches must be "
-            f"multiples of nodes x devices, at most {memory['max_batch_per_device']} per device (memory.json) and at most "
-            f"{memory['dataset']['train']} (the training set)")
+            f"job '{job['name']}': fields 'search.nodes'/'search.batch': no (nodes, batch) candidate fits: "
+            f"batches must be multiples of nodes x devices, at most {memory['max_batch_per_device']} per device "
+            f"(memory.json) and at most "
+            f"{memory['dataset']['train']} (the training set)"
+        )
     mode = job["search"]["mode"]
-    result = {"job": job["name"], "mode": mode, "candidates": grid,
-              "profile": grid if mode == "full" else partial_set(grid, devices, job["launcher"]),
-              "max_batch_per_device": memory["max_batch_per_device"], "dataset": memory["dataset"]}
+    result = {
+        "job": job["name"],
+        "mode": mode,
+        "candidates": grid,
+        "profile": grid if mode == "full" else partial_set(grid, devices, job["launcher"]),
+        "max_batch_per_device": memory["max_batch_per_device"],
+        "dataset": memory["dataset"],
+    }
     write_json(out, result)
     return result
 

@@ -65,7 +65,7 @@ def _all_reduce_gradients(model: nn.Module, world_size: int) -> None:
     flat /= world_size
     offset = 0
     for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
 
 
@@ -122,15 +122,22 @@ class Interference:
 
     def share(self) -> float:
         wall = time.perf_counter() - self.started[0]
-        mine = (_machine_id(), _host_busy_s() - self.started[1], time.process_time() - self.started[2],
-                self.waited / max(self.busy, 1e-9))
+        mine = (
+            _machine_id(),
+            _host_busy_s() - self.started[1],
+            time.process_time() - self.started[2],
+            self.waited / max(self.busy, 1e-9),
+        )
         everyone = [mine]
         if self.ctx.world_size > 1:
             everyone = [None] * self.ctx.world_size
             dist.all_gather_object(everyone, mine)
         hosts = {host for host, *_ in everyone}
-        foreign = max(max(busy for host, busy, _, _ in everyone if host == h)
-                      - sum(own for host, _, own, _ in everyone if host == h) for h in hosts)
+        foreign = max(
+            max(busy for host, busy, _, _ in everyone if host == h)
+            - sum(own for host, _, own, _ in everyone if host == h)
+            for h in hosts
+        )
         return max(foreign / (wall * os.cpu_count()), max(wait for *_, wait in everyone), 0.0)
 
 
@@ -158,9 +165,18 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     net = wrap_ddp(model, ctx)
     optimizer = make_optimizer(model, job["train"])
     loss_fn = nn.CrossEntropyLoss()
-    batches = _batches(make_loader(splits.train, per_device_batch, rank=ctx.rank, world_size=ctx.world_size,
-                                   seed=job["train"]["seed"], shuffle=True, drop_last=True,
-                                   num_workers=job["data"]["num_workers"]))
+    batches = _batches(
+        make_loader(
+            splits.train,
+            per_device_batch,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=job["train"]["seed"],
+            shuffle=True,
+            drop_last=True,
+            num_workers=job["data"]["num_workers"],
+        )
+    )
     distributed = ctx.world_size > 1
     no_sync = net.no_sync if distributed else contextlib.nullcontext
     device_sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
@@ -221,12 +237,19 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     stats = {part: _summary(values) for part, values in per_step.items()}
     median = {part: m for part, (m, _) in stats.items()}
     return {
-        "world_size": ctx.world_size, "per_device_batch": per_device_batch,
-        "global_batch": per_device_batch * ctx.world_size, "warmup_steps": len(warmup), "steps": pairs,
-        "median": median, "iqr_over_median": {part: s for part, (_, s) in stats.items()}, "per_step": per_step,
-        "samples_per_s": per_device_batch * ctx.world_size / median["step_s"], "peak_rss_bytes": int(peak),
+        "world_size": ctx.world_size,
+        "per_device_batch": per_device_batch,
+        "global_batch": per_device_batch * ctx.world_size,
+        "warmup_steps": len(warmup),
+        "steps": pairs,
+        "median": median,
+        "iqr_over_median": {part: s for part, (_, s) in stats.items()},
+        "per_step": per_step,
+        "samples_per_s": per_device_batch * ctx.world_size / median["step_s"],
+        "peak_rss_bytes": int(peak),
         "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
-        "measure_wall_s": time.perf_counter() - started, "interference": interference,
+        "measure_wall_s": time.perf_counter() - started,
+        "interference": interference,
         "attempts_interference": [share for _, share in attempts],
     }
 
@@ -242,8 +265,14 @@ def profile_worker(job: dict, global_batch: int) -> dict | None:
 def fingerprint(job: dict) -> str:
     """What a profile depends on: a profile made under other settings must not be reused."""
     search = {key: job["search"][key] for key in MEASUREMENT_KEYS}
-    settings = {"model": job["model"], "data": job["data"], "train": job["train"], "search": search,
-                "resources": {k: v for k, v in job["resources"].items() if k != "slurm"}, "launcher": job["launcher"]}
+    settings = {
+        "model": job["model"],
+        "data": job["data"],
+        "train": job["train"],
+        "search": search,
+        "resources": {k: v for k, v in job["resources"].items() if k != "slurm"},
+        "launcher": job["launcher"],
+    }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -251,10 +280,20 @@ def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path) ->
     """Run one profile job at (nodes, batch) and write its file atomically."""
     spec = launch.LaunchSpec.for_job(job, nodes=nodes)
     started = time.perf_counter()
-    result = launch.run(profile_worker, dict(job=job, global_batch=batch), spec,
-                        Path(work_dir) / "profile" / f"N{nodes}_B{batch}", name=f"{job['name']}-profile-N{nodes}-B{batch}")
-    result.update(nodes=nodes, launcher=spec.launcher, ranks_per_host=ranks_per_host(spec.launcher, nodes, spec.tasks_per_node),
-                  job_wall_s=time.perf_counter() - started, fingerprint=fingerprint(job))
+    result = launch.run(
+        profile_worker,
+        dict(job=job, global_batch=batch),
+        spec,
+        Path(work_dir) / "profile" / f"N{nodes}_B{batch}",
+        name=f"{job['name']}-profile-N{nodes}-B{batch}",
+    )
+    result.update(
+        nodes=nodes,
+        launcher=spec.launcher,
+        ranks_per_host=ranks_per_host(spec.launcher, nodes, spec.tasks_per_node),
+        job_wall_s=time.perf_counter() - started,
+        fingerprint=fingerprint(job),
+    )
     write_json(out, result)
     return result
 
@@ -282,7 +321,11 @@ def adapt(job: dict, plan_path: Path, out: Path, work_dir: Path) -> dict:
 
     def measure_candidate(candidate: dict) -> dict:
         name = f"N{candidate['nodes']}_B{candidate['batch']}.json"
-        path = profile_dir / name if (candidate["nodes"], candidate["batch"]) in initial else profile_dir / "adaptive" / name
+        path = (
+            profile_dir / name
+            if (candidate["nodes"], candidate["batch"]) in initial
+            else profile_dir / "adaptive" / name
+        )
         paths.append(path)
         if path.exists():
             existing = read_json(path)
@@ -292,12 +335,23 @@ def adapt(job: dict, plan_path: Path, out: Path, work_dir: Path) -> dict:
 
     search = job["search"]
     result = adaptive_search(
-        plan["candidates"], plan["profile"], measure_candidate,
+        plan["candidates"],
+        plan["profile"],
+        measure_candidate,
         lambda c: (c["nodes"] * devices, ranks_per_host(job["launcher"], c["nodes"], devices)),
-        model_params(job), search["adaptive"]["tolerance"], search["adaptive"]["max_profiles"])
-    manifest = {"job": job["name"], "profiles": [str(p) for p in paths], "history": result["history"],
-                "discrepancy_per_octave": result["discrepancy_per_octave"], "stopped": result["stopped"],
-                "profiled": len(paths), "candidates": len(plan["candidates"])}
+        model_params(job),
+        search["adaptive"]["tolerance"],
+        search["adaptive"]["max_profiles"],
+    )
+    manifest = {
+        "job": job["name"],
+        "profiles": [str(p) for p in paths],
+        "history": result["history"],
+        "discrepancy_per_octave": result["discrepancy_per_octave"],
+        "stopped": result["stopped"],
+        "profiled": len(paths),
+        "candidates": len(plan["candidates"]),
+    }
     write_json(out, manifest)
     return manifest
 
@@ -307,10 +361,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--plan", required=True, type=Path, help="plan.json from the plan stage")
         parser.add_argument("--nodes", type=int, help="nodes of the one configuration to profile")
         parser.add_argument("--batch", type=int, help="global batch of the one configuration to profile")
-        parser.add_argument("--adaptive", action="store_true",
-                            help="adaptive search instead of one configuration: --out is then adaptive.json")
-        parser.add_argument("--out", required=True, type=Path,
-                            help="results/{job}/profile/N{n}_B{b}.json, or results/{job}/adaptive.json with --adaptive")
+        parser.add_argument(
+            "--adaptive",
+            action="store_true",
+            help="adaptive search instead of one configuration: --out is then adaptive.json",
+        )
+        parser.add_argument(
+            "--out",
+            required=True,
+            type=Path,
+            help="results/{job}/profile/N{n}_B{b}.json, or results/{job}/adaptive.json with --adaptive",
+        )
 
     def run(job: dict, args: argparse.Namespace):
         if args.adaptive:

@@ -20,8 +20,12 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from .files import atomic_path, read_json, write_text  # noqa: E402
 from .stage import stage_main  # noqa: E402
 
-PLOTS = {"time": "time_vs_batch.png", "cost": "cost_surface.png", "accuracy": "predicted_vs_measured.png",
-         "training": "training.png"}
+PLOTS = {
+    "time": "time_vs_batch.png",
+    "cost": "cost_surface.png",
+    "accuracy": "predicted_vs_measured.png",
+    "training": "training.png",
+}
 
 
 def _save(fig, out: Path) -> None:
@@ -51,23 +55,48 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
     rows = _rows_by_nodes(perfmodel["candidates"])
     for nodes, row in rows.items():
-        line, = ax.plot([c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"estimated, N={nodes}")
-        ax.fill_between([c["batch"] for c in row], [c["time_s_range"][0] for c in row], [c["time_s_range"][1] for c in row],
-                        color=line.get_color(), alpha=0.15, linewidth=0)
+        (line,) = ax.plot(
+            [c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"estimated, N={nodes}"
+        )
+        ax.fill_between(
+            [c["batch"] for c in row],
+            [c["time_s_range"][0] for c in row],
+            [c["time_s_range"][1] for c in row],
+            color=line.get_color(),
+            alpha=0.15,
+            linewidth=0,
+        )
         # A profile's T: the candidate's predicted T scaled by how its measured step compares with the prediction.
         predicted = {c["batch"]: c["time_s"] / c["step_s"] for c in row}
         measured = [p for p in perfmodel["profiled"] if p["nodes"] == nodes]
-        ax.scatter([p["batch"] for p in measured], [p["measured_step_s"] * predicted[p["batch"]] for p in measured],
-                   marker="x", s=60, color=line.get_color(), label=f"profiled, N={nodes}")
+        ax.scatter(
+            [p["batch"] for p in measured],
+            [p["measured_step_s"] * predicted[p["batch"]] for p in measured],
+            marker="x",
+            s=60,
+            color=line.get_color(),
+            label=f"profiled, N={nodes}",
+        )
     knees = selection["knees"]
     if knees["kneedle"] is not None:
         ax.axvline(knees["kneedle"], color="grey", linestyle="--", label=f"Kneedle knee B={knees['kneedle']}")
     ax.axvline(knees["model"], color="black", linestyle=":", label=f"model knee B={knees['model']}")
     chosen = selection["chosen"]
-    ax.scatter([chosen["batch"]], [chosen["time_s"]], s=220, facecolors="none", edgecolors="red", linewidths=2,
-               label=f"chosen: N={chosen['nodes']}, B={chosen['batch']}", zorder=5)
-    ax.set(xlabel="global batch B", ylabel="training time T (s)",
-           title=f"{perfmodel['job']}: time vs batch ({selection['objective']} objective)")
+    ax.scatter(
+        [chosen["batch"]],
+        [chosen["time_s"]],
+        s=220,
+        facecolors="none",
+        edgecolors="red",
+        linewidths=2,
+        label=f"chosen: N={chosen['nodes']}, B={chosen['batch']}",
+        zorder=5,
+    )
+    ax.set(
+        xlabel="global batch B",
+        ylabel="training time T (s)",
+        title=f"{perfmodel['job']}: time vs batch ({selection['objective']} objective)",
+    )
     ax.set_xscale("log", base=2)
     _log_axis(ax, "y")
     ax.legend(fontsize=7)
@@ -87,14 +116,31 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
     for i, row in enumerate(rows.values()):
         for c in row:
             dark = norm(c["cost"]) < 0.6  # viridis is dark at its low end
-            ax.text(batches.index(c["batch"]), i, f"{c['cost']:.3g}", ha="center", va="center", fontsize=7,
-                    color="white" if dark else "black")
+            ax.text(
+                batches.index(c["batch"]),
+                i,
+                f"{c['cost']:.3g}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if dark else "black",
+            )
     chosen = selection["chosen"]
-    ax.add_patch(plt.Rectangle((batches.index(chosen["batch"]) - 0.5, list(rows).index(chosen["nodes"]) - 0.5), 1, 1,
-                               fill=False, edgecolor="red", linewidth=2.5))
+    ax.add_patch(
+        plt.Rectangle(
+            (batches.index(chosen["batch"]) - 0.5, list(rows).index(chosen["nodes"]) - 0.5),
+            1,
+            1,
+            fill=False,
+            edgecolor="red",
+            linewidth=2.5,
+        )
+    )
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
     ax.set_yticks(range(len(rows)), [str(n) for n in rows])
-    ax.set(xlabel="global batch B", ylabel="nodes N", title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen")
+    ax.set(
+        xlabel="global batch B", ylabel="nodes N", title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen"
+    )
     fig.colorbar(image, ax=ax, label="cost")
     _save(fig, out)
 
@@ -108,9 +154,16 @@ def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, 
     ax.scatter([trained], [selection["chosen"]["step_s"]], marker="o", color="red", label="training run (mean step)")
     low, high = min(measured + predicted + [trained]) / 1.3, max(measured + predicted + [trained]) * 1.3
     ax.plot([low, high], [low, high], color="black", linewidth=1)
-    ax.fill_between([low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="grey", alpha=0.2, label="+-10 %")
-    ax.set(xlim=(low, high), ylim=(low, high), xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
-           title="predicted vs measured")
+    ax.fill_between(
+        [low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="grey", alpha=0.2, label="+-10 %"
+    )
+    ax.set(
+        xlim=(low, high),
+        ylim=(low, high),
+        xlabel="measured step time (ms)",
+        ylabel="predicted step time (ms)",
+        title="predicted vs measured",
+    )
     _log_axis(ax, "x", scale=1e3)
     _log_axis(ax, "y", scale=1e3)
     ax.legend(fontsize=7)
@@ -119,8 +172,10 @@ def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, 
 
 def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     head = "| " + " | ".join(title for title, _, _ in columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join("-" if r.get(key) is None else format(r[key], fmt) for _, key, fmt in columns)
-                          + " |\n" for r in rows)
+    return head + "".join(
+        "| " + " | ".join("-" if r.get(key) is None else format(r[key], fmt) for _, key, fmt in columns) + " |\n"
+        for r in rows
+    )
 
 
 def _attempts(summary: dict) -> str:
@@ -128,8 +183,11 @@ def _attempts(summary: dict) -> str:
     attempts = summary.get("attempts", [])
     if len(attempts) < 2:
         return ""
-    tried = "; ".join(f"global batch {a['global_batch']}, {a['per_device_batch']} per device as {a['accumulation']} x "
-                      f"{a['micro_batch']}: {a['outcome'].replace('_', ' ')}" for a in attempts)
+    tried = "; ".join(
+        f"global batch {a['global_batch']}, {a['per_device_batch']} per device as {a['accumulation']} x "
+        f"{a['micro_batch']}: {a['outcome'].replace('_', ' ')}"
+        for a in attempts
+    )
     return f"Training ran out of memory and was relaunched from its checkpoint: {tried}.\n"
 
 
@@ -137,41 +195,78 @@ def _constraints(selection: dict) -> str:
     set_ = {k: v for k, v in selection["constraints"].items() if v is not None}
     if not set_:
         return "No constraints."
-    return "Constraints: " + ", ".join(f"{k} = {v:g}" for k, v in set_.items()) + \
-        f" ({selection['feasible']} of {selection['candidates']} candidates meet them)."
+    return (
+        "Constraints: "
+        + ", ".join(f"{k} = {v:g}" for k, v in set_.items())
+        + f" ({selection['feasible']} of {selection['candidates']} candidates meet them)."
+    )
 
 
 def _model_section(plan: dict, perfmodel: dict) -> str:
     p, identified = perfmodel["params"], perfmodel["identified"]
     unidentified = [name for name, ok in identified.items() if not ok]
     loo = perfmodel["leave_one_out"]
-    quality = (f"leave-one-out over {loo['count']} profiles: median {loo['median_rel_error']:.1%}, max {loo['max_rel_error']:.1%}"
-               if loo["count"] else "no leave-one-out estimate (the profiles exactly identify the model)")
+    quality = (
+        f"leave-one-out over {loo['count']} profiles: median {loo['median_rel_error']:.1%}, "
+        f"max {loo['max_rel_error']:.1%}"
+        if loo["count"]
+        else "no leave-one-out estimate (the profiles exactly identify the model)"
+    )
     search = perfmodel["search"]
     adaptive = ""
     if search["history"]:
-        adaptive = ("\nAdaptive search added, each time the least certain candidate (error = how far the model was off "
-                    f"before seeing it); stopped: {search['stopped']}.\n\n"
-                    + _table(search["history"], [("N", "nodes", "d"), ("B", "batch", "d"), ("uncertainty", "uncertainty", ".1%"),
-                                                 ("predicted step (s)", "predicted_step_s", ".5f"),
-                                                 ("measured step (s)", "measured_step_s", ".5f"), ("error", "rel_error", ".1%")]))
+        adaptive = (
+            "\nAdaptive search added, each time the least certain candidate (error = how far the model was off "
+            f"before seeing it); stopped: {search['stopped']}.\n\n"
+            + _table(
+                search["history"],
+                [
+                    ("N", "nodes", "d"),
+                    ("B", "batch", "d"),
+                    ("uncertainty", "uncertainty", ".1%"),
+                    ("predicted step (s)", "predicted_step_s", ".5f"),
+                    ("measured step (s)", "measured_step_s", ".5f"),
+                    ("error", "rel_error", ".1%"),
+                ],
+            )
+        )
     notes = "".join(f"\n- {note}" for note in perfmodel["notes"])
-    return f"""## Performance model ({plan['mode']} search, {len(perfmodel['profiled'])} of {len(plan['candidates'])} candidates profiled)
+    return f"""## Performance model ({plan["mode"]} search, {len(perfmodel["profiled"])} of {
+        len(plan["candidates"])
+    } candidates profiled)
 t_step = data + compute + e x sync, with b the per-device batch and h the ranks per host:
-- data = {p['data_intercept_s'] * 1e3:.3f} ms + {p['data_per_sample_s'] * 1e6:.2f} us x b
-- compute = {p['intercept_s'] * 1e3:.3f} ms + {p['per_sample_s'] * 1e6:.2f} us x (b - {p['batch_ref']:g}) + (h - 1) x ({p['contention_s'] * 1e3:.3f} ms + {p['contention_per_sample_s'] * 1e6:.2f} us x (b - {p['batch_ref']:g}))
-- sync ({perfmodel['collective']}) = {p['latency_s'] * 1e6:.1f} us per hop + {p['seconds_per_byte'] * 1e9:.3f} s/GB moved; exposed share e = {p['sync_exposed']:.2f} (overlap {p['overlap']:+.2f})
+- data = {p["data_intercept_s"] * 1e3:.3f} ms + {p["data_per_sample_s"] * 1e6:.2f} us x b
+- compute = {p["intercept_s"] * 1e3:.3f} ms + {p["per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}) + (h - 1) x ({
+        p["contention_s"] * 1e3:.3f} ms + {p["contention_per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}))
+- sync ({perfmodel["collective"]}) = {p["latency_s"] * 1e6:.1f} us per hop + {
+        p["seconds_per_byte"] * 1e9:.3f} s/GB moved; exposed share e = {p["sync_exposed"]:.2f} (overlap {
+        p["overlap"]:+.2f})
 
-Not identified by these profiles: {', '.join(unidentified) if unidentified else 'none'}.{notes}
-Fit error on the profiles (RMS) {p['rms_rel_error']:.1%}; {quality}. A profiled candidate's step below counts its own
-measurement with weight {perfmodel.get('measurement_weight', 0.0):.2f} against the model (its out-of-sample error against the profile noise).
+Not identified by these profiles: {", ".join(unidentified) if unidentified else "none"}.{notes}
+Fit error on the profiles (RMS) {p["rms_rel_error"]:.1%}; {quality}. A profiled candidate's step below counts its own
+measurement with weight {
+        perfmodel.get(
+            "measurement_weight", 0.0
+        ):.2f} against the model (its out-of-sample error against the profile noise).
 {adaptive}
-{_table(perfmodel['profiled'], [('N', 'nodes', 'd'), ('B', 'batch', 'd'), ('measured step (s)', 'measured_step_s', '.5f'),
-                                ('predicted step (s)', 'predicted_step_s', '.5f'), ('step IQR/median', 'step_iqr_over_median', '.1%'),
-                                ('interference', 'interference', '.0%')])}"""
+{
+        _table(
+            perfmodel["profiled"],
+            [
+                ("N", "nodes", "d"),
+                ("B", "batch", "d"),
+                ("measured step (s)", "measured_step_s", ".5f"),
+                ("predicted step (s)", "predicted_step_s", ".5f"),
+                ("step IQR/median", "step_iqr_over_median", ".1%"),
+                ("interference", "interference", ".0%"),
+            ],
+        )
+    }"""
 
 
-def render(job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict, summary: dict, evaluation: dict) -> str:
+def render(
+    job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict, summary: dict, evaluation: dict
+) -> str:
     chosen = selection["chosen"]
     candidates = sorted(perfmodel["candidates"], key=lambda c: (c["nodes"], c["batch"]))
     resumed = summary["resumed_from_epoch"]
@@ -179,46 +274,75 @@ def render(job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict,
     return f"""# tula-hpc report: {job}
 
 ## Choice
-**{chosen['nodes']} node(s), global batch {chosen['batch']}** ({chosen['per_device_batch']} per device), chosen to
-minimise **{selection['objective']}** ({selection['pricing']} pricing). Predicted training time {chosen['time_s']:.2f} s
-(+-{chosen['rel_uncertainty']:.0%}), cost {chosen['cost']:.5g}. {_constraints(selection)}
-Knees of the best-time-per-batch curve: Kneedle {knees['kneedle']} (depends only on the sampled batch range),
-model-based {knees['model']} (from there each doubling saves less than {selection['knee_min_saving']:.0%} of the time); the
-knee objective used the {selection.get('knee_used', selection['knee_method'])} knee (asked for: `{selection['knee_method']}`).
+**{chosen["nodes"]} node(s), global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
+minimise **{selection["objective"]}** ({selection["pricing"]} pricing). Predicted training time {chosen["time_s"]:.2f} s
+(+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
+Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
+model-based {knees["model"]} (from there each doubling saves less than {
+        selection["knee_min_saving"]:.0%} of the time); the
+knee objective used the {selection.get("knee_used", selection["knee_method"])} knee (asked for: `{
+        selection["knee_method"]
+    }`).
 
-{_table(selection['runners_up'], [('runner-up N', 'nodes', 'd'), ('B', 'batch', 'd'), ('T (s)', 'time_s', '.2f'),
-                                  ('cost', 'cost', '.5g')])}
-![time vs batch]({PLOTS['time']})
+{
+        _table(
+            selection["runners_up"],
+            [("runner-up N", "nodes", "d"), ("B", "batch", "d"), ("T (s)", "time_s", ".2f"), ("cost", "cost", ".5g")],
+        )
+    }
+![time vs batch]({PLOTS["time"]})
 
-![cost surface]({PLOTS['cost']})
+![cost surface]({PLOTS["cost"]})
 
 ## Outcome
 | | predicted | measured |
 |---|---|---|
-| training time (s, steps only) | {evaluation['predicted_train_time_s']:.2f} | {evaluation['measured_train_time_s']:.2f} |
-| cost | {evaluation['predicted_cost']:.5f} | {evaluation['measured_cost']:.5f} |
+| training time (s, steps only) | {evaluation["predicted_train_time_s"]:.2f} | {
+        evaluation["measured_train_time_s"]:.2f} |
+| cost | {evaluation["predicted_cost"]:.5f} | {evaluation["measured_cost"]:.5f} |
 
-Relative time error {evaluation['time_rel_error']:+.1%}. Test top-1 accuracy **{evaluation['test_accuracy']:.2%}**
-on {evaluation['test_samples']} images (BatchNorm statistics recomputed on the training set; as trained
-{evaluation.get('test_accuracy_as_trained', evaluation['test_accuracy']):.2%}). Training wall time {summary['wall_time_s']:.1f} s over {summary['epochs']} epochs
-({summary['steps']} steps){'' if resumed is None else f'; resumed from the checkpoint at epoch {resumed}'}.
+Relative time error {evaluation["time_rel_error"]:+.1%}. Test top-1 accuracy **{evaluation["test_accuracy"]:.2%}**
+on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the training set; as trained
+{evaluation.get("test_accuracy_as_trained", evaluation["test_accuracy"]):.2%}). Training wall time {
+        summary["wall_time_s"]:.1f} s over {summary["epochs"]} epochs
+({summary["steps"]} steps){"" if resumed is None else f"; resumed from the checkpoint at epoch {resumed}"}.
 {_attempts(summary)}
-![predicted vs measured]({PLOTS['accuracy']})
+![predicted vs measured]({PLOTS["accuracy"]})
 
 ## Memory model
-Peak device memory of a step near the largest batch = {memory['fit']['intercept_bytes'] / 1e6:.2f} MB
-+ {memory['fit']['slope_bytes_per_sample'] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
-it prices memory-based cost). Device memory {memory['device_memory_bytes'] / 1e9:.2f} GB with {memory['headroom']:.0%}
-headroom: largest per-device batch **{memory['max_batch_per_device']}**.
+Peak device memory of a step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
++ {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
+it prices memory-based cost). Device memory {memory["device_memory_bytes"] / 1e9:.2f} GB with {memory["headroom"]:.0%}
+headroom: largest per-device batch **{memory["max_batch_per_device"]}**.
 
-{_table(memory['probes'], [('probe batch', 'batch', 'd'), ('measured peak (B)', 'measured_peak_bytes', 'd'),
-                           ('activations (B)', 'activation_bytes', 'd'), ('gradients (B)', 'grad_bytes', 'd'),
-                           ('optimiser (B)', 'optimizer_bytes', 'd')])}
+{
+        _table(
+            memory["probes"],
+            [
+                ("probe batch", "batch", "d"),
+                ("measured peak (B)", "measured_peak_bytes", "d"),
+                ("activations (B)", "activation_bytes", "d"),
+                ("gradients (B)", "grad_bytes", "d"),
+                ("optimiser (B)", "optimizer_bytes", "d"),
+            ],
+        )
+    }
 {_model_section(plan, perfmodel)}
 ### Every candidate
-{_table(candidates, [('N', 'nodes', 'd'), ('B', 'batch', 'd'), ('b/device', 'per_device_batch', 'd'),
-                     ('step (s)', 'step_s', '.5f'), ('+-', 'rel_uncertainty', '.0%'), ('T (s)', 'time_s', '.2f'),
-                     ('cost', 'cost', '.5g')])}"""
+{
+        _table(
+            candidates,
+            [
+                ("N", "nodes", "d"),
+                ("B", "batch", "d"),
+                ("b/device", "per_device_batch", "d"),
+                ("step (s)", "step_s", ".5f"),
+                ("+-", "rel_uncertainty", ".0%"),
+                ("T (s)", "time_s", ".2f"),
+                ("cost", "cost", ".5g"),
+            ],
+        )
+    }"""
 
 
 def strategy_section(summary: dict, plot: Path) -> str:
@@ -230,20 +354,34 @@ def strategy_section(summary: dict, plot: Path) -> str:
     panels = 1 + bool(epochs) + bool(hist)
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)
     curves = axes[0][0]
-    curves.plot([r["epoch"] for r in history], [r["val_accuracy"] for r in history], marker=".", label="validation accuracy")
-    curves.set(xlabel="epoch", ylabel="validation accuracy (as trained)", ylim=(0, 1.02), title=f"training (`{strategy}`)")
+    curves.plot(
+        [r["epoch"] for r in history], [r["val_accuracy"] for r in history], marker=".", label="validation accuracy"
+    )
+    curves.set(
+        xlabel="epoch", ylabel="validation accuracy (as trained)", ylim=(0, 1.02), title=f"training (`{strategy}`)"
+    )
     loss_axis = curves.twinx()
-    loss_axis.plot([r["epoch"] for r in history], [r["loss"] for r in history], color="grey", linestyle="--", label="loss")
+    loss_axis.plot(
+        [r["epoch"] for r in history], [r["loss"] for r in history], color="grey", linestyle="--", label="loss"
+    )
     loss_axis.set(ylabel="training loss")
     if epochs:
         axes[0][1].plot([r["epoch"] for r in epochs], [r["ags"]["scaled_fraction"] for r in epochs], marker=".")
-        axes[0][1].set(xlabel="epoch", ylabel="fraction of steps scaled", ylim=(-0.05, 1.05),
-                       title="steps outside sensitive phases (Delta < delta)")
+        axes[0][1].set(
+            xlabel="epoch",
+            ylabel="fraction of steps scaled",
+            ylim=(-0.05, 1.05),
+            title="steps outside sensitive phases (Delta < delta)",
+        )
     if hist:
         total = sum(hist["counts"])
         axes[0][2].stairs([c / total for c in hist["counts"]], hist["edges"], fill=True)
-        axes[0][2].set(xscale="log", xlabel="scale factor s (s_min, 1, s_max)", ylabel="share of gradient entries",
-                       title=f"factors after epoch {epochs[-1]['epoch']}")
+        axes[0][2].set(
+            xscale="log",
+            xlabel="scale factor s (s_min, 1, s_max)",
+            ylabel="share of gradient entries",
+            title=f"factors after epoch {epochs[-1]['epoch']}",
+        )
         ticks = [hist["edges"][0], 1.0, hist["edges"][-1]]
         axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
         axes[0][2].minorticks_off()
@@ -255,15 +393,25 @@ def strategy_section(summary: dict, plot: Path) -> str:
     scaled = sum(r["ags"]["scaled_steps"] for r in epochs)
     medians = [r["ags"]["delta"]["median"] for r in epochs if r["ags"]["delta"]]
     delta = f"; median Delta per epoch from {min(medians):.3g} to {max(medians):.3g}" if medians else ""
-    return (f"\n## Gradient scaling (`{strategy}`)\n{scaled} of {steps} steps ({scaled / steps:.0%}) were scaled, "
-            f"{sum(r['ags']['gradscale_updates'] for r in epochs)} factor updates{delta}.{figure}")
+    return (
+        f"\n## Gradient scaling (`{strategy}`)\n{scaled} of {steps} steps ({scaled / steps:.0%}) were scaled, "
+        f"{sum(r['ags']['gradscale_updates'] for r in epochs)} factor updates{delta}.{figure}"
+    )
 
 
 def report(job: dict, results_dir: Path, out: Path) -> None:
     results_dir = Path(results_dir)
-    inputs = {name: read_json(results_dir / f) for name, f in [
-        ("memory", "memory.json"), ("plan", "plan.json"), ("perfmodel", "perfmodel.json"),
-        ("selection", "selection.json"), ("summary", "train/summary.json"), ("evaluation", "eval.json")]}
+    inputs = {
+        name: read_json(results_dir / f)
+        for name, f in [
+            ("memory", "memory.json"),
+            ("plan", "plan.json"),
+            ("perfmodel", "perfmodel.json"),
+            ("selection", "selection.json"),
+            ("summary", "train/summary.json"),
+            ("evaluation", "eval.json"),
+        ]
+    }
     plots = {key: Path(out).with_name(name) for key, name in PLOTS.items()}
     plot_time_vs_batch(inputs["perfmodel"], inputs["selection"], plots["time"])
     plot_cost_surface(inputs["perfmodel"], inputs["selection"], plots["cost"])

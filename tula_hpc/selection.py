@@ -23,7 +23,12 @@ from .stage import StageError, stage_main
 RUNNERS_UP = 5
 CLOSEST_SHOWN = 3
 # constraint key -> (candidate field, unit shown in messages)
-CONSTRAINTS = {"max_nodes": ("nodes", ""), "max_batch": ("batch", ""), "deadline_s": ("time_s", " s"), "budget": ("cost", "")}
+CONSTRAINTS = {
+    "max_nodes": ("nodes", ""),
+    "max_batch": ("batch", ""),
+    "deadline_s": ("time_s", " s"),
+    "budget": ("cost", ""),
+}
 
 
 class InfeasibleError(StageError):
@@ -49,7 +54,7 @@ def kneedle_knee(curve: list[dict]) -> int | None:
 def model_knee(curve: list[dict], min_saving: float) -> int:
     """Smallest batch from which every further doubling saves less than `min_saving` of the time."""
     for i, c in enumerate(curve):
-        later = curve[i + 1:]
+        later = curve[i + 1 :]
         if all((prev["time_s"] - nxt["time_s"]) / prev["time_s"] < min_saving for prev, nxt in zip([c] + later, later)):
             return c["batch"]
     return curve[-1]["batch"]
@@ -79,7 +84,10 @@ def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> li
     if goal == "cost":
         return sorted(candidates, key=lambda c: (c["cost"], c["time_s"]))
     at_knee = [c for c in curve if c["batch"] == knee]
-    rest = sorted((c for c in candidates if c not in at_knee), key=lambda c: (abs(c["batch"].bit_length() - knee.bit_length()), c["time_s"]))
+    rest = sorted(
+        (c for c in candidates if c not in at_knee),
+        key=lambda c: (abs(c["batch"].bit_length() - knee.bit_length()), c["time_s"]),
+    )
     return at_knee + rest
 
 
@@ -89,8 +97,12 @@ def select(perfmodel: dict, objective: dict) -> dict:
         raise StageError("perfmodel.json has no candidates to choose from")
     feasible = [c for c in candidates if not violations(c, objective)]
     if not feasible:
-        closest = sorted(candidates, key=lambda c: (sum(violations(c, objective).values()), c["time_s"]))[:CLOSEST_SHOWN]
-        raise InfeasibleError("no candidate meets the constraints; closest: " + " | ".join(_describe(c, objective) for c in closest))
+        closest = sorted(candidates, key=lambda c: (sum(violations(c, objective).values()), c["time_s"]))[
+            :CLOSEST_SHOWN
+        ]
+        raise InfeasibleError(
+            "no candidate meets the constraints; closest: " + " | ".join(_describe(c, objective) for c in closest)
+        )
     curve = best_time_per_batch(feasible)
     knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve, objective["knee_min_saving"])}
     # Kneedle finds no knee on a curve without one (e.g. still falling steeply): the model knee stands in.
@@ -98,13 +110,20 @@ def select(perfmodel: dict, objective: dict) -> dict:
     knee = knees[knee_used]
     ranked = _rank(feasible, curve, objective["minimize"], knee)
     return {
-        "objective": objective["minimize"], "pricing": perfmodel["pricing"], "knee_method": objective["knee_method"],
+        "objective": objective["minimize"],
+        "pricing": perfmodel["pricing"],
+        "knee_method": objective["knee_method"],
         "knee_min_saving": objective["knee_min_saving"],
-        "chosen": ranked[0], "knees": knees, "knee_used": knee_used,
-        "runners_up": [{k: c[k] for k in ("nodes", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")}
-                       for c in ranked[1:1 + RUNNERS_UP]],
+        "chosen": ranked[0],
+        "knees": knees,
+        "knee_used": knee_used,
+        "runners_up": [
+            {k: c[k] for k in ("nodes", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")}
+            for c in ranked[1 : 1 + RUNNERS_UP]
+        ],
         "constraints": {key: objective.get(key) for key in CONSTRAINTS},
-        "feasible": len(feasible), "candidates": len(candidates),
+        "feasible": len(feasible),
+        "candidates": len(candidates),
         "best_time_curve": [{"batch": c["batch"], "nodes": c["nodes"], "time_s": c["time_s"]} for c in curve],
     }
 

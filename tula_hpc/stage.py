@@ -7,8 +7,8 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .config import ConfigError, job_settings, load_config
 from .files import StageInputError
@@ -23,18 +23,35 @@ def load_job(config_paths: list[Path], job_name: str, launcher: str | None = Non
     return job_settings(config, job_name)
 
 
-def stage_main(name: str, add_args: Callable[[argparse.ArgumentParser], None],
-               run: Callable[[dict, argparse.Namespace], object], argv: list[str] | None = None) -> int:
+def stage_main(
+    name: str,
+    add_args: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[dict, argparse.Namespace], object],
+    argv: list[str] | None = None,
+) -> int:
     parser = argparse.ArgumentParser(prog=f"tula-hpc {name}", description=f"tula-hpc stage {name}")
     # Defaults come from the environment the Snakefile sets up, so rules need not repeat them.
     configfiles = os.environ.get("TULA_CONFIGFILES", "config/jobs.yaml").split(os.pathsep)
-    parser.add_argument("--config", type=Path, nargs="+", default=[Path(p) for p in configfiles],
-                        help="jobs file(s), merged in order as Snakemake merges configfiles (env TULA_CONFIGFILES)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        nargs="+",
+        default=[Path(p) for p in configfiles],
+        help="jobs file(s), merged in order as Snakemake merges configfiles (env TULA_CONFIGFILES)",
+    )
     parser.add_argument("--job", required=True, help="job name in the jobs file")
-    parser.add_argument("--launcher", choices=["local", "slurm"], default=os.environ.get("TULA_LAUNCHER"),
-                        help="local or slurm (env TULA_LAUNCHER; default: the jobs file's)")
-    parser.add_argument("--slurm", type=json.loads, default=os.environ.get("TULA_SLURM"),
-                        help="cluster-wide Slurm settings as JSON, from the profile (env TULA_SLURM)")
+    parser.add_argument(
+        "--launcher",
+        choices=["local", "slurm"],
+        default=os.environ.get("TULA_LAUNCHER"),
+        help="local or slurm (env TULA_LAUNCHER; default: the jobs file's)",
+    )
+    parser.add_argument(
+        "--slurm",
+        type=json.loads,
+        default=os.environ.get("TULA_SLURM"),
+        help="cluster-wide Slurm settings as JSON, from the profile (env TULA_SLURM)",
+    )
     parser.add_argument("--work-dir", type=Path, help="work/{job}: submitit folders, checkpoints (default work/JOB)")
     add_args(parser)
     args = parser.parse_args(argv)

@@ -51,12 +51,26 @@ class LARS(torch.optim.Optimizer):
     steps, as TF's exclude_from_layer_adaptation, timm and apex's LARC do.
     """
 
-    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 trust_coefficient: float = 0.001, eps: float = 1e-8, adapt: bool = True) -> None:
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 1e-8,
+        adapt: bool = True,
+    ) -> None:
         if not lr > 0 or not trust_coefficient > 0:
             raise ValueError(f"lr and trust_coefficient must be > 0, got {lr} and {trust_coefficient}")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
-                        eps=eps, adapt=adapt)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            adapt=adapt,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -124,8 +138,14 @@ class Strategy:
         """Positions of a reference sub-batch this step's gradient must also be taken on, if any."""
         return None
 
-    def before_step(self, net: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor,
-                    reference_grads: dict[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def before_step(
+        self,
+        net: nn.Module,
+        loss_fn: Callable,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        reference_grads: dict[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """Called after backward (the full, accumulated gradient) and before ``optimizer.step()``.
 
         ``reference_grads`` map parameters to the mean-loss gradients of the sub-batch at
@@ -216,30 +236,40 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
     if name == "lars":
         layers = [p for p in params if p.ndim > 1]
         others = [p for p in params if p.ndim <= 1]
-        optimizer = LARS([{"params": layers}, {"params": others, "adapt": False}], **sgd,
-                         trust_coefficient=train_cfg["lars"]["trust_coefficient"])
+        optimizer = LARS(
+            [{"params": layers}, {"params": others, "adapt": False}],
+            **sgd,
+            trust_coefficient=train_cfg["lars"]["trust_coefficient"],
+        )
         return Strategy(name, optimizer, train_cfg, steps_per_epoch)
     optimizer = torch.optim.SGD(params, **sgd)
     if name in ("static", "ags"):
         ags = train_cfg["ags"]
         world = _world_size(net)
         tula = TulaOptimizer(
-            optimizer, mode="static" if name == "static" else "adaptive", delta=ags["delta"],
-            large_batch_size=global_batch, small_batch_size=min(ags["small_batch"], global_batch // world),
-            granularity=ags["granularity"], s_min=ags["s_min"], static_scale=ags["static_scale"],
-            update_every_steps=ags["update_every_steps"], seed=train_cfg["seed"],
+            optimizer,
+            mode="static" if name == "static" else "adaptive",
+            delta=ags["delta"],
+            large_batch_size=global_batch,
+            small_batch_size=min(ags["small_batch"], global_batch // world),
+            granularity=ags["granularity"],
+            s_min=ags["s_min"],
+            static_scale=ags["static_scale"],
+            update_every_steps=ags["update_every_steps"],
+            seed=train_cfg["seed"],
         )
         return ScalingStrategy(name, tula, train_cfg, steps_per_epoch)
     if name == "polo" and isinstance(net, DistributedDataParallel):
         polo = train_cfg["polo"]
         switch = polo["sync_epochs"] * steps_per_epoch
-        hook_state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=switch,
-                                       post_local_gradient_allreduce=False)
+        hook_state = PostLocalSGDState(
+            process_group=None, subgroup=None, start_localSGD_iter=switch, post_local_gradient_allreduce=False
+        )
         net.register_comm_hook(hook_state, post_localSGD_hook)
         period = max(1, steps_per_epoch // polo["averages_per_epoch"])
         averager = PeriodicModelAverager(period=period, warmup_steps=switch)
-        return PostLocalSGDStrategy(name, ResumablePostLocalSGD(optimizer, averager, hook_state), train_cfg,
-                                    steps_per_epoch)
+        return PostLocalSGDStrategy(
+            name, ResumablePostLocalSGD(optimizer, averager, hook_state), train_cfg, steps_per_epoch
+        )
     # lbt, lrs, and polo on a single process (local SGD with one worker is plain SGD).
     return Strategy(name, optimizer, train_cfg, steps_per_epoch)
-

@@ -30,8 +30,9 @@ from .strategies import build_strategy
 
 
 def make_optimizer(model: nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=train_cfg["lr"], momentum=train_cfg["momentum"],
-                           weight_decay=train_cfg["weight_decay"])
+    return torch.optim.SGD(
+        model.parameters(), lr=train_cfg["lr"], momentum=train_cfg["momentum"], weight_decay=train_cfg["weight_decay"]
+    )
 
 
 def build_for_job(job: dict, ctx: Context):
@@ -48,7 +49,9 @@ def wrap_ddp(model: nn.Module, ctx: Context) -> nn.Module:
     return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
-def training_step(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
+def training_step(
+    net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1
+) -> torch.Tensor:
     """One optimiser step on the batch (x, y); returns the batch's mean loss.
 
     With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each loss
@@ -65,8 +68,9 @@ def training_step(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.T
         in_reference[reference] = True
         in_reference = in_reference.to(x.device)
         head, (x_main, y_main) = [(x[in_reference], y[in_reference])], (x[~in_reference], y[~in_reference])
-    slices = head + [(xs, ys) for xs, ys in zip(x_main.tensor_split(micro_batches), y_main.tensor_split(micro_batches))
-                     if len(ys)]
+    slices = head + [
+        (xs, ys) for xs, ys in zip(x_main.tensor_split(micro_batches), y_main.tensor_split(micro_batches)) if len(ys)
+    ]
     losses, reference_grads = [], None
     for i, (xs, ys) in enumerate(slices):
         last = i == len(slices) - 1
@@ -93,7 +97,9 @@ def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int =
     with torch.no_grad():
         for x, y in loader:
             pred = model(x.to(ctx.device)).argmax(1)
-            counts += torch.tensor([(pred == y.to(ctx.device)).sum().item(), len(y)], dtype=torch.float64, device=ctx.device)
+            counts += torch.tensor(
+                [(pred == y.to(ctx.device)).sum().item(), len(y)], dtype=torch.float64, device=ctx.device
+            )
     model.train()
     if ctx.world_size > 1:
         dist.all_reduce(counts)
@@ -105,8 +111,16 @@ def _fingerprint(job: dict, global_batch: int) -> dict:
     return {"model": job["model"], "data": job["data"], "train": job["train"], "global_batch": global_batch}
 
 
-def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path: str, metrics_path: str,
-                 accumulation: int = 1, selected_batch: int | None = None, failure_dir: str | None = None) -> dict | None:
+def train_worker(
+    job: dict,
+    global_batch: int,
+    checkpoint_path: str,
+    model_path: str,
+    metrics_path: str,
+    accumulation: int = 1,
+    selected_batch: int | None = None,
+    failure_dir: str | None = None,
+) -> dict | None:
     """One training attempt on every rank, with the device limited to resources.device_memory_gb.
 
     `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
@@ -115,8 +129,9 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
     instead of the summary (its peers learn of it through `failure_dir`); the checkpoint stays.
     """
     try:
-        return _train_attempt(job, global_batch, checkpoint_path, model_path, metrics_path, accumulation,
-                              selected_batch or global_batch)
+        return _train_attempt(
+            job, global_batch, checkpoint_path, model_path, metrics_path, accumulation, selected_batch or global_batch
+        )
     except Exception as err:
         rank = int(os.environ.get("RANK", "0"))
         if memory.is_out_of_memory(err):
@@ -132,8 +147,15 @@ def train_worker(job: dict, global_batch: int, checkpoint_path: str, model_path:
         memory.device_memory.lift()
 
 
-def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_path: str, metrics_path: str,
-                   accumulation: int, selected_batch: int) -> dict | None:
+def _train_attempt(
+    job: dict,
+    global_batch: int,
+    checkpoint_path: str,
+    model_path: str,
+    metrics_path: str,
+    accumulation: int,
+    selected_batch: int,
+) -> dict | None:
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     per_device = global_batch // ctx.world_size
     splits, model = build_for_job(job, ctx)
@@ -167,8 +189,15 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
     del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
     micro_batch = math.ceil(per_device / accumulation)
-    loader = make_loader(splits.train, per_device, rank=ctx.rank, world_size=ctx.world_size, seed=job["train"]["seed"],
-                         shuffle=True, num_workers=job["data"]["num_workers"])
+    loader = make_loader(
+        splits.train,
+        per_device,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        seed=job["train"]["seed"],
+        shuffle=True,
+        num_workers=job["data"]["num_workers"],
+    )
     loss_fn = nn.CrossEntropyLoss()
     epochs = job["train"]["epochs"]
     for epoch in range(start_epoch, epochs):
@@ -182,27 +211,61 @@ def _train_attempt(job: dict, global_batch: int, checkpoint_path: str, model_pat
         epoch_time = time.perf_counter() - started
         train_time += epoch_time
         val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
-        record = {"epoch": epoch + 1, "step": step, "loss": float(loss), "val_accuracy": val_accuracy,
-                  "epoch_time_s": epoch_time, "lr": scheduler.get_last_lr()[0], **strategy_metrics}
+        record = {
+            "epoch": epoch + 1,
+            "step": step,
+            "loss": float(loss),
+            "val_accuracy": val_accuracy,
+            "epoch_time_s": epoch_time,
+            "lr": scheduler.get_last_lr()[0],
+            **strategy_metrics,
+        }
         history.append(record)
         if ctx.is_main:
-            save_checkpoint(Path(checkpoint_path), model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                            step=step, config=fingerprint,
-                            extra={"train_time_s": train_time, "restarts": restarts, "history": history})
+            save_checkpoint(
+                Path(checkpoint_path),
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                epoch=epoch + 1,
+                step=step,
+                config=fingerprint,
+                extra={"train_time_s": train_time, "restarts": restarts, "history": history},
+            )
             append_jsonl(metrics_path, record)
-            print(f"[train] epoch {epoch + 1}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
-                  f"time {epoch_time:.2f}s", flush=True)
+            print(
+                f"[train] epoch {epoch + 1}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
+                f"time {epoch_time:.2f}s",
+                flush=True,
+            )
 
     summary = None
     if ctx.is_main:
         with atomic_path(model_path) as tmp:
-            torch.save({"model": model.state_dict(), "model_name": job["model"]["name"], "num_classes": splits.num_classes,
-                        "in_channels": splits.in_channels, "image_size": job["data"]["image_size"]}, tmp)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "model_name": job["model"]["name"],
+                    "num_classes": splits.num_classes,
+                    "in_channels": splits.in_channels,
+                    "image_size": job["data"]["image_size"],
+                },
+                tmp,
+            )
         summary = {
-            "nodes": None, "global_batch": global_batch, "per_device_batch": per_device, "world_size": ctx.world_size,
-            "accumulation": accumulation, "micro_batch": micro_batch,
-            "epochs": epochs, "steps": step, "steps_per_epoch": steps_per_epoch, "strategy": strategy.name,
-            "train_samples": len(splits.train), "train_time_s": train_time, "resumed_from_epoch": resumed_from,
+            "nodes": None,
+            "global_batch": global_batch,
+            "per_device_batch": per_device,
+            "world_size": ctx.world_size,
+            "accumulation": accumulation,
+            "micro_batch": micro_batch,
+            "epochs": epochs,
+            "steps": step,
+            "steps_per_epoch": steps_per_epoch,
+            "strategy": strategy.name,
+            "train_samples": len(splits.train),
+            "train_time_s": train_time,
+            "resumed_from_epoch": resumed_from,
             "restarts_at_epochs": restarts,
             "history": history,
         }
@@ -236,9 +299,11 @@ def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int
     shrunk = after_out_of_memory(job["resources"]["on_oom"], last["global_batch"], last["accumulation"], world_size)
     if shrunk is None:
         raise StageError(
-            f"job '{job['name']}': training ran out of memory even with {last['micro_batch']} sample per device at once "
-            f"({len(attempts)} attempts): field 'resources.device_memory_gb' ({job['resources']['device_memory_gb']} GB) "
-            f"cannot train {job['model']['name']} with strategy {job['train']['strategy']}; last error: {last['error']}")
+            f"job '{job['name']}': training ran out of memory even with {last['micro_batch']} sample per device "
+            f"at once ({len(attempts)} attempts): field 'resources.device_memory_gb' "
+            f"({job['resources']['device_memory_gb']} GB) "
+            f"cannot train {job['model']['name']} with strategy {job['train']['strategy']}; last error: {last['error']}"
+        )
     return shrunk
 
 
@@ -260,24 +325,41 @@ def train(job: dict, selection_path: Path, out_dir: Path, work_dir: Path) -> dic
     while True:
         global_batch, accumulation = _next_attempt(job, chosen, attempts, spec.world_size)
         per_device = global_batch // spec.world_size
-        attempt = {"global_batch": global_batch, "per_device_batch": per_device, "accumulation": accumulation,
-                   "micro_batch": math.ceil(per_device / accumulation), "outcome": "running"}
+        attempt = {
+            "global_batch": global_batch,
+            "per_device_batch": per_device,
+            "accumulation": accumulation,
+            "micro_batch": math.ceil(per_device / accumulation),
+            "outcome": "running",
+        }
         attempts.append(attempt)
         write_json(log_path, {"selected": selected, "attempts": attempts})
         result = launch.run(
             train_worker,
-            dict(job=job, global_batch=global_batch, checkpoint_path=str(stage_dir / "checkpoint.pt"),
-                 model_path=str(out_dir / "model.pt"), metrics_path=str(stage_dir / "metrics.jsonl"),
-                 accumulation=accumulation, selected_batch=chosen["batch"],
-                 failure_dir=str(stage_dir / "failures" / uuid.uuid4().hex[:12])),
-            spec, stage_dir, name=f"{job['name']}-train",
+            dict(
+                job=job,
+                global_batch=global_batch,
+                checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                model_path=str(out_dir / "model.pt"),
+                metrics_path=str(stage_dir / "metrics.jsonl"),
+                accumulation=accumulation,
+                selected_batch=chosen["batch"],
+                failure_dir=str(stage_dir / "failures" / uuid.uuid4().hex[:12]),
+            ),
+            spec,
+            stage_dir,
+            name=f"{job['name']}-train",
         )
-        attempt.update(outcome=result.get("outcome", "completed"), **{k: result[k] for k in ("rank", "error") if k in result})
+        attempt.update(
+            outcome=result.get("outcome", "completed"), **{k: result[k] for k in ("rank", "error") if k in result}
+        )
         write_json(log_path, {"selected": selected, "attempts": attempts})
         if attempt["outcome"] == "completed":
             break
-        print(f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once",
-              flush=True)
+        print(
+            f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once",
+            flush=True,
+        )
     summary = {**result, "nodes": chosen["nodes"], "wall_time_s": time.time() - started, "attempts": attempts}
     write_json(out_dir / "summary.json", summary)
     return summary
@@ -288,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--selection", required=True, type=Path, help="selection.json from the select stage")
         parser.add_argument("--out-dir", required=True, type=Path, help="results/{job}/train")
 
-    return stage_main("train", add_args, lambda job, args: train(job, args.selection, args.out_dir, args.work_dir), argv)
+    return stage_main(
+        "train", add_args, lambda job, args: train(job, args.selection, args.out_dir, args.work_dir), argv
+    )
 
 
 if __name__ == "__main__":

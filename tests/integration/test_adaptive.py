@@ -19,16 +19,37 @@ TARGET = "results/digits-cnn/perfmodel.json"
 
 
 def snakemake_until_the_model(workdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", TARGET, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-                           "--profile", str(REPO / "profiles" / "local"), "--configfile", str(workdir / "jobs.yaml")],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            TARGET,
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(workdir),
+            "--profile",
+            str(REPO / "profiles" / "local"),
+            "--configfile",
+            str(workdir / "jobs.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_adaptive_search_profiles_beyond_partial_and_resumes_without_measuring_again(tmp_path):
     config = tiny_job_config()
     search = config["jobs"]["digits-cnn"]["search"]
-    search.update(mode="adaptive", warmup_steps=1, steps=2, min_measure_s=0.1, max_attempts=1,
-                  adaptive={"tolerance": 1e-6, "max_profiles": 5})
+    search.update(
+        mode="adaptive",
+        warmup_steps=1,
+        steps=2,
+        min_measure_s=0.1,
+        max_attempts=1,
+        adaptive={"tolerance": 1e-6, "max_profiles": 5},
+    )
     (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake_until_the_model(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

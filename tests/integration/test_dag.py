@@ -19,16 +19,41 @@ from tests.conftest import tiny_job_config
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-DESIGN_OUTPUTS = ["memory.json", "plan.json", "perfmodel.json", "selection.json", "train/summary.json", "train/model.pt",
-                  "eval.json", "report.md", "time_vs_batch.png", "cost_surface.png", "predicted_vs_measured.png",
-                  "training.png"]
+DESIGN_OUTPUTS = [
+    "memory.json",
+    "plan.json",
+    "perfmodel.json",
+    "selection.json",
+    "train/summary.json",
+    "train/model.pt",
+    "eval.json",
+    "report.md",
+    "time_vs_batch.png",
+    "cost_surface.png",
+    "predicted_vs_measured.png",
+    "training.png",
+]
 
 
 def snakemake(workdir: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess | subprocess.Popen:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--profile", str(REPO / "profiles" / "local"), "--configfile", str(workdir / "jobs.yaml"), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--profile",
+        str(REPO / "profiles" / "local"),
+        "--configfile",
+        str(workdir / "jobs.yaml"),
+        *extra,
+    ]
     if kwargs.pop("background", False):
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
     return subprocess.run(cmd, capture_output=True, text=True, **kwargs)
 
 

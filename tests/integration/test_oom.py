@@ -47,8 +47,13 @@ def _checkpoint_at_epoch_1(job: dict, batch: int, stage_dir, monkeypatch) -> Non
     roomy = {**job, "resources": {**job["resources"], "device_memory_gb": 1}}
     monkeypatch.setattr(train_module, "evaluate_accuracy", lose_the_node_in_epoch_2)
     with pytest.raises(RuntimeError, match="node lost"):
-        train_worker(roomy, batch, str(stage_dir / "checkpoint.pt"), str(stage_dir / "model.pt"),
-                     str(stage_dir / "metrics.jsonl"))
+        train_worker(
+            roomy,
+            batch,
+            str(stage_dir / "checkpoint.pt"),
+            str(stage_dir / "model.pt"),
+            str(stage_dir / "metrics.jsonl"),
+        )
     monkeypatch.undo()
 
 
@@ -61,11 +66,18 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
     summary = train(job, tmp_path / "selection.json", tmp_path / "results", work)
 
     attempts = summary["attempts"]
-    assert attempts[0] == {"global_batch": 512, "per_device_batch": 256, "accumulation": 1, "micro_batch": 256,
-                           "outcome": "out_of_memory", "rank": attempts[0]["rank"], "error": attempts[0]["error"]}
+    assert attempts[0] == {
+        "global_batch": 512,
+        "per_device_batch": 256,
+        "accumulation": 1,
+        "micro_batch": 256,
+        "outcome": "out_of_memory",
+        "rank": attempts[0]["rank"],
+        "error": attempts[0]["error"],
+    }
     assert "can't allocate memory" in attempts[0]["error"]
     assert attempts[-1]["outcome"] == "completed" and all(a["global_batch"] == 512 for a in attempts)
-    assert [a["accumulation"] for a in attempts] == [2 ** i for i in range(len(attempts))]
+    assert [a["accumulation"] for a in attempts] == [2**i for i in range(len(attempts))]
     assert summary["global_batch"] == 512 and summary["accumulation"] == attempts[-1]["accumulation"]
     assert summary["steps_per_epoch"] == 3 and summary["steps"] == 9
     assert summary["resumed_from_epoch"] == 1 and [h["epoch"] for h in summary["history"]] == [1, 2, 3]
@@ -88,10 +100,19 @@ def test_every_rank_learns_at_once_that_one_ran_out_of_memory(tmp_path):
     started = time.monotonic()
     outcome = launch.run(
         train_with_budget_per_rank,
-        dict(budgets_gb=[1, TIGHT_GB], job=job, global_batch=512, checkpoint_path=str(tmp_path / "checkpoint.pt"),
-             model_path=str(tmp_path / "model.pt"), metrics_path=str(tmp_path / "metrics.jsonl"),
-             failure_dir=str(tmp_path / "failures")),
-        spec, tmp_path / "stage", name="oom-on-rank-1")
+        dict(
+            budgets_gb=[1, TIGHT_GB],
+            job=job,
+            global_batch=512,
+            checkpoint_path=str(tmp_path / "checkpoint.pt"),
+            model_path=str(tmp_path / "model.pt"),
+            metrics_path=str(tmp_path / "metrics.jsonl"),
+            failure_dir=str(tmp_path / "failures"),
+        ),
+        spec,
+        tmp_path / "stage",
+        name="oom-on-rank-1",
+    )
     assert outcome["outcome"] == "out_of_memory" and outcome["rank"] == 1  # rank 0's answer, about rank 1
     assert time.monotonic() - started < 60  # not the 120 s collective timeout
 
@@ -100,10 +121,29 @@ def test_a_budget_too_small_for_the_model_fails_the_stage_naming_job_and_bytes(t
     _job(tmp_path, device_memory_gb=0.0001)
     out = tmp_path / "memory.json"
     out.write_text("{}")
-    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--config", str(tmp_path / "jobs.yaml"), "--job",
-                           "digits-cnn", "--launcher", "local", "--work-dir", str(tmp_path / "work"), "--out", str(out)],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tula_hpc.memory",
+            "--config",
+            str(tmp_path / "jobs.yaml"),
+            "--job",
+            "digits-cnn",
+            "--launcher",
+            "local",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
-    assert ("job 'digits-cnn': field 'resources.device_memory_gb': a budget of 100,000 bytes cannot hold tiny_cnn at "
-            "all: the model alone needs 605,224 bytes") in proc.stderr
+    assert (
+        "job 'digits-cnn': field 'resources.device_memory_gb': a budget of 100,000 bytes cannot hold tiny_cnn at "
+        "all: the model alone needs 605,224 bytes"
+    ) in proc.stderr
     assert out.read_text() == "{}"

@@ -57,8 +57,12 @@ def slurm_cluster() -> Path:
 
 def sacct_jobs(name: str) -> list[dict]:
     """Allocations (not steps) named `name`, oldest first."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "--name", name, "-o", "JobID,NNodes,State"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "--name", name, "-o", "JobID,NNodes,State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
 
 

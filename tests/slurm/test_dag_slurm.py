@@ -17,8 +17,19 @@ from tula_hpc.launch import slurm_state
 
 
 def snakemake(workdir, config_path, background=False):
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(config_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--profile",
+        str(REPO / "profiles" / "slurm"),
+        "--configfile",
+        str(config_path),
+    ]
     if background:
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return subprocess.run(cmd, capture_output=True, text=True)
@@ -58,8 +69,15 @@ def test_killed_driver_reattaches_to_the_running_training_job(slurm_run):
     record = workdir / "work" / name / "train" / "job.json"
     first_job = json.loads(record.read_text())["job_id"]
     driver = snakemake(workdir, config_path, background=True)
-    job_id = wait_for(lambda: record.exists() and json.loads(record.read_text())["job_id"] != first_job
-                      and json.loads(record.read_text())["job_id"], 180, "the new training submission")
+    job_id = wait_for(
+        lambda: (
+            record.exists()
+            and json.loads(record.read_text())["job_id"] != first_job
+            and json.loads(record.read_text())["job_id"]
+        ),
+        180,
+        "the new training submission",
+    )
     wait_for(lambda: slurm_state(job_id) == "RUNNING", 60, "training to run")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()

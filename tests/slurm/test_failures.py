@@ -25,7 +25,11 @@ def _rank_pid(job_id: str, rank: int) -> int | None:
             cmdline = (proc / "cmdline").read_text()
         except (OSError, ValueError):
             continue
-        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "submitit.core._submit" in cmdline:
+        if (
+            env.get("SLURM_JOB_ID") == job_id
+            and env.get("SLURM_PROCID") == str(rank)
+            and "submitit.core._submit" in cmdline
+        ):
             return int(proc.name)
     return None
 
@@ -42,7 +46,9 @@ def test_a_killed_rank_ends_the_job_within_seconds_and_a_rerun_completes(slurm_c
 
     stage = threading.Thread(target=run_stage)
     stage.start()
-    job_id = wait_for(lambda: (tmp_path / "job.json").exists() and read_json(tmp_path / "job.json")["job_id"], 30, "submission")
+    job_id = wait_for(
+        lambda: (tmp_path / "job.json").exists() and read_json(tmp_path / "job.json")["job_id"], 30, "submission"
+    )
     pid = wait_for(lambda: _rank_pid(job_id, 1), 60, "rank 1 to start")
     time.sleep(3)  # let the group form and the ranks enter their collectives
     os.kill(pid, signal.SIGKILL)

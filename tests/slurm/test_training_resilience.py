@@ -17,8 +17,23 @@ from tula_hpc.launch import slurm_state
 def _train_stage(tmp_path, name, config_path, launcher, tag, background=False):
     selection = tmp_path / "selection.json"
     selection.write_text(json.dumps({"chosen": {"nodes": 1, "batch": 64, "per_device_batch": 64}}))
-    cmd = [sys.executable, "-m", "tula_hpc.train", "--config", str(config_path), "--job", name, "--launcher", launcher,
-           "--selection", str(selection), "--out-dir", str(tmp_path / tag / "out"), "--work-dir", str(tmp_path / tag / "work")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tula_hpc.train",
+        "--config",
+        str(config_path),
+        "--job",
+        name,
+        "--launcher",
+        launcher,
+        "--selection",
+        str(selection),
+        "--out-dir",
+        str(tmp_path / tag / "out"),
+        "--work-dir",
+        str(tmp_path / tag / "work"),
+    ]
     if background:
         return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -64,8 +79,12 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_pa
     name, config_path = _slow_job(tmp_path, epochs=30, time_min=30)
     stage = _train_stage(tmp_path, name, config_path, "slurm", "run", background=True)
     checkpoint = tmp_path / "run" / "work" / "train" / "checkpoint.pt"
-    wait_for(lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3, 300,
-             "three epochs", interval=1)
+    wait_for(
+        lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3,
+        300,
+        "three epochs",
+        interval=1,
+    )
     job_id = json.loads((tmp_path / "run" / "work" / "train" / "job.json").read_text())["job_id"]
     requeued_after = torch.load(checkpoint, weights_only=False)["epoch"]
     subprocess.run(["scontrol", "requeue", job_id], check=True)

@@ -20,9 +20,7 @@ from tula_hpc.ags import TulaOptimizer
 
 
 def _mlp(dropout: float = 0.0) -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4)
-    )
+    return nn.Sequential(nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4))
 
 
 def _batch(gen: torch.Generator | None, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +116,9 @@ def test_sensitive_steps_leave_gradients_unchanged():
     torch.manual_seed(0)
     model = nn.Linear(5, 3)
     ref = copy.deepcopy(model)
-    opt = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), large_batch_size=256, small_batch_size=4)
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), large_batch_size=256, small_batch_size=4
+    )
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     x, y = torch.randn(32, 5), torch.randint(0, 3, (32,))
     _backward(model, x, y)
@@ -245,7 +245,12 @@ def test_resume_mid_epoch_matches_uninterrupted_run():
     _train(first, opt_a, sched_a, positions[:4])  # stop inside epoch 2, after its profile
     buf = io.BytesIO()
     torch.save(
-        {"model": first.state_dict(), "opt": opt_a.state_dict(), "sched": sched_a.state_dict(), "rng": torch.get_rng_state()},
+        {
+            "model": first.state_dict(),
+            "opt": opt_a.state_dict(),
+            "sched": sched_a.state_dict(),
+            "rng": torch.get_rng_state(),
+        },
         buf,
     )
     buf.seek(0)
@@ -282,7 +287,9 @@ def test_update_cadence_and_epoch_metrics():
     torch.manual_seed(0)
     model = _mlp()
     x, y = _batch(torch.Generator().manual_seed(1))
-    every2 = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), large_batch_size=64, small_batch_size=8, update_every_steps=2)
+    every2 = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), large_batch_size=64, small_batch_size=8, update_every_steps=2
+    )
     epochly = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), large_batch_size=64, small_batch_size=8)
     _backward(model, x, y)
 

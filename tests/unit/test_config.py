@@ -21,8 +21,11 @@ BAD_CASES = [
     ("unknown model", lambda j: j["model"].update(name="resnet1000"), ["model.name", "resnet18"]),
     ("unknown dataset", lambda j: j["data"].update(name="mnist"), ["data.name", "mnist", "cifar10"]),
     ("missing data root", lambda j: j["data"].update(name="cifar10", image_size=32), ["data.root", "cifar10"]),
-    ("data root not a folder", lambda j: j["data"].update(name="cifar10", root="/nonexistent/cifar", image_size=32),
-     ["data.root", "/nonexistent/cifar", "does not exist"]),
+    (
+        "data root not a folder",
+        lambda j: j["data"].update(name="cifar10", root="/nonexistent/cifar", image_size=32),
+        ["data.root", "/nonexistent/cifar", "does not exist"],
+    ),
     ("batch min above max", lambda j: j["search"]["batch"].update(min=512, max=64), ["search.batch", "512", "64"]),
     ("nodes min above max", lambda j: j["search"]["nodes"].update(min=4, max=2), ["search.nodes", "4", "2"]),
     ("zero epochs", lambda j: j["train"].update(epochs=0), ["train.epochs", "minimum"]),
@@ -32,10 +35,16 @@ BAD_CASES = [
     ("unknown key", lambda j: j["train"].update(epoch=3), ["train", "'epoch'", "epochs"]),
     ("unknown section", lambda j: j.update(extras={}), ["'extras'", "allowed keys"]),
     ("unknown objective", lambda j: j["objective"].update(minimize="accuracy"), ["objective.minimize", "knee"]),
-    ("module:callable that does not import", lambda j: j["model"].update(name="no_such_pkg.models:make"),
-     ["model.name", "no_such_pkg.models:make", "does not import"]),
-    ("callable missing from module", lambda j: j["model"].update(name="tula_hpc.models:no_such_factory"),
-     ["model.name", "no_such_factory"]),
+    (
+        "module:callable that does not import",
+        lambda j: j["model"].update(name="no_such_pkg.models:make"),
+        ["model.name", "no_such_pkg.models:make", "does not import"],
+    ),
+    (
+        "callable missing from module",
+        lambda j: j["model"].update(name="tula_hpc.models:no_such_factory"),
+        ["model.name", "no_such_factory"],
+    ),
     ("image too small for the model", lambda j: j["model"].update(name="vgg11"), ["data.image_size", "vgg11", "32"]),
     ("search mode", lambda j: j["search"].update(mode="exhaustive"), ["search.mode", "partial, full"]),
     ("milestone past the end", lambda j: j["train"].update(lr_milestones=[40]), ["train.lr_milestones", "40"]),
@@ -105,9 +114,24 @@ def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path, default_
     config_path.write_text(yaml.safe_dump(bad))
     earlier = tmp_path / "memory.json"
     earlier.write_text('{"earlier": true}\n')
-    proc = subprocess.run([sys.executable, "-m", "tula_hpc.memory", "--config", str(config_path), "--job", "digits-cnn",
-                           "--out", str(earlier), "--work-dir", str(tmp_path / "work")],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tula_hpc.memory",
+            "--config",
+            str(config_path),
+            "--job",
+            "digits-cnn",
+            "--out",
+            str(earlier),
+            "--work-dir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert "job 'digits-cnn': field 'train.epochs'" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -9,8 +9,18 @@ from torch import nn
 
 from tests.conftest import REPO
 from tula_hpc.config import ConfigError, job_settings, load_config
-from tula_hpc.memory import (GB, DeviceBudgetError, StepMemoryModel, device_memory, fit_probes, is_out_of_memory,
-                             next_trial, run_in_fresh_process, settle, summarise)
+from tula_hpc.memory import (
+    GB,
+    DeviceBudgetError,
+    StepMemoryModel,
+    device_memory,
+    fit_probes,
+    is_out_of_memory,
+    next_trial,
+    run_in_fresh_process,
+    settle,
+    summarise,
+)
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import build_strategy
 from tula_hpc.train import _next_attempt, after_out_of_memory, training_step
@@ -105,11 +115,24 @@ def test_a_trial_out_of_memory_corrects_downwards():
 
 # --- memory.json and bad budgets -------------------------------------------------------------------
 
+
 def _measured(intercept=2e6, slope=5e4, params=6e5, trials=None):
-    probes = [{"batch": b, "outcome": "measured", "measured_peak_bytes": intercept + slope * b, "param_bytes": params,
-               "grad_bytes": params, "timeline": [intercept / 2, intercept + slope * b, 1.0]} for b in (32, 48, 64)]
-    return {"probes": probes, "trials": trials or [{"batch": 1, "outcome": "fits", "peak_bytes": 1}],
-            "dataset": {"train": 1000, "val": 100, "test": 100}}
+    probes = [
+        {
+            "batch": b,
+            "outcome": "measured",
+            "measured_peak_bytes": intercept + slope * b,
+            "param_bytes": params,
+            "grad_bytes": params,
+            "timeline": [intercept / 2, intercept + slope * b, 1.0],
+        }
+        for b in (32, 48, 64)
+    ]
+    return {
+        "probes": probes,
+        "trials": trials or [{"batch": 1, "outcome": "fits", "peak_bytes": 1}],
+        "dataset": {"train": 1000, "val": 100, "test": 100},
+    }
 
 
 def test_summary_sizes_the_batch_for_budget_headroom_and_ddp_buckets():
@@ -124,8 +147,11 @@ def test_summary_sizes_the_batch_for_budget_headroom_and_ddp_buckets():
 
 
 def test_budget_smaller_than_one_sample_names_the_job_and_the_bytes_needed():
-    with pytest.raises(StageError, match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 GB .* "
-                                         r"even at batch 1: it needs 2,650,000 bytes"):
+    with pytest.raises(
+        StageError,
+        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 GB .* "
+        r"even at batch 1: it needs 2,650,000 bytes",
+    ):
         summarise(_job(device_memory_gb=0.002), _measured())
 
 
@@ -133,8 +159,11 @@ def test_zero_budget_is_refused_when_the_config_is_read(tmp_path):
     config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
     config["jobs"]["digits-cnn"]["resources"]["device_memory_gb"] = 0
     (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0 is less than or "
-                                          r"equal to the minimum of 0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0 is less than or "
+        r"equal to the minimum of 0",
+    ):
         load_config([tmp_path / "jobs.yaml"])
 
 
@@ -147,6 +176,7 @@ def test_probe_batches_below_the_gradient_scaling_reference_are_refused(tmp_path
 
 
 # --- real measurements ------------------------------------------------------------------------------
+
 
 def test_components_at_the_peak_sum_to_the_measured_total():
     job = _job()
@@ -185,6 +215,7 @@ def test_the_budget_makes_allocations_fail_for_real_and_is_lifted():
 
 # --- out of memory in training ------------------------------------------------------------------------
 
+
 def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
     assert after_out_of_memory("keep_global_batch", 512, 1, world_size=2) == (512, 2)
     assert after_out_of_memory("keep_global_batch", 512, 128, world_size=2) == (512, 256)
@@ -196,11 +227,21 @@ def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample()
 
 def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
     job = _job(device_memory_gb=0.001)
-    failed = {"global_batch": 4, "per_device_batch": 2, "accumulation": 2, "micro_batch": 1, "outcome": "out_of_memory",
-              "rank": 1, "error": "DefaultCPUAllocator: can't allocate memory"}
+    failed = {
+        "global_batch": 4,
+        "per_device_batch": 2,
+        "accumulation": 2,
+        "micro_batch": 1,
+        "outcome": "out_of_memory",
+        "rank": 1,
+        "error": "DefaultCPUAllocator: can't allocate memory",
+    }
     assert _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}], world_size=2) == (4, 2)
-    with pytest.raises(StageError, match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
-                                         r"at once \(2 attempts\): field 'resources.device_memory_gb' \(0.001 GB\)"):
+    with pytest.raises(
+        StageError,
+        match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
+        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(0.001 GB\)",
+    ):
         _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
 
 

@@ -1,14 +1,28 @@
 import numpy as np
 import pytest
 
-from tula_hpc.perfmodel import (PerfModel, adaptive_search, costs, estimate_steps, measurement_weight, predict_candidates,
-                                steps_per_epoch, sync_features)
+from tula_hpc.perfmodel import (
+    PerfModel,
+    adaptive_search,
+    costs,
+    estimate_steps,
+    measurement_weight,
+    predict_candidates,
+    steps_per_epoch,
+    sync_features,
+)
 from tula_hpc.plan import candidate_grid, partial_set
 from tula_hpc.stage import StageError
 
 GRAD_BYTES = 4e7
-TRUE = {"data": (1e-4, 2e-6), "compute": (2e-3, 3e-4), "contention": (1e-3, 5e-5), "latency": 1e-4, "per_byte": 2e-10,
-        "exposed": 0.7}
+TRUE = {
+    "data": (1e-4, 2e-6),
+    "compute": (2e-3, 3e-4),
+    "contention": (1e-3, 5e-5),
+    "latency": 1e-4,
+    "per_byte": 2e-10,
+    "exposed": 0.7,
+}
 
 
 def synthetic(ranks, batch, hosts=None, noise=0.0, seed=0, curvature=0.0):
@@ -17,17 +31,27 @@ def synthetic(ranks, batch, hosts=None, noise=0.0, seed=0, curvature=0.0):
     ranks, batch = np.asarray(ranks, float), np.asarray(batch, float)
     hosts = ranks if hosts is None else np.asarray(hosts, float)
     data = TRUE["data"][0] + TRUE["data"][1] * batch
-    compute = (TRUE["compute"][0] + TRUE["compute"][1] * batch + curvature * batch ** 2
-               + (hosts - 1) * (TRUE["contention"][0] + TRUE["contention"][1] * batch))
+    compute = (
+        TRUE["compute"][0]
+        + TRUE["compute"][1] * batch
+        + curvature * batch**2
+        + (hosts - 1) * (TRUE["contention"][0] + TRUE["contention"][1] * batch)
+    )
     sync = sync_features(ranks, GRAD_BYTES, "ring") @ np.array([TRUE["latency"], TRUE["per_byte"]])
     jitter = lambda x: x * (1 + noise * rng.standard_normal(x.shape))  # noqa: E731
-    return {"X": np.column_stack([ranks, batch, hosts]), "y": jitter(data + compute + TRUE["exposed"] * sync),
-            "data_s": jitter(data), "compute_s": jitter(compute), "sync_s": jitter(sync)}
+    return {
+        "X": np.column_stack([ranks, batch, hosts]),
+        "y": jitter(data + compute + TRUE["exposed"] * sync),
+        "data_s": jitter(data),
+        "compute_s": jitter(compute),
+        "sync_s": jitter(sync),
+    }
 
 
 def fit(d, **params):
-    return PerfModel(grad_bytes=GRAD_BYTES, **params).fit(d["X"], d["y"], data_s=d["data_s"], compute_s=d["compute_s"],
-                                                          sync_s=d["sync_s"])
+    return PerfModel(grad_bytes=GRAD_BYTES, **params).fit(
+        d["X"], d["y"], data_s=d["data_s"], compute_s=d["compute_s"], sync_s=d["sync_s"]
+    )
 
 
 def grid_points(nodes=(1, 2, 4, 8), batches=(8, 16, 32, 64, 128, 256, 512)):
@@ -38,9 +62,19 @@ def grid_points(nodes=(1, 2, 4, 8), batches=(8, 16, 32, 64, 128, 256, 512)):
 def profile_record(ranks, batch, seed=0, **kw):
     """A profile file's content for one configuration, from the synthetic truth."""
     d = synthetic([ranks], [batch], seed=seed, **kw)
-    return {"world_size": ranks, "per_device_batch": batch, "ranks_per_host": ranks, "grad_bytes": GRAD_BYTES,
-            "median": {"step_s": d["y"][0], "data_s": d["data_s"][0], "compute_s": d["compute_s"][0], "update_s": 0.0,
-                       "sync_s": d["sync_s"][0]}}
+    return {
+        "world_size": ranks,
+        "per_device_batch": batch,
+        "ranks_per_host": ranks,
+        "grad_bytes": GRAD_BYTES,
+        "median": {
+            "step_s": d["y"][0],
+            "data_s": d["data_s"][0],
+            "compute_s": d["compute_s"][0],
+            "update_s": 0.0,
+            "sync_s": d["sync_s"][0],
+        },
+    }
 
 
 def test_fit_recovers_known_coefficients_from_noisy_timings():
@@ -88,8 +122,21 @@ def test_coefficients_are_never_negative():
     X = np.array([[1, 8, 1], [1, 64, 1], [2, 8, 2], [2, 64, 2]])
     y = np.array([0.05, 0.01, 0.05, 0.01])  # time falling with batch: a negative slope would fit better
     model = PerfModel(grad_bytes=1e6).fit(X, y, data_s=y / 10, compute_s=y, sync_s=[0, 0, 0.001, 0.001])
-    assert min(model.params()[k] for k in ("intercept_s", "per_sample_s", "contention_s", "contention_per_sample_s",
-                                           "sync_exposed", "latency_s", "seconds_per_byte")) >= 0
+    assert (
+        min(
+            model.params()[k]
+            for k in (
+                "intercept_s",
+                "per_sample_s",
+                "contention_s",
+                "contention_per_sample_s",
+                "sync_exposed",
+                "latency_s",
+                "seconds_per_byte",
+            )
+        )
+        >= 0
+    )
 
 
 def test_one_disturbed_profile_does_not_bend_a_fit_with_spare_profiles():
@@ -112,11 +159,20 @@ def test_uncertainty_grows_away_from_the_profiled_configurations():
 def test_total_time_and_cost_follow_eq_4_under_every_pricing():
     model = fit(synthetic([1, 1, 2, 2], [10, 40, 10, 40]))
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
-    job = {"resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}}, "train": {"epochs": 3}, "launcher": "local",
-           "objective": {"pricing": "memory", "price_per_node_hour": 3.6, "price_per_gb_hour": 0.5,
-                         "charge_factors": {"gpu": 4.0, "default": 1.0}}}
-    [row] = predict_candidates(model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, train_samples=1000,
-                               memory=memory)
+    job = {
+        "resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}},
+        "train": {"epochs": 3},
+        "launcher": "local",
+        "objective": {
+            "pricing": "memory",
+            "price_per_node_hour": 3.6,
+            "price_per_gb_hour": 0.5,
+            "charge_factors": {"gpu": 4.0, "default": 1.0},
+        },
+    }
+    [row] = predict_candidates(
+        model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, train_samples=1000, memory=memory
+    )
     assert row["steps_per_epoch"] == steps_per_epoch(1000, 2, 20) == 25
     assert row["time_s"] == pytest.approx(3 * 25 * model.predict([[2, 20, 2]])[0])
     # 1000 samples over 2 ranks in batches of 30: 16 full steps and a last one of 20 per rank.
@@ -144,20 +200,39 @@ def test_a_profiled_candidate_moves_toward_its_measurement_and_an_unprofiled_one
     assert steps[0] == pytest.approx(predicted[0] * (1 + 0.75 * 0.4))
     assert steps[1] == predicted[1]
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
-    job = {"resources": {"gpus_per_node": 0, "slurm": {}}, "train": {"epochs": 3}, "launcher": "local",
-           "objective": {"pricing": "node_hour", "price_per_node_hour": 3.6, "price_per_gb_hour": 0.5,
-                         "charge_factors": {}}}
+    job = {
+        "resources": {"gpus_per_node": 0, "slurm": {}},
+        "train": {"epochs": 3},
+        "launcher": "local",
+        "objective": {
+            "pricing": "node_hour",
+            "price_per_node_hour": 3.6,
+            "price_per_gb_hour": 0.5,
+            "charge_factors": {},
+        },
+    }
     # 1000 samples over 2 ranks in batches of 20 per rank: 25 steps, the last one full too.
-    [row] = predict_candidates(model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, 1000, memory, measured, 0.75)
+    [row] = predict_candidates(
+        model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, 1000, memory, measured, 0.75
+    )
     assert row["step_s"] == pytest.approx(steps[0]) and row["model_step_s"] == pytest.approx(predicted[0])
     assert row["time_s"] == pytest.approx(3 * 25 * steps[0])
 
 
 def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
     model = fit(synthetic([1, 1], [10, 40]))
-    job = {"name": "j", "resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}}, "train": {"epochs": 1},
-           "launcher": "local", "objective": {"pricing": "service_units", "price_per_node_hour": 1, "price_per_gb_hour": 1,
-                                              "charge_factors": {"cpu": 1.0}}}
+    job = {
+        "name": "j",
+        "resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}},
+        "train": {"epochs": 1},
+        "launcher": "local",
+        "objective": {
+            "pricing": "service_units",
+            "price_per_node_hour": 1,
+            "price_per_gb_hour": 1,
+            "charge_factors": {"cpu": 1.0},
+        },
+    }
     with pytest.raises(StageError, match="job 'j': field 'objective.charge_factors': no factor for partition 'gpu'"):
         predict_candidates(model, [{"nodes": 1, "batch": 10, "per_device_batch": 10}], job, 1000, memory={})
 
@@ -169,11 +244,21 @@ def test_costs_count_each_pricing_from_time_nodes_and_memory():
 
 
 def _adaptive(curvature, tolerance=0.05):
-    grid = [c for c in candidate_grid({"nodes": {"min": 1, "max": 2}, "batch": {"min": 8, "max": 1024}}, 1, 512, 100_000)
-            if c["per_device_batch"] >= 8]
-    settings = {"collective": "ring", "latency_prior_s": TRUE["latency"], "noise_prior": 0.01, "discrepancy_per_octave": 0.02}
+    grid = [
+        c
+        for c in candidate_grid({"nodes": {"min": 1, "max": 2}, "batch": {"min": 8, "max": 1024}}, 1, 512, 100_000)
+        if c["per_device_batch"] >= 8
+    ]
+    settings = {
+        "collective": "ring",
+        "latency_prior_s": TRUE["latency"],
+        "noise_prior": 0.01,
+        "discrepancy_per_octave": 0.02,
+    }
     measure = lambda c: profile_record(c["nodes"], c["per_device_batch"], curvature=curvature)  # noqa: E731
-    return grid, adaptive_search(grid, partial_set(grid, 1, "local"), measure, lambda c: (c["nodes"], c["nodes"]), settings, tolerance)
+    return grid, adaptive_search(
+        grid, partial_set(grid, 1, "local"), measure, lambda c: (c["nodes"], c["nodes"]), settings, tolerance
+    )
 
 
 def test_adaptive_search_stops_early_when_new_profiles_confirm_the_model():

@@ -1,5 +1,3 @@
-import itertools
-
 import numpy as np
 import pytest
 
@@ -27,7 +25,13 @@ def test_partial_plans_the_extremes_and_a_second_multi_rank_size():
     grid = candidate_grid(SEARCH, devices_per_node=1, max_batch_per_device=64, train_samples=10_000)
     # Smallest and largest batch at N=1; at N=4 the smallest and the one at the geometric middle of its range
     # (per device 8..64: 16 and 32 tie, the cheaper wins); N=2's smallest batch separates latency from bandwidth.
-    assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, "local")] == [(1, 32), (1, 64), (4, 32), (4, 64), (2, 32)]
+    assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, "local")] == [
+        (1, 32),
+        (1, 64),
+        (4, 32),
+        (4, 64),
+        (2, 32),
+    ]
     # On a cluster every node holds the same ranks: no contention to fit, so no largest batch at N=4.
     assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, "slurm")] == [(1, 32), (1, 64), (4, 32), (2, 32)]
 
@@ -49,8 +53,13 @@ def _identified(configs, devices, launcher):
     hosts = np.array([ranks_per_host(launcher, c["nodes"], devices) for c in configs], float)
     sync = sync_features(ranks, 4e7, "ring") @ np.array([1e-4, 2e-10])
     step = 1e-3 + 1e-4 * batch + (hosts - 1) * (5e-4 + 1e-5 * batch) + 0.5 * sync
-    model = PerfModel(grad_bytes=4e7).fit(np.column_stack([ranks, batch, hosts]), step, data_s=1e-5 * batch + 1e-4,
-                                          compute_s=step - 0.5 * sync, sync_s=sync)
+    model = PerfModel(grad_bytes=4e7).fit(
+        np.column_stack([ranks, batch, hosts]),
+        step,
+        data_s=1e-5 * batch + 1e-4,
+        compute_s=step - 0.5 * sync,
+        sync_s=sync,
+    )
     return model.identified_
 
 

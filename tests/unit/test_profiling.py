@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
+from tula_hpc import profiling
 from tula_hpc.config import job_settings, validate_config
 from tula_hpc.distributed import Context
-from tula_hpc import profiling
 from tula_hpc.profiling import fingerprint, measure
 
 
@@ -59,6 +59,10 @@ def test_ranks_under_another_hostname_on_this_machine_count_as_the_same_machine(
     """Slurm nodes in namespaces of one host have their own hostnames but share its CPUs: the profiler must
     not count a fellow rank's CPU time as other users' work."""
     probe = [sys.executable, "-c", "from tula_hpc.profiling import _machine_id; print(_machine_id())"]
-    renamed = subprocess.run(["unshare", "--uts", "sh", "-c", 'hostname tula-test-node && exec "$@"', "sh", *probe],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    renamed = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", 'hostname tula-test-node && exec "$@"', "sh", *probe],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert renamed == profiling._machine_id() != ""

@@ -2,13 +2,26 @@ import pytest
 
 from tula_hpc.selection import InfeasibleError, best_time_per_batch, kneedle_knee, model_knee, run_select, select
 
-OBJECTIVE = {"minimize": "time", "knee_method": "kneedle", "knee_min_saving": 0.10, "max_nodes": None, "max_batch": None,
-             "deadline_s": None, "budget": None}
+OBJECTIVE = {
+    "minimize": "time",
+    "knee_method": "kneedle",
+    "knee_min_saving": 0.10,
+    "max_nodes": None,
+    "max_batch": None,
+    "deadline_s": None,
+    "budget": None,
+}
 
 
 def candidate(nodes, batch, time_s, cost):
-    return {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes, "time_s": time_s, "cost": cost,
-            "rel_uncertainty": 0.05}
+    return {
+        "nodes": nodes,
+        "batch": batch,
+        "per_device_batch": batch // nodes,
+        "time_s": time_s,
+        "cost": cost,
+        "rel_uncertainty": 0.05,
+    }
 
 
 def perfmodel(candidates):
@@ -24,7 +37,7 @@ def curve(a, c, batches, nodes=1):
 
 
 # A hand-made model: more nodes are faster and dearer; time falls as a/B + c with a, c shrinking with N.
-BATCHES = [2 ** k for k in range(5, 12)]
+BATCHES = [2**k for k in range(5, 12)]
 GRID = curve(1000.0, 10.0, BATCHES, nodes=1) + curve(600.0, 6.0, BATCHES, nodes=2) + curve(400.0, 4.0, BATCHES, nodes=4)
 
 
@@ -38,22 +51,27 @@ def test_time_picks_the_fastest_and_cost_the_cheapest():
     assert chosen(minimize="cost") == (1, 2048)
 
 
-@pytest.mark.parametrize("constraint, expected", [
-    ({"max_nodes": 2}, (2, 2048)),
-    ({"max_batch": 256}, (4, 256)),
-    ({"budget": 13.0}, (2, 2048)),  # 4 nodes cost at least 16.8, 2 nodes at B=1024 13.2
-    ({"deadline_s": 6.0, "max_batch": 512, "minimize": "cost"}, (4, 512)),  # only 4 nodes finish in 6 s
-])
+@pytest.mark.parametrize(
+    "constraint, expected",
+    [
+        ({"max_nodes": 2}, (2, 2048)),
+        ({"max_batch": 256}, (4, 256)),
+        ({"budget": 13.0}, (2, 2048)),  # 4 nodes cost at least 16.8, 2 nodes at B=1024 13.2
+        ({"deadline_s": 6.0, "max_batch": 512, "minimize": "cost"}, (4, 512)),  # only 4 nodes finish in 6 s
+    ],
+)
 def test_each_constraint_restricts_the_choice(constraint, expected):
     result = select(perfmodel(GRID), objective(**constraint))
     assert (result["chosen"]["nodes"], result["chosen"]["batch"]) == expected
     for c in [result["chosen"], *result["runners_up"]]:
-        assert c["nodes"] <= (constraint.get("max_nodes") or 99) and c["batch"] <= (constraint.get("max_batch") or 10 ** 9)
+        assert c["nodes"] <= (constraint.get("max_nodes") or 99) and c["batch"] <= (
+            constraint.get("max_batch") or 10**9
+        )
         assert c["time_s"] <= (constraint.get("deadline_s") or 1e9) and c["cost"] <= (constraint.get("budget") or 1e9)
 
 
 def test_kneedle_on_a_over_b_depends_only_on_the_sampled_range():
-    batches = [2 ** k for k in range(5, 15)]
+    batches = [2**k for k in range(5, 15)]
     assert kneedle_knee(curve(1000.0, 5.0, batches)) == kneedle_knee(curve(7.0, 0.1, batches)) == 1024
     assert kneedle_knee(curve(1000.0, 5.0, batches[:7])) == 256
 
@@ -104,7 +122,9 @@ def test_infeasible_constraints_name_the_closest_candidates_and_what_each_breaks
     with pytest.raises(InfeasibleError) as err:
         run_select(job, path, tmp_path / "selection.json")
     message = str(err.value)
-    assert message.startswith("job 'j': fields 'objective.deadline_s/objective.budget': no candidate meets the constraints")
+    assert message.startswith(
+        "job 'j': fields 'objective.deadline_s/objective.budget': no candidate meets the constraints"
+    )
     # Closest first: the 4-node runs miss the deadline least; each names what it breaks and by how much.
     assert "N=4, B=2048: time_s 4.19531 s > deadline_s 3 s (+40%); cost 16.7812 > budget 5 (+236%)" in message
     assert message.count("N=") == 3

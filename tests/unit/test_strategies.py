@@ -16,12 +16,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import tula_hpc.train as train_module
+from tests.conftest import REPO
 from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
 from tula_hpc.report import strategy_section
 from tula_hpc.strategies import LARS, STRATEGIES, build_strategy
 from tula_hpc.train import train_worker
-
-from tests.conftest import REPO
 
 
 def _job(**train) -> dict:
@@ -44,8 +43,14 @@ def test_lars_step_follows_the_formula():
     w = torch.tensor([[3.0, 4.0]])  # |w| = 5
     bias = torch.tensor([1.0])
     zero = torch.zeros(2, 2)
-    opt = LARS([{"params": [w, zero]}, {"params": [bias], "adapt": False}], lr=lr, momentum=momentum,
-               weight_decay=decay, trust_coefficient=trust, eps=0.0)
+    opt = LARS(
+        [{"params": [w, zero]}, {"params": [bias], "adapt": False}],
+        lr=lr,
+        momentum=momentum,
+        weight_decay=decay,
+        trust_coefficient=trust,
+        eps=0.0,
+    )
     g = torch.tensor([[0.6, 0.8]])  # |g| = 1
 
     def local_rate(weights):
@@ -105,15 +110,20 @@ def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
 
 
 def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
-    paths = dict(checkpoint_path=str(tmp_path / "checkpoint.pt"), model_path=str(tmp_path / "model.pt"),
-                 metrics_path=str(tmp_path / "metrics.jsonl"))
+    paths = dict(
+        checkpoint_path=str(tmp_path / "checkpoint.pt"),
+        model_path=str(tmp_path / "model.pt"),
+        metrics_path=str(tmp_path / "metrics.jsonl"),
+    )
     summary = train_worker(job, batch, **paths)
     return summary, torch.load(paths["model_path"], weights_only=False)["model"]
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
-    job = _job(strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2, "averages_per_epoch": 4})
+    job = _job(
+        strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2, "averages_per_epoch": 4}
+    )
     summary, _ = _run_training(job, tmp_path)
     assert summary["strategy"] == name
     assert summary["history"][-1]["val_accuracy"] >= 0.9
@@ -201,8 +211,11 @@ def _polo_worker(rank: int, port: int, train_cfg: dict, outdir: str) -> None:
         # Interrupted after epoch 2, resumed from rank 0's state as train.py does.
         net, strategy = build()
         run(net, strategy, range(2))
-        state = {"model": net.module.state_dict(), "opt": strategy.optimizer.state_dict(),
-                 "sched": strategy.scheduler.state_dict()}
+        state = {
+            "model": net.module.state_dict(),
+            "opt": strategy.optimizer.state_dict(),
+            "sched": strategy.scheduler.state_dict(),
+        }
         box = [state]
         dist.broadcast_object_list(box, src=0)
         net, strategy = build()
@@ -210,9 +223,16 @@ def _polo_worker(rank: int, port: int, train_cfg: dict, outdir: str) -> None:
         strategy.optimizer.load_state_dict(box[0]["opt"])
         strategy.scheduler.load_state_dict(box[0]["sched"])
         resumed_sync = run(net, strategy, [2])
-        torch.save({"in_sync": in_sync, "resumed_sync": resumed_sync, "whole": whole,
-                    "resumed": [p.detach() for p in net.parameters()], "hook_iter": strategy.optimizer.hook_state.iter},
-                   os.path.join(outdir, f"rank{rank}.pt"))
+        torch.save(
+            {
+                "in_sync": in_sync,
+                "resumed_sync": resumed_sync,
+                "whole": whole,
+                "resumed": [p.detach() for p in net.parameters()],
+                "hook_iter": strategy.optimizer.hook_state.iter,
+            },
+            os.path.join(outdir, f"rank{rank}.pt"),
+        )
     finally:
         dist.destroy_process_group()
 
@@ -228,8 +248,9 @@ def _same_on_both_ranks(net: nn.Module) -> bool:
 
 def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
     # momentum 0: each rank's momentum buffer is local, and a resume restores rank 0's on both ranks.
-    train_cfg = _job(strategy="polo", momentum=0.0, warmup_epochs=1, epochs=3,
-                     polo={"sync_epochs": 1, "averages_per_epoch": 2})["train"]
+    train_cfg = _job(
+        strategy="polo", momentum=0.0, warmup_epochs=1, epochs=3, polo={"sync_epochs": 1, "averages_per_epoch": 2}
+    )["train"]
     mp.spawn(_polo_worker, args=(_free_port(), train_cfg, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     # Per epoch: 4 steps then the end-of-epoch check. Local phase averages after its 1st and 3rd steps
@@ -242,10 +263,13 @@ def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
         assert torch.equal(a, b) and torch.equal(b, c)
 
 
-@pytest.mark.parametrize("strategy,field,change", [
-    ("lrs", "train.warmup_epochs", dict(warmup_epochs=30)),
-    ("polo", "train.polo.sync_epochs", dict(polo={"sync_epochs": 30, "averages_per_epoch": 4})),
-])
+@pytest.mark.parametrize(
+    "strategy,field,change",
+    [
+        ("lrs", "train.warmup_epochs", dict(warmup_epochs=30)),
+        ("polo", "train.polo.sync_epochs", dict(polo={"sync_epochs": 30, "averages_per_epoch": 4})),
+    ],
+)
 def test_warm_up_or_sync_phase_covering_every_epoch_is_rejected(strategy, field, change):
     config = load_config([REPO / "config" / "jobs.yaml"])
     config["jobs"]["digits-cnn"]["train"].update(strategy=strategy, epochs=30, **change)

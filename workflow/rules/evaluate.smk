@@ -5,12 +5,12 @@ rule evaluate:
         selection="results/{job}/selection.json",
     output:
         "results/{job}/eval.json",
-    params:
-        settings=settings("data"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/evaluate.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
+    params:
+        settings=settings("data"),
     shell:
         "tula-hpc evaluate --job {wildcards.job} --model {input.model}"
         " --summary {input.summary} --selection {input.selection} --out {output} > {log} 2>&1"

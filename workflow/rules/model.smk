@@ -10,12 +10,12 @@ rule fit_model:
         ),
     output:
         "results/{job}/perfmodel.json",
-    params:
-        settings=settings("train", "search", "objective"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/fit_model.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
+    params:
+        settings=settings("train", "search", "objective"),
     shell:
         "tula-hpc fit-model --job {wildcards.job} --plan {input.plan} --memory {input.memory}"
         " --profiles {input.profiles} --out {output} > {log} 2>&1"
@@ -26,11 +26,11 @@ rule select:
         "results/{job}/perfmodel.json",
     output:
         "results/{job}/selection.json",
-    params:
-        settings=settings("objective"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/select.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
+    params:
+        settings=settings("objective"),
     shell:
         "tula-hpc select --job {wildcards.job} --perfmodel {input} --out {output} > {log} 2>&1"

@@ -3,11 +3,11 @@ checkpoint plan:
         "results/{job}/memory.json",
     output:
         "results/{job}/plan.json",
-    params:
-        settings=settings("search", "resources"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/plan.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
+    params:
+        settings=settings("search", "resources"),
     shell:
         "tula-hpc plan --job {wildcards.job} --memory {input} --out {output} > {log} 2>&1"

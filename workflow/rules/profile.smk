@@ -3,15 +3,15 @@ rule profile:
         "results/{job}/plan.json",
     output:
         "results/{job}/profile/N{nodes}_B{batch}.json",
-    params:
-        settings=settings(*STEP_SETTINGS, "search"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/profile/N{nodes}_B{batch}.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
     threads: lambda wildcards: int(wildcards.nodes)
     resources:
         timing_slot=1,
+    params:
+        settings=settings(*STEP_SETTINGS, "search"),
     shell:
         "tula-hpc profile --job {wildcards.job} --plan {input}"
         " --nodes {wildcards.nodes} --batch {wildcards.batch} --out {output} > {log} 2>&1"
@@ -25,14 +25,14 @@ rule adapt:
         profiles=planned_profiles,
     output:
         "results/{job}/adaptive.json",
-    params:
-        settings=settings(*STEP_SETTINGS, "search"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/adapt.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
     threads: lambda wildcards: config["jobs"][wildcards.job]["search"]["nodes"]["max"]
     resources:
         timing_slot=1,
+    params:
+        settings=settings(*STEP_SETTINGS, "search"),
     shell:
         "tula-hpc profile --job {wildcards.job} --plan {input.plan} --adaptive --out {output} > {log} 2>&1"

@@ -12,10 +12,10 @@ rule report:
         cost="results/{job}/cost_surface.png",
         accuracy="results/{job}/predicted_vs_measured.png",
         training="results/{job}/training.png",
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/report.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
     shell:
         "tula-hpc report --job {wildcards.job} --results-dir results/{wildcards.job}"
         " --out {output.report} > {log} 2>&1"

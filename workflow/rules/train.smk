@@ -5,15 +5,15 @@ rule train:
     output:
         summary="results/{job}/train/summary.json",
         model="results/{job}/train/model.pt",
-    params:
-        settings=settings("model", "data", "train", "resources"),
-    conda:
-        "../../envs/tula-hpc.yaml"
     log:
         "logs/{job}/train.log",
+    conda:
+        "../../envs/tula-hpc.yaml"
     threads: chosen_nodes
     resources:
         timing_slot=1,
+    params:
+        settings=settings("model", "data", "train", "resources"),
     shell:
         "tula-hpc train --job {wildcards.job} --selection {input}"
         " --out-dir results/{wildcards.job}/train > {log} 2>&1"
