@@ -35,18 +35,8 @@ LOG="$STATE/log"
 PIDS="$STATE/pids"
 RUN="$STATE/run"
 SPOOL="$STATE/spool"
-MUNGE_DIR="$STATE/munge"
-MUNGE_LOG="$LOG/munged.log"
-# munged runs as user munge and must reach its own files. Under a private parent (mktemp -d makes 0700
-# directories) it cannot, so its files then live in a directory of their own under /run.
-_existing="$STATE"; while [ ! -e "$_existing" ]; do _existing="$(dirname "$_existing")"; done
-if [ "$(id -u)" = 0 ] && id munge >/dev/null 2>&1 \
-   && ! setpriv --reuid=munge --regid=munge --init-groups test -x "$_existing" 2>/dev/null; then
-  MUNGE_DIR="/run/tula-munge-$(printf '%s' "$STATE" | md5sum | cut -c1-12)"
-  MUNGE_LOG="$MUNGE_DIR/munged.log"
-fi
-unset _existing
-MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
+# munged's files: see munge_paths (its directory depends on user munge, who may not exist before the install).
+MUNGE_RUN_DIR="/run/tula-munge-$(printf '%s' "$STATE" | md5sum | cut -c1-12)"
 DB_DIR="$STATE/mariadb"
 DB_DATA="$DB_DIR/data"
 DB_SOCKET="$DB_DIR/mysqld.sock"
@@ -146,6 +136,23 @@ stop_daemon() {
     say "stopped $name (pid $pid)"
   fi
   rm -f "$PIDS/$name.pid"
+}
+
+# munge_paths: set MUNGE_DIR, MUNGE_LOG, MUNGE_SOCKET. munged runs as user munge and must reach its own files;
+# under a private parent (mktemp -d makes 0700 directories) it cannot, so its files then live in MUNGE_RUN_DIR.
+# Call it only once the packages are installed: before, user munge may not exist and the check cannot be made.
+munge_paths() {
+  local existing="$STATE"
+  while [ ! -e "$existing" ]; do existing="$(dirname "$existing")"; done
+  if [ "$(id -u)" = 0 ] && id munge >/dev/null 2>&1 \
+     && ! setpriv --reuid=munge --regid=munge --init-groups test -x "$existing" 2>/dev/null; then
+    MUNGE_DIR="$MUNGE_RUN_DIR"
+    MUNGE_LOG="$MUNGE_DIR/munged.log"
+  else
+    MUNGE_DIR="$STATE/munge"
+    MUNGE_LOG="$LOG/munged.log"
+  fi
+  MUNGE_SOCKET="$MUNGE_DIR/munge.socket"
 }
 
 # ---- network namespaces ----------------------------------------------------------------------

@@ -28,6 +28,7 @@ for a in "$@"; do
 done
 require_root
 [ -d "$STATE" ] && take_lock
+munge_paths
 
 # 1. cancel jobs while the controller is still there, so they end CANCELLED in sacct
 if is_running slurmctld && [ -r "$SLURM_CONF_PATH" ]; then
@@ -66,7 +67,7 @@ hosts_remove
 # 5. state that would confuse a fresh start (the next up.sh also clears it)
 if [ "$PURGE" = 1 ]; then
   rm -rf "$STATE"
-  case "$MUNGE_DIR" in "$STATE"/*) ;; *) rm -rf "$MUNGE_DIR" ;; esac
+  rm -rf "$MUNGE_RUN_DIR"
   say "DOWN (purged $STATE)"
 elif [ -d "$STATE" ]; then
   rm -rf "$SPOOL"/slurmd.* "$SPOOL/ctld" "$RUN" "$PIDS"

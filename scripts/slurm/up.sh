@@ -46,6 +46,7 @@ fi
 for c in munged mungekey mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd sacctmgr sinfo sacct setpriv setsid; do
   command -v "$c" >/dev/null || die "required command '$c' not found after install"
 done
+munge_paths
 
 mkdir -p "$ETC" "$LOG" "$PIDS" "$RUN" "$SPOOL/ctld" "$DB_DIR"
 chmod go-w "$STATE" "$ETC" "$LOG" "$PIDS" "$RUN" "$SPOOL" 2>/dev/null || true
