@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 
 import pytest
 
@@ -28,3 +30,21 @@ def test_torn_last_line_of_a_log_is_skipped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"epoch": 1}) + "\n" + '{"epoch": 2, "lo')
     assert read_jsonl(path) == [{"epoch": 1}]
+
+
+def test_atomic_write_syncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_json(tmp_path / "result.json", {"version": 1})
+    assert events == ["fsync file", "replace", "fsync dir"]
