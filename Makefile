@@ -1,4 +1,5 @@
-# Every target creates .venv on first use (pip only: torch/torchvision wheels come from the local disk).
+# Every target creates .venv on first use from the exact lock envs/requirements.txt (pip only: torch/torchvision
+# wheels come from the local disk); pyproject.toml declares ranges, for installs on a cluster's own torch.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,6 +12,7 @@ $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r envs/requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/pip check  # the lock must satisfy the ranges pyproject.toml declares
 	touch $(STAMP)
 
 demo: $(STAMP)
