@@ -37,6 +37,7 @@ ACTIVE_SLURM_STATES = {
 STDERR_TAIL_LINES = 40
 FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
+ACCOUNTING_POLL_S = 1
 
 
 class JobFailed(RuntimeError):
@@ -57,12 +58,13 @@ class LaunchSpec:
     max_requeues: int = 3
 
     @classmethod
-    def for_job(cls, job: dict, nodes: int = 1) -> LaunchSpec:
+    def for_job(cls, job: dict, nodes: int = 1, one_device: bool = False) -> LaunchSpec:
+        """The job's resources on `nodes` nodes; `one_device`: at most one GPU each (probing, evaluation)."""
         res = job["resources"]
         return cls(
             launcher=job["launcher"],
             nodes=nodes,
-            gpus_per_node=res["gpus_per_node"],
+            gpus_per_node=min(res["gpus_per_node"], 1) if one_device else res["gpus_per_node"],
             cpus_per_task=res["cpus_per_task"],
             mem_gb=res["mem_gb"],
             time_min=res["time_min"],
@@ -109,7 +111,7 @@ def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecuto
         extra = {}
         for arg in slurm.get("extra_args", []):
             key, _, value = arg.lstrip("-").partition("=")
-            extra[key] = value or None
+            extra[key] = value or True  # a bare flag (--exclusive): submitit writes True as `--key`
         params.update(
             nodes=spec.nodes,
             tasks_per_node=spec.tasks_per_node,
@@ -149,23 +151,44 @@ def _reattach(record_path: Path) -> submitit.Job | None:
     )
 
 
-def slurm_state(job_id: str) -> str:
-    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN.
+def parse_squeue_state(text: str) -> str | None:
+    """The state `squeue -h -j ID -o %T` prints, or None once Slurm has forgotten the job."""
+    return text.split()[0] if text.strip() else None
 
-    A finished allocation often just says FAILED; the cause (OUT_OF_MEMORY, NODE_FAIL, ...) is on a step.
+
+def _sacct_states(text: str) -> list[str]:
+    """`sacct -n -P -j ID -o State`: the allocation's state, then its steps' ("CANCELLED by 0" is CANCELLED)."""
+    return [line.split()[0] for line in text.splitlines() if line.strip()]
+
+
+def parse_sacct_states(text: str) -> str | None:
+    """How the job ended, or None while accounting has it active or does not know it yet.
+
+    A failed allocation often just says FAILED; the cause (OUT_OF_MEMORY, NODE_FAIL, ...) is on a step.
     """
+    states = _sacct_states(text)
+    if not states or states[0] in ACTIVE_SLURM_STATES:
+        return None
+    if states[0] == "COMPLETED":
+        return "COMPLETED"
+    return next((cause for cause in FAILURE_CAUSES if cause in states), states[0])
+
+
+def slurm_state(job_id: str) -> str:
+    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN."""
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    if queued.returncode == 0 and queued.stdout.strip():
-        return queued.stdout.split()[0]
+    state = parse_squeue_state(queued.stdout) if queued.returncode == 0 else None
+    if state is not None:
+        return state
     deadline = time.time() + ACCOUNTING_LAG_S
     while True:
         acct = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
-        states = [line.split()[0] for line in acct.stdout.splitlines() if line.strip()]
-        if states and states[0] not in ACTIVE_SLURM_STATES:
-            return next((cause for cause in FAILURE_CAUSES if cause in states), states[0])
+        state = parse_sacct_states(acct.stdout)
+        if state is not None:
+            return state
         if time.time() > deadline:
-            return states[0] if states else "UNKNOWN"
-        time.sleep(1)
+            return next(iter(_sacct_states(acct.stdout)), "UNKNOWN")
+        time.sleep(ACCOUNTING_POLL_S)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -181,8 +204,8 @@ def _pid_alive(pid: int) -> bool:
 
 def _stderr_tail(job: submitit.Job) -> str:
     tails = []
-    for task in job._sub_jobs or [job]:
-        path = task.paths.stderr
+    for rank in range(job.num_tasks):
+        path = job.task(rank).paths.stderr
         if path.exists():
             lines = path.read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
             tails.append(f"--- {path} (last {len(lines)} lines) ---\n" + "\n".join(lines))
@@ -231,6 +254,6 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
 
 def _echo_rank0_output(job: submitit.Job) -> None:
     """Copy rank 0's output into the stage's own log, where users look first."""
-    rank0 = (job._sub_jobs or [job])[0]
+    rank0 = job.task(0)
     if rank0.paths.stdout.exists():
         print(rank0.paths.stdout.read_text(errors="replace"), end="", flush=True)

@@ -1,0 +1,137 @@
+"""launch: Slurm's words parsed from recorded output, the sbatch script submitit writes, rank logs via submitit's API.
+
+No cluster: fake `sbatch`, `squeue` and `sacct` on PATH stand in for Slurm (as in submitit's own tests).
+tests/unit/data/slurm/*.txt were recorded on the local cluster by tests/unit/data/slurm/capture.sh.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import submitit
+
+from tula_hpc import launch
+
+DATA = Path(__file__).parent / "data"
+RECORDED = DATA / "slurm"
+
+
+def _recorded(name: str) -> str:
+    return (RECORDED / name).read_text()
+
+
+@pytest.mark.parametrize(
+    "job, state",
+    [("pending", "PENDING"), ("running", "RUNNING"), ("completed", None), ("timeout", None), ("oom", None)],
+)
+def test_squeue_gives_the_state_while_slurm_holds_the_job(job, state):
+    assert launch.parse_squeue_state(_recorded(f"{job}.squeue.txt")) == state
+
+
+@pytest.mark.parametrize(
+    "job, state",
+    [
+        ("pending", None),
+        ("running", None),
+        ("completed", "COMPLETED"),
+        ("failed", "FAILED"),
+        ("oom", "OUT_OF_MEMORY"),  # the allocation says FAILED, its step OUT_OF_MEMORY
+        ("cancelled", "CANCELLED"),  # "CANCELLED by 0"
+        ("timeout", "TIMEOUT"),  # its steps say CANCELLED
+    ],
+)
+def test_sacct_gives_how_the_job_ended_and_the_cause_from_a_step(job, state):
+    assert launch.parse_sacct_states(_recorded(f"{job}.sacct.txt")) == state
+
+
+def test_sacct_without_the_job_yet_is_not_an_end():
+    assert launch.parse_sacct_states("") is None
+
+
+def _fake_commands(tmp_path: Path, monkeypatch, **bodies: str) -> Path:
+    """Shell scripts on PATH that log their arguments to calls.log and then run `body`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    for name, body in bodies.items():
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >>{log}\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    return log
+
+
+def test_slurm_state_waits_for_accounting_to_learn_of_the_end(tmp_path, monkeypatch):
+    """squeue has forgotten the job; sacct knows nothing twice, then the recorded out-of-memory job."""
+    count = tmp_path / "count"
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue="exit 0",
+        sacct=f'echo x >>{count}; [ "$(wc -l <{count})" -gt 2 ] && cat {RECORDED / "oom.sacct.txt"}; exit 0',
+    )
+    monkeypatch.setattr(launch, "ACCOUNTING_POLL_S", 0.01)
+    assert launch.slurm_state("42") == "OUT_OF_MEMORY"
+    assert log.read_text().splitlines() == ["squeue -h -j 42 -o %T"] + ["sacct -n -P -j 42 -o State"] * 3
+
+
+def test_slurm_state_gives_up_waiting_for_accounting(tmp_path, monkeypatch):
+    _fake_commands(tmp_path, monkeypatch, squeue="echo 'slurm_load_jobs error: Invalid job id' >&2; exit 1", sacct="")
+    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    monkeypatch.setattr(launch, "ACCOUNTING_POLL_S", 0.01)
+    assert launch.slurm_state("42") == "UNKNOWN"
+
+
+def _worker() -> None:
+    """Stands in for a stage's worker: the sbatch script names only submitit's runner, not the function."""
+
+
+def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
+    """What a 2-node GPU job with account, partition and an extra sbatch argument asks of Slurm."""
+    submitted = tmp_path / "submitted.sh"
+    log = _fake_commands(tmp_path, monkeypatch, sbatch=f'cp "$1" {submitted}; echo "Submitted batch job 4242"')
+    spec = launch.LaunchSpec(
+        launcher="slurm",
+        nodes=2,
+        gpus_per_node=2,
+        cpus_per_task=4,
+        mem_gb=16,
+        time_min=30,
+        slurm={"partition": "gpu", "account": "proj", "qos": "normal", "extra_args": ["--exclusive", "--comment=x"]},
+        max_requeues=5,
+    )
+    folder = tmp_path / "submit"
+    executor = launch._executor(spec, folder, "train")
+    job = executor.submit(launch.DistributedTask(_worker, {}, threads=4))
+    assert job.job_id == "4242" and job.num_tasks == spec.world_size == 4
+    assert log.read_text().startswith("sbatch ")
+    script = submitted.read_text().replace(str(folder.resolve()), "{FOLDER}").replace(sys.executable, "{PYTHON}")
+    assert script == (DATA / "sbatch_2_nodes_2_gpus.txt").read_text()
+
+
+def test_one_device_keeps_at_most_one_gpu_per_node():
+    job = {
+        "launcher": "slurm",
+        "resources": {"gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 32, "time_min": 60, "max_requeues": 3},
+    }
+    assert launch.LaunchSpec.for_job(job, nodes=2).world_size == 8
+    one = launch.LaunchSpec.for_job(job, nodes=2, one_device=True)
+    assert (one.gpus_per_node, one.world_size, one.cpus_per_task) == (1, 2, 8)
+    cpu_job = {**job, "resources": {**job["resources"], "gpus_per_node": 0}}
+    assert launch.LaunchSpec.for_job(cpu_job, one_device=True).gpus_per_node == 0
+
+
+@pytest.mark.parametrize("tasks", [1, 3])
+def test_rank_logs_are_read_through_submitits_tasks(tmp_path, capsys, tasks):
+    job = submitit.SlurmJob(folder=tmp_path, job_id="42", tasks=range(tasks))
+    for rank in range(tasks):
+        paths = job.task(rank).paths
+        paths.stdout.parent.mkdir(parents=True, exist_ok=True)
+        paths.stdout.write_text(f"out of rank {rank}\n")
+        paths.stderr.write_text("".join(f"rank {rank} line {i}\n" for i in range(100)))
+    tail = launch._stderr_tail(job)
+    assert [f"rank {rank} line 99" in tail for rank in range(tasks)] == [True] * tasks
+    assert "line 59\n" not in tail and f"line {100 - launch.STDERR_TAIL_LINES}\n" in tail
+    launch._echo_rank0_output(job)
+    assert capsys.readouterr().out == "out of rank 0\n"
