@@ -95,7 +95,9 @@ pid_of() {
   want="$(readlink -f "$want")"
   exe="$(readlink -f "/proc/$pid/exe" 2>/dev/null)" || return 1
   [ "$exe" = "$want" ] || return 1
-  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "TULA_SLURM_STATE=$STATE" || return 1
+  # no pipe here: with pipefail, `tr | grep -q` fails when grep exits before tr's last write (an environment over
+  # a page), and the daemon then counted as not ours - down.sh left it running.
+  grep -qzxF "TULA_SLURM_STATE=$STATE" "/proc/$pid/environ" 2>/dev/null || return 1
   printf '%s\n' "$pid"
 }
 
@@ -116,23 +118,38 @@ all_daemon_names() {
   fi
 }
 
-# stop_daemon NAME [GRACE_SECONDS]: SIGTERM, wait, SIGKILL. Only ever touches a recorded PID
-# that pid_of has verified.
+# alive PID: some thread of PID still runs. A zombie leader whose other threads are still exiting is alive; a
+# process that has wholly exited but is not reaped yet (PID 1 here reaps lazily) is not.
+alive() {
+  local stat
+  for stat in /proc/"$1"/task/*/stat; do
+    stat="$(cat "$stat" 2>/dev/null)" || continue
+    stat="${stat##*) }"
+    case "${stat%% *}" in Z | X | "") ;; *) return 0 ;; esac
+  done
+  return 1
+}
+
+# wait_gone PID SECONDS: wait until PID is not alive; fails if it still is after SECONDS.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do alive "$1" || return 0; sleep 0.1; done
+  ! alive "$1"
+}
+
+# stop_daemon NAME [GRACE_SECONDS]: SIGTERM, wait, SIGKILL, wait. Only ever touches a recorded PID that pid_of has
+# verified; the PID goes to STOPPED_PIDS, which down.sh checks before it says DOWN.
+STOPPED_PIDS=()
 stop_daemon() {
-  local name="$1" grace="${2:-8}" pid i
+  local name="$1" grace="${2:-8}" pid
   if pid="$(pid_of "$name")"; then
     kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 10; i++)); do
-      [ -d "/proc/$pid" ] || break
-      # a zombie (never reaped: our parent shell is gone) counts as stopped
-      [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = "Z" ] && break
-      sleep 0.1
-    done
-    if [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != "Z" ]; then
-      warn "$name (pid $pid) ignored SIGTERM for ${grace}s, sending SIGKILL"
+    if ! wait_gone "$pid" "$grace"; then
+      warn "$name (pid $pid) still running ${grace}s after SIGTERM, sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
-      for ((i = 0; i < 30; i++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+      wait_gone "$pid" 10 || warn "$name (pid $pid) still running 10s after SIGKILL"
     fi
+    STOPPED_PIDS+=("$pid")
     say "stopped $name (pid $pid)"
   fi
   rm -f "$PIDS/$name.pid"

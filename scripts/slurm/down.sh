@@ -60,6 +60,10 @@ for d in slurmctld slurmdbd mariadbd munged; do
   stop_daemon "$d" "$grace"
 done
 
+still=()
+for pid in "${STOPPED_PIDS[@]}"; do alive "$pid" && still+=("$pid"); done
+[ "${#still[@]}" -eq 0 ] || die "daemons still running after SIGKILL: pids ${still[*]}"
+
 # 4. network, names
 net_teardown
 hosts_remove
