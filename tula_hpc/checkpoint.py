@@ -1,10 +1,10 @@
-"""One checkpoint dict (model, optimiser, scheduler, step, RNG states, config), written atomically by rank 0."""
+"""One checkpoint dict (model, optimiser with the strategy's state, epoch, step, RNG states, config), written
+atomically by rank 0. The learning-rate schedule is not saved: it follows from the step (Strategy.resume)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +34,6 @@ def save_checkpoint(
     *,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
     epoch: int,
     step: int,
     config: dict,
@@ -44,7 +43,6 @@ def save_checkpoint(
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "epoch": epoch,
         "step": step,
         "rng": rng_state(),

@@ -8,7 +8,9 @@ here. What a schema cannot say (min <= max, data on disk, importable models) is 
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,61 @@ MIN_IMAGE_SIZE = {
     "vgg11": 32,
     "alexnet": 63,
 }
+
+
+# What a training step is made of, apart from how many there are and the learning-rate schedule.
+STEP_SETTINGS = (
+    "model",
+    "data",
+    "train.seed",
+    "train.optimizer",
+    "train.momentum",
+    "train.strategy",
+    "train.ags",
+    "train.lars",
+    "train.polo",
+    "resources.gpus_per_node",
+    "resources.cpus_per_task",
+)
+MEASUREMENT_SETTINGS = tuple(
+    f"search.{key}" for key in ("warmup_steps", "steps", "min_measure_s", "max_attempts", "interference_tolerance")
+)
+FIT_SETTINGS = tuple(
+    f"search.{key}"
+    for key in ("collective", "latency_prior_s", "noise_prior", "discrepancy_per_octave", "interference_tolerance")
+)
+# What each stage's output depends on, as "section" or "section.key[.key]": the rules' params (editing one
+# reruns that stage and what follows, editing anything else does not) and every fingerprint (a profile or
+# checkpoint made under other settings is not reused). Which launcher runs a stage is no dependency.
+STAGE_SETTINGS = {
+    "probe_memory": STEP_SETTINGS
+    + ("resources.device_memory_gb", "resources.memory_headroom", "resources.memory_probe_batches", "search.nodes"),
+    "plan": ("search.mode", "search.nodes", "search.batch", "resources.gpus_per_node"),
+    "profile": STEP_SETTINGS + MEASUREMENT_SETTINGS,
+    "adapt": STEP_SETTINGS + MEASUREMENT_SETTINGS + FIT_SETTINGS + ("search.adaptive",),
+    "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
+    "select": ("objective",),
+    "train": ("model", "data", "train", "resources.on_oom"),
+    "evaluate": ("model", "data", "train.seed", "objective", "resources.gpus_per_node"),
+    "report": (),
+}
+
+
+def stage_settings(job: dict, stage: str) -> dict[str, Any]:
+    """The settings `stage` depends on (STAGE_SETTINGS), keyed by their dotted names."""
+    picked = {}
+    for name in STAGE_SETTINGS[stage]:
+        value: Any = job
+        for key in name.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        picked[name] = value
+    return picked
+
+
+def fingerprint(job: dict, stage: str) -> str:
+    """A short hash of what `stage` depends on: equal fingerprints mean reusable results."""
+    settings = stage_settings(job, stage)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class ConfigError(ValueError):

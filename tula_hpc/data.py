@@ -125,3 +125,9 @@ def make_loader(
         drop_last=drop_last,
         persistent_workers=num_workers > 0,
     )
+
+
+def make_eval_loader(dataset: Dataset, batch_size: int, *, rank: int, world_size: int) -> DataLoader:
+    """Rank r scores images r, r + world_size, ...: every image exactly once, where DistributedSampler would
+    pad the ranks' shares to equal length with repeated images and count those twice."""
+    return DataLoader(Subset(dataset, range(rank, len(dataset), world_size)), batch_size=batch_size)

@@ -19,8 +19,9 @@ from .data import load_splits
 from .distributed import init_distributed, shutdown
 from .files import read_json, write_json
 from .models import build_model
+from .pricing import costs
 from .stage import stage_main
-from .train import evaluate_accuracy
+from .training import evaluate_accuracy
 
 
 def recompute_batchnorm_statistics(model: nn.Module, dataset, device: torch.device, batch_size: int = 256) -> bool:
@@ -70,10 +71,23 @@ def evaluate_worker(job: dict, model_path: str) -> dict:
     }
 
 
-def evaluate(job: dict, model_path: Path, summary_path: Path, selection_path: Path, out: Path, work_dir: Path) -> dict:
+def measured_costs(job: dict, summary: dict, memory: dict) -> dict[str, float | None]:
+    """The trained run's cost in the job's pricing, priced as the prediction was (pricing.costs): for the epochs
+    that count (`train_time_s`, what was predicted) and with the work lost to kills or OOM (what was spent)."""
+    objective, partition = job["objective"], job["resources"]["slurm"].get("partition")
+    run = (summary["nodes"], summary["world_size"], summary["per_device_batch"], objective, memory, partition)
+    return {
+        "measured_cost": costs(summary["train_time_s"], *run)[objective["pricing"]],
+        "measured_cost_with_lost_work": costs(summary["train_time_with_lost_work_s"], *run)[objective["pricing"]],
+    }
+
+
+def evaluate(
+    job: dict, model_path: Path, summary_path: Path, selection_path: Path, memory_path: Path, out: Path, work_dir: Path
+) -> dict:
     summary, chosen = read_json(summary_path), read_json(selection_path)["chosen"]
-    spec = launch.LaunchSpec.for_job(job, nodes=1)
-    spec = launch.LaunchSpec(**{**spec.__dict__, "gpus_per_node": min(spec.gpus_per_node, 1)})
+    memory = read_json(memory_path)
+    spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
     scores = launch.run(
         evaluate_worker,
         dict(job=job, model_path=str(Path(model_path).resolve())),
@@ -81,6 +95,7 @@ def evaluate(job: dict, model_path: Path, summary_path: Path, selection_path: Pa
         Path(work_dir) / "evaluate",
         name=f"{job['name']}-evaluate",
     )
+    # The prediction is the time of the epochs that count; lost work is reported beside it, not compared.
     measured, predicted = summary["train_time_s"], chosen["time_s"]
     result = {
         "job": job["name"],
@@ -88,9 +103,11 @@ def evaluate(job: dict, model_path: Path, summary_path: Path, selection_path: Pa
         "nodes": chosen["nodes"],
         "global_batch": chosen["batch"],
         "measured_train_time_s": measured,
+        "measured_train_time_with_lost_work_s": summary["train_time_with_lost_work_s"],
         "predicted_train_time_s": predicted,
         "time_rel_error": (predicted - measured) / measured,
-        "measured_cost": measured / 3600 * chosen["nodes"] * job["objective"]["price_per_node_hour"],
+        "pricing": job["objective"]["pricing"],
+        **measured_costs(job, summary, memory),
         "predicted_cost": chosen["cost"],
         "wall_time_s": summary["wall_time_s"],
     }
@@ -103,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--model", required=True, type=Path, help="train/model.pt")
         parser.add_argument("--summary", required=True, type=Path, help="train/summary.json")
         parser.add_argument("--selection", required=True, type=Path)
+        parser.add_argument("--memory", required=True, type=Path, help="memory.json (memory-based pricing)")
         parser.add_argument("--out", required=True, type=Path, help="results/{job}/eval.json")
 
     return stage_main(
         "evaluate",
         add_args,
-        lambda job, args: evaluate(job, args.model, args.summary, args.selection, args.out, args.work_dir),
+        lambda job, args: evaluate(job, args.model, args.summary, args.selection, args.memory, args.out, args.work_dir),
         argv,
     )
 

@@ -1,4 +1,4 @@
-"""Stage `probe_memory` and the device memory budget.
+"""Stage `probe_memory`: the memory model of a training step and the largest per-device batch.
 
 The model. Paper Eq. 3 sums M_param + M_grad + M_opt + M_act(b) + M_batch(b). Measured on the real
 model, that sum misses what decides out-of-memory: the transient workspace alive at the step's peak
@@ -11,16 +11,8 @@ align, where a single line through the probes' peaks (the paper's fit) under-pre
 because the peak moves to a point with a steeper slope. The Eq. 3 components are still measured and
 reported per probe, together with what they leave out.
 
-The budget. `resources.device_memory_gb` is the device's memory. On a GPU the caching allocator is
-capped with torch.cuda.set_per_process_memory_fraction. On the CPU a small allocator (C++, built once
-with torch.utils.cpp_extension) counts every tensor byte and refuses an allocation beyond the budget
-with PyTorch's own out-of-memory error, where it happens: the CPU counterpart of the GPU cap. An
-address-space limit (RLIMIT_AS) was measured and rejected: oneDNN maps 6-90 MB of kernel code per new
-input shape and glibc's heap keeps 16-36 % above the live tensors (exact only with a fixed mmap
-threshold, which slows CPU training 1.5-2.4x), so it fails at batches the device could hold.
-
 The stage. Each probe batch runs in a fresh process (the allocator and lazily built kernels of one
-probe must not leak into the next), under the budget. The model proposes the largest batch; at most
+probe must not leak into the next), under the device budget (budget.py). The model proposes the largest batch; at most
 two real steps at the proposed batch, in fresh processes under the usable budget, confirm or correct it.
 """
 
@@ -28,15 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import functools
-import hashlib
 import json
-import logging
 import os
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,205 +32,23 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import LinearRegression
 
 from . import launch
-from .files import write_json, write_text
+from .budget import (
+    GB,
+    DeviceBudgetError,
+    budget_bytes,
+    device_memory,
+    is_out_of_memory,
+    model_bytes,
+    usable_bytes,
+)
+from .files import write_json
 from .stage import StageError, stage_main
 
-GB = 1e9
 MAX_VERIFICATION_TRIALS = 2
 PROBES_AT_ONCE = 2  # the rule's threads (workflow/rules/memory.smk)
 # Probe timelines are exactly linear in the batch; anything above this share of the peak means the
 # probes' steps differ in more than their sizes (a kernel switch between probe batches).
 ALIGNMENT_TOLERANCE = 1e-6
-OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
-
-_CPU_BUDGET_SOURCE = r"""
-#include <c10/core/Allocator.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/util/Exception.h>
-#include <atomic>
-#include <cstdint>
-#include <mutex>
-#include <unordered_map>
-
-namespace {
-
-// Every CPU tensor allocation goes through here: counted, and refused beyond the limit.
-class BudgetAllocator final : public c10::Allocator {
- public:
-  std::atomic<int64_t> limit{INT64_MAX}, used{0}, peak{0}, failed_at{0};
-
-  c10::DataPtr allocate(size_t nbytes) override {
-    const int64_t size = static_cast<int64_t>(nbytes);
-    if (size == 0) return {nullptr, nullptr, &Release, c10::Device(c10::DeviceType::CPU)};
-    const int64_t now = used.fetch_add(size) + size;
-    if (now > limit.load()) {
-      used.fetch_sub(size);
-      failed_at.store(now);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "DefaultCPUAllocator: can't allocate memory: you tried to allocate ",
-                       nbytes, " bytes beyond the device memory budget");
-    }
-    for (int64_t seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);) {
-    }
-    void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
-    {
-      std::lock_guard<std::mutex> guard(mutex);
-      sizes[data] = size;
-    }
-    return {data, data, &Release, c10::Device(c10::DeviceType::CPU)};
-  }
-
-  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
-
-  static void Release(void* data);
-
-  std::mutex mutex;
-  std::unordered_map<void*, int64_t> sizes;
-};
-
-BudgetAllocator allocator;
-
-void BudgetAllocator::Release(void* data) {
-  if (data == nullptr) return;
-  int64_t size;
-  {
-    std::lock_guard<std::mutex> guard(allocator.mutex);
-    auto found = allocator.sizes.find(data);
-    size = found->second;
-    allocator.sizes.erase(found);
-  }
-  allocator.used.fetch_sub(size);
-  c10::GetDefaultCPUAllocator()->raw_deallocate(data);
-}
-
-}  // namespace
-
-extern "C" {
-void tula_install() { c10::SetCPUAllocator(&allocator, /*priority=*/100); }
-void tula_set_limit(int64_t limit) { allocator.limit.store(limit); }
-int64_t tula_used() { return allocator.used.load(); }
-int64_t tula_peak() { return allocator.peak.load(); }
-int64_t tula_failed_at() { return allocator.failed_at.load(); }
-void tula_reset_peak() { allocator.peak.store(allocator.used.load()); }
-}
-"""
-
-
-class DeviceBudgetError(RuntimeError):
-    """The device budget cannot hold what must live on the device before any step runs."""
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, the budget allocator's (the same type) or a failed host allocation."""
-    import torch
-
-    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(err, RuntimeError) and any(m in str(err) for m in OUT_OF_MEMORY_MESSAGES)
-
-
-# --- the device budget ------------------------------------------------------------------------------
-
-
-@functools.cache
-def _cpu_allocator() -> ctypes.CDLL:
-    """The budget allocator's library, compiled on first use (cached by torch under ~/.cache/torch_extensions)."""
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    from torch.utils import cpp_extension
-
-    name = "tula_cpu_budget_" + hashlib.sha1(_CPU_BUDGET_SOURCE.encode()).hexdigest()[:12]
-    source = Path(tempfile.gettempdir()) / f"{name}.cpp"
-    if not source.exists():
-        write_text(source, _CPU_BUDGET_SOURCE)
-    library = ctypes.CDLL(
-        cpp_extension.load(name=name, sources=[str(source)], is_python_module=False, extra_cflags=["-O2"])
-    )
-    for function in ("tula_used", "tula_peak", "tula_failed_at"):
-        getattr(library, function).restype = ctypes.c_int64
-    return library
-
-
-class _DeviceMemory:
-    """What this process holds on its device, counted from the moment a budget is set.
-
-    The CPU allocator counts from its install; `origin` is its count when the budget was set, and
-    `resident` the bytes already on the device then (the built model), which it could not count.
-    """
-
-    device = None
-    resident = origin = 0
-
-    def limit(self, device, budget_bytes: int, resident_bytes: int, job: dict) -> None:
-        """From now on the device holds at most `budget_bytes`: an allocation beyond fails as out of memory."""
-        import torch
-
-        if device.type == "cuda":
-            resident_bytes = torch.cuda.memory_allocated(device)
-        if resident_bytes >= budget_bytes:
-            raise DeviceBudgetError(
-                f"job '{job['name']}': field 'resources.device_memory_gb': a budget of {budget_bytes:,} bytes cannot "
-                f"hold {job['model']['name']} at all: the model alone needs {resident_bytes:,} bytes"
-            )
-        self.device = device
-        if device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
-            torch.cuda.reset_peak_memory_stats(device)
-            return
-        library = _cpu_allocator()
-        library.tula_install()
-        self.resident, self.origin = resident_bytes, library.tula_used()
-        library.tula_set_limit(ctypes.c_int64(self.origin + budget_bytes - resident_bytes))
-        library.tula_reset_peak()
-
-    def lift(self) -> None:
-        """No budget any more (the next run in this process sets its own)."""
-        import torch
-
-        if self.device is not None and self.device.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
-        elif self.device is not None:
-            _cpu_allocator().tula_set_limit(ctypes.c_int64(2**63 - 1))
-        self.device = None
-
-    def _count(self, device, cpu_count: str, cuda_count: str) -> int:
-        import torch
-
-        if device.type == "cuda":
-            return getattr(torch.cuda, cuda_count)(device)
-        return self.resident + getattr(_cpu_allocator(), cpu_count)() - self.origin
-
-    def in_use(self, device) -> int:
-        return self._count(device, "tula_used", "memory_allocated")
-
-    def peak(self, device) -> int:
-        """The most the device held since the budget was set or `reset_peak`."""
-        return self._count(device, "tula_peak", "max_memory_allocated")
-
-    def failed_at(self, device) -> int | None:
-        """Bytes the last refused allocation would have brought the device to: a lower bound of the need (CPU)."""
-        return None if device.type == "cuda" else self.resident + _cpu_allocator().tula_failed_at() - self.origin
-
-    def reset_peak(self, device) -> None:
-        import torch
-
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        else:
-            _cpu_allocator().tula_reset_peak()
-
-
-device_memory = _DeviceMemory()
-
-
-def budget_bytes(job: dict) -> int:
-    return int(job["resources"]["device_memory_gb"] * GB)
-
-
-def usable_bytes(job: dict) -> int:
-    return int(budget_bytes(job) * (1 - job["resources"]["memory_headroom"]))
-
 
 # --- the model --------------------------------------------------------------------------------------
 
@@ -341,11 +146,6 @@ def settle(trials: list[dict]) -> tuple[int, bool]:
 # --- one probe, in its own process ------------------------------------------------------------------
 
 
-def model_bytes(model) -> int:
-    """Parameters and buffers: what a built model holds on its device before any step."""
-    return sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
-
-
 def _device(job: dict):
     import torch
 
@@ -359,7 +159,7 @@ def _build(job: dict, threads: int):
     from torch import nn
 
     from .distributed import Context
-    from .train import build_for_job
+    from .training import build_for_job
 
     torch.set_num_threads(threads)
     splits, model = build_for_job(job, Context(0, 1, 0, _device(job)))
@@ -414,7 +214,7 @@ def measure_probe(job: dict, batch: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from .strategies import build_strategy
-    from .train import training_step
+    from .training import training_step
 
     splits, model, loss_fn = _build(job, threads=1)
     device = _device(job)
@@ -486,7 +286,7 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .strategies import build_strategy
-    from .train import training_step
+    from .training import training_step
 
     splits, model, loss_fn = _build(job, threads=job["resources"]["cpus_per_task"])
     device = _device(job)
@@ -620,8 +420,7 @@ def summarise(job: dict, measured: dict) -> dict:
 
 
 def probe_memory(job: dict, out: Path, work_dir: Path) -> dict:
-    spec = launch.LaunchSpec.for_job(job, nodes=1)
-    spec = launch.LaunchSpec(**{**spec.__dict__, "gpus_per_node": min(spec.gpus_per_node, 1)})
+    spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
     measured = launch.run(
         probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory", name=f"{job['name']}-probe-memory"
     )

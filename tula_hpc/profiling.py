@@ -1,9 +1,10 @@
 """Stage `profile`: a few real DDP training steps at one (nodes, global batch), timed part by part.
 
-Steps come in pairs. The first of a pair splits the work into data loading, forward+backward without
-gradient sync (`no_sync`), an explicit all-reduce of the flattened gradients and the optimiser update, so
-the performance model can fit compute and sync separately. The second is an ordinary DDP step (sync
-overlapped with backward): its time is the step time training will see. Per-step times are the maximum
+Steps are the job's own training step (training.py, with its strategy) and come in pairs. The first of
+a pair splits the work into data loading, forward+backward without gradient sync, an explicit
+all-reduce of the flattened gradients and the strategy's update, so the performance model can fit
+compute and sync separately. The second is the step as training runs it (sync overlapped with
+backward): its time is the step time training will see. Per-step times are the maximum
 over ranks; the profile keeps medians, which one slow step does not move.
 
 Shared machines are noisy (the same step measured in separate processes here varies by 10-15 %, and by
@@ -21,10 +22,7 @@ performance model (see `adapt`).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import itertools
-import json
 import math
 import os
 import re
@@ -38,18 +36,19 @@ import torch.distributed as dist
 from torch import nn
 
 from . import launch
+from .config import fingerprint
 from .data import make_loader
 from .distributed import Context, init_distributed, shutdown
 from .files import read_json, write_json
-from .perfmodel import adaptive_search, model_params
-from .plan import ranks_per_host
+from .layout import devices_per_node, ranks_per_host, steps_per_epoch
+from .performance import adaptive_search, candidate_row, model_params
 from .stage import StageError, stage_main
-from .train import build_for_job, make_optimizer, wrap_ddp
+from .strategies import build_strategy
+from .training import accumulate_gradients, apply_update, build_for_job, training_step, wrap_ddp
 
 PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
 MAX_STEPS = 200
 BACKOFF_S = 1.0
-MEASUREMENT_KEYS = ("warmup_steps", "steps", "min_measure_s", "max_attempts", "interference_tolerance")
 
 
 def _batches(loader):
@@ -142,7 +141,7 @@ class Interference:
 
 
 def _max_over_ranks(values: list[float], ctx: Context) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     if ctx.world_size > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor.tolist()
@@ -163,7 +162,14 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     search = job["search"]
     splits, model = build_for_job(job, ctx)
     net = wrap_ddp(model, ctx)
-    optimizer = make_optimizer(model, job["train"])
+    # The job's own strategy and step (training.py): AGS's reference gradients, LARS's norms and PoLo's
+    # hook cost what they cost in training, so the model fitted to these times predicts training.
+    strategy = build_strategy(
+        net,
+        job["train"],
+        per_device_batch * ctx.world_size,
+        steps_per_epoch(len(splits.train), ctx.world_size, per_device_batch),
+    )
     loss_fn = nn.CrossEntropyLoss()
     batches = _batches(
         make_loader(
@@ -178,16 +184,15 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
         )
     )
     distributed = ctx.world_size > 1
-    no_sync = net.no_sync if distributed else contextlib.nullcontext
     device_sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
 
     def split_step() -> list[float]:
+        """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
         t0 = time.perf_counter()
         x, y = (t.to(ctx.device) for t in next(batches))
+        device_sync()
         t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with no_sync():
-            loss_fn(net(x), y).backward()
+        _, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, sync=False)
         device_sync()
         t2 = time.perf_counter()
         sync_s = 0.0
@@ -198,16 +203,15 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
             device_sync()
             sync_s = time.perf_counter() - t_sync
         t3 = time.perf_counter()
-        optimizer.step()
+        apply_update(net, strategy, loss_fn, x, y, reference_grads)
         device_sync()
         return [t1 - t0, t2 - t1, sync_s, time.perf_counter() - t3]
 
     def full_step() -> float:
+        """The training step as training runs it (sync overlapped with backward)."""
         t0 = time.perf_counter()
         x, y = (t.to(ctx.device) for t in next(batches))
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
-        optimizer.step()
+        training_step(net, strategy, loss_fn, x, y)
         device_sync()
         return time.perf_counter() - t0
 
@@ -262,20 +266,6 @@ def profile_worker(job: dict, global_batch: int) -> dict | None:
         shutdown()
 
 
-def fingerprint(job: dict) -> str:
-    """What a profile depends on: a profile made under other settings must not be reused."""
-    search = {key: job["search"][key] for key in MEASUREMENT_KEYS}
-    settings = {
-        "model": job["model"],
-        "data": job["data"],
-        "train": job["train"],
-        "search": search,
-        "resources": {k: v for k, v in job["resources"].items() if k != "slurm"},
-        "launcher": job["launcher"],
-    }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path) -> dict:
     """Run one profile job at (nodes, batch) and write its file atomically."""
     spec = launch.LaunchSpec.for_job(job, nodes=nodes)
@@ -292,7 +282,7 @@ def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path) ->
         launcher=spec.launcher,
         ranks_per_host=ranks_per_host(spec.launcher, nodes, spec.tasks_per_node),
         job_wall_s=time.perf_counter() - started,
-        fingerprint=fingerprint(job),
+        fingerprint=fingerprint(job, "profile"),
     )
     write_json(out, result)
     return result
@@ -305,51 +295,46 @@ def profile(job: dict, plan_path: Path, nodes: int, batch: int, out: Path, work_
     return profile_one(job, nodes, batch, out, work_dir)
 
 
-def adapt(job: dict, plan_path: Path, out: Path, work_dir: Path) -> dict:
-    """Adaptive search: from the partial profiles, add one profile at a time until the model is sure enough.
+def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
+    """Adaptive search: from the plan's profiles, add one profile at a time until the model is sure enough.
 
-    Every profile is written to profile/N{n}_B{b}.json (the plan's) or profile/adaptive/N{n}_B{b}.json
-    (added here) atomically as soon as it is measured, so a killed stage resumes where it stopped: files
-    made with the same settings are read back instead of measured again.
+    adaptive.json holds the profiles it added, its history and why it stopped. Each added profile is also
+    kept in work/{job}/adaptive/ as soon as it is measured, so a killed stage resumes where it stopped:
+    a kept profile made under the same settings is read back instead of measured again.
     """
     plan = read_json(plan_path)
-    profile_dir = Path(out).parent / "profile"
-    devices = max(1, job["resources"]["gpus_per_node"])
-    initial = {(c["nodes"], c["batch"]) for c in plan["profile"]}
-    current = fingerprint(job)
-    paths: list[Path] = []
+    planned = {(p["nodes"], p["global_batch"]): p for p in map(read_json, profile_paths)}
+    current = fingerprint(job, "profile")
+    added: list[dict] = []
 
     def measure_candidate(candidate: dict) -> dict:
-        name = f"N{candidate['nodes']}_B{candidate['batch']}.json"
-        path = (
-            profile_dir / name
-            if (candidate["nodes"], candidate["batch"]) in initial
-            else profile_dir / "adaptive" / name
-        )
-        paths.append(path)
-        if path.exists():
-            existing = read_json(path)
-            if existing.get("fingerprint") == current:
-                return existing
-        return profile_one(job, candidate["nodes"], candidate["batch"], path, work_dir)
+        key = (candidate["nodes"], candidate["batch"])
+        if key in planned:
+            return planned[key]
+        kept = Path(work_dir) / "adaptive" / f"N{key[0]}_B{key[1]}.json"
+        record = read_json(kept) if kept.exists() else None
+        if record is None or record.get("fingerprint") != current:
+            record = profile_one(job, *key, kept, work_dir)
+        added.append(record)
+        return record
 
-    search = job["search"]
+    devices, search = devices_per_node(job), job["search"]
     result = adaptive_search(
         plan["candidates"],
         plan["profile"],
         measure_candidate,
-        lambda c: (c["nodes"] * devices, ranks_per_host(job["launcher"], c["nodes"], devices)),
+        lambda c: candidate_row(c, devices, job["launcher"]),
         model_params(job),
         search["adaptive"]["tolerance"],
         search["adaptive"]["max_profiles"],
     )
     manifest = {
         "job": job["name"],
-        "profiles": [str(p) for p in paths],
+        "added": added,
         "history": result["history"],
         "discrepancy_per_octave": result["discrepancy_per_octave"],
         "stopped": result["stopped"],
-        "profiled": len(paths),
+        "profiled": len(planned) + len(added),
         "candidates": len(plan["candidates"]),
     }
     write_json(out, manifest)
@@ -366,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="adaptive search instead of one configuration: --out is then adaptive.json",
         )
+        parser.add_argument("--profiles", type=Path, nargs="+", help="with --adaptive: the plan's profiles")
         parser.add_argument(
             "--out",
             required=True,
@@ -375,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(job: dict, args: argparse.Namespace):
         if args.adaptive:
-            return adapt(job, args.plan, args.out, args.work_dir)
+            return adapt(job, args.plan, args.profiles or [], args.out, args.work_dir)
         if args.nodes is None or args.batch is None:
             raise StageError("profile needs --nodes and --batch (or --adaptive)")
         return profile(job, args.plan, args.nodes, args.batch, args.out, args.work_dir)

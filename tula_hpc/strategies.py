@@ -155,6 +155,22 @@ class Strategy:
     def after_step(self) -> None:
         self.scheduler.step()
 
+    def resume(self, optimizer_state: dict, step: int) -> None:
+        """Go on from a checkpoint's optimiser state at optimiser step `step` of this run's own schedule.
+
+        The schedule is never restored: it is the one built for the batch this run trains at, placed at
+        `step`. A relaunch at another global batch or node count (shrink_global_batch after running out
+        of memory) then keeps its epoch's place in warm-up and decay at its own peak rate; at the same
+        batch this is exactly the saved schedule.
+        """
+        peak = [group["initial_lr"] for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(optimizer_state)
+        scheduler = self.scheduler
+        scheduler.last_epoch = step
+        scheduler._last_lr = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, initial, lr in zip(self.optimizer.param_groups, peak, scheduler._last_lr):
+            group.update(initial_lr=initial, lr=lr)
+
     def end_epoch(self) -> dict:
         """Called after an epoch's last step, before evaluation and checkpoint; returns metrics to record."""
         return {}
@@ -184,21 +200,12 @@ class ScalingStrategy(Strategy):
     def end_epoch(self) -> dict:
         return {"ags": self.optimizer.pop_epoch_metrics()}
 
-
-class ResumablePostLocalSGD(PostLocalSGDOptimizer):
-    """PyTorch's post-local SGD optimiser whose checkpoint also restores DDP's comm-hook phase.
-
-    The averager's step (saved by PostLocalSGDOptimizer) says how many steps ran; without this the
-    hook would count from 0 after a resume and all-reduce gradients through a second warm-up.
-    """
-
-    def __init__(self, optim: torch.optim.Optimizer, averager: PeriodicModelAverager, hook_state: PostLocalSGDState):
-        super().__init__(optim, averager)
-        self.hook_state = hook_state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        self.hook_state.iter = min(self.averager.step, self.hook_state.start_localSGD_iter)
+    def resume(self, optimizer_state: dict, step: int) -> None:
+        """Factors learnt at another batch are kept within this run's range (s_max = sqrt(B / B_small))."""
+        super().resume(optimizer_state, step)
+        if self.optimizer.s_max is not None:
+            for factor in self.optimizer.gradscale.values():
+                factor.clamp_(self.optimizer.s_min, self.optimizer.s_max)
 
 
 class PostLocalSGDStrategy(Strategy):
@@ -210,6 +217,17 @@ class PostLocalSGDStrategy(Strategy):
     0's model) see the one model every rank holds. Each rank keeps its own momentum buffer; a resume
     gives every rank rank 0's.
     """
+
+    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, hook_state: PostLocalSGDState) -> None:
+        super().__init__(name, optimizer, train_cfg, steps_per_epoch)
+        self.hook_state = hook_state
+
+    def resume(self, optimizer_state: dict, step: int) -> None:
+        """The averager and DDP's comm hook go on at `step` too: without it the hook would count from 0 and
+        all-reduce gradients through a second synchronous phase; the switch is this run's own."""
+        super().resume(optimizer_state, step)
+        self.optimizer.averager.step = step
+        self.hook_state.iter = min(step, self.hook_state.start_localSGD_iter)
 
     def end_epoch(self) -> dict:
         averager = self.optimizer.averager
@@ -269,7 +287,7 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
         period = max(1, steps_per_epoch // polo["averages_per_epoch"])
         averager = PeriodicModelAverager(period=period, warmup_steps=switch)
         return PostLocalSGDStrategy(
-            name, ResumablePostLocalSGD(optimizer, averager, hook_state), train_cfg, steps_per_epoch
+            name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, hook_state
         )
     # lbt, lrs, and polo on a single process (local SGD with one worker is plain SGD).
     return Strategy(name, optimizer, train_cfg, steps_per_epoch)

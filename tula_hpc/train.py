@@ -1,13 +1,18 @@
 """Stage `train`: DDP training at the selected (nodes, global batch), checkpointed every epoch.
 
-Read top to bottom: set-up, resume, the epoch loop, the final model. Checkpoints live in
-work/{job}/train/ (never a declared output, so Snakemake never deletes them); only rank 0 writes.
+Read top to bottom: set-up, resume, the epoch loop, the final model. The step itself and its set-up are
+training.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
+declared output, so Snakemake never deletes them); only rank 0 writes.
+
+Time. `train_time_s` is the time of the epochs the final model went through (steps and data loading,
+not validation or checkpoints): what the performance model predicts. Epochs or parts of epochs that a
+kill, a preemption or running out of memory threw away are lost work; `train_time_with_lost_work_s`
+adds them, from a log rank 0 appends to every LOOP_LOG_EVERY_S seconds of the loop and on its way out.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import time
@@ -15,100 +20,45 @@ import uuid
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import launch, memory
+from . import launch
+from .budget import budget_bytes, device_memory, is_out_of_memory, model_bytes
 from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
-from .data import load_splits, make_loader
-from .distributed import Context, init_distributed, peer_failure, post_failure, seed_everything, shutdown
-from .files import append_jsonl, atomic_path, read_json, write_json, write_jsonl
-from .models import build_model
+from .config import stage_settings
+from .data import make_loader
+from .distributed import init_distributed, peer_failure, post_failure, shutdown
+from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
+from .layout import steps_per_epoch as epoch_steps
 from .stage import StageError, stage_main
 from .strategies import build_strategy
+from .training import build_for_job, evaluate_accuracy, training_step, wrap_ddp
+
+LOOP_LOG_EVERY_S = 10.0
 
 
-def make_optimizer(model: nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
-    return torch.optim.SGD(
-        model.parameters(), lr=train_cfg["lr"], momentum=train_cfg["momentum"], weight_decay=train_cfg["weight_decay"]
-    )
+class LoopClock:
+    """Seconds this process spent in the epoch loop, appended to a log that survives the process.
 
-
-def build_for_job(job: dict, ctx: Context):
-    """Data splits and the model on this rank's device, seeded so every rank starts identical."""
-    seed_everything(job["train"]["seed"])
-    splits = load_splits(job["data"], job["train"]["seed"])
-    model = build_model(job["model"]["name"], splits.num_classes, splits.in_channels, job["data"]["image_size"])
-    return splits, model.to(ctx.device)
-
-
-def wrap_ddp(model: nn.Module, ctx: Context) -> nn.Module:
-    if ctx.world_size == 1:
-        return model
-    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-
-
-def training_step(
-    net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1
-) -> torch.Tensor:
-    """One optimiser step on the batch (x, y); returns the batch's mean loss.
-
-    With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each loss
-    weighted by its share: the same step (up to BatchNorm's per-slice statistics) with the activations
-    of one slice, which is how training survives running out of memory without changing the global
-    batch. Under DDP only the last slice synchronises. When the strategy asks for a reference
-    sub-batch (AGS), it is accumulated first, and its own gradient is read off before the rest adds to it.
+    Each process is one session; the loop time of all sessions together, kept or lost, is what the
+    run cost (`loop_time_s`).
     """
-    strategy.optimizer.zero_grad(set_to_none=True)
-    reference = strategy.reference_indices(len(y))
-    head, (x_main, y_main) = [], (x, y)
-    if reference is not None:
-        in_reference = torch.zeros(len(y), dtype=torch.bool)
-        in_reference[reference] = True
-        in_reference = in_reference.to(x.device)
-        head, (x_main, y_main) = [(x[in_reference], y[in_reference])], (x[~in_reference], y[~in_reference])
-    slices = head + [
-        (xs, ys) for xs, ys in zip(x_main.tensor_split(micro_batches), y_main.tensor_split(micro_batches)) if len(ys)
-    ]
-    losses, reference_grads = [], None
-    for i, (xs, ys) in enumerate(slices):
-        last = i == len(slices) - 1
-        with contextlib.nullcontext() if last or not isinstance(net, DDP) else net.no_sync():
-            loss = loss_fn(net(xs), ys)
-            if len(slices) > 1:
-                loss = loss * (len(ys) / len(y))
-            loss.backward()
-        losses.append(loss.detach())
-        if reference is not None and i == 0:
-            share = len(y) / len(ys)
-            reference_grads = {p: p.grad * share for p in net.parameters() if p.grad is not None}
-    strategy.before_step(net, loss_fn, x, y, reference_grads)
-    strategy.optimizer.step()
-    strategy.after_step()
-    return sum(losses[1:], losses[0])
+
+    def __init__(self, path: Path | None):
+        self.path, self.session, self.spent, self.logged = path, uuid.uuid4().hex[:12], 0.0, 0.0
+
+    def add(self, seconds: float, force: bool = False) -> None:
+        self.spent += seconds
+        if self.path is not None and (force or self.spent - self.logged >= LOOP_LOG_EVERY_S):
+            append_jsonl(self.path, {"session": self.session, "loop_s": self.spent})
+            self.logged = self.spent
 
 
-def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256) -> float:
-    """Top-1 accuracy over the whole data set, each rank scoring its shard."""
-    loader = make_loader(dataset, batch_size, rank=ctx.rank, world_size=ctx.world_size, seed=0, shuffle=False)
-    counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)
-    model.eval()
-    with torch.no_grad():
-        for x, y in loader:
-            pred = model(x.to(ctx.device)).argmax(1)
-            counts += torch.tensor(
-                [(pred == y.to(ctx.device)).sum().item(), len(y)], dtype=torch.float64, device=ctx.device
-            )
-    model.train()
-    if ctx.world_size > 1:
-        dist.all_reduce(counts)
-    return float(counts[0] / counts[1])
-
-
-def _fingerprint(job: dict, global_batch: int) -> dict:
-    """What a checkpoint must match to be resumed: anything else means a different run."""
-    return {"model": job["model"], "data": job["data"], "train": job["train"], "global_batch": global_batch}
+def loop_time_s(path: Path) -> float:
+    """Loop seconds of every session in the log (each session's last entry is its total)."""
+    if not Path(path).exists():
+        return 0.0
+    return sum({r["session"]: r["loop_s"] for r in read_jsonl(path)}.values())
 
 
 def train_worker(
@@ -120,6 +70,7 @@ def train_worker(
     accumulation: int = 1,
     selected_batch: int | None = None,
     failure_dir: str | None = None,
+    loop_log_path: str | None = None,
 ) -> dict | None:
     """One training attempt on every rank, with the device limited to resources.device_memory_gb.
 
@@ -130,11 +81,18 @@ def train_worker(
     """
     try:
         return _train_attempt(
-            job, global_batch, checkpoint_path, model_path, metrics_path, accumulation, selected_batch or global_batch
+            job,
+            global_batch,
+            checkpoint_path,
+            model_path,
+            metrics_path,
+            accumulation,
+            selected_batch or global_batch,
+            Path(loop_log_path) if loop_log_path else None,
         )
     except Exception as err:
         rank = int(os.environ.get("RANK", "0"))
-        if memory.is_out_of_memory(err):
+        if is_out_of_memory(err):
             note = {"outcome": "out_of_memory", "rank": rank, "error": str(err)[:500]}
             if failure_dir:
                 post_failure(failure_dir, rank, note)
@@ -144,7 +102,7 @@ def train_worker(
             raise
         return note
     finally:
-        memory.device_memory.lift()
+        device_memory.lift()
 
 
 def _train_attempt(
@@ -155,26 +113,27 @@ def _train_attempt(
     metrics_path: str,
     accumulation: int,
     selected_batch: int,
+    loop_log_path: Path | None,
 ) -> dict | None:
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     per_device = global_batch // ctx.world_size
     splits, model = build_for_job(job, ctx)
-    memory.device_memory.limit(ctx.device, memory.budget_bytes(job), memory.model_bytes(model), job)
+    device_memory.limit(ctx.device, budget_bytes(job), model_bytes(model), job)
     net = wrap_ddp(model, ctx)
-    steps_per_epoch = math.ceil(math.ceil(len(splits.train) / ctx.world_size) / per_device)
+    steps_per_epoch = epoch_steps(len(splits.train), ctx.world_size, per_device)
     # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks below.
     strategy = build_strategy(net, job["train"], global_batch, steps_per_epoch)
-    optimizer, scheduler = strategy.optimizer, strategy.scheduler
-    fingerprint = _fingerprint(job, selected_batch)
+    run = {**stage_settings(job, "train"), "selected_batch": selected_batch}  # what a resumable checkpoint matches
 
     start_epoch, step, train_time, resumed_from, restarts, history = 0, 0, 0.0, None, [], []
     checkpoint = load_checkpoint(Path(checkpoint_path))
-    if checkpoint is not None and checkpoint["config"] == fingerprint:
+    if checkpoint is not None and checkpoint["config"] == run:
         model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
+        start_epoch = checkpoint["epoch"]
+        # The schedule is this attempt's own, at its own step count for the epochs done (see Strategy.resume).
+        step = start_epoch * steps_per_epoch
+        strategy.resume(checkpoint["optimizer"], step)
         restore_rng(checkpoint["rng"])
-        start_epoch, step = checkpoint["epoch"], checkpoint["step"]
         train_time = checkpoint["extra"]["train_time_s"]
         resumed_from = start_epoch
         restarts = checkpoint["extra"]["restarts"] + [start_epoch]
@@ -186,6 +145,8 @@ def _train_attempt(
     if ctx.is_main:
         # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
         write_jsonl(metrics_path, history)
+        if resumed_from is None and loop_log_path is not None:
+            write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
     del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
     micro_batch = math.ceil(per_device / accumulation)
@@ -200,15 +161,22 @@ def _train_attempt(
     )
     loss_fn = nn.CrossEntropyLoss()
     epochs = job["train"]["epochs"]
+    clock = LoopClock(loop_log_path if ctx.is_main else None)
     for epoch in range(start_epoch, epochs):
         loader.sampler.set_epoch(epoch)
-        started = time.perf_counter()
-        for x, y in loader:
-            x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-            loss = training_step(net, strategy, loss_fn, x, y, accumulation)
-            step += 1
+        spent_before, started = clock.spent, time.perf_counter()
+        try:
+            for x, y in loader:
+                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+                loss = training_step(net, strategy, loss_fn, x, y, accumulation)
+                step += 1
+                now = time.perf_counter()
+                clock.add(now - started)
+                started = now
+        finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
+            clock.add(time.perf_counter() - started, force=True)
         strategy_metrics = strategy.end_epoch()
-        epoch_time = time.perf_counter() - started
+        epoch_time = clock.spent - spent_before
         train_time += epoch_time
         val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
         record = {
@@ -217,7 +185,7 @@ def _train_attempt(
             "loss": float(loss),
             "val_accuracy": val_accuracy,
             "epoch_time_s": epoch_time,
-            "lr": scheduler.get_last_lr()[0],
+            "lr": strategy.scheduler.get_last_lr()[0],
             **strategy_metrics,
         }
         history.append(record)
@@ -225,11 +193,10 @@ def _train_attempt(
             save_checkpoint(
                 Path(checkpoint_path),
                 model=model,
-                optimizer=optimizer,
-                scheduler=scheduler,
+                optimizer=strategy.optimizer,
                 epoch=epoch + 1,
                 step=step,
-                config=fingerprint,
+                config=run,
                 extra={"train_time_s": train_time, "restarts": restarts, "history": history},
             )
             append_jsonl(metrics_path, record)
@@ -307,7 +274,7 @@ def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int
     return shrunk
 
 
-def train(job: dict, selection_path: Path, out_dir: Path, work_dir: Path) -> dict:
+def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> dict:
     """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
 
     Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
@@ -315,8 +282,6 @@ def train(job: dict, selection_path: Path, out_dir: Path, work_dir: Path) -> dic
     """
     chosen = read_json(selection_path)["chosen"]
     stage_dir = Path(work_dir) / "train"
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"])
     started = time.time()
     log_path, selected = stage_dir / "attempts.json", {"nodes": chosen["nodes"], "batch": chosen["batch"]}
@@ -340,11 +305,12 @@ def train(job: dict, selection_path: Path, out_dir: Path, work_dir: Path) -> dic
                 job=job,
                 global_batch=global_batch,
                 checkpoint_path=str(stage_dir / "checkpoint.pt"),
-                model_path=str(out_dir / "model.pt"),
+                model_path=str(Path(model_path).resolve()),
                 metrics_path=str(stage_dir / "metrics.jsonl"),
                 accumulation=accumulation,
                 selected_batch=chosen["batch"],
                 failure_dir=str(stage_dir / "failures" / uuid.uuid4().hex[:12]),
+                loop_log_path=str(stage_dir / "loop_time.jsonl"),
             ),
             spec,
             stage_dir,
@@ -360,19 +326,27 @@ def train(job: dict, selection_path: Path, out_dir: Path, work_dir: Path) -> dic
             f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once",
             flush=True,
         )
-    summary = {**result, "nodes": chosen["nodes"], "wall_time_s": time.time() - started, "attempts": attempts}
-    write_json(out_dir / "summary.json", summary)
+    summary = {
+        **result,
+        "nodes": chosen["nodes"],
+        "train_time_with_lost_work_s": loop_time_s(stage_dir / "loop_time.jsonl"),
+        "wall_time_s": time.time() - started,
+        "attempts": attempts,
+    }
+    write_json(summary_path, summary)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     def add_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--selection", required=True, type=Path, help="selection.json from the select stage")
-        parser.add_argument("--out-dir", required=True, type=Path, help="results/{job}/train")
+        parser.add_argument("--summary", required=True, type=Path, help="results/{job}/train/summary.json")
+        parser.add_argument("--model", required=True, type=Path, help="results/{job}/train/model.pt")
 
-    return stage_main(
-        "train", add_args, lambda job, args: train(job, args.selection, args.out_dir, args.work_dir), argv
-    )
+    def run(job: dict, args: argparse.Namespace) -> dict:
+        return train(job, args.selection, args.summary, args.model, args.work_dir)
+
+    return stage_main("train", add_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from tula_hpc.config import ConfigError, validate_config
+from tula_hpc import search
+from tula_hpc.config import ConfigError, stage_settings, validate_config
 
 # Clear, per-field messages first; then Snakemake's own validation against the same schema.
 try:
@@ -33,19 +34,10 @@ wildcard_constraints:
     batch=r"\d+",
 
 
-def settings(*keys):
-    """The job settings a stage depends on ("section" or "section.key"): a rule's params, so editing them
-    reruns that stage and what follows, and editing anything else (say, epochs before training) does not."""
-
-    def pick(wildcards):
-        job = config["jobs"][wildcards.job]
-        return {key: job[key.split(".")[0]].get(key.split(".")[1]) if "." in key else job.get(key) for key in keys}
-
-    return pick
-
-
-# What a training step is made of, apart from how many of them there are (epochs) and the LR schedule.
-STEP_SETTINGS = ("model", "data", "resources", "train.optimizer", "train.strategy", "train.ags")
+def settings(stage):
+    """What `stage` depends on (tula_hpc.config.STAGE_SETTINGS) as a rule's params: editing one of those
+    settings reruns that stage and what follows, editing anything else (say, epochs before training) does not."""
+    return lambda wildcards: stage_settings(config["jobs"][wildcards.job], stage)
 
 
 def planned_profiles(wildcards):
@@ -53,6 +45,13 @@ def planned_profiles(wildcards):
     with open(plan_file) as handle:
         planned = json.load(handle)["profile"]
     return [f"results/{wildcards.job}/profile/N{c['nodes']}_B{c['batch']}.json" for c in planned]
+
+
+def adaptive_manifest(wildcards):
+    """adaptive.json, the profiles adaptive search added, when the job's search mode adds any."""
+    if search.adds_profiles(config["jobs"][wildcards.job]["search"]["mode"]):
+        return [f"results/{wildcards.job}/adaptive.json"]
+    return []
 
 
 def chosen_nodes(wildcards, input):

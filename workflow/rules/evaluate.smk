@@ -3,6 +3,7 @@ rule evaluate:
         model="results/{job}/train/model.pt",
         summary="results/{job}/train/summary.json",
         selection="results/{job}/selection.json",
+        memory="results/{job}/memory.json",
     output:
         "results/{job}/eval.json",
     log:
@@ -10,7 +11,8 @@ rule evaluate:
     conda:
         "../../envs/tula-hpc.yaml"
     params:
-        settings=settings("data"),
+        settings=settings("evaluate"),
     shell:
         "tula-hpc evaluate --job {wildcards.job} --model {input.model}"
-        " --summary {input.summary} --selection {input.selection} --out {output} > {log} 2>&1"
+        " --summary {input.summary} --selection {input.selection} --memory {input.memory}"
+        " --out {output} > {log} 2>&1"

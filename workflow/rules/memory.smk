@@ -7,6 +7,6 @@ rule probe_memory:
         "../../envs/tula-hpc.yaml"
     threads: 2  # probes run two at a time, a fresh process each
     params:
-        settings=settings(*STEP_SETTINGS),
+        settings=settings("probe_memory"),
     shell:
         "tula-hpc probe-memory --job {wildcards.job} --out {output} > {log} 2>&1"

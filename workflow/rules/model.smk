@@ -2,12 +2,9 @@ rule fit_model:
     input:
         plan="results/{job}/plan.json",
         memory="results/{job}/memory.json",
-        # The planned profiles; for adaptive search its adaptive.json, which lists every profile it took.
-        profiles=lambda wildcards: (
-            f"results/{wildcards.job}/adaptive.json"
-            if config["jobs"][wildcards.job]["search"]["mode"] == "adaptive"
-            else planned_profiles(wildcards)
-        ),
+        profiles=planned_profiles,
+        # Only when the search mode adds profiles (tula_hpc.search): the profiles adaptive search took.
+        adaptive=adaptive_manifest,
     output:
         "results/{job}/perfmodel.json",
     log:
@@ -15,10 +12,11 @@ rule fit_model:
     conda:
         "../../envs/tula-hpc.yaml"
     params:
-        settings=settings("train", "search", "objective"),
+        settings=settings("fit_model"),
+        adaptive=lambda wildcards, input: f"--adaptive {input.adaptive}" if input.adaptive else "",
     shell:
         "tula-hpc fit-model --job {wildcards.job} --plan {input.plan} --memory {input.memory}"
-        " --profiles {input.profiles} --out {output} > {log} 2>&1"
+        " --profiles {input.profiles} {params.adaptive} --out {output} > {log} 2>&1"
 
 
 rule select:
@@ -31,6 +29,6 @@ rule select:
     conda:
         "../../envs/tula-hpc.yaml"
     params:
-        settings=settings("objective"),
+        settings=settings("select"),
     shell:
         "tula-hpc select --job {wildcards.job} --perfmodel {input} --out {output} > {log} 2>&1"

@@ -8,6 +8,6 @@ checkpoint plan:
     conda:
         "../../envs/tula-hpc.yaml"
     params:
-        settings=settings("search", "resources"),
+        settings=settings("plan"),
     shell:
         "tula-hpc plan --job {wildcards.job} --memory {input} --out {output} > {log} 2>&1"

@@ -11,14 +11,15 @@ rule profile:
     resources:
         timing_slot=1,
     params:
-        settings=settings(*STEP_SETTINGS, "search"),
+        settings=settings("profile"),
     shell:
         "tula-hpc profile --job {wildcards.job} --plan {input}"
         " --nodes {wildcards.nodes} --batch {wildcards.batch} --out {output} > {log} 2>&1"
 
 
 # Adaptive search: starts from the planned (partial) profiles and submits further profile jobs one at a
-# time; each lands atomically in profile/adaptive/ as soon as it is measured and is reused on a rerun.
+# time; adaptive.json holds the profiles it added. Each is kept in work/{job}/adaptive/ as soon as it is
+# measured, so a rerun after a kill reuses it instead of measuring again.
 rule adapt:
     input:
         plan="results/{job}/plan.json",
@@ -33,6 +34,7 @@ rule adapt:
     resources:
         timing_slot=1,
     params:
-        settings=settings(*STEP_SETTINGS, "search"),
+        settings=settings("adapt"),
     shell:
-        "tula-hpc profile --job {wildcards.job} --plan {input.plan} --adaptive --out {output} > {log} 2>&1"
+        "tula-hpc profile --job {wildcards.job} --plan {input.plan} --adaptive --profiles {input.profiles}"
+        " --out {output} > {log} 2>&1"

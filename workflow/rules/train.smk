@@ -13,7 +13,7 @@ rule train:
     resources:
         timing_slot=1,
     params:
-        settings=settings("model", "data", "train", "resources"),
+        settings=settings("train"),
     shell:
         "tula-hpc train --job {wildcards.job} --selection {input}"
-        " --out-dir results/{wildcards.job}/train > {log} 2>&1"
+        " --summary {output.summary} --model {output.model} > {log} 2>&1"

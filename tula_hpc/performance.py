@@ -1,0 +1,414 @@
+"""The parallel performance model of paper Eq. 2, a scikit-learn estimator, and how profiles fit it.
+
+    t_step(N, b, h) = data(b) + compute(b, h) + e * sync(N)
+    data(b)         = d0 + d1 * b                                  loading, linear in b
+    compute(b, h)   = a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))    forward+backward+update (Eq. 2b)
+    sync(N)         = alpha * hops(N) + beta * bytes(N)            per collective (Eq. 2c), 0 on one rank
+        ring:             hops = 2(N-1), bytes = 2(N-1)/N * gradient bytes
+        parameter_server: hops = 2,      bytes = 2N * gradient bytes
+
+N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
+time there and may stay non-negative when compute grows faster than linearly: a line through the
+profiles of a convex curve crosses zero before b = 0), h the ranks sharing one host. On a cluster h is the
+devices per node and constant; with the local launcher all N "nodes" share this machine, and each rank
+computes slower the more ranks compete for its cores: the (h - 1) terms model that honestly instead of
+pooling one- and two-rank timings into one line. e is the share of sync not hidden behind backward
+(overlap = 1 - e; above 1 when the all-reduce threads also slow the compute they run beside).
+
+Every coefficient is non-negative. Fits minimise relative error (a 2 ms step matters as much as a 2 s
+one), down-weight outlying profiles when there are spare ones (Huber), and report which coefficients
+the profiles identify: with one multi-rank N, latency and bandwidth are collinear, so latency is fixed
+at a prior and only bandwidth is fitted. A profiled candidate's t_step weighs its own measurement against
+the model by their errors (`measurement_weight`). Adaptive search (`adaptive_search`) grows the set of
+profiles until the model is sure enough.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import nnls
+from sklearn.base import BaseEstimator, RegressorMixin
+
+from .layout import ranks_per_host
+
+HUBER_K = 1.5
+MIN_ROBUST_SCALE = 0.01
+VALIDATIONS = 2
+COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_", "sync_exposed_")
+
+
+def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
+    """Columns (hops, bytes moved per rank) of the collective; both zero on one rank."""
+    ranks = np.asarray(ranks, float)
+    multi = (ranks > 1).astype(float)
+    if collective == "ring":
+        return np.column_stack([2 * (ranks - 1), 2 * (ranks - 1) / ranks * grad_bytes])
+    if collective == "parameter_server":
+        return np.column_stack([2 * multi, 2 * ranks * grad_bytes * multi])
+    raise ValueError(f"unknown collective '{collective}'; allowed: ring, parameter_server")
+
+
+def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: bool, noise_prior: float):
+    """Non-negative least squares on relative residuals; Huber re-weighting when rows are to spare.
+
+    Returns the coefficients and their covariance (noise from the residuals, never below the prior).
+    """
+    n, p = A.shape
+    scale = np.sqrt(weight) / y
+    huber = np.ones(n)
+    for _ in range(6 if robust and n > p + 1 else 1):
+        w = np.sqrt(huber) * scale
+        coef, _ = nnls(A * w[:, None], y * w)
+        residual = (A @ coef - y) / y
+        spread = max(1.4826 * np.median(np.abs(residual)), MIN_ROBUST_SCALE)
+        huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residual), 1e-12))
+    w = np.sqrt(huber) * scale
+    noise = noise_prior**2
+    if n > p:
+        noise = max(noise, float(np.sum(huber * weight * residual**2) / (n - p)))
+    scaled = A * w[:, None]
+    return coef, noise * np.linalg.pinv(scaled.T @ scaled)
+
+
+def _identified(A: np.ndarray) -> list[bool]:
+    """Column j is identified when dropping it lowers the rank (no other column can stand in for it)."""
+    if A.size == 0:
+        return []
+    norm = A / np.maximum(np.abs(A).max(axis=0), 1e-300)
+    rank = np.linalg.matrix_rank(norm)
+    return [np.linalg.matrix_rank(np.delete(norm, j, axis=1)) < rank for j in range(A.shape[1])]
+
+
+class PerfModel(BaseEstimator, RegressorMixin):
+    """Step time of DDP training from X = [[ranks, per_device_batch, ranks_per_host], ...].
+
+    `fit` takes the measured full step times as y and the split parts of the same profiles; `predict`
+    gives step times, `predict_parts` the parts, `predict_uncertainty` a relative standard deviation that
+    grows with the distance (in octaves of b and N) to the nearest profiled configuration.
+    """
+
+    def __init__(
+        self,
+        grad_bytes: float = 0.0,
+        collective: str = "ring",
+        latency_prior_s: float = 5e-5,
+        noise_prior: float = 0.03,
+        discrepancy_per_octave: float = 0.02,
+        robust: bool = True,
+    ):
+        self.grad_bytes = grad_bytes
+        self.collective = collective
+        self.latency_prior_s = latency_prior_s
+        self.noise_prior = noise_prior
+        self.discrepancy_per_octave = discrepancy_per_octave
+        self.robust = robust
+
+    # -- design -------------------------------------------------------------------------------------
+    def _all_compute_columns(self, batch, extra_ranks, sync) -> np.ndarray:
+        """One column per COMPUTE_TERMS entry."""
+        beyond = batch - self.batch_ref_
+        return np.column_stack([np.ones_like(batch), beyond, extra_ranks, extra_ranks * beyond, sync])
+
+    def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
+        return self._all_compute_columns(batch, extra_ranks, sync)[:, self.compute_columns_]
+
+    def _sync(self, ranks) -> np.ndarray:
+        return sync_features(ranks, self.grad_bytes, self.collective) @ self.sync_coef_
+
+    def _data(self, batch) -> np.ndarray:
+        return self.data_coef_[0] + self.data_coef_[1] * np.asarray(batch, float)
+
+    # -- fitting ------------------------------------------------------------------------------------
+    def fit(self, X, y, *, data_s, compute_s, sync_s, sample_weight=None) -> PerfModel:
+        X = np.asarray(X, float)
+        ranks, batch, hosts = X[:, 0], X[:, 1], X[:, 2]
+        y, data_s, compute_s, sync_s = (np.asarray(v, float) for v in (y, data_s, compute_s, sync_s))
+        weight = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
+        self.profiled_ = X.copy()
+        self.batch_ref_ = float(batch.min())
+        self.identified_ = {}
+        self.notes_ = []
+
+        data_design = np.column_stack([np.ones_like(batch), batch])
+        self.data_coef_, self.data_cov_ = _relative_nnls(
+            data_design, np.maximum(data_s, 1e-9), weight, self.robust, self.noise_prior
+        )
+        self._fit_sync(ranks, sync_s, weight)
+
+        # Contention terms only when the profiles see more than one host load; exposure only with sync.
+        self.compute_columns_ = [0, 1] + ([2, 3] if len(set(hosts)) > 1 else []) + ([4] if (ranks > 1).any() else [])
+        design = self._compute_design(batch, hosts - 1, self._sync(ranks))
+        compute_rows = design.copy()
+        if 4 in self.compute_columns_:
+            compute_rows[:, -1] = 0.0  # the split step's compute part holds no sync
+        A = np.vstack([compute_rows, design])
+        target = np.concatenate([compute_s, y - self._data(batch)])
+        coef, self.compute_cov_ = _relative_nnls(
+            A, np.maximum(target, 1e-9), np.concatenate([weight, weight]), self.robust, self.noise_prior
+        )
+        full = np.zeros(len(COMPUTE_TERMS))
+        full[self.compute_columns_] = coef
+        for name, value in zip(COMPUTE_TERMS, full):
+            setattr(self, name, float(value))
+        for j, ok, value in zip(self.compute_columns_, _identified(A), coef):
+            name = COMPUTE_TERMS[j].rstrip("_")
+            self.identified_[name] = bool(ok)
+            if ok and value == 0.0:
+                self.notes_.append(
+                    f"{name} held at 0 by the non-negativity constraint: the profiles alone would make "
+                    f"it negative (e.g. compute growing faster than linearly in b over this range)"
+                )
+        residual = (self.predict(X) - y) / y
+        self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
+        return self
+
+    def _fit_sync(self, ranks, sync_s, weight) -> None:
+        multi = ranks > 1
+        features = sync_features(ranks[multi], self.grad_bytes, self.collective)
+        self.sync_coef_ = np.zeros(2)
+        if not multi.any():
+            self.identified_.update(latency_s=False, seconds_per_byte=False)
+            return
+        measured = np.maximum(sync_s[multi], 1e-9)
+        if len(set(ranks[multi])) >= 2:
+            self.sync_coef_, _ = _relative_nnls(features, measured, weight[multi], self.robust, self.noise_prior)
+            self.identified_.update(latency_s=True, seconds_per_byte=True)
+            return
+        # One multi-rank size: hops and bytes move together, so latency comes from the prior.
+        latency = self.latency_prior_s * features[:, 0]
+        coef, _ = _relative_nnls(
+            features[:, 1:], np.maximum(measured - latency, 1e-9), weight[multi], self.robust, self.noise_prior
+        )
+        self.sync_coef_ = np.array([self.latency_prior_s, coef[0]])
+        self.identified_.update(latency_s=False, seconds_per_byte=True)
+        self.notes_.append(
+            f"one multi-rank size profiled (N={int(ranks[multi][0])}): latency and bandwidth are "
+            f"collinear, latency fixed at the prior {self.latency_prior_s * 1e6:.0f} us per hop"
+        )
+
+    # -- prediction ---------------------------------------------------------------------------------
+    def predict_parts(self, X) -> dict[str, np.ndarray]:
+        X = np.asarray(X, float).reshape(-1, 3)
+        ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
+        compute_only = self._all_compute_columns(batch, extra, np.zeros_like(batch))  # exposed sync is added below
+        compute = compute_only @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
+        sync = self._sync(ranks)
+        data = self._data(batch)
+        return {
+            "data_s": data,
+            "compute_s": compute,
+            "sync_s": sync,
+            "exposed_sync_s": self.sync_exposed_ * sync,
+            "step_s": data + compute + self.sync_exposed_ * sync,
+        }
+
+    def predict(self, X) -> np.ndarray:
+        return self.predict_parts(X)["step_s"]
+
+    def octaves_to_profiled(self, X) -> np.ndarray:
+        """Distance in octaves of (b, N) from each row to the nearest profiled configuration."""
+        X = np.log2(np.asarray(X, float).reshape(-1, 3)[:, :2])
+        seen = np.log2(self.profiled_[:, :2])
+        return np.sqrt(((X[:, None, :] - seen[None, :, :]) ** 2).sum(-1)).min(axis=1)
+
+    def predict_uncertainty(self, X) -> np.ndarray:
+        """Relative standard deviation of the predicted step: fitted parameters plus model discrepancy."""
+        X = np.asarray(X, float).reshape(-1, 3)
+        ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
+        step = self.predict(X)
+        # The sync estimate enters as a regressor whose coefficient (the exposed share) the step times fit,
+        # so its own error is absorbed there and not added again.
+        g = self._compute_design(batch, extra, self._sync(ranks))
+        d = np.column_stack([np.ones_like(batch), batch])
+        variance = np.einsum("ij,jk,ik->i", g, self.compute_cov_, g) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
+        discrepancy = self.discrepancy_per_octave * self.octaves_to_profiled(X)
+        return np.sqrt(variance / step**2 + discrepancy**2)
+
+    def params(self) -> dict:
+        latency, per_byte = (float(v) for v in self.sync_coef_)
+        return {
+            "data_intercept_s": float(self.data_coef_[0]),
+            "data_per_sample_s": float(self.data_coef_[1]),
+            "batch_ref": self.batch_ref_,
+            **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
+            "overlap": 1.0 - self.sync_exposed_,
+            "latency_s": latency,
+            "seconds_per_byte": per_byte,
+            "rms_rel_error": self.rms_rel_error_,
+            "discrepancy_per_octave": self.discrepancy_per_octave,
+        }
+
+
+def model_row(ranks: int, per_device_batch: int, ranks_per_host: int) -> list[float]:
+    """The model's input row: X = [[ranks, per_device_batch, ranks_per_host], ...]."""
+    return [ranks, per_device_batch, ranks_per_host]
+
+
+def profile_row(profile: dict) -> list[float]:
+    """The input row of a profile record (profile/N{n}_B{b}.json)."""
+    return model_row(profile["world_size"], profile["per_device_batch"], profile["ranks_per_host"])
+
+
+def candidate_row(candidate: dict, devices_per_node: int, launcher: str) -> list[float]:
+    """The input row of a plan's candidate {"nodes", "per_device_batch", ...} under this launcher."""
+    nodes = candidate["nodes"]
+    return model_row(
+        nodes * devices_per_node, candidate["per_device_batch"], ranks_per_host(launcher, nodes, devices_per_node)
+    )
+
+
+def model_params(job: dict) -> dict:
+    """Fit settings from the job's `search` section (PerfModel's parameters and how profiles are weighed)."""
+    search = job["search"]
+    return {
+        "collective": search["collective"],
+        "latency_prior_s": search["latency_prior_s"],
+        "noise_prior": search["noise_prior"],
+        "discrepancy_per_octave": search["discrepancy_per_octave"],
+        "interference_tolerance": search["interference_tolerance"],
+    }
+
+
+def fit_profiles(profiles: list[dict], interference_tolerance: float = 0.1, **model_params) -> PerfModel:
+    """Fit a PerfModel to profile records (profile/N{n}_B{b}.json contents).
+
+    Profiles that other work kept disturbed (interference above the tolerance even after re-measuring)
+    land several times farther from the truth than quiet ones, so they weigh as much less: half at the
+    tolerance, a tenth at three times it. This matters only where profiles are to spare.
+    """
+    X = [profile_row(p) for p in profiles]
+    med = [p["median"] for p in profiles]
+    weight = [1.0 / (1.0 + (p.get("interference", 0.0) / interference_tolerance) ** 2) for p in profiles]
+    return PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params).fit(
+        X,
+        [m["step_s"] for m in med],
+        data_s=[m["data_s"] for m in med],
+        compute_s=[m["compute_s"] + m["update_s"] for m in med],
+        sync_s=[m["sync_s"] for m in med],
+        sample_weight=weight,
+    )
+
+
+def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
+    """Relative step-time error on each profile left out, where the rest still identify the model."""
+    identified = fit_profiles(profiles, **model_params).identified_
+    errors = []
+    for i, held in enumerate(profiles):
+        rest = profiles[:i] + profiles[i + 1 :]
+        model = fit_profiles(rest, **model_params)
+        if model.identified_ != identified:
+            continue
+        x = [profile_row(held)]
+        errors.append(float(abs(model.predict(x)[0] / held["median"]["step_s"] - 1)))
+    return errors
+
+
+def measurement_weight(out_of_sample: list[float], noise: float) -> float:
+    """How much a profiled candidate's own measured step counts against the model's prediction of it.
+
+    Inverse-variance weighting of two estimates of the same step time: the model's, off by its
+    out-of-sample (leave-one-out) error, and the measurement's, off by the profile noise. Real step times
+    have structure no few-parameter model follows (kernel choice by shape, caches), so with spare profiles
+    the measurement mostly wins; with none spare the model passes through its profiles and the weight is moot.
+    """
+    if not out_of_sample:
+        return 0.0
+    model_variance = float(np.mean(np.square(out_of_sample)))
+    return model_variance / (model_variance + noise**2)
+
+
+def measured_steps(profiles: list[dict]) -> dict[tuple[int, int], float]:
+    """(ranks, per-device batch) -> measured median step of each profile, as `estimate_steps` takes them."""
+    return {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
+
+
+def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, int], float], weight: float) -> np.ndarray:
+    """Step times for rows X: the model's, moved by `weight` toward the measurement where (ranks, b) was profiled."""
+    X = np.asarray(X, float).reshape(-1, 3)
+    steps = model.predict(X)
+    for i, (ranks, batch) in enumerate(X[:, :2].astype(int)):
+        if (ranks, batch) in measured:
+            steps[i] += weight * (measured[(ranks, batch)] - steps[i])
+    return steps
+
+
+def discrepancy_estimate(history: list[dict], prior: float) -> float:
+    """Model error per octave from each adaptive step's out-of-sample error, shrunk toward the prior.
+
+    The prior counts as one observation, so a single lucky prediction cannot end the search.
+    """
+    ratios = [h["rel_error"] / h["octaves"] for h in history if h["octaves"] > 0]
+    return math.sqrt((prior**2 + sum(r**2 for r in ratios)) / (1 + len(ratios)))
+
+
+def adaptive_search(
+    candidates: list[dict],
+    initial: list[dict],
+    measure,
+    row_of,
+    settings: dict,
+    tolerance: float,
+    max_profiles: int | None = None,
+) -> dict:
+    """Profile `initial`, then keep adding the candidate with the largest predicted uncertainty.
+
+    Before each new profile joins the fit, the current model predicts it: that out-of-sample error
+    calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops
+    when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
+    profiles, each the least certain candidate of its turn, were all predicted within `tolerance` (on a
+    machine noisier than the tolerance the uncertainty itself never gets there); at `max_profiles`; or
+    when nothing is left. `measure(candidate)` returns a profile record; `row_of(candidate)` its
+    input row (`candidate_row`).
+    """
+    profiled = [dict(c) for c in initial]
+    profiles = [measure(c) for c in profiled]
+    history: list[dict] = []
+    prior = settings["discrepancy_per_octave"]
+    discrepancy = prior
+    while True:
+        model = fit_profiles(profiles, **{**settings, "discrepancy_per_octave": discrepancy})
+        remaining = [c for c in candidates if c not in profiled]
+        if not remaining:
+            stopped = "every candidate profiled"
+            break
+        if max_profiles is not None and len(profiles) >= max_profiles:
+            stopped = f"reached max_profiles ({max_profiles})"
+            break
+        X = np.array([row_of(c) for c in remaining], float)
+        uncertainty = model.predict_uncertainty(X)
+        worst = int(np.argmax(uncertainty))
+        if history and uncertainty[worst] <= tolerance:  # an uncertainty no profile has tested yet is only the prior
+            stopped = f"largest predicted uncertainty {uncertainty[worst]:.1%} <= tolerance {tolerance:.1%}"
+            break
+        recent = history[-VALIDATIONS:]
+        if len(recent) == VALIDATIONS and all(h["rel_error"] <= tolerance for h in recent):
+            stopped = f"the last {VALIDATIONS} profiles were predicted within tolerance {tolerance:.1%}"
+            break
+        candidate = remaining[worst]
+        predicted = float(model.predict(X[worst : worst + 1])[0])
+        octaves = float(model.octaves_to_profiled(X[worst : worst + 1])[0])
+        profile = measure(candidate)
+        measured = profile["median"]["step_s"]
+        history.append(
+            {
+                "nodes": candidate["nodes"],
+                "batch": candidate["batch"],
+                "uncertainty": float(uncertainty[worst]),
+                "predicted_step_s": predicted,
+                "measured_step_s": measured,
+                "rel_error": abs(predicted / measured - 1),
+                "octaves": octaves,
+            }
+        )
+        discrepancy = discrepancy_estimate(history, prior)
+        profiled.append(candidate)
+        profiles.append(profile)
+    return {
+        "profiled": profiled,
+        "profiles": profiles,
+        "history": history,
+        "discrepancy_per_octave": discrepancy,
+        "stopped": stopped,
+    }

@@ -1,0 +1,68 @@
+"""Search modes (paper III-A-2): which candidates are profiled, decided here and nowhere else.
+
+- partial: the fewest extreme configurations that identify every coefficient of the performance model
+  (`partial_set`): 3 to 5 of them, whatever the size of the grid. The fit reads their profiles.
+- full: every candidate. The fit reads their profiles.
+- adaptive: starts from partial; the `adapt` rule (profile stage, `--adaptive`) then adds the candidate
+  the fitted model is least sure about until its uncertainty, calibrated on those very profiles, is
+  small. The fit reads the partial profiles and adaptive.json, which holds the profiles it added.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .layout import ranks_per_host
+
+MODES = ("partial", "full", "adaptive")
+
+
+def _unknown(mode: str) -> ValueError:
+    return ValueError(f"unknown search mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def planned(mode: str, grid: list[dict], devices_per_node: int, launcher: str) -> list[dict]:
+    """The candidates the plan profiles before the first fit."""
+    if mode == "partial":
+        return partial_set(grid, devices_per_node, launcher)
+    if mode == "full":
+        return grid
+    if mode == "adaptive":
+        return partial_set(grid, devices_per_node, launcher)
+    raise _unknown(mode)
+
+
+def adds_profiles(mode: str) -> bool:
+    """Whether the mode profiles beyond the plan (the adapt rule), so the fit also reads adaptive.json."""
+    if mode in ("partial", "full"):
+        return False
+    if mode == "adaptive":
+        return True
+    raise _unknown(mode)
+
+
+def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[dict]:
+    """The fewest extreme candidates that identify every coefficient the grid can identify.
+
+    Both batch extremes at the smallest N fit the compute line; the smallest batch at the largest N adds
+    sync and its overlap. When ranks share hosts differently across N (the local launcher), contention is
+    fitted too, from a second batch at the largest N: the one nearest the geometric middle of its range
+    (ties to the smaller). It identifies the per-sample contention as the largest batch would, at about
+    1/8 of the largest's cost on a doubling grid, and measured here it predicts the rest at least as well
+    (bench/perf_accuracy.py). A second multi-rank size, at its smallest batch, separates latency from bandwidth.
+    """
+    by_nodes: dict[int, list[dict]] = {}
+    for c in sorted(grid, key=lambda c: (c["nodes"], c["batch"])):
+        by_nodes.setdefault(c["nodes"], []).append(c)
+    smallest, largest = min(by_nodes), max(by_nodes)
+    chosen = [by_nodes[smallest][0], by_nodes[smallest][-1], by_nodes[largest][0]]
+    if ranks_per_host(launcher, smallest, devices_per_node) != ranks_per_host(launcher, largest, devices_per_node):
+        first, *rest = by_nodes[largest]
+        if rest:
+            middle = (math.log2(first["per_device_batch"]) + math.log2(rest[-1]["per_device_batch"])) / 2
+            chosen.append(min(rest, key=lambda c: abs(math.log2(c["per_device_batch"]) - middle)))
+    multi_rank = [n for n in by_nodes if n * devices_per_node > 1]
+    if len({n for n in (smallest, largest) if n in multi_rank}) < 2 and len(multi_rank) >= 2:
+        second = min(n for n in multi_rank if n not in (smallest, largest))
+        chosen.append(by_nodes[second][0])
+    return [c for i, c in enumerate(chosen) if c not in chosen[:i]]

@@ -1,0 +1,102 @@
+"""The training step and its set-up, one copy for every stage that runs it.
+
+Training runs it for real, profiling times it (so the performance model predicts what training does),
+memory probing measures its peak (so the memory model sizes what training allocates), and evaluation
+scores the trained model the way training scores validation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .data import load_splits, make_eval_loader
+from .distributed import Context, seed_everything
+from .models import build_model
+
+
+def build_for_job(job: dict, ctx: Context):
+    """Data splits and the model on this rank's device, seeded so every rank starts identical."""
+    seed_everything(job["train"]["seed"])
+    splits = load_splits(job["data"], job["train"]["seed"])
+    model = build_model(job["model"]["name"], splits.num_classes, splits.in_channels, job["data"]["image_size"])
+    return splits, model.to(ctx.device)
+
+
+def wrap_ddp(model: nn.Module, ctx: Context) -> nn.Module:
+    if ctx.world_size == 1:
+        return model
+    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def accumulate_gradients(
+    net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1, sync: bool = True
+) -> tuple[torch.Tensor, dict | None]:
+    """Forward and backward of a step; returns the batch's mean loss and the reference sub-batch's gradients.
+
+    With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each loss
+    weighted by its share: the same step (up to BatchNorm's per-slice statistics) with the activations
+    of one slice, which is how training survives running out of memory without changing the global
+    batch. Under DDP only the last slice synchronises, and none with sync=False (the profiler then
+    all-reduces on its own clock). When the strategy asks for a reference sub-batch (AGS), it is
+    accumulated first, and its own gradient is read off before the rest adds to it.
+    """
+    strategy.optimizer.zero_grad(set_to_none=True)
+    reference = strategy.reference_indices(len(y))
+    head, (x_main, y_main) = [], (x, y)
+    if reference is not None:
+        in_reference = torch.zeros(len(y), dtype=torch.bool, device=x.device)
+        in_reference[reference.to(x.device)] = True
+        head, (x_main, y_main) = [(x[in_reference], y[in_reference])], (x[~in_reference], y[~in_reference])
+    slices = head + [
+        (xs, ys) for xs, ys in zip(x_main.tensor_split(micro_batches), y_main.tensor_split(micro_batches)) if len(ys)
+    ]
+    losses, reference_grads = [], None
+    for i, (xs, ys) in enumerate(slices):
+        synchronise = sync and i == len(slices) - 1
+        with contextlib.nullcontext() if synchronise or not isinstance(net, DDP) else net.no_sync():
+            loss = loss_fn(net(xs), ys)
+            if len(slices) > 1:
+                loss = loss * (len(ys) / len(y))
+            loss.backward()
+        losses.append(loss.detach())
+        if reference is not None and i == 0:
+            share = len(y) / len(ys)
+            reference_grads = {p: p.grad * share for p in net.parameters() if p.grad is not None}
+    return sum(losses[1:], losses[0]), reference_grads
+
+
+def apply_update(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, reference_grads) -> None:
+    """The strategy's hooks around the optimiser step, on the accumulated (synchronised) gradient."""
+    strategy.before_step(net, loss_fn, x, y, reference_grads)
+    strategy.optimizer.step()
+    strategy.after_step()
+
+
+def training_step(
+    net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1
+) -> torch.Tensor:
+    """One optimiser step on the batch (x, y); returns the batch's mean loss (see `accumulate_gradients`)."""
+    loss, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, micro_batches)
+    apply_update(net, strategy, loss_fn, x, y, reference_grads)
+    return loss
+
+
+def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256) -> float:
+    """Top-1 accuracy over the whole data set, each rank scoring its own images, every image once."""
+    loader = make_eval_loader(dataset, batch_size, rank=ctx.rank, world_size=ctx.world_size)
+    counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    model.eval()
+    with torch.no_grad():
+        for x, y in loader:
+            pred = model(x.to(ctx.device)).argmax(1)
+            counts[0] += (pred == y.to(ctx.device)).sum()
+            counts[1] += len(y)
+    model.train()
+    if ctx.world_size > 1:
+        dist.all_reduce(counts)
+    return float(counts[0] / counts[1])
