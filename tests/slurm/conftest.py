@@ -18,6 +18,8 @@ import yaml
 from tests.conftest import REPO, tiny_job_config
 
 pytestmark = pytest.mark.slurm
+STATE = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm"))
+SCRIPTS = REPO / "scripts" / "slurm"
 
 
 def _unavailable(reason: str) -> None:
@@ -40,14 +42,19 @@ def _cluster_answers(env_file: Path) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Path:
-    """Use the running local cluster, or start it; point this process and its children at it."""
+def slurm_cluster(request) -> Path:
+    """Use the running local cluster, or start it and stop it when the session ends; point this process at it.
+
+    A cluster the session found running is left running: someone else may be using it.
+    """
     if os.geteuid() != 0:
         _unavailable("the local Slurm cluster needs root (run `make slurm-up` as root)")
-    env_file = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm")) / "slurm.env"
+    env_file = STATE / "slurm.env"
     conf = _cluster_answers(env_file)
     if conf is None:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "up.sh")], capture_output=True, text=True)
+        # Registered first: a half-started cluster is stopped too.
+        request.addfinalizer(lambda: subprocess.run(["bash", str(SCRIPTS / "down.sh")], capture_output=True))
+        proc = subprocess.run(["bash", str(SCRIPTS / "up.sh")], capture_output=True, text=True)
         if proc.returncode != 0:
             _unavailable(f"scripts/slurm/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         conf = _cluster_answers(env_file)
