@@ -1,4 +1,4 @@
-"""What AGS costs on top of the plain optimiser at the same batch (target: <= 3 % per epoch).
+"""What AGS costs on top of the plain optimiser at the same batch (target: <= 3 % per epoch, measured directly).
 
 Per model (the default job's tiny CNN on 8x8 digits, mobilenet_v3_small on 32x32), global batch 256,
 one process with 2 threads, SGD with momentum as in the default job, every step through
@@ -11,11 +11,14 @@ one process with 2 threads, SGD with momentum as in the default job, every step 
 - separate_update_s: `TulaOptimizer.update_gradscale`, the stand-alone API's separate forward/backward
   of the 32-sample sub-batch (the paper's way), for comparison;
 - overhead_per_epoch: (steps x (ags_step - plain_step) + update) / (steps x plain_step) for the digits
-  epoch (5 steps of 256) and a CIFAR-10-sized epoch (45000 images: 176 steps);
-- measured_epoch: whole digits-sized epochs of lbt and ags (default delta), measured directly.
+  epoch (5 steps of 256) and a CIFAR-10-sized epoch (45000 images: 176 steps), derived from the medians
+  above: it explains where time goes but is not judged (it sums medians of separately timed pieces);
+- measured_epoch: whole digits-sized epochs of lbt and ags (default delta), measured directly, with a second
+  lbt model timed alongside as the noise floor. The target is judged on this overhead.
 All contenders alternate step by step (epoch by epoch for measured_epoch), so drift on the shared
-machine hits them alike; figures are medians. Writes bench/results/ags_overhead.json. Run it under
-`flock /tmp/tula-cpu.lock`.
+machine hits them alike; figures are medians. Writes bench/results/ags_overhead.json (about 8 minutes on
+2 threads). Run it under `flock /tmp/tula-cpu.lock`. `--reuse` re-judges the stored measurements without
+measuring.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tula_hpc.config import job_settings, load_config  # noqa: E402
-from tula_hpc.files import write_json  # noqa: E402
+from tula_hpc.files import read_json, write_json  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import build_strategy  # noqa: E402
 from tula_hpc.train import training_step  # noqa: E402
@@ -132,12 +137,15 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
 
 
 def measure_epochs(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, train_cfg: dict, rounds: int) -> dict:
-    """Digits-sized epochs through training_step and the strategy hooks (a sensitive step is not scaled)."""
+    """Digits-sized epochs through training_step and the strategy hooks (a sensitive step is not scaled).
+
+    A second lbt model, timed in the same rotation, gives the noise floor: what the same work differs by here.
+    """
     steps = EPOCHS["digits (1257 images)"]
     strategies = {}
-    for name in ("lbt", "ags"):
+    for key, name in (("lbt", "lbt"), ("lbt_again", "lbt"), ("ags", "ags")):
         model = copy.deepcopy(base)
-        strategies[name] = (model, build_strategy(model, {**train_cfg, "strategy": name}, BATCH, steps))
+        strategies[key] = (model, build_strategy(model, {**train_cfg, "strategy": name}, BATCH, steps))
 
     def epoch(model, strategy):
         def run():
@@ -154,36 +162,48 @@ def measure_epochs(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, trai
         for key, (model, strategy) in strategies.items():
             samples[key] += timed(epoch(model, strategy), 1)
     lbt, ags = statistics.median(samples["lbt"]), statistics.median(samples["ags"])
-    return {"steps": steps, "lbt_epoch_s": lbt, "ags_epoch_s": ags, "overhead": (ags - lbt) / lbt}
+    noise = abs(statistics.median(samples["lbt_again"]) - lbt) / lbt
+    return {"steps": steps, "lbt_epoch_s": lbt, "ags_epoch_s": ags, "overhead": (ags - lbt) / lbt, "noise_floor": noise}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and optimiser (interleaved)")
-    args = parser.parse_args()
+def provenance() -> dict:
+    """Where the figures come from: a rerun after a change, or on another processor, is a different measurement."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "processor": models[0] if models else platform.processor(),
+        "torch": torch.__version__,
+    }
+
+
+def judge(result: dict) -> dict:
+    """Met or not per model, on the directly measured epoch; the derived per-epoch figures are reported beside it."""
+    verdicts = {}
+    for name, r in result["models"].items():
+        measured = r["measured_epoch"]
+        derived = {g: r["overhead_per_epoch"][g]["digits (1257 images)"] for g in r["overhead_per_epoch"]}
+        verdicts[name] = {
+            "measured_epoch_overhead": measured["overhead"],
+            "noise_floor": measured.get("noise_floor"),  # absent from measurements taken before it was timed
+            "derived_digits_epoch_overhead (not judged)": derived,
+            "met": measured["overhead"] <= result["target_overhead_per_epoch"],
+        }
+    return verdicts
+
+
+def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(2)
     train_cfg = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")["train"]
-    models = {}
-    for name in MODELS:
-        models[name] = measure_model(name, train_cfg, args.rounds, args.steps)
-        r = models[name]
-        print(f"{name}: plain step {r['plain_step_s'] * 1e3:.2f} ms", flush=True)
-        for g in GRANULARITIES:
-            epochs = ", ".join(f"{label} {100 * v:+.2f} %" for label, v in r["overhead_per_epoch"][g].items())
-            print(
-                f"  {g:8s} ags step {r['ags_step_s'][g] * 1e3:.2f} ms ({100 * r['per_step_overhead'][g]:+.2f} %), "
-                f"update {r['update_s'][g] * 1e3:.2f} ms (separate pass {r['separate_update_s'][g] * 1e3:.2f} ms); "
-                f"per epoch: {epochs}"
-            )
-        m = r["measured_epoch"]
-        print(
-            f"  measured digits epoch ({m['steps']} steps): lbt {m['lbt_epoch_s'] * 1e3:.1f} ms, "
-            f"ags {m['ags_epoch_s'] * 1e3:.1f} ms ({100 * m['overhead']:+.2f} %)",
-            flush=True,
-        )
-    result = {
+    models = {name: measure_model(name, train_cfg, args.rounds, args.steps) for name in MODELS}
+    return {
         "setup": {
+            **provenance(),
             "batch": BATCH,
             "small_batch": SMALL,
             "threads": 2,
@@ -198,13 +218,43 @@ def main() -> None:
         },
         "target_overhead_per_epoch": TARGET,
         "models": models,
-        "meets_target": {
-            name: {g: {label: v <= TARGET for label, v in r["overhead_per_epoch"][g].items()} for g in GRANULARITIES}
-            for name, r in models.items()
-        },
     }
-    write_json(OUT, result)
-    print(f"wrote {OUT}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and optimiser (interleaved)")
+    parser.add_argument("--reuse", action="store_true", help="re-judge the measurements stored in --out")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    result = read_json(args.out) if args.reuse else measure(args)
+    result["judged_on"] = (
+        "measured_epoch.overhead: whole digits-sized epochs of lbt and ags timed directly; "
+        "overhead_per_epoch is derived from step medians and only explains where the time goes"
+    )
+    result["meets_target"] = judge(result)
+    if args.reuse:
+        result["rejudged"] = "without measuring (--reuse): setup.commit names the code measured; absent means unknown"
+    for name, r in result["models"].items():
+        print(f"{name}: plain step {r['plain_step_s'] * 1e3:.2f} ms", flush=True)
+        for g in GRANULARITIES:
+            epochs = ", ".join(f"{label} {100 * v:+.2f} %" for label, v in r["overhead_per_epoch"][g].items())
+            print(
+                f"  {g:8s} ags step {r['ags_step_s'][g] * 1e3:.2f} ms ({100 * r['per_step_overhead'][g]:+.2f} %), "
+                f"update {r['update_s'][g] * 1e3:.2f} ms (separate pass {r['separate_update_s'][g] * 1e3:.2f} ms); "
+                f"derived per epoch: {epochs}"
+            )
+        m, verdict = r["measured_epoch"], result["meets_target"][name]
+        noise = "not measured" if verdict["noise_floor"] is None else f"{100 * verdict['noise_floor']:.2f} %"
+        print(
+            f"  measured digits epoch ({m['steps']} steps): lbt {m['lbt_epoch_s'] * 1e3:.1f} ms, "
+            f"ags {m['ags_epoch_s'] * 1e3:.1f} ms ({100 * m['overhead']:+.2f} %, noise floor {noise}): "
+            f"target {100 * result['target_overhead_per_epoch']:.0f} % {'met' if verdict['met'] else 'NOT met'}",
+            flush=True,
+        )
+    write_json(args.out, result)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

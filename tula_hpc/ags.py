@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = ["TulaOptimizer"]
 
 
-def _squared_norm(grads: list[torch.Tensor]) -> float:
-    """Squared L2 norm over all gradients, with one host sync per step.
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Squared L2 norm over all gradients, a float64 scalar left on their device (reading it would sync).
 
     Norms are taken in the gradients' own dtype (foreach kernels where the
     device has them); casting every gradient to float64 first cost ~40x more
@@ -32,12 +32,13 @@ def _squared_norm(grads: list[torch.Tensor]) -> float:
     Delta to ~1e-6, far below any useful threshold delta.
     """
     if not grads:
-        return 0.0
-    return torch.nn.utils.get_total_norm(grads).double().square().item()
+        return torch.zeros((), dtype=torch.float64)
+    return torch.nn.utils.get_total_norm(grads).double().square()
 
 
 def _new_epoch() -> dict[str, Any]:
-    return {"steps": 0, "scaled_steps": 0, "updates": 0, "deltas": []}
+    """Per-epoch counters; ``deltas`` and ``gates`` hold one device scalar per step, read once at the epoch's end."""
+    return {"steps": 0, "updates": 0, "deltas": [], "gates": []}
 
 
 class TulaOptimizer(torch.optim.Optimizer):
@@ -147,13 +148,14 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._gradscale: dict[torch.Tensor, torch.Tensor] = {}
         self._generator = torch.Generator().manual_seed(seed)
         self._steps = 0
-        self._scaled_steps = 0
+        self._scaled_steps = 0  # steps scaled in closed epochs; the open epoch's gates are still on the device
         self._updates = 0
         self._steps_since_update = 0
         self._update_due = False
-        self._last_sq_norm: float | None = None
-        self._last_delta = math.inf
-        self._last_scaled = False
+        # Device scalars: the gate decides on the device, so an ordinary step never waits for it.
+        self._last_sq_norm: torch.Tensor | None = None
+        self._last_delta = torch.tensor(math.inf, dtype=torch.float64)
+        self._last_scaled = torch.tensor(False)
         self._epoch = _new_epoch()
 
     def _share_inner(self) -> None:
@@ -172,13 +174,13 @@ class TulaOptimizer(torch.optim.Optimizer):
 
     @property
     def last_delta(self) -> float:
-        """Delta of the latest step; ``inf`` when undefined (first step, or previous norm 0)."""
-        return self._last_delta
+        """Delta of the latest step; ``inf`` when undefined (first step, or previous norm 0). Reading it syncs."""
+        return self._last_delta.item()
 
     @property
     def last_scaled(self) -> bool:
-        """Whether the latest step was scaled (Delta < delta)."""
-        return self._last_scaled
+        """Whether the latest step was scaled (Delta < delta). Reading it syncs."""
+        return bool(self._last_scaled)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none)
@@ -199,25 +201,31 @@ class TulaOptimizer(torch.optim.Optimizer):
         sq_norm = _squared_norm([p.grad for p in params if p.grad is not None])
         prev = self._last_sq_norm
         # Eq. 5; undefined without a non-zero previous norm -> treat as sensitive.
-        self._last_delta = abs((sq_norm - prev) / prev) if prev else math.inf
+        if prev is None:
+            self._last_delta = torch.full_like(sq_norm, math.inf)
+        else:
+            self._last_delta = torch.where(prev != 0, ((sq_norm - prev) / prev).abs(), math.inf)
         self._last_sq_norm = sq_norm
         self._last_scaled = self._last_delta < self.delta
-        if self._last_scaled:
-            # One foreach call instead of a Python loop over tensors: the gate runs on every step.
-            if self.mode == "static":
-                scaled = [(p.grad, self.static_scale) for p in params if p.grad is not None]
-            else:
-                scaled = [(p.grad, scale) for p, scale in self._gradscale.items() if p.grad is not None]
+        # A sensitive step multiplies by exactly 1, which leaves every value bit for bit as it was; branching on
+        # the gate instead would wait for the device on every step.
+        if self.mode == "static":
+            # float64 like the Python scalar it replaces, so float64 gradients see the same factor.
+            factor = torch.where(self._last_scaled, torch.full_like(self._last_delta, self.static_scale), 1.0)
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, factor)
+        else:
+            scaled = [(p.grad, scale) for p, scale in self._gradscale.items() if p.grad is not None]
             if scaled:
                 grads, scales = zip(*scaled)
-                torch._foreach_mul_(list(grads), list(scales))
+                torch._foreach_mul_(list(grads), [torch.where(self._last_scaled, s, 1.0) for s in scales])
         self.optimizer.step()
 
         self._steps += 1
         self._steps_since_update += 1
-        self._scaled_steps += self._last_scaled
         self._epoch["steps"] += 1
-        self._epoch["scaled_steps"] += self._last_scaled
+        self._epoch["gates"].append(self._last_scaled)
         self._epoch["deltas"].append(self._last_delta)
         return loss
 
@@ -369,12 +377,14 @@ class TulaOptimizer(torch.optim.Optimizer):
         as 1) and is None in static mode, where ``scaled_fraction`` alone is
         the Fig. 7 density.
         """
-        epoch = self._epoch
+        epoch = self._epoch_values()
+        scaled_steps = sum(epoch["gates"])
+        self._scaled_steps += scaled_steps
         finite = [d for d in epoch["deltas"] if math.isfinite(d)]
         metrics = {
             "steps": epoch["steps"],
-            "scaled_steps": epoch["scaled_steps"],
-            "scaled_fraction": epoch["scaled_steps"] / epoch["steps"] if epoch["steps"] else 0.0,
+            "scaled_steps": scaled_steps,
+            "scaled_fraction": scaled_steps / epoch["steps"] if epoch["steps"] else 0.0,
             "gradscale_updates": epoch["updates"],
             "nonfinite_delta_steps": len(epoch["deltas"]) - len(finite),
             "delta": {
@@ -391,6 +401,13 @@ class TulaOptimizer(torch.optim.Optimizer):
         if self.mode == "adaptive" and self.update_every_steps is None:
             self._update_due = True
         return metrics
+
+    def _epoch_values(self) -> dict[str, Any]:
+        """The open epoch with its per-step device scalars read back: one sync for the whole epoch."""
+        epoch = self._epoch
+        deltas = torch.stack(epoch["deltas"]).cpu().tolist() if epoch["deltas"] else []
+        gates = torch.stack(epoch["gates"]).cpu().tolist() if epoch["gates"] else []
+        return {**epoch, "deltas": deltas, "gates": gates}
 
     def _scale_histogram(self) -> dict[str, list]:
         edges = torch.logspace(math.log10(self.s_min), math.log10(self.s_max), self.hist_bins + 1, dtype=torch.float64)
@@ -420,10 +437,10 @@ class TulaOptimizer(torch.optim.Optimizer):
             "updates": self._updates,
             "steps_since_update": self._steps_since_update,
             "update_due": self._update_due,
-            "last_sq_norm": self._last_sq_norm,
-            "last_delta": self._last_delta,
-            "last_scaled": self._last_scaled,
-            "epoch": {**self._epoch, "deltas": list(self._epoch["deltas"])},
+            "last_sq_norm": None if self._last_sq_norm is None else self._last_sq_norm.item(),
+            "last_delta": self.last_delta,
+            "last_scaled": self.last_scaled,
+            "epoch": self._epoch_values(),
         }
         return state
 
@@ -442,7 +459,16 @@ class TulaOptimizer(torch.optim.Optimizer):
         self._updates = tula["updates"]
         self._steps_since_update = tula["steps_since_update"]
         self._update_due = tula["update_due"]
-        self._last_sq_norm = tula["last_sq_norm"]
-        self._last_delta = tula["last_delta"]
-        self._last_scaled = tula["last_scaled"]
-        self._epoch = {**tula["epoch"], "deltas": list(tula["epoch"]["deltas"])}
+        device = params[0].device
+        last_sq_norm = tula["last_sq_norm"]
+        self._last_sq_norm = (
+            None if last_sq_norm is None else torch.tensor(last_sq_norm, dtype=torch.float64, device=device)
+        )
+        self._last_delta = torch.tensor(tula["last_delta"], dtype=torch.float64, device=device)
+        self._last_scaled = torch.tensor(tula["last_scaled"], device=device)
+        epoch = tula["epoch"]
+        self._epoch = {
+            **epoch,
+            "deltas": [torch.tensor(d, dtype=torch.float64, device=device) for d in epoch["deltas"]],
+            "gates": [torch.tensor(g, device=device) for g in epoch["gates"]],
+        }

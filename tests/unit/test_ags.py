@@ -324,3 +324,39 @@ def test_update_cadence_and_epoch_metrics():
     with pytest.raises(RuntimeError):
         static.update_gradscale(model, F.cross_entropy, x, y)
     assert static.pop_epoch_metrics()["scale_hist"] is None
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "static"])
+def test_a_training_step_never_reads_a_device_value_back(mode, monkeypatch):
+    """On a GPU every read-back stalls the host until the device catches up; the gate must decide on the device."""
+    torch.manual_seed(0)
+    model = _mlp()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = TulaOptimizer(sgd, mode=mode, large_batch_size=64, small_batch_size=8)
+    x, y = _batch(torch.Generator().manual_seed(1))
+    reads = []
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    for _ in range(2):  # an ordinary step before and after the first norm
+        opt.zero_grad()
+        _backward(model, x, y)
+        opt.step()
+    assert reads == []
+    opt.pop_epoch_metrics()  # reads the epoch's Deltas back once, and makes an update due
+    reads.clear()
+    for _ in range(2):  # the step that carries the update, then a scaled one
+        opt.zero_grad()
+        _backward(model, x, y)
+        if opt.needs_update():
+            opt.update_gradscale_from({p: p.grad * 2 for p in model.parameters()})
+        opt.step()
+    assert reads == []
+    monkeypatch.undo()
+    assert opt.pop_epoch_metrics()["scaled_steps"] == 2  # the scaling path ran too
