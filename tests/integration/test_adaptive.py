@@ -58,10 +58,15 @@ def test_adaptive_search_profiles_beyond_partial_and_resumes_without_measuring_a
     plan = json.loads((results / "plan.json").read_text())
     manifest = json.loads((results / "adaptive.json").read_text())
     assert manifest["stopped"] == "reached max_profiles (5)"
-    assert len(manifest["profiles"]) == 5 == len(plan["profile"]) + len(manifest["history"])
-    [extra] = list((results / "profile" / "adaptive").glob("N*_B*.json"))
-    step = manifest["history"][0]
-    assert extra.name == f"N{step['nodes']}_B{step['batch']}.json"
+    assert manifest["profiled"] == 5 == len(plan["profile"]) + len(manifest["added"]) == len(plan["profile"]) + 1
+    step, [added] = manifest["history"][0], manifest["added"]
+    assert (added["nodes"], added["global_batch"]) == (step["nodes"], step["batch"])
+    # Declared outputs only under results/: the added profile is kept for resuming under work/.
+    assert sorted(p.name for p in (results / "profile").iterdir()) == sorted(
+        f"N{c['nodes']}_B{c['batch']}.json" for c in plan["profile"]
+    )
+    extra = tmp_path / "work" / "digits-cnn" / "adaptive" / f"N{step['nodes']}_B{step['batch']}.json"
+    assert json.loads(extra.read_text()) == added
     perfmodel = json.loads((results / "perfmodel.json").read_text())
     assert perfmodel["search"]["history"] == manifest["history"] and len(perfmodel["profiled"]) == 5
 

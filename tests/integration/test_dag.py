@@ -74,8 +74,11 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     for name in DESIGN_OUTPUTS:
         assert (results / name).stat().st_size > 0, name
     plan = json.loads((results / "plan.json").read_text())
-    profiles = sorted(p.name for p in (results / "profile").glob("*.json"))
-    assert profiles == sorted(f"N{c['nodes']}_B{c['batch']}.json" for c in plan["profile"])
+    profiles = [f"profile/N{c['nodes']}_B{c['batch']}.json" for c in plan["profile"]]
+    # Every stage writes exactly its declared outputs (and its own files under work/, logs under logs/).
+    written = {str(p.relative_to(results)) for p in results.rglob("*") if p.is_file()}
+    assert written == set(DESIGN_OUTPUTS) | set(profiles)
+    assert {p.name for p in workdir.iterdir()} <= {"jobs.yaml", "results", "work", "logs", ".snakemake"}
     assert plan["mode"] == "partial" and len(plan["profile"]) < len(plan["candidates"])
     selection = json.loads((results / "selection.json").read_text())
     chosen = selection["chosen"]

@@ -53,6 +53,7 @@ def _checkpoint_at_epoch_1(job: dict, batch: int, stage_dir, monkeypatch) -> Non
             str(stage_dir / "checkpoint.pt"),
             str(stage_dir / "model.pt"),
             str(stage_dir / "metrics.jsonl"),
+            loop_log_path=str(stage_dir / "loop_time.jsonl"),
         )
     monkeypatch.undo()
 
@@ -63,7 +64,7 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
     _checkpoint_at_epoch_1(job, 512, work / "train", monkeypatch)
     (tmp_path / "selection.json").write_text(json.dumps({"chosen": {"nodes": 2, "batch": 512}}))
 
-    summary = train(job, tmp_path / "selection.json", tmp_path / "results", work)
+    summary = train(job, tmp_path / "selection.json", tmp_path / "summary.json", tmp_path / "model.pt", work)
 
     attempts = summary["attempts"]
     assert attempts[0] == {
@@ -83,12 +84,17 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
     assert summary["resumed_from_epoch"] == 1 and [h["epoch"] for h in summary["history"]] == [1, 2, 3]
     assert torch.load(work / "train" / "checkpoint.pt", weights_only=False)["epoch"] == 3
     assert json.loads((work / "train" / "attempts.json").read_text())["attempts"] == attempts
+    # The epoch lost to the dead node and the steps lost to running out of memory cost time the kept epochs
+    # (what the performance model predicts) do not show.
+    assert summary["train_time_with_lost_work_s"] > summary["train_time_s"] > 0
 
 
 def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
     job = _job(tmp_path, device_memory_gb=TIGHT_GB, on_oom="shrink_global_batch")
     (tmp_path / "selection.json").write_text(json.dumps({"chosen": {"nodes": 2, "batch": 512}}))
-    summary = train(job, tmp_path / "selection.json", tmp_path / "results", tmp_path / "work")
+    summary = train(
+        job, tmp_path / "selection.json", tmp_path / "summary.json", tmp_path / "model.pt", tmp_path / "work"
+    )
     assert [a["global_batch"] for a in summary["attempts"]][:2] == [512, 256]
     assert {a["accumulation"] for a in summary["attempts"]} == {1}
     assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512
