@@ -32,7 +32,7 @@ lint: $(STAMP)
 bench-slurm: $(STAMP)
 	$(BIN)/python bench/slurm_overhead.py
 
-# The Slurm tests start the cluster themselves when it is not up (root needed); these targets are for people.
+# The Slurm tests start the cluster when it is not up, and then stop it (root needed); these targets are for people.
 slurm-up:
 	bash scripts/slurm/up.sh
 
