@@ -1,13 +1,15 @@
 """Stage `report`: results/{job}/report.md and its plots, from every file the earlier stages wrote.
 
 Plots: time vs global batch per node count (profiled points, fitted curves with their uncertainty, both
-knees, the choice), the cost surface over (N, B), and predicted vs measured step times.
+knees, the choice), the cost surface over (N, B), predicted vs measured step times, and the training curves.
+Every file read and written is named on the command line, so the rule declares exactly what the stage touches.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 import matplotlib
@@ -20,12 +22,13 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from .files import atomic_path, read_json, write_text  # noqa: E402
 from .stage import stage_main  # noqa: E402
 
-PLOTS = {
-    "time": "time_vs_batch.png",
-    "cost": "cost_surface.png",
-    "accuracy": "predicted_vs_measured.png",
-    "training": "training.png",
-}
+INPUTS = ("memory", "plan", "perfmodel", "selection", "summary", "evaluation")
+PLOTS = ("time", "cost", "accuracy", "training")
+
+
+def _link(target: Path, report: Path) -> str:
+    """A markdown link target: the path of `target` relative to the folder holding `report`."""
+    return Path(os.path.relpath(target, Path(report).parent)).as_posix()
 
 
 def _save(fig, out: Path) -> None:
@@ -265,7 +268,14 @@ measurement with weight {
 
 
 def render(
-    job: str, memory: dict, plan: dict, perfmodel: dict, selection: dict, summary: dict, evaluation: dict
+    job: str,
+    links: dict[str, str],
+    memory: dict,
+    plan: dict,
+    perfmodel: dict,
+    selection: dict,
+    summary: dict,
+    evaluation: dict,
 ) -> str:
     chosen = selection["chosen"]
     candidates = sorted(perfmodel["candidates"], key=lambda c: (c["nodes"], c["batch"]))
@@ -290,9 +300,9 @@ knee objective used the {selection.get("knee_used", selection["knee_method"])} k
             [("runner-up N", "nodes", "d"), ("B", "batch", "d"), ("T (s)", "time_s", ".2f"), ("cost", "cost", ".5g")],
         )
     }
-![time vs batch]({PLOTS["time"]})
+![time vs batch]({links["time"]})
 
-![cost surface]({PLOTS["cost"]})
+![cost surface]({links["cost"]})
 
 ## Outcome
 | | predicted | measured |
@@ -307,7 +317,7 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
         summary["wall_time_s"]:.1f} s over {summary["epochs"]} epochs
 ({summary["steps"]} steps){"" if resumed is None else f"; resumed from the checkpoint at epoch {resumed}"}.
 {_attempts(summary)}
-![predicted vs measured]({PLOTS["accuracy"]})
+![predicted vs measured]({links["accuracy"]})
 
 ## Memory model
 Peak device memory of a step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
@@ -345,8 +355,11 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**.
     }"""
 
 
-def strategy_section(summary: dict, plot: Path) -> str:
-    """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density."""
+def strategy_section(summary: dict, plot: Path, report: Path | None = None) -> str:
+    """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density.
+
+    Writes `plot`; the section links to it relative to `report` (default: a report beside the plot).
+    """
     strategy = summary.get("strategy", "lbt")
     history = summary["history"]
     epochs = [r for r in history if "ags" in r]
@@ -386,7 +399,7 @@ def strategy_section(summary: dict, plot: Path) -> str:
         axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
         axes[0][2].minorticks_off()
     _save(fig, plot)
-    figure = f"\n\n![training]({plot.name})\n"
+    figure = f"\n\n![training]({_link(plot, report or plot)})\n"
     if not epochs:
         return f"\n## Training strategy\n`{strategy}`: no gradient scaling.{figure}"
     steps = sum(r["ags"]["steps"] for r in epochs)
@@ -399,33 +412,39 @@ def strategy_section(summary: dict, plot: Path) -> str:
     )
 
 
-def report(job: dict, results_dir: Path, out: Path) -> None:
-    results_dir = Path(results_dir)
-    inputs = {
-        name: read_json(results_dir / f)
-        for name, f in [
-            ("memory", "memory.json"),
-            ("plan", "plan.json"),
-            ("perfmodel", "perfmodel.json"),
-            ("selection", "selection.json"),
-            ("summary", "train/summary.json"),
-            ("evaluation", "eval.json"),
-        ]
-    }
-    plots = {key: Path(out).with_name(name) for key, name in PLOTS.items()}
-    plot_time_vs_batch(inputs["perfmodel"], inputs["selection"], plots["time"])
-    plot_cost_surface(inputs["perfmodel"], inputs["selection"], plots["cost"])
-    plot_predicted_vs_measured(inputs["perfmodel"], inputs["summary"], inputs["selection"], plots["accuracy"])
-    scaling = strategy_section(inputs["summary"], plots["training"])
-    write_text(out, render(job["name"], **inputs) + scaling)
+def report(job: dict, inputs: dict[str, Path], out: Path, plots: dict[str, Path]) -> None:
+    """Read the files in `inputs` (keys INPUTS), write `out` and the plots in `plots` (keys PLOTS), nothing else."""
+    data = {name: read_json(inputs[name]) for name in INPUTS}
+    plot_time_vs_batch(data["perfmodel"], data["selection"], plots["time"])
+    plot_cost_surface(data["perfmodel"], data["selection"], plots["cost"])
+    plot_predicted_vs_measured(data["perfmodel"], data["summary"], data["selection"], plots["accuracy"])
+    scaling = strategy_section(data["summary"], plots["training"], out)
+    links = {key: _link(path, out) for key, path in plots.items()}
+    write_text(out, render(job["name"], links, **data) + scaling)
 
 
 def main(argv: list[str] | None = None) -> int:
     def add_args(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--results-dir", required=True, type=Path, help="results/{job}")
-        parser.add_argument("--out", required=True, type=Path, help="results/{job}/report.md")
+        for flag, dest, example in [
+            ("--memory", "memory", "memory.json"),
+            ("--plan", "plan", "plan.json"),
+            ("--perfmodel", "perfmodel", "perfmodel.json"),
+            ("--selection", "selection", "selection.json"),
+            ("--summary", "summary", "train/summary.json"),
+            ("--eval", "evaluation", "eval.json"),
+            ("--out", "out", "report.md"),
+            ("--time-plot", "time", "time_vs_batch.png"),
+            ("--cost-plot", "cost", "cost_surface.png"),
+            ("--accuracy-plot", "accuracy", "predicted_vs_measured.png"),
+            ("--training-plot", "training", "training.png"),
+        ]:
+            parser.add_argument(flag, dest=dest, required=True, type=Path, help=f"results/{{job}}/{example}")
 
-    return stage_main("report", add_args, lambda job, args: report(job, args.results_dir, args.out), argv)
+    def run(job: dict, args: argparse.Namespace) -> None:
+        inputs = {name: getattr(args, name) for name in INPUTS}
+        report(job, inputs, args.out, {key: getattr(args, key) for key in PLOTS})
+
+    return stage_main("report", add_args, run, argv)
 
 
 if __name__ == "__main__":

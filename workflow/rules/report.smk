@@ -1,11 +1,11 @@
 rule report:
     input:
-        "results/{job}/memory.json",
-        "results/{job}/plan.json",
-        "results/{job}/perfmodel.json",
-        "results/{job}/selection.json",
-        "results/{job}/train/summary.json",
-        "results/{job}/eval.json",
+        memory="results/{job}/memory.json",
+        plan="results/{job}/plan.json",
+        perfmodel="results/{job}/perfmodel.json",
+        selection="results/{job}/selection.json",
+        summary="results/{job}/train/summary.json",
+        evaluation="results/{job}/eval.json",
     output:
         report="results/{job}/report.md",
         time="results/{job}/time_vs_batch.png",
@@ -17,5 +17,7 @@ rule report:
     conda:
         "../../envs/tula-hpc.yaml"
     shell:
-        "tula-hpc report --job {wildcards.job} --results-dir results/{wildcards.job}"
-        " --out {output.report} > {log} 2>&1"
+        "tula-hpc report --job {wildcards.job} --memory {input.memory} --plan {input.plan}"
+        " --perfmodel {input.perfmodel} --selection {input.selection} --summary {input.summary}"
+        " --eval {input.evaluation} --out {output.report} --time-plot {output.time} --cost-plot {output.cost}"
+        " --accuracy-plot {output.accuracy} --training-plot {output.training} > {log} 2>&1"

@@ -1,0 +1,157 @@
+"""The report stage reads the files it is given and writes exactly the files it is told to (the rule declares them)."""
+
+import json
+
+from tests.conftest import REPO
+from tula_hpc.report import main
+
+GRID = [(nodes, batch) for nodes in (1, 2) for batch in (64, 128, 256)]
+
+
+def _candidate(nodes: int, batch: int) -> dict:
+    step = 0.01 + 0.0001 * batch / nodes
+    time = step * 1000 / batch
+    return {
+        "nodes": nodes,
+        "batch": batch,
+        "per_device_batch": batch // nodes,
+        "step_s": step,
+        "rel_uncertainty": 0.05,
+        "time_s": time,
+        "time_s_range": [0.95 * time, 1.05 * time],
+        "cost": time * nodes,
+    }
+
+
+CANDIDATES = [_candidate(n, b) for n, b in GRID]
+CHOSEN = CANDIDATES[4]  # 2 nodes, batch 128
+
+INPUTS = {
+    "memory": {
+        "fit": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
+        "device_memory_bytes": 8e9,
+        "headroom": 0.1,
+        "max_batch_per_device": 512,
+        "probes": [
+            {
+                "batch": b,
+                "measured_peak_bytes": 20_000_000 + 30_000 * b,
+                "activation_bytes": 30_000 * b,
+                "grad_bytes": 1_000_000,
+                "optimizer_bytes": 1_000_000,
+            }
+            for b in (32, 64)
+        ],
+    },
+    "plan": {"mode": "full", "candidates": [{"nodes": n, "batch": b} for n, b in GRID]},
+    "perfmodel": {
+        "job": "toy",
+        "pricing": "node_hours",
+        "collective": "ring",
+        "candidates": CANDIDATES,
+        "profiled": [
+            {
+                "nodes": c["nodes"],
+                "batch": c["batch"],
+                "measured_step_s": c["step_s"] * 1.02,
+                "predicted_step_s": c["step_s"],
+                "step_iqr_over_median": 0.03,
+                "interference": 0.0,
+            }
+            for c in CANDIDATES
+        ],
+        "params": {
+            "data_intercept_s": 1e-4,
+            "data_per_sample_s": 1e-6,
+            "intercept_s": 0.01,
+            "per_sample_s": 1e-4,
+            "batch_ref": 64,
+            "contention_s": 0.0,
+            "contention_per_sample_s": 0.0,
+            "latency_s": 1e-5,
+            "seconds_per_byte": 1e-9,
+            "sync_exposed": 0.5,
+            "overlap": 0.1,
+            "rms_rel_error": 0.02,
+        },
+        "identified": {"latency_s": True, "contention_s": False},
+        "leave_one_out": {"count": 6, "median_rel_error": 0.03, "max_rel_error": 0.08},
+        "search": {"history": [], "stopped": "full grid"},
+        "notes": [],
+    },
+    "selection": {
+        "chosen": CHOSEN,
+        "objective": "time",
+        "pricing": "node_hours",
+        "constraints": {"max_cost": None},
+        "feasible": 6,
+        "candidates": 6,
+        "knees": {"kneedle": 128, "model": 128},
+        "knee_min_saving": 0.1,
+        "knee_method": "model",
+        "runners_up": CANDIDATES[:2],
+    },
+    "summary": {
+        "strategy": "ags",
+        "resumed_from_epoch": None,
+        "train_time_s": 9.0,
+        "wall_time_s": 12.0,
+        "steps": 20,
+        "epochs": 2,
+        "history": [
+            {
+                "epoch": e,
+                "loss": 1.0 / e,
+                "val_accuracy": 0.4 * e,
+                "ags": {
+                    "steps": 10,
+                    "scaled_steps": 5,
+                    "scaled_fraction": 0.5,
+                    "gradscale_updates": e - 1,
+                    "delta": {"min": 0.1, "median": 0.2, "max": 0.4, "mean": 0.2},
+                    "scale_hist": {"edges": [0.25, 0.5, 1.0, 2.0, 4.0], "counts": [1, 2, 3, 4]},
+                },
+            }
+            for e in (1, 2)
+        ],
+    },
+    "eval": {
+        "predicted_train_time_s": 8.5,
+        "measured_train_time_s": 9.0,
+        "predicted_cost": 0.005,
+        "measured_cost": 0.0052,
+        "time_rel_error": 0.06,
+        "test_accuracy": 0.9,
+        "test_samples": 360,
+    },
+}
+
+PLOTS = {
+    "--time-plot": "time_vs_batch.png",
+    "--cost-plot": "cost_surface.png",
+    "--accuracy-plot": "predicted_vs_measured.png",
+    "--training-plot": "plots/training.png",  # a plot in a sub-folder: the link must follow it
+}
+
+
+def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path):
+    given, out_dir = tmp_path / "given", tmp_path / "out"
+    given.mkdir()
+    args = ["--config", str(REPO / "config" / "jobs.yaml"), "--job", "digits-cnn"]
+    for name, content in INPUTS.items():
+        (given / f"{name}.json").write_text(json.dumps(content))
+        args += [f"--{name}", str(given / f"{name}.json")]
+    outputs = {"--out": "report.md", **PLOTS}
+    for flag, name in outputs.items():
+        args += [flag, str(out_dir / name)]
+
+    assert main(args) == 0
+
+    written = {str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()}
+    assert written == set(outputs.values())  # no temporary or undeclared file left behind
+    for name in PLOTS.values():
+        assert (out_dir / name).read_bytes()[:4] == b"\x89PNG"
+    report = (out_dir / "report.md").read_text()
+    assert "**2 node(s), global batch 128**" in report
+    for name in PLOTS.values():
+        assert f"]({name})" in report
