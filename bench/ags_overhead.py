@@ -43,7 +43,7 @@ from tula_hpc.config import job_settings, load_config  # noqa: E402
 from tula_hpc.files import read_json, write_json  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import build_strategy  # noqa: E402
-from tula_hpc.train import training_step  # noqa: E402
+from tula_hpc.training import training_step  # noqa: E402
 
 BATCH = 256
 SMALL = 32
