@@ -309,7 +309,9 @@ knee objective used the {selection.get("knee_used", selection["knee_method"])} k
 |---|---|---|
 | training time (s, steps only) | {evaluation["predicted_train_time_s"]:.2f} | {
         evaluation["measured_train_time_s"]:.2f} |
-| cost | {evaluation["predicted_cost"]:.5f} | {evaluation["measured_cost"]:.5f} |
+| cost ({evaluation["pricing"]}, steps only) | {evaluation["predicted_cost"]:.5f} | {evaluation["measured_cost"]:.5f} |
+| with work lost to kills and OOM | | {evaluation["measured_train_time_with_lost_work_s"]:.2f} s, {
+        evaluation["measured_cost_with_lost_work"]:.5f} |
 
 Relative time error {evaluation["time_rel_error"]:+.1%}. Test top-1 accuracy **{evaluation["test_accuracy"]:.2%}**
 on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the training set; as trained

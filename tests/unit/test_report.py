@@ -118,8 +118,11 @@ INPUTS = {
     "eval": {
         "predicted_train_time_s": 8.5,
         "measured_train_time_s": 9.0,
+        "measured_train_time_with_lost_work_s": 12.5,
+        "pricing": "node_hour",
         "predicted_cost": 0.005,
         "measured_cost": 0.0052,
+        "measured_cost_with_lost_work": 0.0071,
         "time_rel_error": 0.06,
         "test_accuracy": 0.9,
         "test_samples": 360,
