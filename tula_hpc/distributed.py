@@ -62,14 +62,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def all_reduce_max(value: float, ctx: Context) -> float:
-    if ctx.world_size == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor.item())
-
-
 def post_failure(folder: str | Path, rank: int, note: dict) -> None:
     """Tell the other ranks why this rank stops, before it leaves the collectives they wait in.
 
