@@ -1,8 +1,9 @@
 """The paper's Table I on what runs here: test accuracy of every strategy at global batches 256, 512, 1024.
 
 Every cell is the real training loop (tula_hpc.train.train_worker with its strategy hooks) on 2 ranks
-(DDP, gloo, 1 thread each), so polo runs PyTorch's post-local SGD and ags averages its factors over
-ranks as on a cluster. Data: scikit-learn's digits (1257 training images) with the job's seeded split
+(DDP, gloo, 1 thread each), launched as the train stage launches it (tula_hpc.launch, one job per
+cell), so polo runs PyTorch's post-local SGD and ags averages its factors over ranks as on a cluster;
+the evaluate stage's worker scores it. Data: scikit-learn's digits (1257 training images) with the job's seeded split
 (a seed changes the split, the initial weights and the shuffling). A run is a model at a budget of
 epochs that every batch of it trains, with the default job's LR milestones at the same fractions,
 plus a small-batch (32) lbt reference. Default runs: the tiny CNN (8x8) at 10 epochs (where the small
@@ -24,32 +25,24 @@ interrupted bench continues where it stopped (--fresh starts over). Run it under
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import copy
 import hashlib
 import json
-import os
-import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+from common import WORK, bench_job, bench_parser, write_result
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tula_hpc.config import job_settings, load_config  # noqa: E402
-from tula_hpc.data import load_splits  # noqa: E402
-from tula_hpc.distributed import Context  # noqa: E402
-from tula_hpc.evaluate import score  # noqa: E402
-from tula_hpc.files import append_jsonl, read_jsonl, write_json, write_jsonl  # noqa: E402
-from tula_hpc.models import build_model  # noqa: E402
-from tula_hpc.strategies import STRATEGIES  # noqa: E402
-from tula_hpc.train import evaluate_accuracy, train_worker  # noqa: E402
+from tula_hpc import launch
+from tula_hpc.data import load_splits
+from tula_hpc.distributed import Context
+from tula_hpc.evaluate import evaluate_worker, score
+from tula_hpc.files import append_jsonl, read_jsonl, write_jsonl
+from tula_hpc.models import build_model
+from tula_hpc.strategies import STRATEGIES
+from tula_hpc.train import train_worker
 
 WORLD = 2
 BATCHES = (256, 512, 1024)
@@ -66,27 +59,28 @@ ABLATION = {
     "s_min=1 (never shrink)": {"s_min": 1.0},
 }
 ABLATION_BATCHES = (256, 1024)
-OUT = REPO / "bench" / "results" / "generalization.json"
-SCRATCH = REPO / "work" / "bench" / "generalization"
 
 
-def cell_job(base: dict, cell: dict) -> dict:
-    job = copy.deepcopy(base)
-    job["model"]["name"] = cell["model"]
-    job["data"]["image_size"] = IMAGE_SIZE[cell["model"]]
+def cell_job(cell: dict) -> dict:
     epochs = cell["epochs"]
-    # The default job decays at 2/3 and 5/6 of its 30 epochs; keep those fractions.
-    job["train"].update(
-        epochs=epochs,
-        strategy=cell["strategy"],
-        seed=cell["seed"],
-        lr_milestones=[round(epochs * 2 / 3), round(epochs * 5 / 6)],
+    return bench_job(
+        as_name="bench-generalization",
+        model={"name": cell["model"]},
+        data={"image_size": IMAGE_SIZE[cell["model"]]},
+        train={
+            "epochs": epochs,
+            "strategy": cell["strategy"],
+            "seed": cell["seed"],
+            # The default job decays at 2/3 and 5/6 of its 30 epochs; keep those fractions.
+            "lr_milestones": [round(epochs * 2 / 3), round(epochs * 5 / 6)],
+            "ags": cell["ags"],
+        },
     )
-    job["train"]["ags"].update(cell["ags"])
-    return job
 
 
-def plan_cells(runs: list[str], seeds: int, ablation: bool, ags_defaults: dict) -> list[dict]:
+def plan_cells(
+    runs: list[str], seeds: int, ablation: bool, ags_defaults: dict, batches: list[int], strategies: list[str]
+) -> list[dict]:
     """Seed-major, so that a partial bench already covers every cell once.
 
     The key of an ags or static cell names its scaling settings, so a change of the job's defaults reruns
@@ -101,8 +95,8 @@ def plan_cells(runs: list[str], seeds: int, ablation: bool, ags_defaults: dict) 
             cells.append(dict(run=run, batch=SMALL_BATCH, strategy="lbt", variant="small-batch", seed=seed, ags={}))
             cells += [
                 dict(run=run, batch=b, strategy=s, variant="default", seed=seed, ags={})
-                for b in BATCHES
-                for s in STRATEGIES
+                for b in batches
+                for s in strategies
             ]
         cells += [
             dict(run=run, batch=b, strategy="ags", variant=name, seed=seed, ags=knobs)
@@ -124,86 +118,76 @@ def plan_cells(runs: list[str], seeds: int, ablation: bool, ags_defaults: dict) 
     return cells
 
 
-def score_test_set(job: dict, model_path: Path) -> dict:
-    """Test and validation accuracy after precise BN (see tula_hpc.evaluate), and test accuracy as trained."""
+def scores(job: dict, model_path: Path) -> dict:
+    """The evaluate stage's scores of the saved model, and its validation accuracy after precise BN.
+
+    The validation score chooses the ablation's settings (DESIGN: choose on one set, score on another); the
+    evaluate stage scores only the test split, so the model is loaded again here for it.
+    """
     saved = torch.load(model_path, map_location="cpu", weights_only=False)
     model = build_model(saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"])
     model.load_state_dict(saved["model"])
     splits = load_splits(job["data"], job["train"]["seed"])
-    ctx = Context(0, 1, 0, torch.device("cpu"))
-    test = score(model, splits, ctx, splits.test)
-    return {
-        "test_accuracy": test["accuracy"],
-        "test_accuracy_as_trained": test["accuracy_as_trained"],
-        "val_accuracy_precise_bn": evaluate_accuracy(model, splits.val, ctx),
-    }
+    val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val)
+    return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}
 
 
 def cell_dir(scratch: Path, key: str) -> Path:
     return scratch / key.replace("|", "_").replace(":", "_").replace(" ", "_")
 
 
-def rescore(base: dict, records: list[dict], cells: list[dict]) -> list[dict]:
+def rescore(records: list[dict], cells: list[dict], scratch: Path) -> list[dict]:
     """Score finished cells of the plan again from their saved models (after a change of scoring; no training)."""
     planned = {c["key"]: c for c in cells}
     return [
-        {**r, **score_test_set(cell_job(base, planned[r["key"]]), cell_dir(SCRATCH, r["key"]) / "model.pt")}
+        {**r, **scores(cell_job(planned[r["key"]]), cell_dir(scratch, r["key"]) / "model.pt")}
         if r["key"] in planned
         else r
         for r in records
     ]
 
 
-def worker(rank: int, base: dict, cells: list[dict], ports: list[int], scratch: str) -> None:
-    """Both ranks walk the same cells; each cell is a fresh process group on its own port.
+def run_cell(cell: dict, scratch: Path) -> dict:
+    """One cell as the train stage runs it: train_worker on WORLD ranks, a job of its own (launch.run).
 
     A cell interrupted earlier resumes from its checkpoint, which gives the uninterrupted result.
     """
-    os.environ.update(MASTER_ADDR="127.0.0.1", WORLD_SIZE=str(WORLD), RANK=str(rank), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    for cell, port in zip(cells, ports):
-        os.environ["MASTER_PORT"] = str(port)
-        job = cell_job(base, cell)
-        run_dir = cell_dir(Path(scratch), cell["key"])
-        run_dir.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        with open(run_dir / f"rank{rank}.log", "w") as log, contextlib.redirect_stdout(log):
-            summary = train_worker(
-                job,
-                cell["batch"],
-                str(run_dir / "checkpoint.pt"),
-                str(run_dir / "model.pt"),
-                str(run_dir / "metrics.jsonl"),
-            )
-        if rank == 0:
-            scaled = [r["ags"]["scaled_fraction"] for r in summary["history"] if "ags" in r]
-            record = {
-                **{k: cell[k] for k in ("key", "run", "model", "epochs", "batch", "strategy", "variant", "seed")},
-                **score_test_set(job, run_dir / "model.pt"),
-                "val_accuracy": summary["history"][-1]["val_accuracy"],
-                "steps": summary["steps"],
-                "train_time_s": summary["train_time_s"],
-                "wall_s": time.perf_counter() - started,
-                "scaled_fraction": statistics.fmean(scaled) if scaled else None,
-            }
-            append_jsonl(Path(scratch) / "cells.jsonl", record)
-            print(
-                f"{cell['key']:60s} test {record['test_accuracy']:.4f}"
-                f" (as trained {record['test_accuracy_as_trained']:.4f},"
-                f" {record['wall_s']:.1f} s)",
-                flush=True,
-            )
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    job = cell_job(cell)
+    run_dir = cell_dir(scratch, cell["key"])
+    started = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "launch.log", "a") as log, contextlib.redirect_stdout(log):
+        summary = launch.run(
+            train_worker,
+            dict(
+                job=job,
+                global_batch=cell["batch"],
+                checkpoint_path=str(run_dir / "checkpoint.pt"),
+                model_path=str(run_dir / "model.pt"),
+                metrics_path=str(run_dir / "metrics.jsonl"),
+            ),
+            launch.LaunchSpec.for_job(job, nodes=WORLD),
+            run_dir,
+            name="bench-generalization",
+        )
+    if summary.get("outcome", "completed") != "completed":
+        raise RuntimeError(f"cell {cell['key']} did not train: {summary}")
+    scaled = [r["ags"]["scaled_fraction"] for r in summary["history"] if "ags" in r]
+    record = {
+        **{k: cell[k] for k in ("key", "run", "model", "epochs", "batch", "strategy", "variant", "seed")},
+        **scores(job, run_dir / "model.pt"),
+        "val_accuracy": summary["history"][-1]["val_accuracy"],
+        "steps": summary["steps"],
+        "train_time_s": summary["train_time_s"],
+        "wall_s": time.perf_counter() - started,
+        "scaled_fraction": statistics.fmean(scaled) if scaled else None,
+    }
+    print(
+        f"{cell['key']:60s} test {record['test_accuracy']:.4f}"
+        f" (as trained {record['test_accuracy_as_trained']:.4f}, {record['wall_s']:.1f} s)",
+        flush=True,
+    )
+    return record
 
 
 def summarise(records: list[dict]) -> dict:
@@ -222,7 +206,7 @@ def summarise(records: list[dict]) -> dict:
     }
 
 
-def aggregate(records: list[dict], runs: list[str]) -> dict:
+def aggregate(records: list[dict], runs: list[str], batches: list[int]) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["run"], r["batch"], r["strategy"], r["variant"]), []).append(r)
@@ -230,13 +214,13 @@ def aggregate(records: list[dict], runs: list[str]) -> dict:
     table = {
         run: {
             str(b): {s: cell[(run, b, s, "default")] for s in STRATEGIES if (run, b, s, "default") in cell}
-            for b in BATCHES
+            for b in batches
         }
         for run in runs
     }
     versus_best, versus_lbt = {}, {}
     for run in runs:
-        for b in BATCHES:
+        for b in batches:
             row = table[run][str(b)]
             if "ags" not in row or not all(s in row for s in BASELINES):
                 continue
@@ -304,68 +288,64 @@ def print_table(result: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, "generalization.json")
     parser.add_argument(
         "--runs", nargs="+", default=list(DEFAULT_RUNS), help="model:epochs, model in " + ", ".join(IMAGE_SIZE)
     )
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES), help="global batches of the table")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
     parser.add_argument("--no-ablation", dest="ablation", action="store_false")
+    parser.add_argument("--scratch", type=Path, default=WORK / "generalization", help="finished cells and their runs")
     parser.add_argument("--fresh", action="store_true", help="forget finished cells and start over")
     parser.add_argument("--rescore", action="store_true", help="score finished cells again from their saved models")
     args = parser.parse_args()
 
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    done_path = SCRATCH / "cells.jsonl"
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    done_path = args.scratch / "cells.jsonl"
     if args.fresh:
         done_path.unlink(missing_ok=True)
-    base = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
-    cells = plan_cells(args.runs, args.seeds, args.ablation, base["train"]["ags"])
+    base = bench_job()
+    splits = load_splits(base["data"], base["train"]["seed"])  # sizes only: each seed splits anew
+    cells = plan_cells(args.runs, args.seeds, args.ablation, base["train"]["ags"], args.batches, args.strategies)
     if args.rescore and done_path.exists():
-        write_jsonl(done_path, rescore(base, read_jsonl(done_path), cells))
+        write_jsonl(done_path, rescore(read_jsonl(done_path), cells, args.scratch))
     done = {r["key"] for r in read_jsonl(done_path)} if done_path.exists() else set()
     todo = [c for c in cells if c["key"] not in done]
     print(f"{len(cells)} cells, {len(todo)} to run", flush=True)
     started = time.perf_counter()
-    if todo:
-        mp.spawn(worker, args=(base, todo, free_ports(len(todo)), str(SCRATCH)), nprocs=WORLD, join=True)
+    for cell in todo:
+        append_jsonl(done_path, run_cell(cell, args.scratch))
     wanted = {c["key"] for c in cells}
     records = [r for r in {r["key"]: r for r in read_jsonl(done_path)}.values() if r["key"] in wanted]
-    result = {
-        "setup": {
-            "data": "digits (scikit-learn): 1257 train / 180 val / 360 test images, split by the seed",
-            "world_size": WORLD,
-            "threads_per_rank": 1,
-            "runs": args.runs,
-            "seeds": args.seeds,
-            "batches": list(BATCHES),
-            "small_batch": SMALL_BATCH,
-            "image_size": IMAGE_SIZE,
-            "lr_milestones": "at 2/3 and 5/6 of the epochs",
-            "train": {
-                k: base["train"][k]
-                for k in (
-                    "lr",
-                    "momentum",
-                    "weight_decay",
-                    "lr_gamma",
-                    "warmup_epochs",
-                    "lr_base_batch",
-                    "ags",
-                    "lars",
-                    "polo",
-                )
-            },
-            "baselines": list(BASELINES),
-            "score": "test_accuracy = after precise BN (BN statistics recomputed on the training set); "
-            "as_trained_mean = with the running statistics training left",
+    settings = {
+        "data": {
+            "name": base["data"]["name"],
+            **{part: len(getattr(splits, part)) for part in ("train", "val", "test")},
         },
-        **aggregate(records, args.runs),
+        "world_size": WORLD,
+        "threads_per_rank": base["resources"]["cpus_per_task"],
+        "runs": args.runs,
+        "seeds": args.seeds,
+        "batches": args.batches,
+        "strategies": args.strategies,
+        "small_batch": SMALL_BATCH,
+        "image_size": IMAGE_SIZE,
+        "lr_milestones": "at 2/3 and 5/6 of the epochs",
+        "ablation": ABLATION if args.ablation else None,
+        "baselines": list(BASELINES),
+        "score": "test_accuracy = after precise BN (BN statistics recomputed on the training set); "
+        "as_trained_mean = with the running statistics training left",
+        "job": base,
+    }
+    figures = {
+        **aggregate(records, args.runs, args.batches),
         "cells": records,
         "wall_time_s": time.perf_counter() - started,
     }
-    write_json(OUT, result)
-    print_table(result)
-    print(f"\nwrote {OUT} ({result['wall_time_s']:.0f} s for {len(todo)} cells)")
+    write_result(args.out, settings, figures)
+    print_table(figures)
+    print(f"\n{figures['wall_time_s']:.0f} s for {len(todo)} cells")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,11 @@ Writes bench/results/max_batch_search.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
-from memory_accuracy import MODELS, REPO, bench_job
+from common import bench_parser, write_result
+from memory_accuracy import MODELS, model_job
 
-OUT = REPO / "bench" / "results" / "max_batch_search.json"
 # Budgets whose largest batch stays below the digits training set (1258 samples), beyond which the probe
 # stage does not verify (no device of this job ever sees a larger batch).
 BUDGET_GB = {"tiny_cnn": 0.06, "resnet18": 1.0, "mobilenet_v3_small": 1.0, "vgg11": 1.0}
@@ -33,13 +31,15 @@ class Trials:
     """Counts trial runs of one job under its budget; each is a fresh process."""
 
     def __init__(self, job: dict):
-        self.job, self.runs, self.seconds = job, 0, 0.0
+        from tula_hpc.budget import budget_bytes
+
+        self.job, self.budget, self.runs, self.seconds = job, budget_bytes(job), 0, 0.0
 
     def fits(self, batch: int) -> bool:
-        from tula_hpc.memory import budget_bytes, run_in_fresh_process
+        from tula_hpc.memory import run_in_fresh_process
 
         started = time.perf_counter()
-        answer = run_in_fresh_process("trial", job=self.job, batch=batch, budget=budget_bytes(self.job), ddp=False)
+        answer = run_in_fresh_process("trial", job=self.job, batch=batch, budget=self.budget, ddp=False)
         self.runs += 1
         self.seconds += time.perf_counter() - started
         return answer["outcome"] == "fits"
@@ -91,10 +91,18 @@ def ours(job: dict) -> dict:
     }
 
 
-def bench_model(model: str) -> dict:
-    side, _ = MODELS[model]
-    job = bench_job(model, side, BUDGET_GB[model], headroom=0.0)
-    job["search"]["nodes"]["max"] = 1  # one device: no DDP buckets, as in the trials
+def budget_job(model: str) -> dict:
+    """The model's job under its budget, on one device (no DDP buckets, as in the trials), headroom 0."""
+    return model_job(
+        model,
+        MODELS[model][0],
+        resources={"device_memory_gb": BUDGET_GB[model], "memory_headroom": 0.0},
+        search={"nodes": {"max": 1}},
+    )
+
+
+def bench_model(job: dict) -> dict:
+    model, side = job["model"]["name"], job["data"]["image_size"]
     found = ours(job)
     truth_trials = Trials(job)
     truth = true_largest(truth_trials, found["batch"])
@@ -103,7 +111,7 @@ def bench_model(model: str) -> dict:
     row = {
         "model": model,
         "input": [1, side, side],
-        "budget_bytes": int(BUDGET_GB[model] * 1e9),
+        "budget_bytes": truth_trials.budget,
         "strategy": job["train"]["strategy"],
         "true_max_batch": truth,
         "true_search_trial_runs": truth_trials.runs,
@@ -125,23 +133,23 @@ def bench_model(model: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, "max_batch_search.json")
     parser.add_argument("--models", nargs="+", default=list(BUDGET_GB), choices=list(BUDGET_GB))
     args = parser.parse_args()
-    rows = [bench_model(model) for model in args.models]
-    result = {
+    jobs = {model: budget_job(model) for model in args.models}
+    rows = [bench_model(job) for job in jobs.values()]
+    figures = {
         "ours_max_rel_error": max(r["ours"]["rel_error"] for r in rows),
         "ours_max_trial_runs": max(r["ours"]["trial_runs"] for r in rows),
         "lightning_median_trial_runs": sorted(r["lightning"]["trial_runs"] for r in rows)[len(rows) // 2],
         "targets": TARGETS,
-        "lightning_settings": LIGHTNING,
         "models": rows,
     }
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, {"budget_gb": BUDGET_GB, "lightning": LIGHTNING, "jobs": jobs}, figures)
     print(
-        f"\nours: within {result['ours_max_rel_error']:.1%} of the true largest batch in at most "
-        f"{result['ours_max_trial_runs']} trial runs (targets {TARGETS['rel_error']:.0%}, {TARGETS['trial_runs']}); "
-        f"Lightning-style search: {result['lightning_median_trial_runs']} trial runs (median)\nwrote {OUT}"
+        f"\nours: within {figures['ours_max_rel_error']:.1%} of the true largest batch in at most "
+        f"{figures['ours_max_trial_runs']} trial runs (targets {TARGETS['rel_error']:.0%}, {TARGETS['trial_runs']}); "
+        f"Lightning-style search: {figures['lightning_median_trial_runs']} trial runs (median)"
     )
 
 

@@ -15,17 +15,13 @@ Writes bench/results/memory_accuracy.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
+from common import bench_job, bench_parser, write_result
 from sklearn.linear_model import LinearRegression
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "bench" / "results" / "memory_accuracy.json"
 # model -> (input side, batches to predict); the probes are the job's (32, 48, 64 by default).
 MODELS = {
     "tiny_cnn": (8, [128, 512, 1024, 2048, 4096]),
@@ -38,17 +34,9 @@ EQ3_TERMS = ("activation_bytes", "batch_bytes")
 FIXED_TERMS = ("param_bytes", "buffer_bytes", "grad_bytes", "optimizer_bytes")
 
 
-def bench_job(model: str, side: int, budget_gb: float, headroom: float = 0.1) -> dict:
-    """The default job with another model, input side and device budget."""
-    from tula_hpc.config import job_settings, load_config
-
-    config = load_config([REPO / "config" / "jobs.yaml"])
-    job = job_settings(config, next(iter(config["jobs"])))
-    job["name"] = f"bench-{model}"
-    job["model"]["name"] = model
-    job["data"]["image_size"] = side
-    job["resources"].update(device_memory_gb=budget_gb, memory_headroom=headroom)
-    return job
+def model_job(model: str, side: int, **sections) -> dict:
+    """The default job with another model, on digits resized to the model's input side."""
+    return bench_job(as_name=f"bench-{model}", model={"name": model}, data={"image_size": side}, **sections)
 
 
 def eq3_prediction(probes: list[dict], batch: int) -> float:
@@ -58,10 +46,10 @@ def eq3_prediction(probes: list[dict], batch: int) -> float:
     return float(sum(probes[-1][t] for t in FIXED_TERMS) + growing.sum())
 
 
-def bench_model(model: str, side: int, batches: list[int]) -> tuple[list[dict], dict]:
+def bench_model(job: dict, batches: list[int]) -> tuple[list[dict], dict]:
     from tula_hpc.memory import StepMemoryModel, fit_probes, run_in_fresh_process
 
-    job = bench_job(model, side, budget_gb=1000)
+    model, side = job["model"]["name"], job["data"]["image_size"]
     started = time.perf_counter()
     probes = [run_in_fresh_process("measure", job=job, batch=b) for b in job["resources"]["memory_probe_batches"]]
     probe_seconds = time.perf_counter() - started
@@ -109,17 +97,18 @@ def summary(cases: list[dict], key: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, "memory_accuracy.json")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args()
+    # No budget: the measurements must see the whole step, however large.
+    jobs = {m: model_job(m, MODELS[m][0], resources={"device_memory_gb": 1000}) for m in args.models}
     cases, fits = [], []
-    for model in args.models:
-        side, batches = MODELS[model]
-        model_cases, fit = bench_model(model, side, batches)
+    for model, job in jobs.items():
+        model_cases, fit = bench_model(job, MODELS[model][1])
         cases += model_cases
         fits.append(fit)
     largest_probe = max(max(f["probe_batches"]) for f in fits)
-    result = {
+    figures = {
         **summary(cases, "rel_error"),
         "baselines": {
             "peak_line": summary(cases, "peak_line_rel_error"),
@@ -130,13 +119,13 @@ def main() -> None:
         "fits": fits,
         "cases": cases,
     }
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, {"models": {m: MODELS[m] for m in jobs}, "jobs": jobs}, figures)
     print(
-        f"\nmemory model: median {result['median_rel_error']:.4%}, max {result['max_rel_error']:.4%} over "
+        f"\nmemory model: median {figures['median_rel_error']:.4%}, max {figures['max_rel_error']:.4%} over "
         f"{len(cases)} cases (targets {TARGETS['median_rel_error']:.0%} / {TARGETS['max_rel_error']:.0%}); "
-        f"peak line: median {result['baselines']['peak_line']['median_rel_error']:.2%}, max "
-        f"{result['baselines']['peak_line']['max_rel_error']:.2%}; Eq. 3 sum: median "
-        f"{result['baselines']['eq3_sum']['median_rel_error']:.1%}\nwrote {OUT}"
+        f"peak line: median {figures['baselines']['peak_line']['median_rel_error']:.2%}, max "
+        f"{figures['baselines']['peak_line']['max_rel_error']:.2%}; Eq. 3 sum: median "
+        f"{figures['baselines']['eq3_sum']['median_rel_error']:.1%}"
     )
 
 

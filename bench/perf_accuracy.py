@@ -15,8 +15,13 @@ Each round then plays the role of one profiling campaign, judged against the oth
   not profile; full: leave-one-out over the grid;
 - profiling_cost_s: node-seconds the mode's profiles took (ranks x measurement wall time, warm-up,
   retries and back-off included; the per-job launch overhead of real profile jobs is not counted);
-- selection_regret: measured time of the configuration each mode picks for the `time` objective over
-  the measured best, minus 1 (cost_regret likewise for node-hour cost).
+- time_regret, cost_regret: T and cost of every candidate come from the fit_model stage's own code
+  (`perfmodel.predict_candidates` on the round's profiles of the mode) and the choice from the select
+  stage's (`selection.select`); regret = the measured T (cost) of the candidate chosen for the `time`
+  (`cost`) objective over that of the candidate chosen on the measured truth, minus 1. The measured T is
+  predict_candidates with every step the truth (only the epoch's last, smaller step scales as a model fitted
+  to the other rounds says). knee_regret: |measured T of the chosen knee over that of the knee chosen on the
+  truth - 1| (the knee minimises nothing, so a miss to either side counts).
 
 On the local Slurm cluster (`--launcher slurm`, after `make slurm-up`) the pool is one 2-node sbatch job:
 the ranks talk over the cluster's network, and, as on any cluster, the model knows each rank alone on
@@ -29,17 +34,14 @@ Writes bench/results/perf_accuracy[_slurm].json (figures and the raw per-round m
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
 import time
 from pathlib import Path
 
-import numpy as np
+from common import RESULTS, WORK, bench_job, bench_parser, write_result
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "bench" / "results" / "perf_accuracy.json"
 MODELS = {"tiny_cnn": 8, "resnet18": 8, "mobilenet_v3_small": 16}  # model -> image side (digits, resized)
 NODES = (1, 2)
 PER_DEVICE = (8, 512)
@@ -51,35 +53,40 @@ MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempt
 # floor (a tighter tolerance cannot be confirmed on it and turns adaptive into full search).
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 TARGETS = {"partial_median": 0.05, "full_median": 0.02, "regret": 0.03, "partial_cost_share": 0.25}
+MODES = ("partial", "adaptive", "full")
+OBJECTIVES = ("time", "cost", "knee")
+# Costs are node-hours (the bench jobs' pricing), which read no memory.json; pricing.costs prices every
+# pricing model at once, so it gets a zero memory line for the one this bench does not use.
+NO_MEMORY = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 
 
 def bench_jobs(launcher: str) -> dict[str, dict]:
-    from tula_hpc.config import job_settings, load_config
-
-    config = load_config([REPO / "config" / "jobs.yaml"])
     jobs = {}
     for model, side in MODELS.items():
-        job = job_settings(config, next(iter(config["jobs"])))
-        job["name"] = f"bench-{model}"
-        job["model"]["name"] = model
-        job["data"].update(name="digits", image_size=side)
-        job["search"].update(
-            MEASUREMENT,
-            adaptive=ADAPTIVE,
-            nodes={"min": NODES[0], "max": NODES[-1]},
-            batch={"min": PER_DEVICE[0], "max": NODES[-1] * PER_DEVICE[1]},
+        jobs[model] = bench_job(
+            as_name=f"bench-{model}",
+            launcher=launcher,
+            model={"name": model},
+            data={"name": "digits", "image_size": side},
+            search={
+                **MEASUREMENT,
+                "adaptive": ADAPTIVE,
+                "nodes": {"min": NODES[0], "max": NODES[-1]},
+                "batch": {"min": PER_DEVICE[0], "max": NODES[-1] * PER_DEVICE[1]},
+            },
+            objective={"pricing": "node_hour"},
+            resources={"time_min": 60},  # the whole pool is one job
         )
-        job["launcher"] = launcher
-        jobs[model] = job
     return jobs
 
 
 def grid(job: dict, train_samples: int) -> list[dict]:
+    from tula_hpc.layout import devices_per_node
     from tula_hpc.plan import candidate_grid
 
     return [
         c
-        for c in candidate_grid(job["search"], 1, PER_DEVICE[1], train_samples)
+        for c in candidate_grid(job["search"], devices_per_node(job), PER_DEVICE[1], train_samples)
         if c["per_device_batch"] >= PER_DEVICE[0]
     ]
 
@@ -94,7 +101,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
     import torch.distributed as dist
 
     from tula_hpc.distributed import Context, init_distributed, shutdown
-    from tula_hpc.plan import ranks_per_host
+    from tula_hpc.layout import devices_per_node, ranks_per_host
     from tula_hpc.profiling import measure
 
     ctx = init_distributed(False)
@@ -117,7 +124,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
             dist.barrier()
             if ctx.rank == 0:
                 record.pop("per_step")
-                hosts = ranks_per_host(job["launcher"], record["world_size"], 1)
+                hosts = ranks_per_host(job["launcher"], item["nodes"], devices_per_node(job))
                 records.append({**item, **record, "ranks_per_host": hosts})
                 print(
                     f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
@@ -128,7 +135,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
     return records if ctx.rank == 0 else None
 
 
-def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float, launcher: str) -> list[dict]:
+def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
     from tula_hpc import launch
 
     rng = random.Random(seed)
@@ -138,10 +145,14 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float
         rng.shuffle(order)
         schedule.append(order)
     os.environ.setdefault("TULA_COLLECTIVE_TIMEOUT_S", "3600")  # a rank may wait out a long one-rank measurement
-    spec = launch.LaunchSpec(launcher=launcher, nodes=NODES[-1], cpus_per_task=1, time_min=60)
-    work = REPO / "work" / "bench" / f"perf_accuracy_{launcher}"
+    job = next(iter(jobs.values()))
+    spec = launch.LaunchSpec.for_job(job, nodes=NODES[-1])
     return launch.run(
-        pool_worker, dict(jobs=jobs, rounds=schedule, budget_s=budget_s), spec, work, name="bench-perf-accuracy"
+        pool_worker,
+        dict(jobs=jobs, rounds=schedule, budget_s=budget_s),
+        spec,
+        WORK / f"perf_accuracy_{job['launcher']}",
+        name="bench-perf-accuracy",
     )
 
 
@@ -157,23 +168,42 @@ def _rel(predicted: float, measured: float) -> float:
     return float(abs(predicted / measured - 1))
 
 
+def stage_prediction(job: dict, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
+    """T and cost of every candidate as the fit_model stage computes them from these profiles."""
+    from tula_hpc.perfmodel import predict_candidates
+    from tula_hpc.performance import fit_profiles, leave_one_out, measured_steps, measurement_weight
+
+    model = fit_profiles(profiles, **settings)
+    weight = measurement_weight(leave_one_out(profiles, **settings), job["search"]["noise_prior"])
+    return predict_candidates(model, candidates, job, train_samples, NO_MEMORY, measured_steps(profiles), weight)
+
+
+def regrets(predicted: list[dict], measured: list[dict], objective: dict) -> dict[str, float]:
+    """Per objective: what the select stage's choice on the prediction measures, against its choice on the truth."""
+    from tula_hpc.selection import select
+
+    truth = {_key(c): c for c in measured}
+    found = {}
+    for goal in OBJECTIVES:
+        wanted = {**objective, "minimize": goal}
+        chosen = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)["chosen"]
+        best = select({"candidates": measured, "pricing": objective["pricing"]}, wanted)["chosen"]
+        field = "cost" if goal == "cost" else "time_s"
+        regret = truth[_key(chosen)][field] / best[field] - 1
+        found[goal] = abs(regret) if goal == "knee" else regret
+    return found
+
+
 def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
-    from tula_hpc.perfmodel import (
-        adaptive_search,
-        estimate_steps,
-        fit_profiles,
-        leave_one_out,
-        measured_steps,
-        measurement_weight,
-        model_params,
-        steps_per_epoch,
-    )
-    from tula_hpc.plan import partial_set, ranks_per_host
+    from tula_hpc.layout import devices_per_node
+    from tula_hpc.perfmodel import predict_candidates
+    from tula_hpc.performance import adaptive_search, candidate_row, fit_profiles, model_params
+    from tula_hpc.search import planned
 
-    launcher = job["launcher"]
+    devices, launcher = devices_per_node(job), job["launcher"]
 
-    def rows(configs: list[dict]) -> list[list[int]]:
-        return [[c["nodes"], c["per_device_batch"], ranks_per_host(launcher, c["nodes"], 1)] for c in configs]
+    def rows(configs: list[dict]) -> list[list[float]]:
+        return [candidate_row(c, devices, launcher) for c in configs]
 
     rounds = sorted({r["round"] for r in records})
     by_round = {r: {_key(x): x for x in records if x["round"] == r} for r in rounds}
@@ -186,42 +216,38 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
         quiet = [x for x in others if not disturbed(x)] or others
         return statistics.median(x["median"]["step_s"] for x in quiet)
 
-    def total(c, step):  # training time up to the constant number of epochs
-        return steps_per_epoch(train_samples, c["nodes"], c["per_device_batch"]) * step
-
-    def regrets(profiles: list[dict], r) -> tuple[float, float]:
-        """As selection sees it: a profiled candidate's measured step weighed in (perfmodel.estimate_steps)."""
-        model = fit_profiles(profiles, **settings)
-        weight = measurement_weight(leave_one_out(profiles, **settings), search["noise_prior"])
-        steps = estimate_steps(model, rows(candidates), measured_steps(profiles), weight)
-        predicted = [total(c, s) for c, s in zip(candidates, steps)]
-        measured = [total(c, truth(c, r)) for c in candidates]
-        fastest = int(np.argmin(predicted))
-        cheapest = int(np.argmin([t * c["nodes"] for t, c in zip(predicted, candidates)]))
-        measured_cost = [t * c["nodes"] for t, c in zip(measured, candidates)]
-        return float(measured[fastest] / min(measured) - 1), float(measured_cost[cheapest] / min(measured_cost) - 1)
+    def measured_run(excluded) -> list[dict]:
+        """T and cost of every candidate from its true step (weight 1: the model only scales the last step)."""
+        elsewhere = [x for r in rounds if r != excluded for x in by_round[r].values()]
+        steps = {(c["nodes"] * devices, c["per_device_batch"]): truth(c, excluded) for c in candidates}
+        model = fit_profiles(elsewhere, **settings)
+        return predict_candidates(model, candidates, job, train_samples, NO_MEMORY, steps, 1.0)
 
     def cost(used, r) -> float:
         return sum(by_round[r][_key(c)]["measure_wall_s"] * c["nodes"] for c in used)
 
     modes: dict[str, dict] = {
-        m: {"errors": [], "costs": [], "regret": [], "cost_regret": [], "profiled": []}
-        for m in ("partial", "adaptive", "full")
+        m: {"errors": [], "costs": [], "profiled": [], **{goal: [] for goal in OBJECTIVES}} for m in MODES
     }
     for current in rounds:
         profiles = by_round[current]
         measure = lambda c, profiles=profiles: profiles[_key(c)]  # noqa: E731  (the round's measurement stands in for a profile job)
-        chosen = {"partial": partial_set(candidates, 1, launcher)}
+        chosen = {mode: planned(mode, candidates, devices, launcher) for mode in MODES}
         adaptive = adaptive_search(
             candidates,
-            chosen["partial"],
+            chosen["adaptive"],
             measure,
-            lambda c: (c["nodes"], ranks_per_host(launcher, c["nodes"], 1)),
+            lambda c: candidate_row(c, devices, launcher),
             settings,
             search["adaptive"]["tolerance"],
             search["adaptive"]["max_profiles"],
         )
         chosen["adaptive"] = adaptive["profiled"]
+        fit_settings = {
+            "partial": settings,
+            "adaptive": {**settings, "discrepancy_per_octave": adaptive["discrepancy_per_octave"]},
+            "full": settings,
+        }
         for mode in ("partial", "adaptive"):
             model = fit_profiles([measure(c) for c in chosen[mode]], **settings)
             unseen = [c for c in candidates if c not in chosen[mode]]
@@ -231,11 +257,11 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
             model = fit_profiles(rest, **settings)
             step = model.predict(rows([held]))[0]
             modes["full"]["errors"].append(_rel(step, truth(held, current)))
-        chosen["full"] = candidates
+        measured = measured_run(current)
         for mode, used in chosen.items():
-            time_regret, cost_regret = regrets([measure(c) for c in used], current)
-            modes[mode]["regret"].append(time_regret)
-            modes[mode]["cost_regret"].append(cost_regret)
+            predicted = stage_prediction(job, [measure(c) for c in used], candidates, train_samples, fit_settings[mode])
+            for goal, regret in regrets(predicted, measured, job["objective"]).items():
+                modes[mode][goal].append(regret)
             modes[mode]["costs"].append(cost(used, current))
             modes[mode]["profiled"].append(len(used))
 
@@ -254,9 +280,8 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
             "profiled_configs": statistics.median(m["profiled"]),
             "profiling_cost_s": statistics.median(m["costs"]),
             "profiling_cost_share_of_full": statistics.median(m["costs"]) / full_cost,
-            "selection_regret": statistics.median(m["regret"]),
-            "selection_regret_max": max(m["regret"]),
-            "cost_regret": statistics.median(m["cost_regret"]),
+            **{f"{goal}_regret": statistics.median(m[goal]) for goal in OBJECTIVES},
+            **{f"{goal}_regret_max": max(m[goal]) for goal in OBJECTIVES},
         }
     noise_floor = statistics.median(noise)
     for mode in summary.values():
@@ -277,7 +302,7 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, "perf_accuracy.json")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", type=Path, help="re-analyse the measurements stored in an earlier result file")
@@ -285,21 +310,19 @@ def main() -> int:
         "--launcher",
         choices=("local", "slurm"),
         default="local",
-        help="slurm: the pool is one job on the local Slurm cluster (make slurm-up first)",
-    )
-    parser.add_argument(
-        "--out", type=Path, help=f"default {OUT.name}, or perf_accuracy_slurm.json with --launcher slurm"
+        help="slurm: the pool is one job on the local Slurm cluster (make slurm-up first); "
+        "the result goes to perf_accuracy_slurm.json unless --out says otherwise",
     )
     args = parser.parse_args()
 
-    import json
-
     from tula_hpc.data import load_splits
-    from tula_hpc.files import write_json
+    from tula_hpc.files import read_json
 
-    reused = json.loads(args.reuse.read_text()) if args.reuse else None
+    reused = read_json(args.reuse) if args.reuse else None
     launcher = reused["settings"].get("launcher", "local") if reused else args.launcher
-    out = args.out or (OUT if launcher == "local" else OUT.with_name(f"perf_accuracy_{launcher}.json"))
+    out = args.out
+    if launcher != "local" and out == parser.get_default("out"):
+        out = RESULTS / f"perf_accuracy_{launcher}.json"
     jobs = bench_jobs(launcher)
     train_samples = len(load_splits(next(iter(jobs.values()))["data"], 0).train)
     grids = {m: grid(job, train_samples) for m, job in jobs.items()}
@@ -307,7 +330,7 @@ def main() -> int:
     if reused:
         records, measure_wall = reused["measurements"], reused.get("measure_wall_s")
     else:
-        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S, launcher)
+        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
         measure_wall = time.time() - started
     results = {
         m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples) for m in jobs
@@ -320,50 +343,57 @@ def main() -> int:
     overall = {
         mode: {
             key: across_models(mode, key)
-            for key in ("median_rel_error", "max_rel_error", "profiling_cost_share_of_full", "selection_regret")
+            for key in ("median_rel_error", "max_rel_error", "profiling_cost_share_of_full")
+            + tuple(f"{goal}_regret" for goal in OBJECTIVES)
         }
-        for mode in ("partial", "adaptive", "full")
+        for mode in MODES
     }
     noise_floor = statistics.median(r["noise_floor"] for r in results.values())
     met = {
         "partial_median": bool(overall["partial"]["median_rel_error"] <= TARGETS["partial_median"]),
         "full_median": bool(overall["full"]["median_rel_error"] <= TARGETS["full_median"]),
-        "regret": bool(max(overall[m]["selection_regret"] for m in overall) <= TARGETS["regret"]),
+        **{
+            f"{goal}_regret": bool(max(overall[m][f"{goal}_regret"] for m in MODES) <= TARGETS["regret"])
+            for goal in ("time", "cost")
+        },
         "partial_cost_share": bool(overall["partial"]["profiling_cost_share_of_full"] <= TARGETS["partial_cost_share"]),
     }
-    report = {
-        "description": "step-time prediction error on configurations not used in the fit (full: leave-one-out), per "
-        "search mode; medians over models of per-model figures",
+    settings = {
+        "launcher": launcher,
+        "models": MODELS,
+        "nodes": NODES,
+        "per_device_batch": PER_DEVICE,
+        "max_rounds": reused["settings"]["max_rounds"] if reused else args.rounds,
+        "seed": reused["settings"].get("seed") if reused else args.seed,
+        "budget_s": BUDGET_S,
+        "measurement": MEASUREMENT,
+        "adaptive": ADAPTIVE,
+        "jobs": jobs,
+    }
+    figures = {
+        "description": "step-time prediction error on configurations not used in the fit (full: leave-one-out), "
+        "and the regret of the select stage's choice, per search mode; medians over models of per-model figures",
         "machine": {
-            "cpus": os.cpu_count(),
             "load_avg_at_end": os.getloadavg(),
             "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
             "disturbed_share": sum(map(disturbed, records)) / len(records),
         },
-        "settings": {
-            "launcher": launcher,
-            "models": MODELS,
-            "nodes": NODES,
-            "per_device_batch": PER_DEVICE,
-            "rounds": len({r["round"] for r in records}),
-            "max_rounds": args.rounds,
-            "budget_s": BUDGET_S,
-            "measurement": MEASUREMENT,
-            "adaptive": ADAPTIVE,
-        },
+        "rounds": len({r["round"] for r in records}),
         "targets": TARGETS,
         "targets_met": met,
         "noise_floor": noise_floor,
         "overall": overall,
         "models": results,
         "measure_wall_s": measure_wall,
-        "reanalysed": bool(args.reuse),
+        "reanalysed": bool(reused),
+        # Re-analysis keeps where the measurements came from; the header says what analysed them.
+        "measured_with": reused.get("provenance") if reused else None,
         "measurements": records,
     }
-    write_json(out, report)
+    write_result(out, settings, figures)
     print(
         f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
-        f"{report['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work"
+        f"{figures['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work"
     )
     for m, r in results.items():
         disturbed_noise = "-" if r["noise_disturbed"] is None else f"{r['noise_disturbed']:.1%}"
@@ -372,14 +402,15 @@ def main() -> int:
             f"{r['disturbed']} disturbed ones {disturbed_noise})"
         )
         for mode, s in r["modes"].items():
+            regret = " ".join(f"{goal} {s[f'{goal}_regret']:.1%}" for goal in OBJECTIVES)
             if s["median_rel_error"] is None:
-                print(f"  {mode:8s} profiled every configuration in every round: nothing left to judge")
+                print(f"  {mode:8s} profiled every configuration in every round: no error to judge; regret {regret}")
                 continue
             print(
                 f"  {mode:8s} median {s['median_rel_error']:6.1%} max {s['max_rel_error']:6.1%} "
                 f"({s['error_over_noise_floor']:.1f}x noise)  profiled {s['profiled_configs']:4.1f}  "
                 f"cost {s['profiling_cost_s']:6.1f} node-s ({s['profiling_cost_share_of_full']:.0%} of full)  "
-                f"regret {s['selection_regret']:.1%}"
+                f"regret {regret}"
             )
     for mode, s in overall.items():
         print(

@@ -1,6 +1,6 @@
 """Slurm orchestration overhead on the local cluster (make slurm-up first).
 
-Prints and writes bench/results/slurm_overhead.json:
+Prints and writes bench/results/slurm_overhead.json (--out elsewhere):
 - submit_to_start_s: median over trivial jobs of (job's first Python line) - (sbatch submission), through launch.run;
 - dag: the whole tiny digits DAG through profiles/slurm: wall time, the union of the time its Slurm jobs ran
   (sacct Start..End), and the orchestration overhead = wall - union (Snakemake, submission, queueing, polling).
@@ -20,15 +20,14 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from common import REPO, bench_config, bench_parser, write_result
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.conftest import tiny_job_config  # noqa: E402
-from tula_hpc import launch  # noqa: E402
-from tula_hpc.files import read_json, write_json  # noqa: E402
+from tula_hpc import launch
+from tula_hpc.files import read_json
 
 TRIVIAL_JOBS = 7
+# The default digits job, shortened so that the whole DAG takes about a minute.
+DAG_CHANGES = {"train": {"epochs": 12, "lr_milestones": [9]}, "search": {"warmup_steps": 2, "steps": 4}}
 
 
 def started_at() -> float:
@@ -72,9 +71,9 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def dag_overhead(workdir: Path) -> dict:
-    config = tiny_job_config()
-    name = f"bench{uuid.uuid4().hex[:6]}"
-    config["jobs"] = {name: config["jobs"]["digits-cnn"]}
+    name = f"bench{uuid.uuid4().hex[:6]}"  # a fresh name: its Slurm jobs are told apart in sacct by it
+    config = bench_config(as_name=name, **DAG_CHANGES)
+    del config["launcher"], config["slurm"]  # the profile's to set, as for any jobs file
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
     started = time.time()
@@ -109,12 +108,13 @@ def dag_overhead(workdir: Path) -> dict:
 
 
 def main() -> None:
+    args = bench_parser(__doc__, "slurm_overhead.json").parse_args()
     env = (REPO / "work" / "slurm" / "slurm.env").read_text()
     os.environ["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", env).group(1)
     with tempfile.TemporaryDirectory() as tmp:
         dag = dag_overhead(Path(tmp) / "dag")
         latencies = submit_to_start(Path(tmp))
-    result = {
+    figures = {
         "submit_to_start_s": {
             "median": statistics.median(latencies),
             "min": min(latencies),
@@ -124,9 +124,11 @@ def main() -> None:
         "dag": dag,
         "note": "1-second resolution for sacct Start/End; local cluster on 2 shared cores",
     }
-    write_json(REPO / "bench" / "results" / "slurm_overhead.json", result)
+    write_result(
+        args.out, {"trivial_jobs": TRIVIAL_JOBS, "dag_changes": DAG_CHANGES, "profile": "profiles/slurm"}, figures
+    )
     print(
-        f"submit-to-start median {result['submit_to_start_s']['median']:.2f} s over {len(latencies)} jobs; "
+        f"submit-to-start median {figures['submit_to_start_s']['median']:.2f} s over {len(latencies)} jobs; "
         f"DAG wall {dag['wall_s']:.1f} s, inside {dag['slurm_jobs']} jobs {dag['inside_jobs_s']:.1f} s, "
         f"orchestration overhead {dag['orchestration_overhead_s']:.1f} s ({dag['overhead_fraction']:.0%})"
     )

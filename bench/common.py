@@ -1,0 +1,104 @@
+"""What every benchmark shares: the job it measures and the header of the file it writes.
+
+A bench job is config/jobs.yaml's job with the bench's changes merged in and validated as the workflow
+validates it, so a bench measures what the workflow would run and a bad bench setting fails on the spot,
+naming the field. A result file starts with the git commit, the processor and every setting
+(DESIGN.md, "Benchmark protocol"): a figure without them cannot be checked or compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import os
+import platform
+import subprocess
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
+from tula_hpc.files import write_json
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+WORK = REPO / "work" / "bench"  # scratch: stage folders, finished cells
+JOBS_FILE = REPO / "config" / "jobs.yaml"
+DEFAULT_JOB = "digits-cnn"
+
+
+def merged(base: dict, changes: dict) -> dict:
+    """A copy of `base` with `changes` merged in: mappings key by key, anything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@functools.cache
+def _jobs_file() -> dict:
+    return load_config([JOBS_FILE])
+
+
+def bench_config(name: str = DEFAULT_JOB, *, as_name: str | None = None, launcher: str = "local", **sections) -> dict:
+    """config/jobs.yaml holding only job `name` (renamed `as_name`), each of its sections updated by
+    `sections` (e.g. train={"epochs": 3}), validated with defaults filled in."""
+    config = _jobs_file()
+    if name not in config["jobs"]:
+        raise ConfigError(f"{JOBS_FILE}: job '{name}' is not defined; defined jobs: {', '.join(config['jobs'])}")
+    job = merged(config["jobs"][name], sections)
+    bench = {"launcher": launcher, "slurm": copy.deepcopy(config.get("slurm", {})), "jobs": {as_name or name: job}}
+    try:
+        return validate_config(bench)
+    except ConfigError as err:
+        raise ConfigError(f"bench job from {JOBS_FILE.name} '{name}' with {sections}: {err}") from None
+
+
+def bench_job(name: str = DEFAULT_JOB, *, as_name: str | None = None, launcher: str = "local", **sections) -> dict:
+    """The validated settings of that bench job, as a stage receives them (`job_settings`)."""
+    return job_settings(bench_config(name, as_name=as_name, launcher=launcher, **sections), as_name or name)
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> dict:
+    """The code and machine a figure was measured with."""
+    import torch
+
+    return {
+        "git_commit": _git("rev-parse", "HEAD"),
+        # Uncommitted changes anywhere in the tree: the commit alone does not say what ran.
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "processor": _processor(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_result(path: Path, settings: dict, figures: dict) -> None:
+    """A result file: provenance, then every setting, then the figures."""
+    write_json(path, {"provenance": provenance(), "settings": settings, **figures})
+    print(f"wrote {path}", flush=True)
+
+
+def bench_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
+    """The bench's command line, with --out (default bench/results/<result_name>)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / result_name, help="result file (default %(default)s)")
+    return parser

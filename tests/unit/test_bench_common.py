@@ -1,0 +1,58 @@
+"""bench/common.py: bench jobs are the workflow's job with changes, validated; result files carry provenance."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tula_hpc.config import ConfigError
+
+PATH = Path(__file__).resolve().parents[2] / "bench" / "common.py"
+spec = importlib.util.spec_from_file_location("bench_common", PATH)
+common = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(common)
+
+
+def test_changes_merge_key_by_key_into_the_default_job():
+    default = common.bench_job()
+    job = common.bench_job(
+        as_name="bench-x", launcher="slurm", search={"nodes": {"max": 1}}, model={"name": "resnet18"}
+    )
+    assert job["name"] == "bench-x" and job["launcher"] == "slurm"
+    assert job["search"]["nodes"] == {"min": default["search"]["nodes"]["min"], "max": 1}
+    assert job["model"]["name"] == "resnet18"
+    assert job["train"] == default["train"]
+
+
+def test_a_bench_job_leaves_the_next_one_alone():
+    default = common.bench_job()
+    common.bench_job(train={"epochs": 12, "lr_milestones": [9]}, search={"nodes": {"max": 1}})
+    assert common.bench_job() == default
+
+
+@pytest.mark.parametrize(
+    "sections, field",
+    [({"search": {"stepz": 3}}, "search"), ({"train": {"epochs": 3}}, "train.lr_milestones")],
+)
+def test_a_bad_bench_setting_fails_naming_the_field(sections, field):
+    with pytest.raises(ConfigError, match=f"field '{field}'"):
+        common.bench_job(**sections)
+
+
+def test_a_bench_config_is_a_valid_jobs_file_of_one_job():
+    config = common.bench_config(as_name="bench-y", train={"epochs": 12, "lr_milestones": [9]})
+    assert list(config["jobs"]) == ["bench-y"]
+    assert config["jobs"]["bench-y"]["train"]["epochs"] == 12
+
+
+def test_a_result_file_starts_with_commit_processor_and_settings(tmp_path):
+    out = tmp_path / "result.json"
+    common.write_result(out, {"rounds": 3}, {"figure": 1.5})
+    result = json.loads(out.read_text())
+    assert list(result)[:2] == ["provenance", "settings"]
+    assert len(result["provenance"]["git_commit"]) == 40
+    assert result["provenance"]["processor"]
+    assert result["settings"] == {"rounds": 3} and result["figure"] == 1.5
