@@ -6,8 +6,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from tula_hpc.distributed import init_distributed, shutdown
+from tula_hpc.models import build_model
 
 
 def all_reduce_for(seconds: float) -> int:
@@ -31,3 +33,14 @@ def hold_memory(megabytes: int) -> int:
         block[i] = 1
     time.sleep(2)
     return len(block)
+
+
+def paced_tiny_cnn(num_classes: int, in_channels: int, image_size: int, seconds_per_step: float = 0.2) -> nn.Module:
+    """tiny_cnn whose every training forward pass first sleeps `seconds_per_step` (asleep, not computing).
+
+    Epochs then take about as long on any machine, so a time-limit test needs as many allocations anywhere;
+    the weights and the arithmetic are tiny_cnn's.
+    """
+    model = build_model("tiny_cnn", num_classes, in_channels, image_size)
+    model.register_forward_pre_hook(lambda module, args: time.sleep(seconds_per_step) if module.training else None)
+    return model
