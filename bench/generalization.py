@@ -38,9 +38,8 @@ from common import WORK, bench_job, bench_parser, write_result
 from tula_hpc import launch
 from tula_hpc.data import load_splits
 from tula_hpc.distributed import Context
-from tula_hpc.evaluate import evaluate_worker, score
+from tula_hpc.evaluate import evaluate_worker, load_trained_model, score
 from tula_hpc.files import append_jsonl, read_jsonl, write_jsonl
-from tula_hpc.models import build_model
 from tula_hpc.strategies import STRATEGIES
 from tula_hpc.train import train_worker
 
@@ -122,11 +121,9 @@ def scores(job: dict, model_path: Path) -> dict:
     """The evaluate stage's scores of the saved model, and its validation accuracy after precise BN.
 
     The validation score chooses the ablation's settings (DESIGN: choose on one set, score on another); the
-    evaluate stage scores only the test split, so the model is loaded again here for it.
+    evaluate stage scores only the test split, so the validation split is scored here with its functions.
     """
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
-    model = build_model(saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"])
-    model.load_state_dict(saved["model"])
+    model = load_trained_model(model_path)
     splits = load_splits(job["data"], job["train"]["seed"])
     val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val)
     return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}

@@ -170,12 +170,9 @@ def _rel(predicted: float, measured: float) -> float:
 
 def stage_prediction(job: dict, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
     """T and cost of every candidate as the fit_model stage computes them from these profiles."""
-    from tula_hpc.perfmodel import predict_candidates
-    from tula_hpc.performance import fit_profiles, leave_one_out, measured_steps, measurement_weight
+    from tula_hpc.perfmodel import fit_and_predict
 
-    model = fit_profiles(profiles, **settings)
-    weight = measurement_weight(leave_one_out(profiles, **settings), job["search"]["noise_prior"])
-    return predict_candidates(model, candidates, job, train_samples, NO_MEMORY, measured_steps(profiles), weight)
+    return fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)[3]
 
 
 def regrets(predicted: list[dict], measured: list[dict], objective: dict) -> dict[str, float]:

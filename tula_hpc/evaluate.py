@@ -56,13 +56,18 @@ def score(model: nn.Module, splits, ctx, dataset) -> dict:
     }
 
 
-def evaluate_worker(job: dict, model_path: str) -> dict:
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+def load_trained_model(model_path: str | Path) -> nn.Module:
+    """The network train/model.pt holds, built as training built it, on the CPU."""
     saved = torch.load(model_path, map_location="cpu", weights_only=False)
-    splits = load_splits(job["data"], job["train"]["seed"])
     model = build_model(saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"])
     model.load_state_dict(saved["model"])
-    scores = score(model.to(ctx.device), splits, ctx, splits.test)
+    return model
+
+
+def evaluate_worker(job: dict, model_path: str) -> dict:
+    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+    splits = load_splits(job["data"], job["train"]["seed"])
+    scores = score(load_trained_model(model_path).to(ctx.device), splits, ctx, splits.test)
     shutdown()
     return {
         "test_accuracy": scores["accuracy"],

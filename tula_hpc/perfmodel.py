@@ -85,6 +85,18 @@ def predict_candidates(
     return rows
 
 
+def fit_and_predict(
+    job: dict, profiles: list[dict], candidates: list[dict], train_samples: int, memory: dict, settings: dict
+) -> tuple[PerfModel, list[float], float, list[dict]]:
+    """The model fitted to `profiles`, its leave-one-out errors, the weight of a profiled candidate's own
+    measurement, and T and cost of every candidate: the stage's whole computation, short of files."""
+    model = fit_profiles(profiles, **settings)
+    loo = leave_one_out(profiles, **settings)
+    weight = measurement_weight(loo, job["search"]["noise_prior"])
+    rows = predict_candidates(model, candidates, job, train_samples, memory, measured_steps(profiles), weight)
+    return model, loo, weight, rows
+
+
 def fit_model(
     job: dict, plan_path: Path, memory_path: Path, profile_paths: list[Path], adaptive_path: Path | None, out: Path
 ) -> dict:
@@ -99,9 +111,9 @@ def fit_model(
     settings = model_params(job)
     if manifest is not None:
         settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
-    model = fit_profiles(profiles, **settings)
-    loo = leave_one_out(profiles, **settings)
-    weight = measurement_weight(loo, job["search"]["noise_prior"])
+    model, loo, weight, candidates = fit_and_predict(
+        job, profiles, plan["candidates"], plan["dataset"]["train"], memory, settings
+    )
     predicted = model.predict([profile_row(p) for p in profiles])
     measured = [
         {
@@ -145,9 +157,7 @@ def fit_model(
             "max_rel_error": max(loo) if loo else None,
         },
         "measurement_weight": weight,
-        "candidates": predict_candidates(
-            model, plan["candidates"], job, plan["dataset"]["train"], memory, measured_steps(profiles), weight
-        ),
+        "candidates": candidates,
     }
     write_json(out, result)
     return result
