@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO
 from tests.slurm.conftest import SCRIPTS, STATE
 
@@ -53,7 +51,6 @@ def test_the_cluster_answers(slurm_cluster):
     assert subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-@pytest.mark.slow
 def test_down_returns_only_when_every_daemon_is_gone(slurm_cluster):
     """Daemons started from a CI-sized environment (/proc/PID/environ over a page) were left running by down.sh."""
     _script("down.sh")
@@ -79,7 +76,6 @@ def _nested_session() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_a_session_stops_the_cluster_it_started_and_leaves_alone_one_it_found(slurm_cluster):
     _script("down.sh")
     try:

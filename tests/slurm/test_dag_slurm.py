@@ -15,6 +15,8 @@ from tests.conftest import REPO
 from tests.slurm.conftest import sacct_jobs, unique_job_config, wait_for
 from tula_hpc.launch import slurm_state
 
+pytestmark = pytest.mark.slow  # the module's DAG run takes about 90 s
+
 
 def snakemake(workdir, config_path, background=False):
     cmd = [

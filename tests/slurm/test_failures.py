@@ -34,6 +34,7 @@ def _rank_pid(job_id: str, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_job_within_seconds_and_a_rerun_completes(slurm_cluster, tmp_path):
     spec = launch.LaunchSpec(launcher="slurm", nodes=2, time_min=10, mem_gb=1)
     outcome: dict = {}

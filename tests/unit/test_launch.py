@@ -50,6 +50,10 @@ def test_sacct_without_the_job_yet_is_not_an_end():
     assert launch.parse_sacct_states("") is None
 
 
+def test_a_completed_allocation_is_completed_whatever_a_step_says():
+    assert launch.parse_sacct_states("COMPLETED\nCOMPLETED\nCANCELLED by 0\n") == "COMPLETED"
+
+
 def _fake_commands(tmp_path: Path, monkeypatch, **bodies: str) -> Path:
     """Shell scripts on PATH that log their arguments to calls.log and then run `body`."""
     bin_dir = tmp_path / "bin"
