@@ -1,0 +1,15 @@
+"""How ranks and samples are laid out: hosts shared, steps per epoch."""
+
+from tula_hpc.layout import last_batch, ranks_per_host, steps_per_epoch
+
+
+def test_local_ranks_share_one_host_and_cluster_ranks_share_a_node():
+    assert ranks_per_host("local", nodes=4, devices_per_node=2) == 8
+    assert ranks_per_host("slurm", nodes=4, devices_per_node=2) == 2
+
+
+def test_steps_per_epoch_follow_distributed_sampler_and_the_last_step_takes_the_rest():
+    # 1000 samples over 2 ranks: 500 each; in batches of 30 that is 16 full steps and a last one of 20.
+    assert steps_per_epoch(1000, 2, 30) == 17 and last_batch(1000, 2, 30) == 20
+    # 1001 samples: DistributedSampler pads each rank's share to 501.
+    assert steps_per_epoch(1001, 2, 501) == 1 and last_batch(1001, 2, 501) == 501

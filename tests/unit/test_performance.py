@@ -1,0 +1,189 @@
+"""The performance model on synthetic timings of known coefficients, and adaptive search over them."""
+
+import numpy as np
+import pytest
+
+from tula_hpc.performance import PerfModel, adaptive_search, candidate_row, measurement_weight, sync_features
+from tula_hpc.plan import candidate_grid
+from tula_hpc.search import partial_set
+
+GRAD_BYTES = 4e7
+
+
+TRUE = {
+    "data": (1e-4, 2e-6),
+    "compute": (2e-3, 3e-4),
+    "contention": (1e-3, 5e-5),
+    "latency": 1e-4,
+    "per_byte": 2e-10,
+    "exposed": 0.7,
+}
+
+
+def synthetic(ranks, batch, hosts=None, noise=0.0, seed=0, curvature=0.0):
+    """Parts and full step of the model's own form (plus optional curvature in b), with relative noise."""
+    rng = np.random.default_rng(seed)
+    ranks, batch = np.asarray(ranks, float), np.asarray(batch, float)
+    hosts = ranks if hosts is None else np.asarray(hosts, float)
+    data = TRUE["data"][0] + TRUE["data"][1] * batch
+    compute = (
+        TRUE["compute"][0]
+        + TRUE["compute"][1] * batch
+        + curvature * batch**2
+        + (hosts - 1) * (TRUE["contention"][0] + TRUE["contention"][1] * batch)
+    )
+    sync = sync_features(ranks, GRAD_BYTES, "ring") @ np.array([TRUE["latency"], TRUE["per_byte"]])
+    jitter = lambda x: x * (1 + noise * rng.standard_normal(x.shape))  # noqa: E731
+    return {
+        "X": np.column_stack([ranks, batch, hosts]),
+        "y": jitter(data + compute + TRUE["exposed"] * sync),
+        "data_s": jitter(data),
+        "compute_s": jitter(compute),
+        "sync_s": jitter(sync),
+    }
+
+
+def fit(d, **params):
+    return PerfModel(grad_bytes=GRAD_BYTES, **params).fit(
+        d["X"], d["y"], data_s=d["data_s"], compute_s=d["compute_s"], sync_s=d["sync_s"]
+    )
+
+
+def grid_points(nodes=(1, 2, 4, 8), batches=(8, 16, 32, 64, 128, 256, 512)):
+    ranks, batch = np.meshgrid(nodes, batches)
+    return ranks.ravel(), batch.ravel()
+
+
+def profile_record(ranks, batch, seed=0, **kw):
+    """A profile file's content for one configuration, from the synthetic truth."""
+    d = synthetic([ranks], [batch], seed=seed, **kw)
+    return {
+        "world_size": ranks,
+        "per_device_batch": batch,
+        "ranks_per_host": ranks,
+        "grad_bytes": GRAD_BYTES,
+        "median": {
+            "step_s": d["y"][0],
+            "data_s": d["data_s"][0],
+            "compute_s": d["compute_s"][0],
+            "update_s": 0.0,
+            "sync_s": d["sync_s"][0],
+        },
+    }
+
+
+def test_fit_recovers_known_coefficients_from_noisy_timings():
+    model = fit(synthetic(*grid_points(), noise=0.02))
+    assert model.batch_ref_ == 8  # compute is anchored at the smallest profiled batch
+    assert model.intercept_s_ == pytest.approx(TRUE["compute"][0] + 8 * TRUE["compute"][1], rel=0.1)
+    assert model.per_sample_s_ == pytest.approx(TRUE["compute"][1], rel=0.03)
+    assert model.contention_s_ == pytest.approx(TRUE["contention"][0] + 8 * TRUE["contention"][1], rel=0.3)
+    assert model.contention_per_sample_s_ == pytest.approx(TRUE["contention"][1], rel=0.1)
+    assert model.sync_exposed_ == pytest.approx(TRUE["exposed"], rel=0.1)
+    assert model.sync_coef_[1] == pytest.approx(TRUE["per_byte"], rel=0.1)
+    assert all(model.identified_.values())
+    truth = synthetic([16], [1024])["y"][0]
+    assert model.predict([[16, 1024, 16]])[0] == pytest.approx(truth, rel=0.05)
+
+
+def test_partial_profiles_predict_every_unprofiled_candidate_without_noise():
+    grid = candidate_grid({"nodes": {"min": 1, "max": 8}, "batch": {"min": 8, "max": "auto"}}, 1, 512, 100_000)
+    chosen = partial_set(grid, devices_per_node=1, launcher="local")
+    d = synthetic([c["nodes"] for c in chosen], [c["per_device_batch"] for c in chosen])
+    model = fit(d)
+    everything = synthetic([c["nodes"] for c in grid], [c["per_device_batch"] for c in grid])
+    np.testing.assert_allclose(model.predict(everything["X"]), everything["y"], rtol=1e-6)
+
+
+def test_one_multi_rank_size_fixes_latency_at_the_prior_and_says_so():
+    ranks, batch = grid_points(nodes=(1, 2))
+    model = fit(synthetic(ranks, batch), latency_prior_s=3e-5)
+    assert model.identified_["latency_s"] is False and model.identified_["seconds_per_byte"] is True
+    assert model.sync_coef_[0] == 3e-5
+    assert "collinear" in model.notes_[0]
+    measured_sync = synthetic([2], [8])["sync_s"][0]
+    assert model.predict_parts([[2, 8, 2]])["sync_s"][0] == pytest.approx(measured_sync, rel=1e-6)
+
+
+def test_compute_growing_faster_than_linearly_is_still_fitted_through_its_extremes():
+    # A chord of a convex curve would cross zero before b = 0: anchored at b0 it needs no negative coefficient.
+    d = synthetic([1, 1], [32, 512], curvature=2e-6)
+    model = fit(d)
+    np.testing.assert_allclose(model.predict(d["X"]), d["y"], rtol=1e-9)
+    assert not model.notes_
+
+
+def test_coefficients_are_never_negative():
+    X = np.array([[1, 8, 1], [1, 64, 1], [2, 8, 2], [2, 64, 2]])
+    y = np.array([0.05, 0.01, 0.05, 0.01])  # time falling with batch: a negative slope would fit better
+    model = PerfModel(grad_bytes=1e6).fit(X, y, data_s=y / 10, compute_s=y, sync_s=[0, 0, 0.001, 0.001])
+    assert (
+        min(
+            model.params()[k]
+            for k in (
+                "intercept_s",
+                "per_sample_s",
+                "contention_s",
+                "contention_per_sample_s",
+                "sync_exposed",
+                "latency_s",
+                "seconds_per_byte",
+            )
+        )
+        >= 0
+    )
+
+
+def test_one_disturbed_profile_does_not_bend_a_fit_with_spare_profiles():
+    d = synthetic(*grid_points(nodes=(1, 2)))
+    d["y"][3] *= 2.0  # another user's job ran through this profile
+    model = fit(d)
+    clean = synthetic(*grid_points(nodes=(1, 2)))["y"]
+    errors = np.abs(model.predict(d["X"]) / clean - 1)
+    assert np.median(errors) < 0.01 and np.delete(errors, 3).max() < 0.03
+
+
+def test_uncertainty_grows_away_from_the_profiled_configurations():
+    d = synthetic([1, 1, 2, 2], [8, 512, 8, 512])
+    model = fit(d, discrepancy_per_octave=0.02)
+    u_seen, u_middle, u_far = model.predict_uncertainty([[1, 8, 1], [1, 64, 1], [8, 64, 8]])
+    assert u_seen < u_middle < u_far
+    assert u_middle >= 0.02 * 3  # three octaves from b=8 and from b=512
+
+
+def test_measurement_weight_is_inverse_variance_of_model_error_against_profile_noise():
+    assert measurement_weight([0.06, 0.08], noise=0.05) == pytest.approx(0.005 / (0.005 + 0.0025))
+    assert measurement_weight([], noise=0.05) == 0.0  # no spare profiles: the model passes through them anyway
+    assert measurement_weight([0.0, 0.0], noise=0.05) == 0.0  # an exact model needs no measurement
+
+
+def _adaptive(curvature, tolerance=0.05):
+    grid = [
+        c
+        for c in candidate_grid({"nodes": {"min": 1, "max": 2}, "batch": {"min": 8, "max": 1024}}, 1, 512, 100_000)
+        if c["per_device_batch"] >= 8
+    ]
+    settings = {
+        "collective": "ring",
+        "latency_prior_s": TRUE["latency"],
+        "noise_prior": 0.01,
+        "discrepancy_per_octave": 0.02,
+    }
+    measure = lambda c: profile_record(c["nodes"], c["per_device_batch"], curvature=curvature)  # noqa: E731
+    return grid, adaptive_search(
+        grid, partial_set(grid, 1, "local"), measure, lambda c: candidate_row(c, 1, "local"), settings, tolerance
+    )
+
+
+def test_adaptive_search_stops_early_when_new_profiles_confirm_the_model():
+    grid, result = _adaptive(curvature=0.0)
+    assert len(result["profiled"]) < len(grid)
+    assert all(h["rel_error"] < 0.01 for h in result["history"])
+
+
+def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
+    grid, straight = _adaptive(curvature=0.0)
+    _, curved = _adaptive(curvature=3e-7)  # compute bends upward: a straight line misses the middle by 30 %
+    assert len(curved["profiled"]) > len(straight["profiled"])
+    assert curved["discrepancy_per_octave"] > straight["discrepancy_per_octave"]
+    assert max(h["rel_error"] for h in curved["history"]) > 0.25  # it found where the straight line misses most
