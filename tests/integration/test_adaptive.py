@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import tiny_job_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "results/digits-cnn/perfmodel.json"

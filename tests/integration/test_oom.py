@@ -18,7 +18,7 @@ from tula_hpc import launch
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.train import train, train_worker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The tiny CNN's step on 8x8 digits needs about 2.4 MB + 58 kB per sample on each of 2 ranks (memory.json):
 # 12 MB hold 128 samples at once, not 256.

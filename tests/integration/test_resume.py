@@ -12,7 +12,7 @@ from tests.conftest import tiny_job_config
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.train import train_worker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_kill_between_checkpoint_and_log_line_loses_no_epoch(tmp_path, monkeypatch):

@@ -5,17 +5,15 @@ import io
 import json
 import math
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import MultiStepLR
 
+from tests.conftest import run_on_two_ranks
 from tula_hpc.ags import TulaOptimizer
 
 
@@ -29,12 +27,6 @@ def _batch(gen: torch.Generator | None, n: int = 64) -> tuple[torch.Tensor, torc
 
 def _backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     F.cross_entropy(model(x), y).backward()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_delta_follows_hand_computed_norms_and_gates_scaling():
@@ -167,43 +159,37 @@ def test_delta_zero_reproduces_wrapped_sgd_bit_for_bit():
         assert torch.equal(p, q), name
 
 
-def _ddp_worker(rank: int, world: int, port: int, outdir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = DistributedDataParallel(_mlp())
-        opt = TulaOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-            delta=math.inf,  # scale every step with a defined Delta
-            large_batch_size=world * 32,
-            small_batch_size=4,
-            update_every_steps=2,
-        )
-        gen = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
-        for _ in range(5):
-            x, y = _batch(gen, 32)
-            opt.zero_grad()
-            _backward(model, x, y)
-            if opt.needs_update():
-                opt.update_gradscale(model, F.cross_entropy, x, y)
-            opt.step()
-        torch.save(
-            {
-                "params": [p.detach() for p in model.module.parameters()],
-                "gradscale": [opt.gradscale[p] for p in model.module.parameters()],
-                "metrics": opt.pop_epoch_metrics(),
-            },
-            os.path.join(outdir, f"rank{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank: int, world: int, outdir: str) -> None:
+    """Five steps of AGS under DDP on rank-specific data (run by run_on_two_ranks)."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(_mlp())
+    opt = TulaOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        delta=math.inf,  # scale every step with a defined Delta
+        large_batch_size=world * 32,
+        small_batch_size=4,
+        update_every_steps=2,
+    )
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank sees different data
+    for _ in range(5):
+        x, y = _batch(gen, 32)
+        opt.zero_grad()
+        _backward(model, x, y)
+        if opt.needs_update():
+            opt.update_gradscale(model, F.cross_entropy, x, y)
+        opt.step()
+    torch.save(
+        {
+            "params": [p.detach() for p in model.module.parameters()],
+            "gradscale": [opt.gradscale[p] for p in model.module.parameters()],
+            "metrics": opt.pop_epoch_metrics(),
+        },
+        os.path.join(outdir, f"rank{rank}.pt"),
+    )
 
 
 def test_ddp_ranks_end_with_identical_factors_and_weights(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    run_on_two_ranks(_ddp_worker, 2, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     assert r0["metrics"]["gradscale_updates"] == 2 and r0["metrics"]["scaled_steps"] == 4
     assert not all(torch.equal(s, torch.ones_like(s)) for s in r0["gradscale"])

@@ -9,7 +9,16 @@ import sys
 import pytest
 import yaml
 
-from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
+from tests.conftest import REPO, default_job
+from tula_hpc.config import (
+    STAGE_SETTINGS,
+    ConfigError,
+    fingerprint,
+    job_settings,
+    load_config,
+    stage_settings,
+    validate_config,
+)
 from tula_hpc.stage import load_job
 
 
@@ -137,3 +146,28 @@ def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path, default_
     assert "Traceback" not in proc.stderr
     assert earlier.read_text() == '{"earlier": true}\n'
     assert not (tmp_path / "work").exists(), "nothing may be submitted for an invalid config"
+
+
+def test_every_stage_dependency_names_a_real_setting_and_only_its_own_settings_change_a_fingerprint():
+    job = default_job()
+    for stage, names in STAGE_SETTINGS.items():
+        for name in names:
+            value = job
+            for key in name.split("."):
+                assert isinstance(value, dict) and key in value, f"{stage}: {name} is not a setting"
+                value = value[key]
+    assert stage_settings(job, "select") == {"objective": job["objective"]}
+    more_epochs = default_job(train={"epochs": 31})
+    assert fingerprint(more_epochs, "profile") == fingerprint(job, "profile")  # epochs do not change a step
+    assert fingerprint(more_epochs, "fit_model") != fingerprint(job, "fit_model")  # but they change T
+    other_strategy = default_job(train={"strategy": "lars"})
+    assert fingerprint(other_strategy, "profile") != fingerprint(job, "profile")  # the step profiled is the job's
+    assert fingerprint(default_job(objective={"minimize": "cost"}), "profile") == fingerprint(job, "profile")
+
+
+def test_the_rules_read_the_same_table():
+    rules = "".join(path.read_text() for path in (REPO / "workflow" / "rules").glob("*.smk"))
+    assert 'settings("' in rules and "STEP_SETTINGS" not in rules
+    for stage in STAGE_SETTINGS:
+        if stage != "report":
+            assert f'settings("{stage}")' in rules, stage

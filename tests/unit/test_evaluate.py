@@ -1,8 +1,10 @@
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from tula_hpc.evaluate import recompute_batchnorm_statistics
+from tests.conftest import default_job
+from tula_hpc.evaluate import measured_costs, recompute_batchnorm_statistics
 
 
 def test_precise_bn_replaces_stale_running_statistics_with_the_training_set_average():
@@ -24,3 +26,19 @@ def test_a_model_without_batchnorm_is_left_alone():
     before = [p.clone() for p in model.parameters()]
     assert not recompute_batchnorm_statistics(model, TensorDataset(torch.randn(10, 3)), torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_measured_cost_is_priced_as_the_prediction_and_lost_work_apart():
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
+    summary = {
+        "nodes": 2,
+        "world_size": 2,
+        "per_device_batch": 100,
+        "train_time_s": 3600.0,
+        "train_time_with_lost_work_s": 5400.0,
+    }
+    for pricing, per_hour in (("node_hour", 2 * 2.48), ("memory", 2 * 3.0 * 0.15)):
+        job = default_job(objective={"pricing": pricing})
+        assert measured_costs(job, summary, memory) == pytest.approx(
+            {"measured_cost": per_hour, "measured_cost_with_lost_work": 1.5 * per_hour}
+        )

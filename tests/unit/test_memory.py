@@ -1,35 +1,24 @@
-import copy
-
 import numpy as np
 import pytest
-import torch
 import yaml
 from sklearn.linear_model import LinearRegression
-from torch import nn
 
-from tests.conftest import REPO
-from tula_hpc.config import ConfigError, job_settings, load_config
+from tests.conftest import REPO, default_job
+from tula_hpc.budget import GB
+from tula_hpc.config import ConfigError, load_config
 from tula_hpc.memory import (
-    GB,
-    DeviceBudgetError,
     StepMemoryModel,
-    device_memory,
     fit_probes,
-    is_out_of_memory,
     next_trial,
     run_in_fresh_process,
     settle,
     summarise,
 )
 from tula_hpc.stage import StageError
-from tula_hpc.strategies import build_strategy
-from tula_hpc.train import _next_attempt, after_out_of_memory, training_step
 
 
 def _job(**resources) -> dict:
-    job = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
-    job["resources"].update(resources)
-    return job
+    return default_job(resources=resources)
 
 
 # --- the model on synthetic timelines with known answers ---------------------------------------------
@@ -191,71 +180,3 @@ def test_components_at_the_peak_sum_to_the_measured_total():
     assert 0 < parts["activations"] <= probe["activation_bytes"]
     assert parts["workspace"] > 0
     assert probe["timeline"][-1] < max(probe["timeline"]) == probe["measured_peak_bytes"]
-
-
-def test_the_budget_makes_allocations_fail_for_real_and_is_lifted():
-    job = _job()
-    device = torch.device("cpu")
-    device_memory.limit(device, budget_bytes=2_000_000, resident_bytes=500_000, job=job)
-    try:
-        kept = torch.empty(1_000_000, dtype=torch.uint8)
-        assert device_memory.in_use(device) == 1_500_000
-        with pytest.raises(torch.OutOfMemoryError, match="can't allocate memory") as failure:
-            torch.empty(600_000, dtype=torch.uint8)
-        assert is_out_of_memory(failure.value) and device_memory.failed_at(device) == 2_100_000
-        del kept
-        torch.empty(1_400_000, dtype=torch.uint8)
-        assert device_memory.peak(device) == 1_900_000
-    finally:
-        device_memory.lift()
-    torch.empty(10_000_000, dtype=torch.uint8)
-    with pytest.raises(DeviceBudgetError, match=r"job 'digits-cnn': .* the model alone needs 3,000,000 bytes"):
-        device_memory.limit(device, budget_bytes=2_000_000, resident_bytes=3_000_000, job=job)
-
-
-# --- out of memory in training ------------------------------------------------------------------------
-
-
-def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
-    assert after_out_of_memory("keep_global_batch", 512, 1, world_size=2) == (512, 2)
-    assert after_out_of_memory("keep_global_batch", 512, 128, world_size=2) == (512, 256)
-    assert after_out_of_memory("keep_global_batch", 512, 256, world_size=2) is None
-    assert after_out_of_memory("keep_global_batch", 6, 2, world_size=2) == (6, 4)  # slices of 2 and 1
-    assert after_out_of_memory("shrink_global_batch", 512, 1, world_size=2) == (256, 1)
-    assert after_out_of_memory("shrink_global_batch", 2, 1, world_size=2) is None
-
-
-def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
-    job = _job(device_memory_gb=0.001)
-    failed = {
-        "global_batch": 4,
-        "per_device_batch": 2,
-        "accumulation": 2,
-        "micro_batch": 1,
-        "outcome": "out_of_memory",
-        "rank": 1,
-        "error": "DefaultCPUAllocator: can't allocate memory",
-    }
-    assert _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}], world_size=2) == (4, 2)
-    with pytest.raises(
-        StageError,
-        match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
-        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(0.001 GB\)",
-    ):
-        _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
-
-
-def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
-    job = _job()
-    job["train"]["strategy"] = "lbt"
-    torch.manual_seed(0)
-    x, y = torch.randn(50, 1, 8, 8), torch.randint(0, 10, (50,))
-    template = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
-    weights, losses = [], []
-    for slices in (1, 4):
-        model = copy.deepcopy(template)
-        strategy = build_strategy(model, job["train"], 50, 1)
-        losses.append(training_step(model, strategy, nn.CrossEntropyLoss(), x, y, slices))
-        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    torch.testing.assert_close(losses[0], losses[1])
-    torch.testing.assert_close(weights[0], weights[1])

@@ -7,24 +7,25 @@ import sys
 import pytest
 import torch
 
+from tests.conftest import default_job
 from tula_hpc import profiling
-from tula_hpc.config import job_settings, validate_config
+from tula_hpc.config import fingerprint
 from tula_hpc.distributed import Context
-from tula_hpc.profiling import fingerprint, measure
+from tula_hpc.profiling import measure
 
 
 @pytest.fixture
-def job(default_config):
+def job():
     """The default job, measured as its profile jobs run: one torch thread per rank (cpus_per_task)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    job = job_settings(validate_config(default_config), "digits-cnn")
-    job["search"].update(warmup_steps=2, steps=3, min_measure_s=0.05, max_attempts=2)
+    job = default_job(search=dict(warmup_steps=2, steps=3, min_measure_s=0.05, max_attempts=2))
     yield job
     torch.set_num_threads(threads)
 
 
 def test_measure_times_each_part_of_real_training_steps(job):
+    """The job's own training step (AGS by default), its parts timed apart."""
     profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16)
     median = profile["median"]
     assert median["sync_s"] == 0.0  # one rank has nothing to all-reduce
@@ -50,8 +51,8 @@ def test_profiles_made_under_other_settings_are_not_reused(job):
     other_objective = copy.deepcopy(job)
     other_objective["objective"]["minimize"] = "cost"
     other_objective["search"]["adaptive"]["tolerance"] = 0.5
-    assert fingerprint(other_model) != fingerprint(job)
-    assert fingerprint(other_objective) == fingerprint(job)
+    assert fingerprint(other_model, "profile") != fingerprint(job, "profile")
+    assert fingerprint(other_objective, "profile") == fingerprint(job, "profile")
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")

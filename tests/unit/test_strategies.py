@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import copy
-import json
+import math
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import tula_hpc.train as train_module
-from tests.conftest import REPO
-from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
-from tula_hpc.report import strategy_section
-from tula_hpc.strategies import LARS, STRATEGIES, build_strategy
-from tula_hpc.train import train_worker
+from tests.conftest import REPO, default_job, run_on_two_ranks
+from tula_hpc.config import ConfigError, load_config, validate_config
+from tula_hpc.strategies import LARS, build_strategy
 
 
 def _job(**train) -> dict:
-    job = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")
-    job["train"].update(train)
-    return job
+    return default_job(train=train)
 
 
 def _lrs(strategy, steps: int) -> list[float]:
@@ -109,79 +103,8 @@ def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
     assert _lrs(strategy, 9) == pytest.approx([0.05] * 3 + [0.025] * 3 + [0.0125] * 3)
 
 
-def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
-    paths = dict(
-        checkpoint_path=str(tmp_path / "checkpoint.pt"),
-        model_path=str(tmp_path / "model.pt"),
-        metrics_path=str(tmp_path / "metrics.jsonl"),
-    )
-    summary = train_worker(job, batch, **paths)
-    return summary, torch.load(paths["model_path"], weights_only=False)["model"]
-
-
-@pytest.mark.parametrize("name", STRATEGIES)
-def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
-    job = _job(
-        strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2, "averages_per_epoch": 4}
-    )
-    summary, _ = _run_training(job, tmp_path)
-    assert summary["strategy"] == name
-    assert summary["history"][-1]["val_accuracy"] >= 0.9
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    if name in ("ags", "static"):
-        ags = [r["ags"] for r in records]
-        assert all(a["steps"] == summary["steps_per_epoch"] for a in ags)
-        assert 0 < sum(a["scaled_steps"] for a in ags) < summary["steps"]
-        assert (ags[-1]["scale_hist"] is None) == (name == "static")
-        if name == "ags":
-            assert [a["gradscale_updates"] for a in ags] == [0] + [1] * 9  # once per epoch, from the second
-    else:
-        assert all("ags" not in r for r in records)
-    section = strategy_section(summary, tmp_path / "training.png")
-    assert (tmp_path / "training.png").read_bytes()[:4] == b"\x89PNG"  # every strategy gets its training curves
-    if name in ("ags", "static"):
-        scaled = sum(r["ags"]["scaled_steps"] for r in records)
-        assert f"{scaled} of {summary['steps']} steps" in section
-    else:
-        assert f"`{name}`: no gradient scaling" in section
-
-
-@pytest.mark.parametrize("name", ["ags", "lrs"])
-def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
-    job = _job(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4])
-    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
-
-    evaluate = train_module.evaluate_accuracy
-    calls = []
-
-    def crash_in_third_epoch(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("node lost")
-        return evaluate(*args, **kwargs)
-
-    monkeypatch.setattr(train_module, "evaluate_accuracy", crash_in_third_epoch)
-    with pytest.raises(RuntimeError, match="node lost"):
-        _run_training(copy.deepcopy(job), tmp_path / "split")
-    monkeypatch.setattr(train_module, "evaluate_accuracy", evaluate)
-    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split")
-
-    assert summary["resumed_from_epoch"] == 2
-    for key, value in uninterrupted.items():
-        assert torch.equal(value, resumed[key]), key
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _polo_worker(rank: int, port: int, train_cfg: dict, outdir: str) -> None:
+def _polo_worker(rank: int, train_cfg: dict, outdir: str) -> None:
     """Three epochs of 4 steps on rank-specific data: in sync for one, then local SGD averaged every 2 steps."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
 
     def build():
         torch.manual_seed(0)
@@ -204,37 +127,29 @@ def _polo_worker(rank: int, port: int, train_cfg: dict, outdir: str) -> None:
             in_sync.append(_same_on_both_ranks(net))
         return in_sync
 
-    try:
-        net, strategy = build()
-        in_sync = run(net, strategy, range(3))
-        whole = [p.detach().clone() for p in net.parameters()]
-        # Interrupted after epoch 2, resumed from rank 0's state as train.py does.
-        net, strategy = build()
-        run(net, strategy, range(2))
-        state = {
-            "model": net.module.state_dict(),
-            "opt": strategy.optimizer.state_dict(),
-            "sched": strategy.scheduler.state_dict(),
-        }
-        box = [state]
-        dist.broadcast_object_list(box, src=0)
-        net, strategy = build()
-        net.module.load_state_dict(box[0]["model"])
-        strategy.optimizer.load_state_dict(box[0]["opt"])
-        strategy.scheduler.load_state_dict(box[0]["sched"])
-        resumed_sync = run(net, strategy, [2])
-        torch.save(
-            {
-                "in_sync": in_sync,
-                "resumed_sync": resumed_sync,
-                "whole": whole,
-                "resumed": [p.detach() for p in net.parameters()],
-                "hook_iter": strategy.optimizer.hook_state.iter,
-            },
-            os.path.join(outdir, f"rank{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+    net, strategy = build()
+    in_sync = run(net, strategy, range(3))
+    whole = [p.detach().clone() for p in net.parameters()]
+    # Interrupted after epoch 2, resumed from rank 0's state as train.py does.
+    net, strategy = build()
+    run(net, strategy, range(2))
+    state = {"model": net.module.state_dict(), "opt": strategy.optimizer.state_dict()}
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    net, strategy = build()
+    net.module.load_state_dict(box[0]["model"])
+    strategy.resume(box[0]["opt"], step=2 * 4)
+    resumed_sync = run(net, strategy, [2])
+    torch.save(
+        {
+            "in_sync": in_sync,
+            "resumed_sync": resumed_sync,
+            "whole": whole,
+            "resumed": [p.detach() for p in net.parameters()],
+            "hook_iter": strategy.hook_state.iter,
+        },
+        os.path.join(outdir, f"rank{rank}.pt"),
+    )
 
 
 def _same_on_both_ranks(net: nn.Module) -> bool:
@@ -251,7 +166,7 @@ def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
     train_cfg = _job(
         strategy="polo", momentum=0.0, warmup_epochs=1, epochs=3, polo={"sync_epochs": 1, "averages_per_epoch": 2}
     )["train"]
-    mp.spawn(_polo_worker, args=(_free_port(), train_cfg, str(tmp_path)), nprocs=2, join=True)
+    run_on_two_ranks(_polo_worker, train_cfg, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     # Per epoch: 4 steps then the end-of-epoch check. Local phase averages after its 1st and 3rd steps
     # (period 2 from the switch), and the epoch's end closes the gap left by the 4th.
@@ -275,3 +190,51 @@ def test_warm_up_or_sync_phase_covering_every_epoch_is_rejected(strategy, field,
     config["jobs"]["digits-cnn"]["train"].update(strategy=strategy, epochs=30, **change)
     with pytest.raises(ConfigError, match=f"job 'digits-cnn': field '{field}'.*allowed: below 30"):
         validate_config(config)
+
+
+def _lr_after_steps(strategy, steps: int) -> float:
+    for _ in range(steps):
+        strategy.optimizer.step()
+        strategy.after_step()
+    return strategy.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("name", ["lrs", "lars", "ags"])
+def test_a_resume_at_another_batch_follows_the_new_batch_schedule_from_the_same_epoch(name):
+    """shrink_global_batch after running out of memory: 2 epochs done at B=256, the run goes on at B=128."""
+    train = dict(strategy=name, lr=0.05, lr_base_batch=128, warmup_epochs=3, lr_milestones=[4], lr_gamma=0.1)
+    cfg = default_job(train=train)["train"]
+
+    def fresh(batch: int, steps_per_epoch: int):
+        model = nn.Linear(4, 3)
+        model(torch.ones(8, 4)).sum().backward()
+        return build_strategy(model, cfg, global_batch=batch, steps_per_epoch=steps_per_epoch)
+
+    old = fresh(256, 4)
+    _lr_after_steps(old, 2 * 4)
+    if name == "ags":
+        # Every factor at the largest B=256 allows (sqrt(256 / 32)), beyond B=128's range.
+        old.optimizer._gradscale = {p: torch.full_like(p, old.optimizer.s_max) for p in old.optimizer._params()}
+    saved = old.optimizer.state_dict()
+
+    resumed, reference = fresh(128, 8), fresh(128, 8)
+    resumed.resume(copy.deepcopy(saved), step=2 * 8)
+    expected = _lr_after_steps(reference, 2 * 8)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(expected)  # mid warm-up, at B=128's peak
+    assert _lr_after_steps(resumed, 3 * 8) == pytest.approx(_lr_after_steps(reference, 3 * 8))  # past milestone 4
+    if name == "ags":
+        assert resumed.optimizer.s_max == pytest.approx(math.sqrt(128 / 32))
+        assert all(
+            resumed.optimizer.s_min <= f.min() and f.max() <= resumed.optimizer.s_max
+            for f in resumed.optimizer.gradscale.values()
+        )
+
+
+def test_a_resume_at_the_same_batch_is_the_saved_schedule_exactly():
+    cfg = default_job(train=dict(strategy="lrs", warmup_epochs=2, lr_milestones=[3]))["train"]
+    whole, first = (build_strategy(nn.Linear(2, 2), cfg, global_batch=512, steps_per_epoch=4) for _ in range(2))
+    expected = [_lr_after_steps(whole, 1) for _ in range(16)]
+    _lr_after_steps(first, 6)
+    again = build_strategy(nn.Linear(2, 2), cfg, global_batch=512, steps_per_epoch=4)
+    again.resume(first.optimizer.state_dict(), step=6)
+    assert [_lr_after_steps(again, 1) for _ in range(10)] == expected[6:]

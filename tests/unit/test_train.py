@@ -1,0 +1,122 @@
+"""Stage train: every strategy trains, a resume continues exactly, out of memory relaunches, lost work is timed."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+import tula_hpc.train as train_module
+from tests.conftest import default_job
+from tula_hpc.report import strategy_section
+from tula_hpc.stage import StageError
+from tula_hpc.strategies import STRATEGIES
+from tula_hpc.train import LoopClock, _next_attempt, after_out_of_memory, loop_time_s, train_worker
+
+
+def _job(**train) -> dict:
+    return default_job(train=train)
+
+
+def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
+    paths = dict(
+        checkpoint_path=str(tmp_path / "checkpoint.pt"),
+        model_path=str(tmp_path / "model.pt"),
+        metrics_path=str(tmp_path / "metrics.jsonl"),
+    )
+    summary = train_worker(job, batch, **paths)
+    return summary, torch.load(paths["model_path"], weights_only=False)["model"]
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
+    job = _job(
+        strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2, "averages_per_epoch": 4}
+    )
+    summary, _ = _run_training(job, tmp_path)
+    assert summary["strategy"] == name
+    assert summary["history"][-1]["val_accuracy"] >= 0.9
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    if name in ("ags", "static"):
+        ags = [r["ags"] for r in records]
+        assert all(a["steps"] == summary["steps_per_epoch"] for a in ags)
+        assert 0 < sum(a["scaled_steps"] for a in ags) < summary["steps"]
+        assert (ags[-1]["scale_hist"] is None) == (name == "static")
+        if name == "ags":
+            assert [a["gradscale_updates"] for a in ags] == [0] + [1] * 9  # once per epoch, from the second
+    else:
+        assert all("ags" not in r for r in records)
+    section = strategy_section(summary, tmp_path / "training.png")
+    assert (tmp_path / "training.png").read_bytes()[:4] == b"\x89PNG"  # every strategy gets its training curves
+    if name in ("ags", "static"):
+        scaled = sum(r["ags"]["scaled_steps"] for r in records)
+        assert f"{scaled} of {summary['steps']} steps" in section
+    else:
+        assert f"`{name}`: no gradient scaling" in section
+
+
+@pytest.mark.parametrize("name", ["ags", "lrs"])
+def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
+    job = _job(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4])
+    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
+
+    evaluate = train_module.evaluate_accuracy
+    calls = []
+
+    def crash_in_third_epoch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("node lost")
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate_accuracy", crash_in_third_epoch)
+    with pytest.raises(RuntimeError, match="node lost"):
+        _run_training(copy.deepcopy(job), tmp_path / "split")
+    monkeypatch.setattr(train_module, "evaluate_accuracy", evaluate)
+    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split")
+
+    assert summary["resumed_from_epoch"] == 2
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
+    assert after_out_of_memory("keep_global_batch", 512, 1, world_size=2) == (512, 2)
+    assert after_out_of_memory("keep_global_batch", 512, 128, world_size=2) == (512, 256)
+    assert after_out_of_memory("keep_global_batch", 512, 256, world_size=2) is None
+    assert after_out_of_memory("keep_global_batch", 6, 2, world_size=2) == (6, 4)  # slices of 2 and 1
+    assert after_out_of_memory("shrink_global_batch", 512, 1, world_size=2) == (256, 1)
+    assert after_out_of_memory("shrink_global_batch", 2, 1, world_size=2) is None
+
+
+def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
+    job = default_job(resources={"device_memory_gb": 0.001})
+    failed = {
+        "global_batch": 4,
+        "per_device_batch": 2,
+        "accumulation": 2,
+        "micro_batch": 1,
+        "outcome": "out_of_memory",
+        "rank": 1,
+        "error": "DefaultCPUAllocator: can't allocate memory",
+    }
+    assert _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}], world_size=2) == (4, 2)
+    with pytest.raises(
+        StageError,
+        match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
+        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(0.001 GB\)",
+    ):
+        _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
+
+
+def test_loop_time_counts_every_session_kept_or_lost(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "LOOP_LOG_EVERY_S", 5.0)
+    log = tmp_path / "loop_time.jsonl"
+    first, second = LoopClock(log), LoopClock(log)
+    first.add(3.0)  # under the logging interval: not yet logged
+    assert loop_time_s(log) == 0.0
+    first.add(4.0)  # 7 s: logged
+    second.add(1.0, force=True)  # a session on its way out (OOM) logs at once
+    first.add(0.5)  # the kill comes before the next log line: at most one interval is lost to the log
+    assert loop_time_s(log) == 7.0 + 1.0
+    assert loop_time_s(tmp_path / "missing.jsonl") == 0.0
