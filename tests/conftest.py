@@ -1,4 +1,4 @@
-"""Shared test helpers: the default job (raw config, validated settings, the shortened DAG job) and two-rank runs."""
+"""Shared test helpers: the default job (as written, as a stage sees it, shortened for the DAG) and two-rank runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import socket
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,30 +15,33 @@ import yaml
 from tula_hpc.config import job_settings, validate_config
 
 REPO = Path(__file__).resolve().parent.parent
+JOB = "digits-cnn"  # the one job config/jobs.yaml defines
 
 
-@pytest.fixture
-def default_config() -> dict:
-    """config/jobs.yaml as a user wrote it (no defaults filled in)."""
-    return yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
+def _merge(base: dict, changes: dict) -> None:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
 
 
-def tiny_job_config() -> dict:
-    """The default digits job, shortened so that the whole DAG takes about a minute."""
+def job_config(**sections: dict) -> dict:
+    """config/jobs.yaml as a user wrote it (no defaults filled in), the job's `sections` changed key by key."""
     config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
-    job = config["jobs"]["digits-cnn"]
-    job["train"].update(epochs=12, lr_milestones=[9])
-    job["search"].update(warmup_steps=2, steps=4)
+    _merge(config["jobs"][JOB], sections)
     return config
 
 
 def default_job(**sections: dict) -> dict:
-    """The default job's validated settings, as a stage sees them, each section updated by `sections`."""
-    config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
-    job = job_settings(validate_config(config), "digits-cnn")
-    for section, changes in sections.items():
-        job[section].update(copy.deepcopy(changes))
-    return job
+    """The job's settings as a stage sees them: `job_config(**sections)` validated, so a test's job is one a user
+    could write."""
+    return job_settings(validate_config(job_config(**sections)), JOB)
+
+
+def tiny_job_config() -> dict:
+    """The default job, shortened so that the whole DAG takes about a minute."""
+    return job_config(train=dict(epochs=12, lr_milestones=[9]), search=dict(warmup_steps=2, steps=4))
 
 
 def free_port() -> int:

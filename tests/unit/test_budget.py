@@ -25,6 +25,3 @@ def test_the_budget_makes_allocations_fail_for_real_and_is_lifted():
     torch.empty(10_000_000, dtype=torch.uint8)
     with pytest.raises(DeviceBudgetError, match=r"job 'digits-cnn': .* the model alone needs 3,000,000 bytes"):
         device_memory.limit(device, budget_bytes=2_000_000, resident_bytes=3_000_000, job=job)
-
-
-# --- out of memory in training ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, default_job
+from tests.conftest import REPO, default_job, job_config
 from tula_hpc.config import (
     STAGE_SETTINGS,
     ConfigError,
@@ -20,11 +20,6 @@ from tula_hpc.config import (
     validate_config,
 )
 from tula_hpc.stage import load_job
-
-
-def _job(config: dict) -> dict:
-    return config["jobs"]["digits-cnn"]
-
 
 BAD_CASES = [
     ("unknown model", lambda j: j["model"].update(name="resnet1000"), ["model.name", "resnet18"]),
@@ -63,9 +58,9 @@ BAD_CASES = [
 
 
 @pytest.mark.parametrize("label, mutate, expected", BAD_CASES, ids=[c[0] for c in BAD_CASES])
-def test_bad_input_names_job_field_and_allowed(default_config, label, mutate, expected):
-    config = copy.deepcopy(default_config)
-    mutate(_job(config))
+def test_bad_input_names_job_field_and_allowed(label, mutate, expected):
+    config = job_config()
+    mutate(config["jobs"]["digits-cnn"])
     with pytest.raises(ConfigError) as err:
         validate_config(config)
     message = str(err.value)
@@ -74,35 +69,34 @@ def test_bad_input_names_job_field_and_allowed(default_config, label, mutate, ex
         assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
 
 
-def test_default_config_is_valid_and_filled_with_defaults(default_config):
-    config = validate_config(copy.deepcopy(default_config))
+def test_default_config_is_valid_and_filled_with_defaults():
+    config = validate_config(job_config())
     job = job_settings(config, "digits-cnn")
     assert job["launcher"] == "local"
     assert job["resources"]["slurm"] == {}
     assert job["search"]["batch"] == {"min": 32, "max": 256}
 
 
-def test_profile_slurm_settings_are_overridden_per_job(default_config):
-    config = copy.deepcopy(default_config)
-    _job(config)["resources"]["slurm"] = {"partition": "gpu", "extra_args": ["--exclusive"]}
+def test_profile_slurm_settings_are_overridden_per_job():
+    config = job_config(resources={"slurm": {"partition": "gpu", "extra_args": ["--exclusive"]}})
     config.update(launcher="slurm", slurm={"partition": "debug", "account": "proj1"})
     job = job_settings(validate_config(config), "digits-cnn")
     assert job["resources"]["slurm"] == {"partition": "gpu", "account": "proj1", "extra_args": ["--exclusive"]}
 
 
-def test_later_files_update_earlier_ones(tmp_path, default_config):
+def test_later_files_update_earlier_ones(tmp_path):
     base = tmp_path / "jobs.yaml"
-    base.write_text(yaml.safe_dump(default_config))
+    base.write_text(yaml.safe_dump(job_config()))
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"jobs": {"digits-cnn": {"train": {"epochs": 3, "lr_milestones": []}}}}))
     job = load_job([base, override], "digits-cnn")
     assert job["train"]["epochs"] == 3
-    assert job["train"]["lr"] == default_config["jobs"]["digits-cnn"]["train"]["lr"]
+    assert job["train"]["lr"] == job_config()["jobs"]["digits-cnn"]["train"]["lr"]
 
 
-def test_unknown_job_lists_defined_ones(tmp_path, default_config):
+def test_unknown_job_lists_defined_ones(tmp_path):
     path = tmp_path / "jobs.yaml"
-    path.write_text(yaml.safe_dump(default_config))
+    path.write_text(yaml.safe_dump(job_config()))
     with pytest.raises(ConfigError, match="job 'nope' is not defined; defined jobs: digits-cnn"):
         load_job([path], "nope")
 
@@ -116,11 +110,9 @@ def test_missing_and_malformed_files_are_named(tmp_path):
         load_config([broken])
 
 
-def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path, default_config):
-    bad = copy.deepcopy(default_config)
-    _job(bad)["train"]["epochs"] = 0
+def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path):
     config_path = tmp_path / "jobs.yaml"
-    config_path.write_text(yaml.safe_dump(bad))
+    config_path.write_text(yaml.safe_dump(job_config(train={"epochs": 0})))
     earlier = tmp_path / "memory.json"
     earlier.write_text('{"earlier": true}\n')
     proc = subprocess.run(
@@ -148,7 +140,7 @@ def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path, default_
     assert not (tmp_path / "work").exists(), "nothing may be submitted for an invalid config"
 
 
-def test_every_stage_dependency_names_a_real_setting_and_only_its_own_settings_change_a_fingerprint():
+def test_every_stage_dependency_names_a_real_setting():
     job = default_job()
     for stage, names in STAGE_SETTINGS.items():
         for name in names:
@@ -157,11 +149,38 @@ def test_every_stage_dependency_names_a_real_setting_and_only_its_own_settings_c
                 assert isinstance(value, dict) and key in value, f"{stage}: {name} is not a setting"
                 value = value[key]
     assert stage_settings(job, "select") == {"objective": job["objective"]}
+
+
+def _settings(tree: dict, path: tuple = ()):
+    """The path of every single setting (a leaf, an empty mapping included) of a job."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _settings(value, (*path, key))
+        else:
+            yield (*path, key)
+
+
+@pytest.mark.parametrize("stage", STAGE_SETTINGS)
+def test_a_fingerprint_changes_with_every_setting_in_its_stage_table_and_no_other(stage):
+    """A profile or checkpoint is reused exactly when nothing its stage depends on changed."""
+    job = default_job()
+    table = [tuple(name.split(".")) for name in STAGE_SETTINGS[stage]]
+    for path in _settings(job):
+        changed = copy.deepcopy(job)
+        section = changed
+        for key in path[:-1]:
+            section = section[key]
+        section[path[-1]] = "changed"
+        depends = any(path[: len(name)] == name for name in table)
+        assert (fingerprint(changed, stage) != fingerprint(job, stage)) == depends, ".".join(path)
+
+
+def test_a_profile_depends_on_the_step_profiled_not_on_how_many_are_run_or_their_price():
+    job = default_job()
     more_epochs = default_job(train={"epochs": 31})
-    assert fingerprint(more_epochs, "profile") == fingerprint(job, "profile")  # epochs do not change a step
-    assert fingerprint(more_epochs, "fit_model") != fingerprint(job, "fit_model")  # but they change T
-    other_strategy = default_job(train={"strategy": "lars"})
-    assert fingerprint(other_strategy, "profile") != fingerprint(job, "profile")  # the step profiled is the job's
+    assert fingerprint(more_epochs, "profile") == fingerprint(job, "profile")
+    assert fingerprint(more_epochs, "fit_model") != fingerprint(job, "fit_model")  # epochs change T
+    assert fingerprint(default_job(train={"strategy": "lars"}), "profile") != fingerprint(job, "profile")
     assert fingerprint(default_job(objective={"minimize": "cost"}), "profile") == fingerprint(job, "profile")
 
 

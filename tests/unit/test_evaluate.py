@@ -1,3 +1,5 @@
+"""Stage evaluate: BatchNorm statistics recomputed on the training set, the measured run priced as predicted."""
+
 import pytest
 import torch
 from torch import nn

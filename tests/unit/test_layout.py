@@ -1,6 +1,12 @@
 """How ranks and samples are laid out: hosts shared, steps per epoch."""
 
-from tula_hpc.layout import last_batch, ranks_per_host, steps_per_epoch
+from tests.conftest import default_job
+from tula_hpc.layout import devices_per_node, last_batch, ranks_per_host, steps_per_epoch
+
+
+def test_a_node_runs_one_rank_per_gpu_or_one_cpu_rank():
+    assert devices_per_node(default_job(resources={"gpus_per_node": 4})) == 4
+    assert devices_per_node(default_job(resources={"gpus_per_node": 0})) == 1
 
 
 def test_local_ranks_share_one_host_and_cluster_ranks_share_a_node():

@@ -1,9 +1,11 @@
+"""Stage probe_memory: the step's memory timeline fitted point by point, trials that verify it, memory.json."""
+
 import numpy as np
 import pytest
 import yaml
 from sklearn.linear_model import LinearRegression
 
-from tests.conftest import REPO, default_job
+from tests.conftest import default_job, job_config
 from tula_hpc.budget import GB
 from tula_hpc.config import ConfigError, load_config
 from tula_hpc.memory import (
@@ -15,11 +17,6 @@ from tula_hpc.memory import (
     summarise,
 )
 from tula_hpc.stage import StageError
-
-
-def _job(**resources) -> dict:
-    return default_job(resources=resources)
-
 
 # --- the model on synthetic timelines with known answers ---------------------------------------------
 
@@ -125,7 +122,7 @@ def _measured(intercept=2e6, slope=5e4, params=6e5, trials=None):
 
 
 def test_summary_sizes_the_batch_for_budget_headroom_and_ddp_buckets():
-    job = _job(device_memory_gb=1.0, memory_headroom=0.1)
+    job = default_job(resources={"device_memory_gb": 1.0, "memory_headroom": 0.1})
     proposed = int((0.9 * GB - 6e5 - 2e6) // 5e4)  # two nodes in the search space: DDP's buckets hold 6e5 bytes
     result = summarise(job, _measured(trials=[{"batch": proposed, "outcome": "fits", "peak_bytes": 0.9 * GB - 6e5}]))
     assert result["predicted_max_batch"] == result["max_batch_per_device"] == proposed and result["verified"]
@@ -141,13 +138,11 @@ def test_budget_smaller_than_one_sample_names_the_job_and_the_bytes_needed():
         match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 GB .* "
         r"even at batch 1: it needs 2,650,000 bytes",
     ):
-        summarise(_job(device_memory_gb=0.002), _measured())
+        summarise(default_job(resources={"device_memory_gb": 0.002}), _measured())
 
 
 def test_zero_budget_is_refused_when_the_config_is_read(tmp_path):
-    config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
-    config["jobs"]["digits-cnn"]["resources"]["device_memory_gb"] = 0
-    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(job_config(resources={"device_memory_gb": 0})))
     with pytest.raises(
         ConfigError,
         match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0 is less than or "
@@ -157,9 +152,7 @@ def test_zero_budget_is_refused_when_the_config_is_read(tmp_path):
 
 
 def test_probe_batches_below_the_gradient_scaling_reference_are_refused(tmp_path):
-    config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
-    config["jobs"]["digits-cnn"]["resources"]["memory_probe_batches"] = [16, 32, 64]
-    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(job_config(resources={"memory_probe_batches": [16, 32, 64]})))
     with pytest.raises(ConfigError, match=r"field 'resources.memory_probe_batches': 16 is below train.ags.small_batch"):
         load_config([tmp_path / "jobs.yaml"])
 
@@ -168,8 +161,7 @@ def test_probe_batches_below_the_gradient_scaling_reference_are_refused(tmp_path
 
 
 def test_components_at_the_peak_sum_to_the_measured_total():
-    job = _job()
-    job["train"]["strategy"] = "lbt"
+    job = default_job(train={"strategy": "lbt"})
     probe = run_in_fresh_process("measure", job=job, batch=48)
     parts = probe["at_peak"]
     assert sum(parts.values()) == probe["measured_peak_bytes"] == probe["allocator_peak_bytes"]

@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.conftest import default_job
 from tests.unit.test_performance import fit, synthetic
 from tula_hpc.layout import steps_per_epoch
 from tula_hpc.perfmodel import predict_candidates
@@ -9,20 +10,19 @@ from tula_hpc.performance import estimate_steps
 from tula_hpc.stage import StageError
 
 
+def _job(**objective) -> dict:
+    """The default job on Slurm partition gpu, 3 epochs at 3.6 per node-hour, `objective` changed."""
+    return default_job(
+        train={"epochs": 3, "lr_milestones": []},
+        resources={"slurm": {"partition": "gpu"}},
+        objective={"price_per_node_hour": 3.6, **objective},
+    )
+
+
 def test_total_time_and_cost_follow_eq_4_under_every_pricing():
     model = fit(synthetic([1, 1, 2, 2], [10, 40, 10, 40]))
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
-    job = {
-        "resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}},
-        "train": {"epochs": 3},
-        "launcher": "local",
-        "objective": {
-            "pricing": "memory",
-            "price_per_node_hour": 3.6,
-            "price_per_gb_hour": 0.5,
-            "charge_factors": {"gpu": 4.0, "default": 1.0},
-        },
-    }
+    job = _job(pricing="memory", price_per_gb_hour=0.5, charge_factors={"gpu": 4.0})
     [row] = predict_candidates(
         model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, train_samples=1000, memory=memory
     )
@@ -47,17 +47,7 @@ def test_a_profiled_candidate_moves_toward_its_measurement_and_an_unprofiled_one
     assert steps[0] == pytest.approx(predicted[0] * (1 + 0.75 * 0.4))
     assert steps[1] == predicted[1]
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
-    job = {
-        "resources": {"gpus_per_node": 0, "slurm": {}},
-        "train": {"epochs": 3},
-        "launcher": "local",
-        "objective": {
-            "pricing": "node_hour",
-            "price_per_node_hour": 3.6,
-            "price_per_gb_hour": 0.5,
-            "charge_factors": {},
-        },
-    }
+    job = _job()
     # 1000 samples over 2 ranks in batches of 20 per rank: 25 steps, the last one full too.
     [row] = predict_candidates(
         model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], job, 1000, memory, measured, 0.75
@@ -68,17 +58,9 @@ def test_a_profiled_candidate_moves_toward_its_measurement_and_an_unprofiled_one
 
 def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
     model = fit(synthetic([1, 1], [10, 40]))
-    job = {
-        "name": "j",
-        "resources": {"gpus_per_node": 0, "slurm": {"partition": "gpu"}},
-        "train": {"epochs": 1},
-        "launcher": "local",
-        "objective": {
-            "pricing": "service_units",
-            "price_per_node_hour": 1,
-            "price_per_gb_hour": 1,
-            "charge_factors": {"cpu": 1.0},
-        },
-    }
-    with pytest.raises(StageError, match="job 'j': field 'objective.charge_factors': no factor for partition 'gpu'"):
+    job = _job(pricing="service_units")
+    job["objective"]["charge_factors"] = {"cpu": 1.0}  # no default either
+    with pytest.raises(
+        StageError, match="job 'digits-cnn': field 'objective.charge_factors': no factor for partition 'gpu'"
+    ):
         predict_candidates(model, [{"nodes": 1, "batch": 10, "per_device_batch": 10}], job, 1000, memory={})

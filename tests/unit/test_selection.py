@@ -1,16 +1,11 @@
+"""Stage select: the fastest, cheapest or knee candidate within the constraints, or why none meets them."""
+
+import json
+
 import pytest
 
+from tests.conftest import default_job
 from tula_hpc.selection import InfeasibleError, best_time_per_batch, kneedle_knee, model_knee, run_select, select
-
-OBJECTIVE = {
-    "minimize": "time",
-    "knee_method": "kneedle",
-    "knee_min_saving": 0.10,
-    "max_nodes": None,
-    "max_batch": None,
-    "deadline_s": None,
-    "budget": None,
-}
 
 
 def candidate(nodes, batch, time_s, cost):
@@ -29,7 +24,8 @@ def perfmodel(candidates):
 
 
 def objective(**changes):
-    return {**OBJECTIVE, **changes}
+    """The default job's objective (kneedle, a 10 % model-knee saving, no constraints), minimising time."""
+    return default_job(objective={"minimize": "time", **changes})["objective"]
 
 
 def curve(a, c, batches, nodes=1):
@@ -117,13 +113,13 @@ def test_best_time_per_batch_keeps_the_fastest_node_count():
 
 def test_infeasible_constraints_name_the_closest_candidates_and_what_each_breaks(tmp_path):
     path = tmp_path / "perfmodel.json"
-    path.write_text(__import__("json").dumps(perfmodel(GRID)))
-    job = {"name": "j", "objective": objective(deadline_s=3.0, budget=5.0)}
+    path.write_text(json.dumps(perfmodel(GRID)))
+    job = default_job(objective={"deadline_s": 3.0, "budget": 5.0})
     with pytest.raises(InfeasibleError) as err:
         run_select(job, path, tmp_path / "selection.json")
     message = str(err.value)
     assert message.startswith(
-        "job 'j': fields 'objective.deadline_s/objective.budget': no candidate meets the constraints"
+        "job 'digits-cnn': fields 'objective.deadline_s/objective.budget': no candidate meets the constraints"
     )
     # Closest first: the 4-node runs miss the deadline least; each names what it breaks and by how much.
     assert "N=4, B=2048: time_s 4.19531 s > deadline_s 3 s (+40%); cost 16.7812 > budget 5 (+236%)" in message

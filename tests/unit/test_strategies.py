@@ -13,14 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import tula_hpc.train as train_module
 from tests.conftest import REPO, default_job, run_on_two_ranks
 from tula_hpc.config import ConfigError, load_config, validate_config
 from tula_hpc.strategies import LARS, build_strategy
-
-
-def _job(**train) -> dict:
-    return default_job(train=train)
+from tula_hpc.training import training_step
 
 
 def _lrs(strategy, steps: int) -> list[float]:
@@ -69,13 +65,13 @@ def test_ags_reads_the_reference_gradient_off_the_training_step_as_a_separate_pa
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))  # no BatchNorm: micro-batches are exact
     separate = copy.deepcopy(model)
-    train_cfg = _job(strategy="ags")["train"]
+    train_cfg = default_job(train={"strategy": "ags"})["train"]
     fused, reference = (build_strategy(m, train_cfg, 128, steps_per_epoch=4) for m in (model, separate))
     for strategy in (fused, reference):
         strategy.end_epoch()  # an epoch-cadence update is due
     x, y = torch.randn(128, 6), torch.randint(0, 4, (128,))
 
-    loss = train_module.training_step(model, fused, F.cross_entropy, x, y)
+    loss = training_step(model, fused, F.cross_entropy, x, y)
     F.cross_entropy(separate(x), y).backward()
     reference.optimizer.update_gradscale(separate, F.cross_entropy, x, y)
 
@@ -87,8 +83,8 @@ def test_ags_reads_the_reference_gradient_off_the_training_step_as_a_separate_pa
 
 
 def test_lrs_scales_linearly_and_warms_up_per_step():
-    job = _job(strategy="lrs", lr=0.05, lr_base_batch=128, warmup_epochs=2, lr_milestones=[3], lr_gamma=0.1)
-    strategy = build_strategy(nn.Linear(2, 2), job["train"], global_batch=512, steps_per_epoch=4)
+    train = dict(strategy="lrs", lr=0.05, lr_base_batch=128, warmup_epochs=2, lr_milestones=[3], lr_gamma=0.1)
+    strategy = build_strategy(nn.Linear(2, 2), default_job(train=train)["train"], global_batch=512, steps_per_epoch=4)
     peak = 0.05 * 512 / 128
     expected = [peak * (k + 1) / 8 for k in range(8)] + [peak] * 4 + [peak * 0.1] * 4
     assert _lrs(strategy, 16) == pytest.approx(expected)
@@ -96,10 +92,10 @@ def test_lrs_scales_linearly_and_warms_up_per_step():
 
 @pytest.mark.parametrize("name", ["lbt", "ags"])
 def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
-    job = _job(strategy=name, lr=0.05, lr_milestones=[1, 2], lr_gamma=0.5)
+    train = dict(strategy=name, lr=0.05, lr_milestones=[1, 2], lr_gamma=0.5)
     model = nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
-    strategy = build_strategy(model, job["train"], global_batch=512, steps_per_epoch=3)
+    strategy = build_strategy(model, default_job(train=train)["train"], global_batch=512, steps_per_epoch=3)
     assert _lrs(strategy, 9) == pytest.approx([0.05] * 3 + [0.025] * 3 + [0.0125] * 3)
 
 
@@ -163,9 +159,15 @@ def _same_on_both_ranks(net: nn.Module) -> bool:
 
 def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
     # momentum 0: each rank's momentum buffer is local, and a resume restores rank 0's on both ranks.
-    train_cfg = _job(
-        strategy="polo", momentum=0.0, warmup_epochs=1, epochs=3, polo={"sync_epochs": 1, "averages_per_epoch": 2}
-    )["train"]
+    train = dict(
+        strategy="polo",
+        momentum=0.0,
+        warmup_epochs=1,
+        epochs=3,
+        lr_milestones=[],
+        polo={"sync_epochs": 1, "averages_per_epoch": 2},
+    )
+    train_cfg = default_job(train=train)["train"]
     run_on_two_ranks(_polo_worker, train_cfg, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     # Per epoch: 4 steps then the end-of-epoch check. Local phase averages after its 1st and 3rd steps
@@ -219,9 +221,12 @@ def test_a_resume_at_another_batch_follows_the_new_batch_schedule_from_the_same_
 
     resumed, reference = fresh(128, 8), fresh(128, 8)
     resumed.resume(copy.deepcopy(saved), step=2 * 8)
-    expected = _lr_after_steps(reference, 2 * 8)
-    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(expected)  # mid warm-up, at B=128's peak
-    assert _lr_after_steps(resumed, 3 * 8) == pytest.approx(_lr_after_steps(reference, 3 * 8))  # past milestone 4
+    # Step 16 of B=128's 24 warm-up steps towards its peak 0.05 x 128 / 128 (B=256's was twice that); ags: no warm-up.
+    expected = 0.05 * 17 / 24 if name in ("lrs", "lars") else 0.05
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    assert _lr_after_steps(reference, 2 * 8) == pytest.approx(expected)
+    assert _lr_after_steps(resumed, 3 * 8) == pytest.approx(0.05 * 0.1)  # epoch 5: past milestone 4
+    assert _lr_after_steps(reference, 3 * 8) == pytest.approx(0.05 * 0.1)
     if name == "ags":
         assert resumed.optimizer.s_max == pytest.approx(math.sqrt(128 / 32))
         assert all(

@@ -14,10 +14,6 @@ from tula_hpc.strategies import STRATEGIES
 from tula_hpc.train import LoopClock, _next_attempt, after_out_of_memory, loop_time_s, train_worker
 
 
-def _job(**train) -> dict:
-    return default_job(train=train)
-
-
 def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
     paths = dict(
         checkpoint_path=str(tmp_path / "checkpoint.pt"),
@@ -30,9 +26,7 @@ def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
-    job = _job(
-        strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2, "averages_per_epoch": 4}
-    )
+    job = default_job(train=dict(strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2}))
     summary, _ = _run_training(job, tmp_path)
     assert summary["strategy"] == name
     assert summary["history"][-1]["val_accuracy"] >= 0.9
@@ -57,7 +51,7 @@ def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["ags", "lrs"])
 def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
-    job = _job(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4])
+    job = default_job(train=dict(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4]))
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
 
     evaluate = train_module.evaluate_accuracy

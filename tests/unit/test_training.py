@@ -12,8 +12,7 @@ from tula_hpc.training import evaluate_accuracy, training_step
 
 
 def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
-    job = default_job()
-    job["train"]["strategy"] = "lbt"
+    job = default_job(train={"strategy": "lbt"})
     torch.manual_seed(0)
     x, y = torch.randn(50, 1, 8, 8), torch.randint(0, 10, (50,))
     template = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))

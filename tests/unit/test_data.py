@@ -1,29 +1,15 @@
-"""Real torchvision networks and real data loaders on small inputs."""
+"""Real data sets split and sharded over ranks: training shares by DistributedSampler, scoring every image once."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import TensorDataset
 
-from tula_hpc.config import MIN_IMAGE_SIZE
-from tula_hpc.data import DataError, load_splits, make_loader
-from tula_hpc.models import build_model
+from tests.conftest import default_job
+from tula_hpc.data import DataError, load_splits, make_eval_loader, make_loader
 
-DIGITS = {"name": "digits", "root": None, "image_size": 8, "val_fraction": 0.1, "test_fraction": 0.2, "num_workers": 0}
-
-
-@pytest.mark.parametrize("name", sorted(MIN_IMAGE_SIZE))
-def test_every_builtin_model_classifies_its_smallest_images(name):
-    size = max(MIN_IMAGE_SIZE[name], 8)
-    model = build_model(name, num_classes=7, in_channels=1, image_size=size).eval()
-    with torch.no_grad():
-        out = model(torch.randn(2, 1, size, size))
-    assert out.shape == (2, 7)
-
-
-def test_user_model_factory_is_called_with_the_data_shape():
-    model = build_model("tula_hpc.models:TinyCNN", num_classes=3, in_channels=2, image_size=6)
-    assert model(torch.randn(1, 2, 6, 6)).shape == (1, 3)
+DIGITS = default_job()["data"]
 
 
 def test_digits_split_is_seeded_disjoint_and_complete():
@@ -42,6 +28,18 @@ def test_distributed_loaders_give_each_rank_its_own_share():
         loader = make_loader(splits.train, 64, rank=rank, world_size=2, seed=0, shuffle=True)
         seen[rank] = {tuple(x.flatten().tolist()) for xb, _ in loader for x in xb}
     assert len(seen[0] & seen[1]) < 5  # disjoint up to duplicate images in the data set
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_evaluation_shards_are_disjoint_and_together_every_image_once(world_size):
+    # 7 images: DistributedSampler would pad 2, 3 or 4 ranks to equal shares by repeating some.
+    images = TensorDataset(torch.arange(7))
+    shards = [
+        [int(i) for (batch,) in make_eval_loader(images, 2, rank=rank, world_size=world_size) for i in batch]
+        for rank in range(world_size)
+    ]
+    assert sorted(sum(shards, [])) == list(range(7))
+    assert [len(s) for s in shards] == [len(range(rank, 7, world_size)) for rank in range(world_size)]
 
 
 def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
