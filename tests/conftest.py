@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -63,3 +64,11 @@ def _joined(rank: int, port: int, worker, args: tuple) -> None:
 def run_on_two_ranks(worker, *args) -> None:
     """`worker(rank, *args)` in two fresh processes that form one gloo group (a module-level function)."""
     mp.spawn(_joined, args=(free_port(), worker, args), nprocs=2, join=True)
+
+
+def snakemake_command(workdir: Path, profile: str, configfile: Path, *extra: str) -> list[str]:
+    """This checkout's Snakefile run in `workdir` under profiles/`profile` with the jobs file `configfile`."""
+    return [
+        *(sys.executable, "-m", "snakemake", *extra, "-s", str(REPO / "Snakefile"), "-d", str(workdir)),
+        *("--profile", str(REPO / "profiles" / profile), "--configfile", str(configfile)),
+    ]

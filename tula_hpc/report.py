@@ -357,10 +357,10 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**.
     }"""
 
 
-def strategy_section(summary: dict, plot: Path, report: Path | None = None) -> str:
+def strategy_section(summary: dict, plot: Path, report: Path) -> str:
     """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density.
 
-    Writes `plot`; the section links to it relative to `report` (default: a report beside the plot).
+    Writes `plot`; the section links to it relative to `report`.
     """
     strategy = summary.get("strategy", "lbt")
     history = summary["history"]
@@ -401,7 +401,7 @@ def strategy_section(summary: dict, plot: Path, report: Path | None = None) -> s
         axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
         axes[0][2].minorticks_off()
     _save(fig, plot)
-    figure = f"\n\n![training]({_link(plot, report or plot)})\n"
+    figure = f"\n\n![training]({_link(plot, report)})\n"
     if not epochs:
         return f"\n## Training strategy\n`{strategy}`: no gradient scaling.{figure}"
     steps = sum(r["ags"]["steps"] for r in epochs)

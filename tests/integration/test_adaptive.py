@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import tiny_job_config
+from tests.conftest import snakemake_command, tiny_job_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -20,20 +19,7 @@ TARGET = "results/digits-cnn/perfmodel.json"
 
 def snakemake_until_the_model(workdir: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            TARGET,
-            "-s",
-            str(REPO / "Snakefile"),
-            "-d",
-            str(workdir),
-            "--profile",
-            str(REPO / "profiles" / "local"),
-            "--configfile",
-            str(workdir / "jobs.yaml"),
-        ],
+        snakemake_command(workdir, "local", workdir / "jobs.yaml", TARGET),
         capture_output=True,
         text=True,
     )

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import tiny_job_config
+from tests.conftest import snakemake_command, tiny_job_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,20 +36,7 @@ DESIGN_OUTPUTS = [
 
 
 def snakemake(workdir: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess | subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--profile",
-        str(REPO / "profiles" / "local"),
-        "--configfile",
-        str(workdir / "jobs.yaml"),
-        *extra,
-    ]
+    cmd = snakemake_command(workdir, "local", workdir / "jobs.yaml", *extra)
     if kwargs.pop("background", False):
         return subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

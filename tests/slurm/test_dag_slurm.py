@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import snakemake_command
 from tests.slurm.conftest import sacct_jobs, unique_job_config, wait_for
 from tula_hpc.launch import slurm_state
 
@@ -19,19 +19,7 @@ pytestmark = pytest.mark.slow  # the module's DAG run takes about 90 s
 
 
 def snakemake(workdir, config_path, background=False):
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--profile",
-        str(REPO / "profiles" / "slurm"),
-        "--configfile",
-        str(config_path),
-    ]
+    cmd = snakemake_command(workdir, "slurm", config_path)
     if background:
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return subprocess.run(cmd, capture_output=True, text=True)

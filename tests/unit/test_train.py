@@ -40,7 +40,7 @@ def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
             assert [a["gradscale_updates"] for a in ags] == [0] + [1] * 9  # once per epoch, from the second
     else:
         assert all("ags" not in r for r in records)
-    section = strategy_section(summary, tmp_path / "training.png")
+    section = strategy_section(summary, tmp_path / "training.png", tmp_path / "report.md")
     assert (tmp_path / "training.png").read_bytes()[:4] == b"\x89PNG"  # every strategy gets its training curves
     if name in ("ags", "static"):
         scaled = sum(r["ags"]["scaled_steps"] for r in records)
