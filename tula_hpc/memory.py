@@ -1,19 +1,28 @@
 """Stage `probe_memory`: the memory model of a training step and the largest per-device batch.
 
-The model. Paper Eq. 3 sums M_param + M_grad + M_opt + M_act(b) + M_batch(b). Measured on the real
-model, that sum misses what decides out-of-memory: the transient workspace alive at the step's peak
-(gradients of activations, convolution buffers, optimiser temporaries), often several times M_act.
-So each probe records the allocator's timeline of one real training step: every point of it is
-linear in the per-device batch b (the same tensors, each of fixed size or proportional to b), and the
-peak is the highest point. A linear fit per point over the probe batches (scikit-learn, multi-output)
-gives M(b) = max_t (a_t + s_t b): convex and piecewise linear, exact wherever the probes' timelines
-align, where a single line through the probes' peaks (the paper's fit) under-predicts large batches
-because the peak moves to a point with a steeper slope. The Eq. 3 components are still measured and
-reported per probe, together with what they leave out.
+The model. A steady training step's peak is what grows with the per-device batch b (the batch, the
+activations saved for backward, per-sample temporaries such as the gradients of activations and
+batch-sized convolution buffers) on top of what does not (parameters, gradients, optimiser state, fixed
+workspaces). Paper Eq. 3 sums the first kind as measured and leaves the temporaries out; measured here
+they are 20-80 % of the peak. So each probe runs the steps training repeats (an ordinary step once the
+optimiser state exists, and the strategy's update step, due after an epoch ends) and records the
+allocator's own high-water mark in each phase (forward, backward, optimiser update) of each kind of
+step. Each of those parts gets a line in b; the model is their upper envelope, M(b) = max_j (a_j + s_j b),
+so the peak may move from the update phase at small batches to backward at large ones. Nothing depends
+on two steps allocating in the same order, which kernels chosen by shape and processor (oneDNN, cuDNN,
+cuBLAS workspaces) never guarantee.
 
-The stage. Each probe batch runs in a fresh process (the allocator and lazily built kernels of one
-probe must not leak into the next), under the device budget (budget.py). The model proposes the largest batch; at most
-two real steps at the proposed batch, in fresh processes under the usable budget, confirm or correct it.
+Kernel choice. A kernel (and its workspace) picked for small batches can differ from the one for large
+batches: tiny_cnn at 32x32 grows by 1.19 MB per sample between b = 32 and 64 and by 0.92 MB from 64 on.
+So every line goes through the two largest probes (the regime nearest the large batches the model is
+asked about), the smaller probes' distance from it is reported as `departure` (evidence of a switch in
+the probed range), and probes are added, doubling, until the growing part is at least GROWING_SHARE of
+the peak. A switch beyond the largest probe cannot be seen by any probe: the verification trials, real
+steady steps at the proposed batch under the budget, catch it.
+
+The stage. Every probe and trial runs in a fresh process (one probe's allocator and lazily built kernels
+must not leak into the next) under the device budget (budget.py). The model proposes the largest batch;
+at most two trials confirm or correct it, the second using what the first measured.
 """
 
 from __future__ import annotations
@@ -29,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.linear_model import LinearRegression
 
 from . import launch
 from .budget import (
@@ -44,31 +52,40 @@ from .budget import (
 from .files import write_json
 from .stage import StageError, stage_main
 
+PHASES = ("forward", "backward", "update")
+# The steps a probe runs: the first builds the optimiser state and is not measured; then the steps
+# training repeats, an ordinary one, the strategy's update step (due once an epoch ends), and an
+# ordinary one after it (the update may leave state behind).
+STEPS = ("first", "ordinary", "update", "ordinary")
+STEP_KINDS = ("ordinary", "update")
+PARTS = tuple(f"{kind}/{phase}" for kind in STEP_KINDS for phase in PHASES)
+GROWING_SHARE = 0.75  # the largest probe's peak is at least this much batch-dependent memory
+MAX_PROBES = 6
 MAX_VERIFICATION_TRIALS = 2
 PROBES_AT_ONCE = 2  # the rule's threads (workflow/rules/memory.smk)
-# Probe timelines are exactly linear in the batch; anything above this share of the peak means the
-# probes' steps differ in more than their sizes (a kernel switch between probe batches).
-ALIGNMENT_TOLERANCE = 1e-6
 
 # --- the model --------------------------------------------------------------------------------------
 
 
 class StepMemoryModel(BaseEstimator, RegressorMixin):
-    """Device memory of a training step at per-device batch b: the highest of one line per timeline point.
+    """Peak device memory of a training step at per-device batch b: the highest of one line per part.
 
-    `fit(batches, timelines)` takes each probe's allocator timeline (bytes on the device after every
-    allocation and free of one step, the same number of points for every probe) and fits every point
-    linearly in b. Given one number per probe (its peak), it is the paper's single line.
+    `fit(batches, peaks)` takes each probe's peak of every part of the step (one row per probe; one
+    column per part, or a single column of whole-step peaks) and draws each part's line through its
+    peaks at the two largest probes. `departure_` is the largest relative distance of a probe's
+    measured peak from the model.
     """
 
-    def fit(self, batches, timelines) -> StepMemoryModel:
-        batches = np.asarray(batches, float).reshape(-1, 1)
-        timelines = np.asarray(timelines, float).reshape(len(batches), -1)
-        regression = LinearRegression().fit(batches, timelines)
-        self.intercepts_ = np.atleast_1d(regression.intercept_).astype(float)
-        self.slopes_ = np.atleast_1d(regression.coef_.reshape(-1)).astype(float)
-        residual = np.abs(timelines - regression.predict(batches)).max()
-        self.rel_residual_ = float(residual / timelines.max())
+    def fit(self, batches, peaks) -> StepMemoryModel:
+        batches = np.asarray(batches, float)
+        peaks = np.asarray(peaks, float).reshape(len(batches), -1)
+        if len(set(batches)) < 2:
+            raise ValueError(f"a line needs probes at two batches, got {batches.tolist()}")
+        below, top = np.argsort(batches)[-2:]
+        self.slopes_ = (peaks[top] - peaks[below]) / (batches[top] - batches[below])
+        self.intercepts_ = peaks[top] - self.slopes_ * batches[top]
+        measured = peaks.max(axis=1)
+        self.departure_ = float((np.abs(self.predict(batches) - measured) / measured).max())
         return self
 
     def predict(self, batches) -> np.ndarray:
@@ -76,9 +93,14 @@ class StepMemoryModel(BaseEstimator, RegressorMixin):
         return (self.intercepts_ + self.slopes_ * b).max(axis=1)
 
     def line_at(self, batch: int) -> tuple[float, float]:
-        """(intercept, slope) of the point that is the peak at `batch`: the model near that batch."""
-        point = int(np.argmax(self.intercepts_ + self.slopes_ * batch))
-        return float(self.intercepts_[point]), float(self.slopes_[point])
+        """(intercept, slope) of the part that is the peak at `batch`: the model near that batch."""
+        part = int(np.argmax(self.intercepts_ + self.slopes_ * batch))
+        return float(self.intercepts_[part]), float(self.slopes_[part])
+
+    def growing_share(self, batch: int) -> float:
+        """The share of the peak at `batch` that grows with the batch."""
+        _, slope = self.line_at(batch)
+        return float(slope * batch / self.predict([batch])[0])
 
     def max_batch(self, available_bytes: float) -> int:
         """Largest batch whose predicted peak fits in `available_bytes` (0 if not even batch 1 does)."""
@@ -92,14 +114,38 @@ class StepMemoryModel(BaseEstimator, RegressorMixin):
         return max(0, int(largest))
 
 
+def measured(probes: list[dict]) -> list[dict]:
+    """The probes that ran, below the smallest batch that did not (memory grows with the batch)."""
+    failed = [p["batch"] for p in probes if p["outcome"] != "measured"]
+    return sorted(
+        (p for p in probes if p["outcome"] == "measured" and p["batch"] < min(failed, default=np.inf)),
+        key=lambda p: p["batch"],
+    )
+
+
 def fit_probes(probes: list[dict]) -> StepMemoryModel:
-    """The timeline model when the probes' steps align point for point, else the line through their peaks."""
-    batches = [p["batch"] for p in probes]
-    if len({len(p["timeline"]) for p in probes}) == 1:
-        model = StepMemoryModel().fit(batches, [p["timeline"] for p in probes])
-        if model.rel_residual_ <= ALIGNMENT_TOLERANCE:
-            return model
-    return StepMemoryModel().fit(batches, [p["measured_peak_bytes"] for p in probes])
+    return StepMemoryModel().fit([p["batch"] for p in probes], [[p["peaks"][part] for part in PARTS] for p in probes])
+
+
+def next_probe(probes: list[dict], cap: int, budget: int) -> int | None:
+    """The batch to probe next, or None once the probes settle the model.
+
+    Two probes are the least a line needs: while fewer ran, half the smallest batch tried. Then, while
+    the largest probe's peak is less than GROWING_SHARE growing memory (a fixed part that large hides
+    the slope under workspace noise), twice the largest, as long as it is a batch training can run (at
+    most `cap`, below any batch that failed) and the model expects it to fit `budget`.
+    """
+    tried, ran = {p["batch"] for p in probes}, measured(probes)
+    if len(probes) >= MAX_PROBES:
+        return None
+    if len(ran) < 2:
+        smaller = min(tried) // 2
+        return smaller if smaller >= 1 else None
+    model, largest = fit_probes(ran), ran[-1]["batch"]
+    bigger = 2 * largest
+    if model.growing_share(largest) >= GROWING_SHARE or bigger > cap or bigger in tried:
+        return None
+    return bigger if model.predict([bigger])[0] <= budget else None
 
 
 def runs_on_several_devices(job: dict) -> bool:
@@ -116,8 +162,8 @@ def next_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: 
 
     The first trial is the model's largest batch. A second one follows only if the first corrects the
     model: the bytes it reached (its peak, or where it ran out of memory) rescale the slope of the
-    prediction at that batch, and the corrected largest batch is larger (it fit) or smaller (it did not).
-    No trial exceeds `cap`, the training set: no device ever sees a larger batch.
+    prediction at that batch, and the corrected largest batch is larger (it fit) or smaller (it did not),
+    never above a batch that failed. No trial exceeds `cap`: no device ever sees a larger batch.
     """
     if not trials:
         return min(model.max_batch(available), cap) or None
@@ -135,15 +181,34 @@ def next_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: 
     return min(batch, last["batch"] - 1) or None
 
 
-def settle(trials: list[dict]) -> tuple[int, bool]:
-    """(largest batch, whether a real step confirmed it): the largest trial that fit, else half the last."""
+def settle(trials: list[dict], fallback: int) -> tuple[int, bool]:
+    """(largest batch, whether a verification trial confirmed it): the largest trial that fit, else
+    `fallback` (the largest probe whose steps fit the usable budget)."""
     fitted = [t["batch"] for t in trials if t["outcome"] == "fits"]
-    if fitted:
-        return max(fitted), True
-    return max(1, trials[-1]["batch"] // 2), False
+    return (max(fitted), True) if fitted else (fallback, False)
 
 
-# --- one probe, in its own process ------------------------------------------------------------------
+def composition(model: StepMemoryModel, probe: dict, buckets: int) -> dict:
+    """What the peak near `probe`'s batch is made of: the measured parts of Eq. 3 and what they leave out."""
+    intercept, slope = model.line_at(probe["batch"])
+    resident = probe["param_bytes"] + probe["buffer_bytes"] + probe["optimizer_bytes"]
+    batch, activations = (probe[k] / probe["batch"] for k in ("batch_bytes", "activation_bytes"))
+    return {
+        "fixed_bytes": {
+            "parameters_and_buffers": probe["param_bytes"] + probe["buffer_bytes"],
+            "optimizer_state": probe["optimizer_bytes"],
+            "ddp_buckets": buckets,
+            "gradients_and_workspace": intercept - resident,
+        },
+        "per_sample_bytes": {
+            "batch": batch,
+            "saved_activations": activations,
+            "temporaries": slope - batch - activations,
+        },
+    }
+
+
+# --- probes and trials, each in its own process -------------------------------------------------------
 
 
 def _device(job: dict):
@@ -153,15 +218,15 @@ def _device(job: dict):
     return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
 
 
-def _build(job: dict, threads: int):
-    """Data, model (on the device, under the budget) and loss of the job, as training builds them."""
+def _build(job: dict):
+    """Data, model (on the device) and loss of the job, as training builds them."""
     import torch
     from torch import nn
 
     from .distributed import Context
     from .training import build_for_job
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(job["resources"]["cpus_per_task"])
     splits, model = build_for_job(job, Context(0, 1, 0, _device(job)))
     return splits, model, nn.CrossEntropyLoss()
 
@@ -173,122 +238,100 @@ def _collated_batch(splits, batch: int, device):
     return [t.to(device) for t in default_collate([splits.train[i % len(splits.train)] for i in range(batch)])]
 
 
-def _storage(tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
+def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, int]:
+    """The device's peak in every part (PARTS) of the steps training repeats (STEPS, the first not counted).
 
-
-def _allocations(prof, device) -> list:
-    """The profiler's allocation and free events on `device`, in order."""
-    from torch._C._profiler import _EventType
-
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device.type:
-            events.append(event)
-        stack.extend(event.children)
-    return sorted(events, key=lambda e: e.start_time_ns)
-
-
-def _live_after(events: list, index: int) -> dict[int, int]:
-    """Allocations made in the profiled region (pointer -> bytes) still alive right after event `index`."""
-    live: dict[int, int] = {}
-    for event in events[: index + 1]:
-        if event.extra_fields.alloc_size > 0:
-            live[event.extra_fields.ptr] = event.extra_fields.alloc_size
-        else:
-            live.pop(event.extra_fields.ptr, None)
-    return live
-
-
-def measure_probe(job: dict, batch: int) -> dict:
-    """One probe: the allocator timeline of a steady training step at `batch`, under the device budget.
-
-    A first step at `batch` builds the kernels and the optimiser state (for gradient scaling also its
-    factors); closing the epoch makes the step that runs once per epoch due. The measured step then
-    fetches the batch, runs forward and backward with every saved tensor seen by a hook, the strategy's
-    hooks and the update. Both steps are profiled, so frees of the first step's tensors are counted.
-    One thread, so the timeline's order is the same in every probe.
+    The phases are cut where the code is, not where allocations are: the network's forward returning,
+    the gradients being accumulated, the update applied; the device's high-water mark is read and reset
+    at each cut.
     """
+    from .training import accumulate_gradients, apply_update
+
+    peaks, cuts = dict.fromkeys(PARTS, 0), {}
+
+    def cut(phase: str) -> None:
+        cuts[phase] = max(cuts.get(phase, 0), device_memory.peak(device))
+        device_memory.reset_peak(device)
+
+    handle = net.register_forward_hook(lambda *_: cut("forward"))
+    try:
+        for kind in STEPS:
+            if kind == "update":
+                strategy.end_epoch()
+            x, y = next_batch()
+            device_memory.reset_peak(device)
+            cuts.clear()
+            loss, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y)
+            cut("backward")
+            apply_update(net, strategy, loss_fn, x, y, reference_grads)
+            cut("update")
+            del x, y, loss, reference_grads
+            if kind != "first":
+                for phase in PHASES:
+                    peaks[f"{kind}/{phase}"] = max(peaks[f"{kind}/{phase}"], cuts.get(phase, 0))
+    finally:
+        handle.remove()
+    return peaks
+
+
+def _saved_activation_bytes(model, loss_fn, x, y) -> int:
+    """Bytes of the tensors autograd saves for backward in a forward pass (parameters and input excluded)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    from .strategies import build_strategy
-    from .training import training_step
+    def storage(tensor) -> int:
+        return tensor.untyped_storage().data_ptr()
 
-    splits, model, loss_fn = _build(job, threads=1)
-    device = _device(job)
-    params = list(model.parameters())
-    device_memory.limit(device, budget_bytes(job), model_bytes(model), job)
-    strategy = build_strategy(model, job["train"], batch, 1)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, profile_memory=True):
-        training_step(model, strategy, loss_fn, *_collated_batch(splits, batch, device))
-        strategy.end_epoch()
-        strategy.optimizer.zero_grad(set_to_none=True)
-    base = device_memory.in_use(device)
-    device_memory.reset_peak(device)
-
-    parameters = {_storage(p) for p in params}
+    skip = {storage(t) for t in [*model.parameters(), x]}
     saved: dict[int, int] = {}
 
     def see(tensor):
-        if _storage(tensor) not in parameters:
-            saved[_storage(tensor)] = tensor.untyped_storage().nbytes()
+        if storage(tensor) not in skip:
+            saved[storage(tensor)] = tensor.untyped_storage().nbytes()
         return tensor
 
-    with (
-        profile(activities=activities, profile_memory=True) as prof,
-        torch.autograd.graph.saved_tensors_hooks(see, lambda t: t),
-    ):
-        x, y = _collated_batch(splits, batch, device)
-        training_step(model, strategy, loss_fn, x, y)
-    events = _allocations(prof, device)
-    timeline = base + np.cumsum([e.extra_fields.alloc_size for e in events])
-    peak = int(np.argmax(timeline))
+    with torch.autograd.graph.saved_tensors_hooks(see, lambda t: t):
+        loss = loss_fn(model(x), y)
+    del loss
+    return sum(saved.values())
 
-    inputs = {_storage(x): x.nbytes, _storage(y): y.nbytes}
-    grads = {_storage(p.grad): p.grad.nbytes for p in params if p.grad is not None}
-    activations = {ptr: size for ptr, size in saved.items() if ptr not in inputs}
-    at_peak = dict.fromkeys(("batch", "gradients", "activations", "workspace"), 0)
-    for ptr, size in _live_after(events, peak).items():
-        kind = (
-            "batch"
-            if ptr in inputs
-            else "gradients"
-            if ptr in grads
-            else "activations"
-            if ptr in activations
-            else "workspace"
-        )
-        at_peak[kind] += size
-    resident = model_bytes(model)
+
+def measure_probe(job: dict, batch: int) -> dict:
+    """One probe: the peak of every part of the steady steps at `batch` under the device budget, and
+    the measured terms of Eq. 3 (parameters, gradients, optimiser state, saved activations, the batch)."""
+    from .strategies import build_strategy
+
+    splits, model, loss_fn = _build(job)
+    device = _device(job)
+    device_memory.limit(device, budget_bytes(job), model_bytes(model), job)
+    strategy = build_strategy(model, job["train"], batch, 1)
+    peaks = steady_steps(model, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
+    params = list(model.parameters())
+    grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
+    optimizer_bytes = device_memory.in_use(device) - model_bytes(model) - grad_bytes
+    x, y = _collated_batch(splits, batch, device)
     return {
         "batch": batch,
         "outcome": "measured",
-        "measured_peak_bytes": int(timeline[peak]),
-        "allocator_peak_bytes": device_memory.peak(device),
+        "peak_bytes": max(peaks.values()),
+        "peaks": peaks,
         "param_bytes": sum(p.nbytes for p in params),
-        "buffer_bytes": resident - sum(p.nbytes for p in params),
-        "grad_bytes": sum(grads.values()),
-        "optimizer_bytes": base - resident,
-        "activation_bytes": sum(activations.values()),
-        "batch_bytes": sum(inputs.values()),
-        "loader_prefetch_bytes": sum(inputs.values()) * 2 * job["data"]["num_workers"],
-        "at_peak": {"model": resident, "optimizer_state": base - resident, **at_peak},
-        "timeline": timeline.astype(int).tolist(),
+        "buffer_bytes": model_bytes(model) - sum(p.nbytes for p in params),
+        "grad_bytes": grad_bytes,
+        "optimizer_bytes": optimizer_bytes,
+        "activation_bytes": _saved_activation_bytes(model, loss_fn, x, y),
+        "batch_bytes": x.nbytes + y.nbytes,
+        "loader_prefetch_bytes": (x.nbytes + y.nbytes) * 2 * job["data"]["num_workers"],
     }
 
 
 def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
-    """Two real training steps at `batch` with the device limited to `budget`, as training runs them."""
+    """The steady steps at `batch` with the device limited to `budget`, as training runs them."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .strategies import build_strategy
-    from .training import training_step
 
-    splits, model, loss_fn = _build(job, threads=job["resources"]["cpus_per_task"])
+    splits, model, loss_fn = _build(job)
     device = _device(job)
     device_memory.limit(device, budget, model_bytes(model), job)
     net = model
@@ -296,10 +339,8 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         net = DDP(model)
     strategy = build_strategy(net, job["train"], batch, 1)
-    for _ in range(2):
-        training_step(net, strategy, loss_fn, *_collated_batch(splits, batch, device))
-        strategy.end_epoch()
-    return {"batch": batch, "outcome": "fits", "peak_bytes": device_memory.peak(device)}
+    peaks = steady_steps(net, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
+    return {"batch": batch, "outcome": "fits", "peak_bytes": max(peaks.values())}
 
 
 def run_in_fresh_process(kind: str, **kwargs) -> dict:
@@ -336,22 +377,35 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
 # --- the stage --------------------------------------------------------------------------------------
 
 
-def probe_worker(job: dict) -> dict:
-    """Probes (a fresh process each, two at once when there are two cores), then the verification trials."""
-    from .data import load_splits
-
+def run_probes(job: dict, cap: int) -> list[dict]:
+    """The configured probes (a fresh process each, two at once when there are two cores), then those
+    `next_probe` adds, in the order they ran."""
     with ThreadPoolExecutor(max_workers=min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))) as pool:
-        answers = list(
+        probes = list(
             pool.map(
                 lambda b: run_in_fresh_process("measure", job=job, batch=b), job["resources"]["memory_probe_batches"]
             )
         )
-    probes = answers[: next((i + 1 for i, p in enumerate(answers) if p["outcome"] != "measured"), len(answers))]
+    while not any(p["outcome"] == "budget_too_small" for p in probes) and (
+        batch := next_probe(probes, cap, budget_bytes(job))
+    ):
+        probes.append(run_in_fresh_process("measure", job=job, batch=batch))
+    return probes
+
+
+def probe_worker(job: dict) -> dict:
+    """Probes, then the verification trials at the usable budget (never above a batch that failed)."""
+    from .data import load_splits
+
     splits = load_splits(job["data"], job["train"]["seed"])
+    cap = len(splits.train)
+    probes = run_probes(job, cap)
     trials: list[dict] = []
-    if probes[-1]["outcome"] == "measured":
-        model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
-        while (batch := next_trial(model, usable_bytes(job) - buckets, trials, len(splits.train))) is not None:
+    ran = measured(probes)
+    if len(ran) >= 2:
+        model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
+        failed = [p["batch"] - 1 for p in probes if p["outcome"] == "out_of_memory"]
+        while (batch := next_trial(model, usable_bytes(job) - buckets, trials, min([cap, *failed]))) is not None:
             trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable_bytes(job), ddp=buckets > 0)
             trials.append(
                 {**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}}
@@ -372,19 +426,24 @@ def _refuse(job: dict, message: str) -> StageError:
     )
 
 
-def summarise(job: dict, measured: dict) -> dict:
+def summarise(job: dict, measured_steps: dict) -> dict:
     """memory.json from the probes and trials; a budget that cannot hold batch 1 is a clear error."""
-    probes = measured["probes"]
-    if probes[-1]["outcome"] == "budget_too_small":
-        raise StageError(probes[-1]["error"])
-    if probes[-1]["outcome"] == "out_of_memory":
+    probes = measured_steps["probes"]
+    for probe in probes:
+        if probe["outcome"] == "budget_too_small":
+            raise StageError(probe["error"])
+    ran = measured(probes)
+    if len(ran) < 2:
+        smallest = min((p for p in probes if p["outcome"] != "measured"), key=lambda p: p["batch"])
         raise _refuse(
             job,
-            f"runs out of memory in a training step of {job['model']['name']} at probe batch "
-            f"{probes[-1]['batch']}: it needs more than {probes[-1]['failed_at_bytes']:,} bytes",
+            f"runs out of memory in a training step of {job['model']['name']} at batch {smallest['batch']}"
+            + (f": it needs more than {smallest['failed_at_bytes']:,} bytes" if smallest.get("failed_at_bytes") else "")
+            + "; the memory model needs steps at two batches",
         )
-    model, buckets = fit_probes(probes), ddp_bucket_bytes(job, probes)
-    proposed = model.max_batch(usable_bytes(job) - buckets)
+    model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
+    available = usable_bytes(job) - buckets
+    proposed = model.max_batch(available)
     if proposed < 1:
         needed = int(model.predict([1])[0] + buckets)
         raise _refuse(
@@ -392,30 +451,33 @@ def summarise(job: dict, measured: dict) -> dict:
             f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
             f"{needed:,} bytes ({needed / GB:.3f} GB)",
         )
-    largest, verified = settle(measured["trials"])
+    fitting_probes = [p["batch"] for p in ran if p["peak_bytes"] <= available]
+    largest, verified = settle(measured_steps["trials"], max(fitting_probes, default=1))
     intercept, slope = model.line_at(largest)
     return {
         "job": job["name"],
-        "model": "timeline" if len(model.slopes_) > 1 else "peak_line",
-        "probes": [{k: v for k, v in p.items() if k != "timeline"} for p in probes],
+        "model": "phase_lines",
+        "probes": probes,
         "fit": {
             "intercept_bytes": intercept + buckets,
             "slope_bytes_per_sample": slope,
-            "timeline_points": len(model.slopes_),
-            "rel_residual": model.rel_residual_,
+            "peak_part": PARTS[int(np.argmax(model.intercepts_ + model.slopes_ * largest))],
+            "departure": model.departure_,
+            "growing_share_at_largest_probe": model.growing_share(ran[-1]["batch"]),
         },
-        "param_bytes": probes[0]["param_bytes"],
+        "composition": composition(model, ran[-1], buckets),
+        "param_bytes": ran[0]["param_bytes"],
         "ddp_bucket_bytes": buckets,
         "device_memory_bytes": budget_bytes(job),
         "headroom": job["resources"]["memory_headroom"],
         "usable_bytes": usable_bytes(job),
         "predicted_max_batch": proposed,
         "predicted_peak_bytes": int(model.predict([largest])[0] + buckets),
-        "verification": measured["trials"],
+        "verification": measured_steps["trials"],
         "verified": verified,
         "max_batch_per_device": largest,
-        "limited_by": "training set" if proposed > largest == measured["dataset"]["train"] else "memory",
-        "dataset": measured["dataset"],
+        "limited_by": "training set" if proposed > largest == measured_steps["dataset"]["train"] else "memory",
+        "dataset": measured_steps["dataset"],
     }
 
 

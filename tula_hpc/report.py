@@ -181,6 +181,12 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     )
 
 
+def _per_sample(memory: dict) -> str:
+    """The slope's make-up (memory.json's composition): what Eq. 3 counts and the temporaries it leaves out."""
+    parts = memory["composition"]["per_sample_bytes"]
+    return ", ".join(f"{name.replace('_', ' ')} {size / 1e3:.2f} kB" for name, size in parts.items())
+
+
 def _attempts(summary: dict) -> str:
     """One line when training ran out of memory and was relaunched (train/summary.json's attempts)."""
     attempts = summary.get("attempts", [])
@@ -322,18 +328,22 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
 ![predicted vs measured]({links["accuracy"]})
 
 ## Memory model
-Peak device memory of a step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
+Peak device memory of a steady step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
 + {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
-it prices memory-based cost). Device memory {memory["device_memory_bytes"] / 1e9:.2f} GB with {memory["headroom"]:.0%}
-headroom: largest per-device batch **{memory["max_batch_per_device"]}**.
+it prices memory-based cost), of which per sample {_per_sample(memory)}. Device memory {
+        memory["device_memory_bytes"] / 1e9:.2f} GB with {memory["headroom"]:.0%}
+headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
+        "" if memory["verified"] else " (no trial step confirmed it)"
+    }.
 
 {
         _table(
             memory["probes"],
             [
                 ("probe batch", "batch", "d"),
-                ("measured peak (B)", "measured_peak_bytes", "d"),
-                ("activations (B)", "activation_bytes", "d"),
+                ("outcome", "outcome", "s"),
+                ("peak (B)", "peak_bytes", "d"),
+                ("saved activations (B)", "activation_bytes", "d"),
                 ("gradients (B)", "grad_bytes", "d"),
                 ("optimiser (B)", "optimizer_bytes", "d"),
             ],

@@ -1,4 +1,8 @@
-"""Stage probe_memory: the step's memory timeline fitted point by point, trials that verify it, memory.json."""
+"""Stage probe_memory: one line per part of the steady steps and their envelope, the probes and trials that settle
+the largest per-device batch, memory.json; synthetic probes with known lines, then one real probe and trial."""
+
+import re
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -6,11 +10,18 @@ import yaml
 from sklearn.linear_model import LinearRegression
 
 from tests.conftest import default_job, job_config
-from tula_hpc.budget import GB
+from tula_hpc.budget import GB, budget_bytes
 from tula_hpc.config import ConfigError, load_config
 from tula_hpc.memory import (
+    GROWING_SHARE,
+    MAX_PROBES,
+    MAX_VERIFICATION_TRIALS,
+    PARTS,
     StepMemoryModel,
+    composition,
     fit_probes,
+    measured,
+    next_probe,
     next_trial,
     run_in_fresh_process,
     settle,
@@ -18,157 +29,386 @@ from tula_hpc.memory import (
 )
 from tula_hpc.stage import StageError
 
-# --- the model on synthetic timelines with known answers ---------------------------------------------
+# --- synthetic probes and trials --------------------------------------------------------------------
 
-# Two points of a step's timeline: A = 100 + 1 b (the peak at small batches), B = 20 + 3 b (from b = 40 on).
-PROBES = [8, 16, 32]
-TIMELINES = [[50, 100 + b, 60, 20 + 3 * b, 10] for b in PROBES]
-
-
-def test_every_timeline_point_is_fitted_and_the_peak_is_their_envelope():
-    model = StepMemoryModel().fit(PROBES, TIMELINES)
-    np.testing.assert_allclose(model.intercepts_, [50, 100, 60, 20, 10], atol=1e-9)
-    np.testing.assert_allclose(model.slopes_, [0, 1, 0, 3, 0], atol=1e-12)
-    np.testing.assert_allclose(model.predict([8, 40, 100]), [108, 140, 320])
-    assert model.line_at(100) == pytest.approx((20, 3))
-    assert model.rel_residual_ == pytest.approx(0, abs=1e-12)
+PARAMS = 600_000  # parameters, their gradients and the optimiser's momentum: this many bytes each
+BATCH_BYTES_PER_SAMPLE = 8
+ACTIVATION_BYTES_PER_SAMPLE = 50
 
 
-def test_a_line_through_the_probes_peaks_underpredicts_where_the_peak_moves():
-    peaks = [max(t) for t in TIMELINES]
-    line = StepMemoryModel().fit(PROBES, peaks)
-    reference = LinearRegression().fit(np.reshape(PROBES, (-1, 1)), peaks)
-    assert line.predict([100])[0] == pytest.approx(reference.predict([[100]])[0]) == pytest.approx(200)
-    assert StepMemoryModel().fit(PROBES, TIMELINES).predict([100])[0] == pytest.approx(320)
+def step_parts(intercept: float, slope: float) -> dict[str, tuple[float, float]]:
+    """(intercept, slope) of every part: an ordinary step's backward pass is the peak, the others half of it."""
+    return {part: (intercept, slope) if part == "ordinary/backward" else (intercept / 2, slope / 2) for part in PARTS}
 
 
-def test_largest_batch_is_the_largest_under_every_point():
-    model = StepMemoryModel().fit(PROBES, TIMELINES)
-    assert model.max_batch(200) == 60  # B: (200 - 20) / 3; A alone would allow 100
-    assert model.max_batch(140) == 40
-    assert model.max_batch(100) == 0  # A is 101 at batch 1
-    assert model.max_batch(59) == 0  # a fixed point above the budget
-
-
-def test_probes_whose_steps_do_not_align_fall_back_to_the_peak_line():
-    probes = [{"batch": b, "timeline": t, "measured_peak_bytes": max(t)} for b, t in zip(PROBES, TIMELINES)]
-    assert len(fit_probes(probes).slopes_) == 5
-    probes[0]["timeline"] = probes[0]["timeline"][:-1]
-    model = fit_probes(probes)
-    assert len(model.slopes_) == 1 and model.predict([100])[0] == pytest.approx(200)
-
-
-# --- verification trials ---------------------------------------------------------------------------
-
-CAP = 10**6
-
-
-def _linear_model(intercept=1000.0, slope=10.0) -> StepMemoryModel:
-    return StepMemoryModel().fit([1, 2, 3], [intercept + slope * b for b in (1, 2, 3)])
-
-
-def test_a_trial_that_confirms_the_model_settles_in_one_step():
-    model = _linear_model()
-    assert next_trial(model, 2000, [], CAP) == 100
-    trials = [{"batch": 100, "outcome": "fits", "peak_bytes": 2000}]
-    assert next_trial(model, 2000, trials, CAP) is None
-    assert settle(trials) == (100, True)
-
-
-def test_a_trial_below_the_prediction_corrects_upwards_and_stops_after_two():
-    model = _linear_model()
-    trials = [{"batch": 100, "outcome": "fits", "peak_bytes": 1800}]  # slope was 8, not 10
-    assert next_trial(model, 2000, trials, CAP) == 125
-    trials.append({"batch": 125, "outcome": "out_of_memory", "failed_at_bytes": 2001})
-    assert next_trial(model, 2000, trials, CAP) is None
-    assert settle(trials) == (100, True)
-
-
-def test_no_trial_exceeds_the_training_set():
-    model = _linear_model()
-    assert next_trial(model, 2000, [], cap=60) == 60
-    assert next_trial(model, 2000, [{"batch": 60, "outcome": "fits", "peak_bytes": 1600}], cap=60) is None
-    assert next_trial(model, 2000, [{"batch": 40, "outcome": "fits", "peak_bytes": 1300}], cap=60) == 60
-
-
-def test_a_trial_out_of_memory_corrects_downwards():
-    model = _linear_model()
-    trials = [{"batch": 100, "outcome": "out_of_memory", "failed_at_bytes": 2250}]  # slope at least 12.5
-    assert next_trial(model, 2000, trials, CAP) == 80
-    assert settle(trials + [{"batch": 80, "outcome": "fits", "peak_bytes": 1990}]) == (80, True)
-    assert settle(trials + [{"batch": 80, "outcome": "out_of_memory", "failed_at_bytes": 2100}]) == (40, False)
-
-
-# --- memory.json and bad budgets -------------------------------------------------------------------
-
-
-def _measured(intercept=2e6, slope=5e4, params=6e5, trials=None):
-    probes = [
-        {
-            "batch": b,
-            "outcome": "measured",
-            "measured_peak_bytes": intercept + slope * b,
-            "param_bytes": params,
-            "grad_bytes": params,
-            "timeline": [intercept / 2, intercept + slope * b, 1.0],
-        }
-        for b in (32, 48, 64)
-    ]
+def probe(batch: int, parts: dict[str, tuple[float, float]]) -> dict:
+    """A measured probe whose part peaks lie on `parts`' lines."""
+    peaks = {part: intercept + slope * batch for part, (intercept, slope) in parts.items()}
     return {
-        "probes": probes,
-        "trials": trials or [{"batch": 1, "outcome": "fits", "peak_bytes": 1}],
-        "dataset": {"train": 1000, "val": 100, "test": 100},
+        "batch": batch,
+        "outcome": "measured",
+        "peak_bytes": max(peaks.values()),
+        "peaks": peaks,
+        "param_bytes": PARAMS,
+        "buffer_bytes": 0,
+        "grad_bytes": PARAMS,
+        "optimizer_bytes": PARAMS,
+        "activation_bytes": ACTIVATION_BYTES_PER_SAMPLE * batch,
+        "batch_bytes": BATCH_BYTES_PER_SAMPLE * batch,
     }
 
 
-def test_summary_sizes_the_batch_for_budget_headroom_and_ddp_buckets():
-    job = default_job(resources={"device_memory_gb": 1.0, "memory_headroom": 0.1})
-    proposed = int((0.9 * GB - 6e5 - 2e6) // 5e4)  # two nodes in the search space: DDP's buckets hold 6e5 bytes
-    result = summarise(job, _measured(trials=[{"batch": proposed, "outcome": "fits", "peak_bytes": 0.9 * GB - 6e5}]))
-    assert result["predicted_max_batch"] == result["max_batch_per_device"] == proposed and result["verified"]
-    assert result["ddp_bucket_bytes"] == 6e5 and result["usable_bytes"] == 0.9 * GB
-    assert result["fit"]["intercept_bytes"] == pytest.approx(2e6 + 6e5)
+def probes_at(batches: list[int], parts: dict[str, tuple[float, float]]) -> list[dict]:
+    return [probe(b, parts) for b in batches]
+
+
+def out_of_memory(batch: int, failed_at_bytes: float | None = None) -> dict:
+    """A probe or trial that ran out of memory (`failed_at_bytes` is None on a GPU)."""
+    return {"batch": batch, "outcome": "out_of_memory", "failed_at_bytes": failed_at_bytes, "error": "out of memory"}
+
+
+def fits(batch: int, peak_bytes: float) -> dict:
+    return {"batch": batch, "outcome": "fits", "peak_bytes": peak_bytes}
+
+
+# --- the model --------------------------------------------------------------------------------------
+
+# Two parts with known lines: A = 100 + 1 b is the peak below b = 40, B = 20 + 3 b from there on.
+BATCHES = [8, 16, 32]
+TWO_PARTS = [[100 + b, 20 + 3 * b] for b in BATCHES]
+
+
+def two_part_model() -> StepMemoryModel:
+    return StepMemoryModel().fit(BATCHES, TWO_PARTS)
+
+
+def test_every_part_gets_its_line_and_the_peak_is_their_envelope():
+    model = two_part_model()
+    np.testing.assert_allclose(model.intercepts_, [100, 20])
+    np.testing.assert_allclose(model.slopes_, [1, 3])
+    np.testing.assert_allclose(model.predict([8, 40, 100]), [108, 140, 320])
+    assert model.line_at(10) == pytest.approx((100, 1))
+    assert model.line_at(100) == pytest.approx((20, 3))
+    assert model.departure_ == pytest.approx(0, abs=1e-12)
+
+
+def test_growing_share_is_that_of_the_part_at_the_peak():
+    model = two_part_model()
+    assert model.growing_share(8) == pytest.approx(8 / 108)
+    assert model.growing_share(100) == pytest.approx(300 / 320)
+
+
+def test_largest_batch_is_the_largest_under_every_part():
+    model = two_part_model()
+    assert model.max_batch(200) == 60  # B: (200 - 20) / 3; A alone would allow 100
+    assert model.max_batch(140) == 40
+    assert model.max_batch(149) == 43
+    assert model.max_batch(100) == 0  # A is 101 at batch 1
+
+
+def test_a_fixed_part_above_the_budget_leaves_no_batch():
+    model = StepMemoryModel().fit(BATCHES, [[*parts, 150] for parts in TWO_PARTS])
+    assert model.max_batch(149) == 0
+    assert model.max_batch(200) == 60
+
+
+def test_a_line_needs_two_batches_and_memory_that_grows():
+    with pytest.raises(ValueError, match="two batches"):
+        StepMemoryModel().fit([32, 32], [100, 132])
+    with pytest.raises(ValueError, match="does not grow with the batch"):
+        StepMemoryModel().fit(BATCHES, [150, 150, 150]).max_batch(1000)
+
+
+def test_a_kernel_switch_below_the_largest_probes_is_reported_not_fitted():
+    batches = [16, 32, 64]
+    peaks = [1000 + 10 * b + (200 if b == 16 else 0) for b in batches]  # a workspace only batch 16 picks
+    model = StepMemoryModel().fit(batches, peaks)
+    assert model.predict([1024])[0] == pytest.approx(1000 + 10 * 1024)
+    assert model.departure_ == pytest.approx(200 / 1360)
+    least_squares = LinearRegression().fit(np.reshape(batches, (-1, 1)), peaks)
+    assert least_squares.predict([[1024]])[0] < 0.9 * (1000 + 10 * 1024)
+
+
+def test_a_line_through_whole_step_peaks_underpredicts_where_the_peak_moves_between_parts():
+    batches = [64, 128, 256]
+    parts = [[2000 + 2 * b, 200 + 10 * b] for b in batches]  # the update is the peak up to b = 225, backward beyond
+    assert StepMemoryModel().fit(batches, parts).predict([1024])[0] == pytest.approx(200 + 10 * 1024)
+    whole_step = StepMemoryModel().fit(batches, np.max(parts, axis=1))
+    assert whole_step.predict([1024])[0] < 0.6 * (200 + 10 * 1024)
+
+
+# --- the probes -------------------------------------------------------------------------------------
+
+FIXED_HEAVY = step_parts(1e6, 1e3)  # growing share 0.20 at b = 256, 0.67 at b = 2048
+GROWING = step_parts(1e4, 1e3)  # growing share 0.96 at b = 256
+ANY_CAP, ANY_BUDGET = 10**6, 10**12
+
+
+def test_fit_probes_recovers_every_parts_line():
+    model = fit_probes(probes_at([64, 128, 256], FIXED_HEAVY))
+    np.testing.assert_allclose(model.intercepts_, [FIXED_HEAVY[part][0] for part in PARTS])
+    np.testing.assert_allclose(model.slopes_, [FIXED_HEAVY[part][1] for part in PARTS])
+
+
+def test_measured_probes_lie_below_the_smallest_failure_sorted_by_batch():
+    probes = [probe(128, GROWING), out_of_memory(256), probe(64, GROWING), probe(512, GROWING), probe(32, GROWING)]
+    assert [p["batch"] for p in measured(probes)] == [32, 64, 128]
+    assert [p["batch"] for p in measured([probe(128, GROWING), probe(64, GROWING)])] == [64, 128]
+    assert measured([probe(64, GROWING), {"batch": 32, "outcome": "budget_too_small", "error": ""}]) == []
+
+
+@pytest.mark.parametrize(
+    "probes, smaller",
+    [
+        ([out_of_memory(64), out_of_memory(128), out_of_memory(256)], 32),
+        ([probe(64, GROWING), out_of_memory(128), out_of_memory(256)], 32),
+        ([probe(64, GROWING), out_of_memory(128), out_of_memory(256), out_of_memory(32)], 16),
+        ([out_of_memory(2), out_of_memory(1)], None),
+    ],
+)
+def test_fewer_than_two_measured_probes_halve_the_smallest_batch_tried(probes, smaller):
+    assert next_probe(probes, ANY_CAP, ANY_BUDGET) == smaller
+
+
+@pytest.mark.parametrize("intercept, larger", [(256_000, None), (256_001, 512)])
+def test_probes_double_while_growing_memory_is_less_than_its_share_of_the_peak(intercept, larger):
+    probes = probes_at([64, 128, 256], step_parts(intercept, 3_000))  # growing share at b = 256: 768 / (256 + 768)
+    assert (fit_probes(probes).growing_share(256) < GROWING_SHARE) == (larger is not None)
+    assert next_probe(probes, ANY_CAP, ANY_BUDGET) == larger
+
+
+def test_no_probe_once_growing_memory_dominates():
+    assert next_probe(probes_at([64, 128, 256], GROWING), ANY_CAP, ANY_BUDGET) is None
+
+
+@pytest.mark.parametrize(
+    "cap, budget, larger",
+    [
+        (512, 1e6 + 1e3 * 512, 512),
+        (511, 1e6 + 1e3 * 512, None),  # the training set is smaller
+        (512, 1e6 + 1e3 * 512 - 1, None),  # the model expects it not to fit
+    ],
+)
+def test_no_probe_beyond_the_training_set_or_the_budget(cap, budget, larger):
+    assert next_probe(probes_at([64, 128, 256], FIXED_HEAVY), cap, budget) == larger
+
+
+def test_no_probe_at_a_batch_that_failed():
+    assert next_probe([*probes_at([64, 128], FIXED_HEAVY), out_of_memory(256)], ANY_CAP, ANY_BUDGET) is None
+
+
+def test_probing_stops_after_max_probes():
+    batches = [64 * 2**i for i in range(MAX_PROBES)]
+    assert next_probe(probes_at(batches[:-1], FIXED_HEAVY), ANY_CAP, ANY_BUDGET) == batches[-1]
+    assert next_probe(probes_at(batches, FIXED_HEAVY), ANY_CAP, ANY_BUDGET) is None
+
+
+# --- verification trials ----------------------------------------------------------------------------
+
+
+def linear_model(intercept: float = 1000.0, slope: float = 10.0) -> StepMemoryModel:
+    return StepMemoryModel().fit([64, 128], [intercept + slope * b for b in (64, 128)])
+
+
+def test_the_first_trial_is_the_models_largest_batch_within_the_training_set():
+    assert next_trial(linear_model(), 2000, [], ANY_CAP) == 100
+    assert next_trial(linear_model(), 2000, [], cap=60) == 60
+    assert next_trial(linear_model(), 1009, [], ANY_CAP) is None
+
+
+def test_a_trial_that_confirms_the_model_settles_it():
+    trials = [fits(100, 2000)]
+    assert next_trial(linear_model(), 2000, trials, ANY_CAP) is None
+    assert settle(trials, fallback=64) == (100, True)
+
+
+def test_a_trial_below_the_prediction_corrects_upwards_until_the_last_trial():
+    trials = [fits(100, 1800)]  # the slope is 8, not 10
+    assert next_trial(linear_model(), 2000, trials, ANY_CAP) == 125
+    trials.append(fits(125, 1900))  # less again: a third trial would go higher
+    assert len(trials) == MAX_VERIFICATION_TRIALS
+    assert next_trial(linear_model(), 2000, trials, ANY_CAP) is None
+    assert settle(trials, fallback=64) == (125, True)
+
+
+def test_no_trial_exceeds_the_training_set():
+    assert next_trial(linear_model(), 2000, [fits(60, 1600)], cap=60) is None
+    assert next_trial(linear_model(), 2000, [fits(40, 1300)], cap=60) == 60
+
+
+@pytest.mark.parametrize(
+    "failed_at_bytes, retry",
+    [
+        (2250, 80),  # the slope is at least 12.5
+        (None, 99),  # a GPU does not say: just above the budget
+        (1500, 99),  # the correction would go higher: below the batch that failed
+    ],
+)
+def test_a_trial_out_of_memory_retries_below_it_from_the_bytes_it_reached(failed_at_bytes, retry):
+    assert next_trial(linear_model(), 2000, [out_of_memory(100, failed_at_bytes)], ANY_CAP) == retry
+
+
+def test_settle_keeps_the_largest_trial_that_fit_else_the_fallback_unverified():
+    failed = out_of_memory(100, 2250)
+    assert settle([failed, fits(80, 1990)], fallback=64) == (80, True)
+    assert settle([failed, out_of_memory(80, 2100)], fallback=64) == (64, False)
+    assert settle([], fallback=64) == (64, False)
+
+
+# --- what the peak is made of -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "batch, intercept, slope",
+    [(100, 5000, 100), (10, 7000, 10)],  # the part at the peak: 5000 + 100 b from b = 23 on, 7000 + 10 b below
+)
+def test_composition_splits_the_line_at_the_probes_batch(batch, intercept, slope):
+    model = StepMemoryModel().fit([64, 128], [[5000 + 100 * b, 7000 + 10 * b] for b in (64, 128)])
+    at_probe = {
+        "batch": batch,
+        "param_bytes": 1000,
+        "buffer_bytes": 100,
+        "optimizer_bytes": 1000,
+        "batch_bytes": BATCH_BYTES_PER_SAMPLE * batch,
+        "activation_bytes": ACTIVATION_BYTES_PER_SAMPLE * batch,
+    }
+    parts = composition(model, at_probe, buckets=300)
+    assert parts["fixed_bytes"] == pytest.approx(
+        {
+            "parameters_and_buffers": 1100,
+            "optimizer_state": 1000,
+            "ddp_buckets": 300,
+            "gradients_and_workspace": intercept - 2100,
+        }
+    )
+    assert parts["per_sample_bytes"] == pytest.approx(
+        {
+            "batch": BATCH_BYTES_PER_SAMPLE,
+            "saved_activations": ACTIVATION_BYTES_PER_SAMPLE,
+            "temporaries": slope - BATCH_BYTES_PER_SAMPLE - ACTIVATION_BYTES_PER_SAMPLE,
+        }
+    )
+
+
+# --- memory.json and bad budgets --------------------------------------------------------------------
+
+# The update is the peak at b = 64, an ordinary step's backward pass from b = 82 on.
+SUMMARY_PARTS = {**step_parts(2e6, 5e4), "update/update": (6e6, 1e3)}
+
+
+def measured_steps(probes: list[dict], trials: list[dict], train: int = 100_000) -> dict:
+    return {"probes": probes, "trials": trials, "dataset": {"train": train, "val": 100, "test": 100}}
+
+
+def job_with(device_memory_gb: float, nodes: int = 2) -> dict:
+    return default_job(
+        resources={"device_memory_gb": device_memory_gb, "memory_headroom": 0.1},
+        search={"nodes": {"min": 1, "max": nodes}},
+    )
+
+
+@pytest.mark.parametrize("nodes, buckets", [(1, 0), (2, PARAMS)])  # several devices: DDP's buckets, a gradient copy
+def test_summary_sizes_the_batch_for_the_usable_budget_and_ddp_buckets(nodes, buckets):
+    largest = int((0.9 * GB - buckets - 2e6) // 5e4)
+    trials = [fits(largest, 0.9 * GB - buckets)]
+    result = summarise(job_with(1.0, nodes), measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), trials))
+    assert result["predicted_max_batch"] == result["max_batch_per_device"] == largest
+    assert result["verified"] and result["limited_by"] == "memory"
+    assert result["ddp_bucket_bytes"] == buckets
+    assert result["fit"]["intercept_bytes"] == pytest.approx(2e6 + buckets)
     assert result["fit"]["slope_bytes_per_sample"] == pytest.approx(5e4)
-    assert all("timeline" not in p for p in result["probes"])
+    assert result["fit"]["peak_part"] == "ordinary/backward"
+    assert result["fit"]["departure"] == pytest.approx(0, abs=1e-12)
+    assert result["predicted_peak_bytes"] <= result["usable_bytes"] == 0.9 * GB
+
+
+def test_without_a_trial_that_fit_the_largest_probe_under_the_usable_budget_stays_unverified():
+    # 15.5 MB: 13.95 MB usable, 13.35 MB after the buckets; the probe at 256 peaks at 14.8 MB, at 128 at 8.4 MB
+    trials = [out_of_memory(227, 1.4e7), out_of_memory(200, 1.4e7)]
+    result = summarise(job_with(0.0155), measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), trials))
+    assert result["predicted_max_batch"] == 227
+    assert result["max_batch_per_device"] == 128 and not result["verified"]
+
+
+def test_a_batch_capped_by_the_training_set_says_so():
+    steps = measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), [fits(1000, 5.2e7)], train=1000)
+    result = summarise(job_with(1.0), steps)
+    assert result["max_batch_per_device"] == 1000 and result["limited_by"] == "training set"
+
+
+def test_fewer_than_two_probes_that_ran_is_a_clear_error():
+    probes = [out_of_memory(b, 2_000_000_000) for b in (64, 128, 256, 32, 16, 8)]
+    with pytest.raises(
+        StageError,
+        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 1.0 GB .* at batch 8: it needs more than "
+        r"2,000,000,000 bytes; the memory model needs steps at two batches",
+    ):
+        summarise(job_with(1.0), measured_steps(probes, []))
+
+
+def test_fewer_than_two_probes_that_ran_names_the_smallest_batch_that_failed():
+    probes = [*(out_of_memory(b, 2_000_000_000) for b in (64, 128, 256, 32, 16)), probe(8, SUMMARY_PARTS)]
+    with pytest.raises(StageError, match=r"at batch 16: it needs more than 2,000,000,000 bytes"):
+        summarise(job_with(1.0), measured_steps(probes, []))
 
 
 def test_budget_smaller_than_one_sample_names_the_job_and_the_bytes_needed():
     with pytest.raises(
         StageError,
         match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 GB .* "
-        r"even at batch 1: it needs 2,650,000 bytes",
+        r"even at batch 1: it needs 6,601,000 bytes",  # the update at b = 1, 6,001,000, and the buckets
     ):
-        summarise(default_job(resources={"device_memory_gb": 0.002}), _measured())
+        summarise(job_with(0.002), measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), []))
 
 
-def test_zero_budget_is_refused_when_the_config_is_read(tmp_path):
-    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(job_config(resources={"device_memory_gb": 0})))
-    with pytest.raises(
-        ConfigError,
-        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0 is less than or "
-        r"equal to the minimum of 0",
-    ):
+def test_a_budget_that_cannot_hold_the_model_raises_the_probes_error():
+    error = "job 'digits-cnn': field 'resources.device_memory_gb': a budget of 1,000 bytes cannot hold tiny_cnn at all"
+    probes = [*probes_at([64, 128], SUMMARY_PARTS), {"batch": 256, "outcome": "budget_too_small", "error": error}]
+    with pytest.raises(StageError, match=re.escape(error)):
+        summarise(job_with(1.0), measured_steps(probes, []))
+
+
+@pytest.mark.parametrize(
+    "resources, message",
+    [
+        ({"device_memory_gb": 0}, r"'resources.device_memory_gb': 0 is less than or equal to the minimum of 0"),
+        (
+            {"memory_probe_batches": [16, 32, 64]},
+            r"'resources.memory_probe_batches': 16 is below train.ags.small_batch",
+        ),
+        ({"memory_probe_batches": [64]}, r"'resources.memory_probe_batches': \[64\] is not valid; .* at least 2"),
+    ],
+)
+def test_budgets_and_probes_that_cannot_work_are_refused_when_the_config_is_read(tmp_path, resources, message):
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(job_config(resources=resources)))
+    with pytest.raises(ConfigError, match=r"job 'digits-cnn': field " + message):
         load_config([tmp_path / "jobs.yaml"])
 
 
-def test_probe_batches_below_the_gradient_scaling_reference_are_refused(tmp_path):
-    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(job_config(resources={"memory_probe_batches": [16, 32, 64]})))
-    with pytest.raises(ConfigError, match=r"field 'resources.memory_probe_batches': 16 is below train.ags.small_batch"):
-        load_config([tmp_path / "jobs.yaml"])
+# --- real probes and trials -------------------------------------------------------------------------
 
 
-# --- real measurements ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_probe() -> dict:
+    return run_in_fresh_process("measure", job=default_job(), batch=64)
 
 
-def test_components_at_the_peak_sum_to_the_measured_total():
-    job = default_job(train={"strategy": "lbt"})
-    probe = run_in_fresh_process("measure", job=job, batch=48)
-    parts = probe["at_peak"]
-    assert sum(parts.values()) == probe["measured_peak_bytes"] == probe["allocator_peak_bytes"]
-    assert parts["model"] == probe["param_bytes"] + probe["buffer_bytes"]
-    assert parts["optimizer_state"] == probe["optimizer_bytes"] == probe["param_bytes"]  # one momentum buffer
-    assert parts["batch"] == probe["batch_bytes"] == 48 * (8 * 8 * 4 + 8)
-    assert 0 < parts["gradients"] <= probe["grad_bytes"] == probe["param_bytes"]
-    assert 0 < parts["activations"] <= probe["activation_bytes"]
-    assert parts["workspace"] > 0
-    assert probe["timeline"][-1] < max(probe["timeline"]) == probe["measured_peak_bytes"]
+def test_a_probe_measures_every_part_of_the_steady_steps(real_probe):
+    assert real_probe["outcome"] == "measured" and set(real_probe["peaks"]) == set(PARTS)
+    assert real_probe["peak_bytes"] == max(real_probe["peaks"].values())
+    assert min(real_probe["peaks"].values()) > real_probe["param_bytes"] + real_probe["optimizer_bytes"]
+    assert real_probe["activation_bytes"] > 0
+    assert real_probe["grad_bytes"] == real_probe["param_bytes"]
+
+
+def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(real_probe):
+    job = default_job()
+    tight = (real_probe["param_bytes"] + real_probe["peak_bytes"]) // 2  # holds the model, not the step
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        too_small, large = pool.map(
+            lambda budget: run_in_fresh_process("trial", job=job, batch=64, budget=budget, ddp=False),
+            [tight, budget_bytes(job)],
+        )
+    assert too_small["outcome"] == "out_of_memory" and too_small["failed_at_bytes"] > tight
+    assert large["outcome"] == "fits"
+    assert large["peak_bytes"] == pytest.approx(real_probe["peak_bytes"], rel=0.01)

@@ -29,13 +29,16 @@ CHOSEN = CANDIDATES[4]  # 2 nodes, batch 128
 INPUTS = {
     "memory": {
         "fit": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
+        "composition": {"per_sample_bytes": {"batch": 300.0, "saved_activations": 2e4, "temporaries": 9.7e3}},
+        "verified": True,
         "device_memory_bytes": 8e9,
         "headroom": 0.1,
         "max_batch_per_device": 512,
         "probes": [
             {
                 "batch": b,
-                "measured_peak_bytes": 20_000_000 + 30_000 * b,
+                "outcome": "measured",
+                "peak_bytes": 20_000_000 + 30_000 * b,
                 "activation_bytes": 30_000 * b,
                 "grad_bytes": 1_000_000,
                 "optimizer_bytes": 1_000_000,
