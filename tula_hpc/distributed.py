@@ -31,8 +31,17 @@ class Context:
         return self.rank == 0
 
 
+def backend_for(device: torch.device) -> str:
+    """A process group that serves every tensor a rank hands it: NCCL for the GPU's, gloo for the CPU's.
+
+    Not NCCL alone on GPUs: small bookkeeping collectives (profiling's interference, object gathers) hold CPU
+    tensors, which a NCCL-only group has no backend for.
+    """
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def init_distributed(use_gpus: bool) -> Context:
-    """Join the process group (gloo on CPU, NCCL on GPUs); a single process needs none."""
+    """Join the process group (`backend_for` the rank's device); a single process needs none."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -43,7 +52,7 @@ def init_distributed(use_gpus: bool) -> Context:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
+            backend=backend_for(device),
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),

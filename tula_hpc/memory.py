@@ -329,6 +329,7 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from .distributed import backend_for
     from .strategies import build_strategy
 
     splits, model, loss_fn = _build(job)
@@ -336,7 +337,7 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
     device_memory.limit(device, budget, model_bytes(model), job)
     net = model
     if ddp:  # a one-rank group gives the model DDP's gradient buckets, which every rank holds
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
         net = DDP(model)
     strategy = build_strategy(net, job["train"], batch, 1)
     peaks = steady_steps(net, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)

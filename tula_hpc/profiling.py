@@ -31,6 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -98,17 +99,33 @@ def _host_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def _own_cpu_s() -> float:
+    """CPU seconds this rank's process tree has used: the process, the DataLoader workers and anything else it
+    started (live ones read from /proc, ended ones from the kernel's count of waited-for children)."""
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # ended meanwhile: counted with the waited-for children once reaped
+            continue
+        total += times.user + times.system
+    ended = os.times()
+    return total + ended.children_user + ended.children_system
+
+
 class Interference:
     """How much other work disturbed a measurement: on a shared machine it can double a step time.
 
     Two views, the larger counts: the share of the measured steps the training thread spent waiting for
-    a CPU (someone runs on our cores), and the share of the host's CPUs that processes other than this
-    profile's ranks used meanwhile (they compete for caches and memory bandwidth even on other cores).
+    a CPU (someone runs on our cores), and the share of the host's CPUs that processes outside this
+    profile's ranks and the processes they started (DataLoader workers) used meanwhile (they compete for
+    caches and memory bandwidth even on other cores).
     """
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.started = (time.perf_counter(), _host_busy_s(), time.process_time())
+        self.started = (time.perf_counter(), _host_busy_s(), _own_cpu_s())
         self.waited = self.busy = 0.0
 
     def around(self, step):
@@ -124,7 +141,7 @@ class Interference:
         mine = (
             _machine_id(),
             _host_busy_s() - self.started[1],
-            time.process_time() - self.started[2],
+            _own_cpu_s() - self.started[2],
             self.waited / max(self.busy, 1e-9),
         )
         everyone = [mine]

@@ -1,9 +1,11 @@
 """Stage profile: real training steps timed part by part, on a quiet machine."""
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -57,3 +59,20 @@ def test_ranks_under_another_hostname_on_this_machine_count_as_the_same_machine(
         check=True,
     ).stdout.strip()
     assert renamed == profiling._machine_id() != ""
+
+
+def _burn_cpu(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_cpu_of_processes_the_rank_started_is_its_own_not_interference():
+    """DataLoader workers are the job's work: a child that burns CPU counts as the rank's own seconds, whether it
+    still runs when read or has ended and been waited for."""
+    context = multiprocessing.get_context("spawn")
+    before = profiling._own_cpu_s()
+    child = context.Process(target=_burn_cpu, args=(0.6,))
+    child.start()
+    child.join()
+    assert profiling._own_cpu_s() - before >= 0.5
