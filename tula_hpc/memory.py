@@ -62,7 +62,7 @@ PARTS = tuple(f"{kind}/{phase}" for kind in STEP_KINDS for phase in PHASES)
 GROWING_SHARE = 0.75  # the largest probe's peak is at least this much batch-dependent memory
 MAX_PROBES = 6
 MAX_VERIFICATION_TRIALS = 2
-PROBES_AT_ONCE = 2  # the rule's threads (workflow/rules/memory.smk)
+PROBES_AT_ONCE = 2  # on the CPU: the rule's threads (workflow/rules/memory.smk)
 
 # --- the model --------------------------------------------------------------------------------------
 
@@ -379,9 +379,11 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
 
 
 def run_probes(job: dict, cap: int) -> list[dict]:
-    """The configured probes (a fresh process each, two at once when there are two cores), then those
-    `next_probe` adds, in the order they ran."""
-    with ThreadPoolExecutor(max_workers=min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))) as pool:
+    """The configured probes (a fresh process each; two at once on two cores, one at a time on a GPU), then
+    those `next_probe` adds, in the order they ran."""
+    # On the CPU two probes share the cores; a GPU holds one probe at a time, each allowed the whole budget.
+    at_once = 1 if job["resources"]["gpus_per_node"] > 0 else min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
         probes = list(
             pool.map(
                 lambda b: run_in_fresh_process("measure", job=job, batch=b), job["resources"]["memory_probe_batches"]

@@ -2,6 +2,7 @@
 the largest per-device batch, memory.json; synthetic probes with known lines, then one real probe and trial."""
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -10,6 +11,7 @@ import yaml
 from sklearn.linear_model import LinearRegression
 
 from tests.conftest import default_job, job_config
+from tula_hpc import memory
 from tula_hpc.budget import GB, budget_bytes
 from tula_hpc.config import ConfigError, load_config
 from tula_hpc.memory import (
@@ -24,6 +26,7 @@ from tula_hpc.memory import (
     next_probe,
     next_trial,
     run_in_fresh_process,
+    run_probes,
     settle,
     summarise,
 )
@@ -412,3 +415,21 @@ def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(r
     assert too_small["outcome"] == "out_of_memory" and too_small["failed_at_bytes"] > tight
     assert large["outcome"] == "fits"
     assert large["peak_bytes"] == pytest.approx(real_probe["peak_bytes"], rel=0.01)
+
+
+@pytest.mark.parametrize(("gpus_per_node", "at_once"), [(0, 2), (1, 1)])
+def test_probes_share_the_cpu_two_at_a_time_but_a_gpu_holds_one(monkeypatch, gpus_per_node, at_once):
+    """Each probe may use the whole budget: two on one GPU would each see half of it."""
+    running, most = [], []
+
+    def probe_slowly(kind, job, batch):
+        running.append(batch)
+        most.append(len(running))
+        time.sleep(0.2)
+        running.remove(batch)
+        return {"batch": batch, "outcome": "out_of_memory", "failed_at_bytes": None}
+
+    monkeypatch.setattr(memory, "run_in_fresh_process", probe_slowly)
+    monkeypatch.setattr(memory.os, "sched_getaffinity", lambda pid: {0, 1})
+    run_probes(default_job(resources={"gpus_per_node": gpus_per_node}), cap=1000)
+    assert max(most) == at_once
