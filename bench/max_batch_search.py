@@ -37,9 +37,9 @@ class Trials:
     """Trial runs of one job under its budget, each a fresh process, with what each answered."""
 
     def __init__(self, job: dict):
-        from tula_hpc.budget import budget_bytes
+        from tula_hpc.budget import GB
 
-        self.job, self.budget, self.answers, self.seconds = job, budget_bytes(job), {}, 0.0
+        self.job, self.budget, self.answers, self.seconds = job, int(job["resources"]["device_memory_gb"] * GB), {}, 0.0
 
     def fits(self, batch: int) -> bool:
         started = time.perf_counter()

@@ -38,7 +38,7 @@ def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
     use_gpu = job["resources"]["gpus_per_node"] > 0 and torch.cuda.is_available()
     device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
     splits, model = build_for_job(job, Context(0, 1, 0, device))
-    device_memory.limit(device, budget or budget_bytes(job), model_bytes(model), job)
+    device_memory.limit(device, budget or budget_bytes(job, device), model_bytes(model), job)
     strategy = build_strategy(model, job["train"], batch, STEPS_PER_EPOCH)
     loss_fn = nn.CrossEntropyLoss()
     sampler = RandomSampler(splits.train, replacement=True, num_samples=batch * STEPS_PER_EPOCH)

@@ -1,4 +1,4 @@
-"""The device memory budget: `resources.device_memory_gb` enforced on the rank's device.
+"""The device memory budget: `resources.device_memory_gb` (or the device's own memory) enforced on the rank's device.
 
 On a GPU the caching allocator is capped with torch.cuda.set_per_process_memory_fraction. On the CPU a
 small allocator (csrc/cpu_budget.cpp, built once with torch.utils.cpp_extension) counts every tensor
@@ -19,6 +19,8 @@ import functools
 import hashlib
 import logging
 from pathlib import Path
+
+from .layout import devices_per_node
 
 GB = 1e9
 OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
@@ -78,6 +80,12 @@ class _DeviceMemory:
         self.device = device
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
+            if budget_bytes < total:  # never silently: the user may have meant another card
+                print(
+                    f"[tula-hpc] {device} has {total / GB:.1f} GB; capped to {budget_bytes / GB:.1f} GB by "
+                    f"{budget_source(job)}",
+                    flush=True,
+                )
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
             torch.cuda.reset_peak_memory_stats(device)
             return
@@ -127,12 +135,32 @@ class _DeviceMemory:
 device_memory = _DeviceMemory()
 
 
-def budget_bytes(job: dict) -> int:
-    return int(job["resources"]["device_memory_gb"] * GB)
+def budget_bytes(job: dict, device) -> int:
+    """The memory a rank on `device` may use: resources.device_memory_gb, or with `auto` the device's own.
+
+    A GPU's own is its card's memory. On the CPU it is the host memory the job asks of each node
+    (resources.mem_gb), shared by the node's ranks.
+    """
+    resources = job["resources"]
+    if resources["device_memory_gb"] != "auto":
+        return int(resources["device_memory_gb"] * GB)
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
+    return int(resources["mem_gb"] * GB / devices_per_node(job))
 
 
-def usable_bytes(job: dict) -> int:
-    return int(budget_bytes(job) * (1 - job["resources"]["memory_headroom"]))
+def budget_source(job: dict) -> str:
+    """Which budget applied, in words for memory.json and the report."""
+    if job["resources"]["device_memory_gb"] == "auto":
+        return "the device's own memory (resources.device_memory_gb: auto)"
+    return f"resources.device_memory_gb: {job['resources']['device_memory_gb']}"
+
+
+def usable_bytes(job: dict, budget: int) -> int:
+    """The part of `budget` the largest batch may fill, resources.memory_headroom kept free."""
+    return int(budget * (1 - job["resources"]["memory_headroom"]))
 
 
 def model_bytes(model) -> int:

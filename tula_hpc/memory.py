@@ -44,6 +44,7 @@ from .budget import (
     GB,
     DeviceBudgetError,
     budget_bytes,
+    budget_source,
     device_memory,
     is_out_of_memory,
     model_bytes,
@@ -302,7 +303,7 @@ def measure_probe(job: dict, batch: int) -> dict:
 
     splits, model, loss_fn = _build(job)
     device = _device(job)
-    device_memory.limit(device, budget_bytes(job), model_bytes(model), job)
+    device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)
     strategy = build_strategy(model, job["train"], batch, 1)
     peaks = steady_steps(model, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
     params = list(model.parameters())
@@ -378,7 +379,7 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
 # --- the stage --------------------------------------------------------------------------------------
 
 
-def run_probes(job: dict, cap: int) -> list[dict]:
+def run_probes(job: dict, cap: int, budget: int) -> list[dict]:
     """The configured probes (a fresh process each; two at once on two cores, one at a time on a GPU), then
     those `next_probe` adds, in the order they ran."""
     # On the CPU two probes share the cores; a GPU holds one probe at a time, each allowed the whole budget.
@@ -389,9 +390,7 @@ def run_probes(job: dict, cap: int) -> list[dict]:
                 lambda b: run_in_fresh_process("measure", job=job, batch=b), job["resources"]["memory_probe_batches"]
             )
         )
-    while not any(p["outcome"] == "budget_too_small" for p in probes) and (
-        batch := next_probe(probes, cap, budget_bytes(job))
-    ):
+    while not any(p["outcome"] == "budget_too_small" for p in probes) and (batch := next_probe(probes, cap, budget)):
         probes.append(run_in_fresh_process("measure", job=job, batch=batch))
     return probes
 
@@ -401,37 +400,39 @@ def probe_worker(job: dict) -> dict:
     from .data import load_splits
 
     splits = load_splits(job["data"], job["train"]["seed"])
-    cap = len(splits.train)
-    probes = run_probes(job, cap)
+    cap, budget = len(splits.train), budget_bytes(job, _device(job))
+    usable = usable_bytes(job, budget)
+    probes = run_probes(job, cap, budget)
     trials: list[dict] = []
     ran = measured(probes)
     if len(ran) >= 2:
         model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
         failed = [p["batch"] - 1 for p in probes if p["outcome"] == "out_of_memory"]
-        while (batch := next_trial(model, usable_bytes(job) - buckets, trials, min([cap, *failed]))) is not None:
-            trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable_bytes(job), ddp=buckets > 0)
+        while (batch := next_trial(model, usable - buckets, trials, min([cap, *failed]))) is not None:
+            trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable, ddp=buckets > 0)
             trials.append(
                 {**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}}
             )
     return {
         "probes": probes,
         "trials": trials,
+        "device_memory_bytes": budget,
         "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
     }
 
 
-def _refuse(job: dict, message: str) -> StageError:
+def _refuse(job: dict, budget: int, message: str) -> StageError:
     res = job["resources"]
     return StageError(
-        f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} GB "
-        f"({budget_bytes(job):,} bytes, {usable_bytes(job):,} after {res['memory_headroom']:.0%} headroom) "
+        f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} "
+        f"({budget:,} bytes, {usable_bytes(job, budget):,} after {res['memory_headroom']:.0%} headroom) "
         f"{message}"
     )
 
 
 def summarise(job: dict, measured_steps: dict) -> dict:
     """memory.json from the probes and trials; a budget that cannot hold batch 1 is a clear error."""
-    probes = measured_steps["probes"]
+    probes, budget = measured_steps["probes"], measured_steps["device_memory_bytes"]
     for probe in probes:
         if probe["outcome"] == "budget_too_small":
             raise StageError(probe["error"])
@@ -440,17 +441,19 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         smallest = min((p for p in probes if p["outcome"] != "measured"), key=lambda p: p["batch"])
         raise _refuse(
             job,
+            budget,
             f"runs out of memory in a training step of {job['model']['name']} at batch {smallest['batch']}"
             + (f": it needs more than {smallest['failed_at_bytes']:,} bytes" if smallest.get("failed_at_bytes") else "")
             + "; the memory model needs steps at two batches",
         )
     model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
-    available = usable_bytes(job) - buckets
+    available = usable_bytes(job, budget) - buckets
     proposed = model.max_batch(available)
     if proposed < 1:
         needed = int(model.predict([1])[0] + buckets)
         raise _refuse(
             job,
+            budget,
             f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
             f"{needed:,} bytes ({needed / GB:.3f} GB)",
         )
@@ -471,9 +474,10 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         "composition": composition(model, ran[-1], buckets),
         "param_bytes": ran[0]["param_bytes"],
         "ddp_bucket_bytes": buckets,
-        "device_memory_bytes": budget_bytes(job),
+        "device_memory_bytes": budget,
+        "device_memory_source": budget_source(job),
         "headroom": job["resources"]["memory_headroom"],
-        "usable_bytes": usable_bytes(job),
+        "usable_bytes": usable_bytes(job, budget),
         "predicted_max_batch": proposed,
         "predicted_peak_bytes": int(model.predict([largest])[0] + buckets),
         "verification": measured_steps["trials"],

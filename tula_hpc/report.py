@@ -331,7 +331,7 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
 Peak device memory of a steady step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
 + {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
 it prices memory-based cost), of which per sample {_per_sample(memory)}. Device memory {
-        memory["device_memory_bytes"] / 1e9:.2f} GB with {memory["headroom"]:.0%}
+        memory["device_memory_bytes"] / 1e9:.2f} GB ({memory["device_memory_source"]}) with {memory["headroom"]:.0%}
 headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
         "" if memory["verified"] else " (no trial step confirmed it)"
     }.

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from . import launch
-from .budget import budget_bytes, device_memory, is_out_of_memory, model_bytes
+from .budget import budget_bytes, budget_source, device_memory, is_out_of_memory, model_bytes
 from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from .config import stage_settings
 from .data import make_loader
@@ -118,7 +118,7 @@ def _train_attempt(
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     per_device = global_batch // ctx.world_size
     splits, model = build_for_job(job, ctx)
-    device_memory.limit(ctx.device, budget_bytes(job), model_bytes(model), job)
+    device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(model), job)
     net = wrap_ddp(model, ctx)
     steps_per_epoch = epoch_steps(len(splits.train), ctx.world_size, per_device)
     # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks below.
@@ -268,7 +268,7 @@ def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int
         raise StageError(
             f"job '{job['name']}': training ran out of memory even with {last['micro_batch']} sample per device "
             f"at once ({len(attempts)} attempts): field 'resources.device_memory_gb' "
-            f"({job['resources']['device_memory_gb']} GB) "
+            f"({budget_source(job)}) "
             f"cannot train {job['model']['name']} with strategy {job['train']['strategy']}; last error: {last['error']}"
         )
     return shrunk

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from sklearn.linear_model import LinearRegression
 
@@ -299,8 +300,15 @@ def test_composition_splits_the_line_at_the_probes_batch(batch, intercept, slope
 SUMMARY_PARTS = {**step_parts(2e6, 5e4), "update/update": (6e6, 1e3)}
 
 
-def measured_steps(probes: list[dict], trials: list[dict], train: int = 100_000) -> dict:
-    return {"probes": probes, "trials": trials, "dataset": {"train": train, "val": 100, "test": 100}}
+def summarise_with(job: dict, probes: list[dict], trials: list[dict], train: int = 100_000) -> dict:
+    """memory.json from these probes and trials, as a probe job on the CPU under the job's budget returns them."""
+    steps = {
+        "probes": probes,
+        "trials": trials,
+        "device_memory_bytes": budget_bytes(job, torch.device("cpu")),
+        "dataset": {"train": train, "val": 100, "test": 100},
+    }
+    return summarise(job, steps)
 
 
 def job_with(device_memory_gb: float, nodes: int = 2) -> dict:
@@ -314,7 +322,7 @@ def job_with(device_memory_gb: float, nodes: int = 2) -> dict:
 def test_summary_sizes_the_batch_for_the_usable_budget_and_ddp_buckets(nodes, buckets):
     largest = int((0.9 * GB - buckets - 2e6) // 5e4)
     trials = [fits(largest, 0.9 * GB - buckets)]
-    result = summarise(job_with(1.0, nodes), measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), trials))
+    result = summarise_with(job_with(1.0, nodes), probes_at([64, 128, 256], SUMMARY_PARTS), trials)
     assert result["predicted_max_batch"] == result["max_batch_per_device"] == largest
     assert result["verified"] and result["limited_by"] == "memory"
     assert result["ddp_bucket_bytes"] == buckets
@@ -328,14 +336,13 @@ def test_summary_sizes_the_batch_for_the_usable_budget_and_ddp_buckets(nodes, bu
 def test_without_a_trial_that_fit_the_largest_probe_under_the_usable_budget_stays_unverified():
     # 15.5 MB: 13.95 MB usable, 13.35 MB after the buckets; the probe at 256 peaks at 14.8 MB, at 128 at 8.4 MB
     trials = [out_of_memory(227, 1.4e7), out_of_memory(200, 1.4e7)]
-    result = summarise(job_with(0.0155), measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), trials))
+    result = summarise_with(job_with(0.0155), probes_at([64, 128, 256], SUMMARY_PARTS), trials)
     assert result["predicted_max_batch"] == 227
     assert result["max_batch_per_device"] == 128 and not result["verified"]
 
 
 def test_a_batch_capped_by_the_training_set_says_so():
-    steps = measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), [fits(1000, 5.2e7)], train=1000)
-    result = summarise(job_with(1.0), steps)
+    result = summarise_with(job_with(1.0), probes_at([64, 128, 256], SUMMARY_PARTS), [fits(1000, 5.2e7)], train=1000)
     assert result["max_batch_per_device"] == 1000 and result["limited_by"] == "training set"
 
 
@@ -343,32 +350,32 @@ def test_fewer_than_two_probes_that_ran_is_a_clear_error():
     probes = [out_of_memory(b, 2_000_000_000) for b in (64, 128, 256, 32, 16, 8)]
     with pytest.raises(
         StageError,
-        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 1.0 GB .* at batch 8: it needs more than "
+        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 1.0 .* at batch 8: it needs more than "
         r"2,000,000,000 bytes; the memory model needs steps at two batches",
     ):
-        summarise(job_with(1.0), measured_steps(probes, []))
+        summarise_with(job_with(1.0), probes, [])
 
 
 def test_fewer_than_two_probes_that_ran_names_the_smallest_batch_that_failed():
     probes = [*(out_of_memory(b, 2_000_000_000) for b in (64, 128, 256, 32, 16)), probe(8, SUMMARY_PARTS)]
     with pytest.raises(StageError, match=r"at batch 16: it needs more than 2,000,000,000 bytes"):
-        summarise(job_with(1.0), measured_steps(probes, []))
+        summarise_with(job_with(1.0), probes, [])
 
 
 def test_budget_smaller_than_one_sample_names_the_job_and_the_bytes_needed():
     with pytest.raises(
         StageError,
-        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 GB .* "
+        match=r"job 'digits-cnn': field 'resources.device_memory_gb': 0.002 .* "
         r"even at batch 1: it needs 6,601,000 bytes",  # the update at b = 1, 6,001,000, and the buckets
     ):
-        summarise(job_with(0.002), measured_steps(probes_at([64, 128, 256], SUMMARY_PARTS), []))
+        summarise_with(job_with(0.002), probes_at([64, 128, 256], SUMMARY_PARTS), [])
 
 
 def test_a_budget_that_cannot_hold_the_model_raises_the_probes_error():
     error = "job 'digits-cnn': field 'resources.device_memory_gb': a budget of 1,000 bytes cannot hold tiny_cnn at all"
     probes = [*probes_at([64, 128], SUMMARY_PARTS), {"batch": 256, "outcome": "budget_too_small", "error": error}]
     with pytest.raises(StageError, match=re.escape(error)):
-        summarise(job_with(1.0), measured_steps(probes, []))
+        summarise_with(job_with(1.0), probes, [])
 
 
 @pytest.mark.parametrize(
@@ -410,7 +417,7 @@ def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(r
     with ThreadPoolExecutor(max_workers=2) as pool:
         too_small, large = pool.map(
             lambda budget: run_in_fresh_process("trial", job=job, batch=64, budget=budget, ddp=False),
-            [tight, budget_bytes(job)],
+            [tight, budget_bytes(job, torch.device("cpu"))],
         )
     assert too_small["outcome"] == "out_of_memory" and too_small["failed_at_bytes"] > tight
     assert large["outcome"] == "fits"
@@ -431,5 +438,5 @@ def test_probes_share_the_cpu_two_at_a_time_but_a_gpu_holds_one(monkeypatch, gpu
 
     monkeypatch.setattr(memory, "run_in_fresh_process", probe_slowly)
     monkeypatch.setattr(memory.os, "sched_getaffinity", lambda pid: {0, 1})
-    run_probes(default_job(resources={"gpus_per_node": gpus_per_node}), cap=1000)
+    run_probes(default_job(resources={"gpus_per_node": gpus_per_node}), cap=1000, budget=10**9)
     assert max(most) == at_once

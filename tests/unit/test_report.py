@@ -32,6 +32,7 @@ INPUTS = {
         "composition": {"per_sample_bytes": {"batch": 300.0, "saved_activations": 2e4, "temporaries": 9.7e3}},
         "verified": True,
         "device_memory_bytes": 8e9,
+        "device_memory_source": "resources.device_memory_gb: 8",
         "headroom": 0.1,
         "max_batch_per_device": 512,
         "probes": [

@@ -98,7 +98,7 @@ def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
     with pytest.raises(
         StageError,
         match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
-        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(0.001 GB\)",
+        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(resources.device_memory_gb: 0.001\)",
     ):
         _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
 
