@@ -37,9 +37,13 @@ class Trials:
     """Trial runs of one job under its budget, each a fresh process, with what each answered."""
 
     def __init__(self, job: dict):
-        from tula_hpc.budget import GB
+        import torch
 
-        self.job, self.budget, self.answers, self.seconds = job, int(job["resources"]["device_memory_gb"] * GB), {}, 0.0
+        from tula_hpc.budget import budget_bytes
+
+        # Bench budgets are figures (BUDGET_GB), the same on any device.
+        self.job, self.answers, self.seconds = job, {}, 0.0
+        self.budget = budget_bytes(job, torch.device("cpu"))
 
     def fits(self, batch: int) -> bool:
         started = time.perf_counter()

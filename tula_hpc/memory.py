@@ -93,9 +93,13 @@ class StepMemoryModel(BaseEstimator, RegressorMixin):
         b = np.asarray(batches, float).reshape(-1, 1)
         return (self.intercepts_ + self.slopes_ * b).max(axis=1)
 
+    def part_at(self, batch: int) -> int:
+        """The column (part) whose line is the peak at `batch`."""
+        return int(np.argmax(self.intercepts_ + self.slopes_ * batch))
+
     def line_at(self, batch: int) -> tuple[float, float]:
         """(intercept, slope) of the part that is the peak at `batch`: the model near that batch."""
-        part = int(np.argmax(self.intercepts_ + self.slopes_ * batch))
+        part = self.part_at(batch)
         return float(self.intercepts_[part]), float(self.slopes_[part])
 
     def growing_share(self, batch: int) -> float:
@@ -307,16 +311,17 @@ def measure_probe(job: dict, batch: int) -> dict:
     strategy = build_strategy(model, job["train"], batch, 1)
     peaks = steady_steps(model, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
     params = list(model.parameters())
+    resident, param_bytes = model_bytes(model), sum(p.nbytes for p in params)
     grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
-    optimizer_bytes = device_memory.in_use(device) - model_bytes(model) - grad_bytes
+    optimizer_bytes = device_memory.in_use(device) - resident - grad_bytes  # read before the next batch exists
     x, y = _collated_batch(splits, batch, device)
     return {
         "batch": batch,
         "outcome": "measured",
         "peak_bytes": max(peaks.values()),
         "peaks": peaks,
-        "param_bytes": sum(p.nbytes for p in params),
-        "buffer_bytes": model_bytes(model) - sum(p.nbytes for p in params),
+        "param_bytes": param_bytes,
+        "buffer_bytes": resident - param_bytes,
         "grad_bytes": grad_bytes,
         "optimizer_bytes": optimizer_bytes,
         "activation_bytes": _saved_activation_bytes(model, loss_fn, x, y),
@@ -467,7 +472,7 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         "fit": {
             "intercept_bytes": intercept + buckets,
             "slope_bytes_per_sample": slope,
-            "peak_part": PARTS[int(np.argmax(model.intercepts_ + model.slopes_ * largest))],
+            "peak_part": PARTS[model.part_at(largest)],
             "departure": model.departure_,
             "growing_share_at_largest_probe": model.growing_share(ran[-1]["batch"]),
         },
