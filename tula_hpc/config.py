@@ -57,7 +57,13 @@ FIT_SETTINGS = tuple(
 # checkpoint made under other settings is not reused). Which launcher runs a stage is no dependency.
 STAGE_SETTINGS = {
     "probe_memory": STEP_SETTINGS
-    + ("resources.device_memory_gb", "resources.memory_headroom", "resources.memory_probe_batches", "search.nodes"),
+    + (
+        "resources.device_memory_gb",
+        "resources.mem_gb",  # the CPU's budget under device_memory_gb: auto
+        "resources.memory_headroom",
+        "resources.memory_probe_batches",
+        "search.nodes",
+    ),
     "plan": ("search.mode", "search.nodes", "search.batch", "resources.gpus_per_node"),
     "profile": STEP_SETTINGS + MEASUREMENT_SETTINGS,
     "adapt": STEP_SETTINGS + MEASUREMENT_SETTINGS + FIT_SETTINGS + ("search.adaptive",),
