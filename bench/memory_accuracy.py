@@ -56,12 +56,16 @@ def eq3_prediction(probes: list[dict], batch: int) -> float:
 
 
 def bench_case(job: dict, batches: list[int]) -> tuple[list[dict], dict]:
+    import torch
+
+    from tula_hpc.budget import budget_bytes
     from tula_hpc.data import load_splits
     from tula_hpc.memory import fit_probes, measured, run_probes
 
     model_name, side = job["model"]["name"], job["data"]["image_size"]
     started = time.perf_counter()
-    probes = measured(run_probes(job, cap=len(load_splits(job["data"], job["train"]["seed"]).train)))
+    cap = len(load_splits(job["data"], job["train"]["seed"]).train)
+    probes = measured(run_probes(job, cap, budget=budget_bytes(job, torch.device("cpu"))))  # a figure: any device
     probe_seconds = time.perf_counter() - started
     model = fit_probes(probes)
     cases = []
