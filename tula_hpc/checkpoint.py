@@ -1,5 +1,6 @@
-"""One checkpoint dict (model, optimiser with the strategy's state, epoch, step, RNG states, config), written
-atomically by rank 0. The learning-rate schedule is not saved: it follows from the step (Strategy.resume)."""
+"""One checkpoint dict (model, optimiser with the strategy's state, epoch, step, sampler position, RNG states,
+config), written atomically by rank 0. The learning-rate schedule is not saved: it follows from the step
+(Strategy.resume)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,17 @@ def save_checkpoint(
     epoch: int,
     step: int,
     config: dict,
+    samples_in_epoch: int = 0,
     extra: dict | None = None,
 ) -> None:
-    """`epoch` is the number of finished epochs: training resumes at that epoch index."""
+    """`epoch` is the number of finished epochs: training resumes at that epoch index, from each rank's
+    `samples_in_epoch`-th sample of it (0 at an epoch's end; more when a preempted run stopped mid-epoch)."""
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "epoch": epoch,
         "step": step,
+        "samples_in_epoch": samples_in_epoch,
         "rng": rng_state(),
         "config": config,
         "extra": extra or {},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,33 @@ def load_splits(data_cfg: dict, seed: int) -> Splits:
     return LOADERS[data_cfg["name"]](data_cfg, seed)
 
 
+class EpochSampler(DistributedSampler):
+    """DistributedSampler that can begin an epoch part-way: a run resumed mid-epoch skips the samples it
+    already trained on and sees the rest in the order an uninterrupted run would."""
+
+    skip = 0
+
+    def start_epoch(self, epoch: int, samples_done: int = 0) -> None:
+        self.set_epoch(epoch)
+        self.skip = samples_done
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+def start_epoch(loader: DataLoader, epoch: int, samples_done: int = 0) -> None:
+    """Lay out `epoch` of a `make_loader` loader from each rank's `samples_done`-th sample on.
+
+    Its randomness (the order, the workers' seeds) follows from (seed, epoch) alone, never from the global
+    RNG, so a resumed run restores it by position and its RNG checkpoint covers only the steps.
+    """
+    loader.sampler.start_epoch(epoch, samples_done)
+    loader.generator.manual_seed(loader.sampler.seed * 100_003 + epoch)
+
+
 def make_loader(
     dataset: Dataset,
     batch_size: int,
@@ -114,9 +142,7 @@ def make_loader(
     drop_last: bool = False,
 ) -> DataLoader:
     """Each rank sees its own 1/world_size of the data: DistributedSampler under DDP, as in training."""
-    sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
-    )
+    sampler = EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -124,6 +150,7 @@ def make_loader(
         num_workers=num_workers,
         drop_last=drop_last,
         persistent_workers=num_workers > 0,
+        generator=torch.Generator(),
     )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -16,7 +18,7 @@ import torch.distributed as dist
 from .files import read_json, write_json
 
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("TULA_COLLECTIVE_TIMEOUT_S", "120"))
-FAILURE_NOTE_WAIT_S = 10.0
+FAILED_RANK_EXIT = 3  # a rank ended the job step on purpose (see end_job_step)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ def init_distributed(use_gpus: bool) -> Context:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_gpus and torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        # One rank per GPU of its node; the local launcher's "nodes" share this machine's GPUs in turn.
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -71,23 +74,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def post_failure(folder: str | Path, rank: int, note: dict) -> None:
-    """Tell the other ranks why this rank stops, before it leaves the collectives they wait in.
+def end_job_step(folder: str | Path, rank: int, note: dict) -> NoReturn:
+    """Record why this rank stops, then end the whole job step at once, under any backend.
 
-    A rank that fails mid-step (out of memory in backward) cannot finish the collectives its peers
-    already started; once it exits, its connections close and each peer's pending collective fails at
-    once. The peer then reads this note (`peer_failure`) instead of taking the error for a lost node.
+    The peers of a rank that fails mid-step (out of memory in backward) wait in collectives it will never
+    join: gloo's fail when its connections close, NCCL's hang until a watchdog fires. So no rank waits to
+    learn of it: this one exits non-zero, and `srun --kill-on-bad-exit` (Slurm) or the local launcher ends
+    every other rank. The stage then reads the record (`failure_records`) and decides what comes next.
     """
-    write_json(Path(folder) / f"rank{rank}.json", note)
+    write_json(Path(folder) / f"rank{rank}.json", {**note, "rank": rank, "recorded_at": time.time()})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FAILED_RANK_EXIT)
 
 
-def peer_failure(folder: str | Path, wait_s: float = FAILURE_NOTE_WAIT_S) -> dict | None:
-    """The note of a rank that stopped, if one appears in `folder` within `wait_s` seconds."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        notes = sorted(Path(folder).glob("rank*.json"))
-        if notes:
-            return read_json(notes[0])
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.2)
+def failure_records(folder: str | Path) -> list[dict]:
+    """What the ranks that ended a job step recorded, by rank."""
+    return [read_json(path) for path in sorted(Path(folder).glob("rank*.json"))]

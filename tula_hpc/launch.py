@@ -7,6 +7,7 @@ rerun of the stage re-attaches to a job that is still running instead of submitt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -16,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import submitit
-from submitit.core.utils import FailedJobError, UncompletedJobError
+from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
 from .files import read_json, write_json
 
@@ -38,6 +40,7 @@ STDERR_TAIL_LINES = 40
 FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
 ACCOUNTING_POLL_S = 1
+BAD_EXIT_POLL_S = 0.1
 
 
 class JobFailed(RuntimeError):
@@ -240,16 +243,55 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
             f"logs in {folder}",
             flush=True,
         )
+    if spec.launcher == "local":
+        _end_at_first_bad_exit(job)
+        missing = [rank for rank in range(job.num_tasks) if not job.task(rank).paths.result_pickle.exists()]
+        if missing:  # known at once on this disk: no need for submitit's wait for results on a slow file system
+            raise _failed(job, spec, name, "FAILED", f"no result from rank(s) {missing}")
     try:
         results = job.results()
     except (FailedJobError, UncompletedJobError) as err:
         state = slurm_state(str(job.job_id)) if spec.launcher == "slurm" else "FAILED"
-        raise JobFailed(
-            f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}\n"
-            f"{_stderr_tail(job)}\n{str(err).splitlines()[0] if str(err) else ''}"
-        ) from None
+        raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
     _echo_rank0_output(job)
     return results[0]
+
+
+def _failed(job: submitit.Job, spec: LaunchSpec, name: str, state: str, detail: str) -> JobFailed:
+    where = f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}"
+    return JobFailed(f"{where}\n{_stderr_tail(job)}\n{detail}")
+
+
+def _ended_well(job: submitit.Job, rank: int) -> bool:
+    """A rank that left its result behind, and not an error: submitit pickles ("success", result)."""
+    path = job.task(rank).paths.result_pickle
+    return path.exists() and pickle_load(path)[0] == "success"
+
+
+def _end_at_first_bad_exit(job: submitit.Job) -> None:
+    """What `srun --kill-on-bad-exit` does on Slurm, for the local launcher: once a rank has ended without a
+    successful result (an error, a deliberate non-zero exit, a kill), end every other rank of the job.
+
+    submitit's local controller would wait for all of them, and the others may wait for the one that left
+    in a collective that never completes. The tasks are the controller's children; a new set of them is a
+    requeue (the controller restarts every task), which starts the count afresh.
+    """
+    controller = psutil.Process(int(job.job_id))
+    seen: set[int] = set()
+    while not job.done():
+        try:
+            alive = {c.pid for c in controller.children() if c.status() != psutil.STATUS_ZOMBIE}
+        except psutil.NoSuchProcess:
+            return
+        if alive and alive.isdisjoint(seen):
+            seen = set()
+        seen |= alive
+        ended = len(seen - alive)
+        if alive and ended > sum(_ended_well(job, rank) for rank in range(job.num_tasks)):
+            for pid in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
+        time.sleep(BAD_EXIT_POLL_S)
 
 
 def _echo_rank0_output(job: submitit.Job) -> None:

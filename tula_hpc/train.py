@@ -1,6 +1,7 @@
-"""Stage `train`: DDP training at the selected (nodes, global batch), checkpointed every epoch.
+"""Stage `train`: DDP training at the selected (nodes, global batch), checkpointed every epoch and at the
+step where a signal asks the job to stop (preemption.py).
 
-Read top to bottom: set-up, resume, the epoch loop, the final model. The step itself and its set-up are
+Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up are
 training.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
 declared output, so Snakemake never deletes them); only rank 0 writes.
 
@@ -26,10 +27,11 @@ from . import launch
 from .budget import budget_bytes, budget_source, device_memory, is_out_of_memory, model_bytes
 from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from .config import stage_settings
-from .data import make_loader
-from .distributed import init_distributed, peer_failure, post_failure, shutdown
+from .data import make_loader, start_epoch
+from .distributed import end_job_step, failure_records, init_distributed, shutdown
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
+from .preemption import StopRequests
 from .stage import StageError, stage_main
 from .strategies import build_strategy
 from .training import build_for_job, evaluate_accuracy, training_step, wrap_ddp
@@ -75,9 +77,9 @@ def train_worker(
     """One training attempt on every rank, with the device limited to resources.device_memory_gb.
 
     `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
-    global batch, which names the run's checkpoint (default: global_batch). If any rank runs out of
-    memory, every rank ends the attempt and returns {"outcome": "out_of_memory", "rank", "error"}
-    instead of the summary (its peers learn of it through `failure_dir`); the checkpoint stays.
+    global batch, which names the run's checkpoint (default: global_batch). A rank that runs out of
+    memory records it in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
+    Without `failure_dir` (called in-process) the error is raised instead.
     """
     try:
         return _train_attempt(
@@ -91,16 +93,10 @@ def train_worker(
             Path(loop_log_path) if loop_log_path else None,
         )
     except Exception as err:
-        rank = int(os.environ.get("RANK", "0"))
-        if is_out_of_memory(err):
-            note = {"outcome": "out_of_memory", "rank": rank, "error": str(err)[:500]}
-            if failure_dir:
-                post_failure(failure_dir, rank, note)
-            return note
-        note = peer_failure(failure_dir) if failure_dir and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-        if note is None:
-            raise
-        return note
+        if failure_dir and is_out_of_memory(err):
+            note = {"outcome": "out_of_memory", "error": str(err)[:500]}
+            end_job_step(failure_dir, int(os.environ.get("RANK", "0")), note)
+        raise
     finally:
         device_memory.lift()
 
@@ -125,21 +121,27 @@ def _train_attempt(
     strategy = build_strategy(net, job["train"], global_batch, steps_per_epoch)
     run = {**stage_settings(job, "train"), "selected_batch": selected_batch}  # what a resumable checkpoint matches
 
-    start_epoch, step, train_time, resumed_from, restarts, history = 0, 0, 0.0, None, [], []
+    epoch, samples_done, step, train_time, open_epoch_time = 0, 0, 0, 0.0, 0.0
+    resumed_from, restarts, history = None, [], []
     checkpoint = load_checkpoint(Path(checkpoint_path))
     if checkpoint is not None and checkpoint["config"] == run:
         model.load_state_dict(checkpoint["model"])
-        start_epoch = checkpoint["epoch"]
-        # The schedule is this attempt's own, at its own step count for the epochs done (see Strategy.resume).
-        step = start_epoch * steps_per_epoch
+        epoch, samples_done = checkpoint["epoch"], checkpoint["samples_in_epoch"]
+        # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
+        # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
+        step = epoch * steps_per_epoch + math.ceil(samples_done / per_device)
         strategy.resume(checkpoint["optimizer"], step)
         restore_rng(checkpoint["rng"])
-        train_time = checkpoint["extra"]["train_time_s"]
-        resumed_from = start_epoch
-        restarts = checkpoint["extra"]["restarts"] + [start_epoch]
+        train_time, open_epoch_time = checkpoint["extra"]["train_time_s"], checkpoint["extra"]["open_epoch_time_s"]
+        resumed_from = {"epoch": epoch, "step": step}
+        restarts = checkpoint["extra"]["restarts"] + [step]
         history = checkpoint["extra"]["history"]
         if ctx.is_main:
-            print(f"[train] resuming from checkpoint {checkpoint_path} at epoch {start_epoch}", flush=True)
+            print(
+                f"[train] resuming from checkpoint {checkpoint_path} at epoch {epoch} "
+                f"({samples_done} samples per rank into it), step {step}",
+                flush=True,
+            )
     elif ctx.is_main and checkpoint is not None:
         print(f"[train] ignoring checkpoint {checkpoint_path}: it belongs to a different configuration", flush=True)
     if ctx.is_main:
@@ -162,49 +164,72 @@ def _train_attempt(
     loss_fn = nn.CrossEntropyLoss()
     epochs = job["train"]["epochs"]
     clock = LoopClock(loop_log_path if ctx.is_main else None)
-    for epoch in range(start_epoch, epochs):
-        loader.sampler.set_epoch(epoch)
-        spent_before, started = clock.spent, time.perf_counter()
-        try:
-            for x, y in loader:
-                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-                loss = training_step(net, strategy, loss_fn, x, y, accumulation)
-                step += 1
-                now = time.perf_counter()
-                clock.add(now - started)
-                started = now
-        finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
-            clock.add(time.perf_counter() - started, force=True)
-        strategy_metrics = strategy.end_epoch()
-        epoch_time = clock.spent - spent_before
-        train_time += epoch_time
-        val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
-        record = {
-            "epoch": epoch + 1,
-            "step": step,
-            "loss": float(loss),
-            "val_accuracy": val_accuracy,
-            "epoch_time_s": epoch_time,
-            "lr": strategy.scheduler.get_last_lr()[0],
-            **strategy_metrics,
-        }
-        history.append(record)
-        if ctx.is_main:
-            save_checkpoint(
-                Path(checkpoint_path),
-                model=model,
-                optimizer=strategy.optimizer,
-                epoch=epoch + 1,
-                step=step,
-                config=run,
-                extra={"train_time_s": train_time, "restarts": restarts, "history": history},
-            )
-            append_jsonl(metrics_path, record)
-            print(
-                f"[train] epoch {epoch + 1}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
-                f"time {epoch_time:.2f}s",
-                flush=True,
-            )
+
+    def save(samples_in_epoch: int, epoch_time: float) -> None:
+        save_checkpoint(
+            Path(checkpoint_path),
+            model=model,
+            optimizer=strategy.optimizer,
+            epoch=epoch,
+            step=step,
+            config=run,
+            samples_in_epoch=samples_in_epoch,
+            extra={
+                "train_time_s": train_time,
+                "open_epoch_time_s": epoch_time,
+                "restarts": restarts,
+                "history": history,
+            },
+        )
+
+    with StopRequests(ctx.world_size) as stop:
+        while epoch < epochs:
+            start_epoch(loader, epoch, samples_done)
+            batches_done = math.ceil(samples_done / per_device)
+            spent_before, started, stopping = clock.spent - open_epoch_time, time.perf_counter(), False
+            try:
+                for x, y in loader:
+                    stop.begin_step()
+                    x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+                    loss = training_step(net, strategy, loss_fn, x, y, accumulation)
+                    step, batches_done = step + 1, batches_done + 1
+                    now = time.perf_counter()
+                    clock.add(now - started)
+                    started = now
+                    # Asked to stop mid-epoch: save this step; after the epoch's last one, its own checkpoint does.
+                    stopping = stop.agreed()
+                    if stopping and batches_done < steps_per_epoch:
+                        clock.add(0.0, force=True)
+                        if ctx.is_main:
+                            save(batches_done * per_device, clock.spent - spent_before)
+                        stop.leave(ctx.rank)
+            finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
+                clock.add(time.perf_counter() - started, force=True)
+            strategy_metrics = strategy.end_epoch()
+            epoch_time = clock.spent - spent_before
+            train_time += epoch_time
+            epoch, samples_done, open_epoch_time = epoch + 1, 0, 0.0
+            val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
+            record = {
+                "epoch": epoch,
+                "step": step,
+                "loss": float(loss),
+                "val_accuracy": val_accuracy,
+                "epoch_time_s": epoch_time,
+                "lr": strategy.scheduler.get_last_lr()[0],
+                **strategy_metrics,
+            }
+            history.append(record)
+            if ctx.is_main:
+                save(0, 0.0)
+                append_jsonl(metrics_path, record)
+                print(
+                    f"[train] epoch {epoch}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
+                    f"time {epoch_time:.2f}s",
+                    flush=True,
+                )
+            if stopping and epoch < epochs:
+                stop.leave(ctx.rank)
 
     summary = None
     if ctx.is_main:
@@ -232,8 +257,9 @@ def _train_attempt(
             "strategy": strategy.name,
             "train_samples": len(splits.train),
             "train_time_s": train_time,
-            "resumed_from_epoch": resumed_from,
-            "restarts_at_epochs": restarts,
+            "resumed_from_epoch": None if resumed_from is None else resumed_from["epoch"],
+            "resumed_from_step": None if resumed_from is None else resumed_from["step"],
+            "restarts_at_steps": restarts,
             "history": history,
         }
     shutdown()
@@ -299,31 +325,41 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
         }
         attempts.append(attempt)
         write_json(log_path, {"selected": selected, "attempts": attempts})
-        result = launch.run(
-            train_worker,
-            dict(
-                job=job,
-                global_batch=global_batch,
-                checkpoint_path=str(stage_dir / "checkpoint.pt"),
-                model_path=str(Path(model_path).resolve()),
-                metrics_path=str(stage_dir / "metrics.jsonl"),
-                accumulation=accumulation,
-                selected_batch=chosen["batch"],
-                failure_dir=str(stage_dir / "failures" / uuid.uuid4().hex[:12]),
-                loop_log_path=str(stage_dir / "loop_time.jsonl"),
-            ),
-            spec,
-            stage_dir,
-            name=f"{job['name']}-train",
-        )
+        failure_dir = stage_dir / "failures" / uuid.uuid4().hex[:12]
+        try:
+            result = launch.run(
+                train_worker,
+                dict(
+                    job=job,
+                    global_batch=global_batch,
+                    checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                    model_path=str(Path(model_path).resolve()),
+                    metrics_path=str(stage_dir / "metrics.jsonl"),
+                    accumulation=accumulation,
+                    selected_batch=chosen["batch"],
+                    failure_dir=str(failure_dir),
+                    loop_log_path=str(stage_dir / "loop_time.jsonl"),
+                ),
+                spec,
+                stage_dir,
+                name=f"{job['name']}-train",
+            )
+        except launch.JobFailed:
+            # A rank that ran out of memory recorded it and ended the job step; anything else is a failure.
+            result = next((r for r in failure_records(failure_dir) if r["outcome"] == "out_of_memory"), None)
+            if result is None:
+                raise
+            result["noticed_after_s"] = round(time.time() - result.pop("recorded_at"), 1)
         attempt.update(
-            outcome=result.get("outcome", "completed"), **{k: result[k] for k in ("rank", "error") if k in result}
+            outcome=result.get("outcome", "completed"),
+            **{k: result[k] for k in ("rank", "error", "noticed_after_s") if k in result},
         )
         write_json(log_path, {"selected": selected, "attempts": attempts})
         if attempt["outcome"] == "completed":
             break
         print(
-            f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once",
+            f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once; "
+            f"(recorded {attempt['noticed_after_s']} s before the job's end was known here)",
             flush=True,
         )
     summary = {

@@ -1,4 +1,4 @@
-"""Out of memory for real: the device budget, every rank learning of it, and the relaunch that keeps the batch."""
+"""Out of memory for real: the device budget, the job step ending at once, and the relaunch that keeps the batch."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import yaml
 
 import tula_hpc.train as train_module
 from tests.conftest import REPO, tiny_job_config
-from tests.integration.workers import train_with_budget_per_rank
+from tests.integration.workers import NEVER_NOTICES_S, train_beside_a_rank_that_never_notices
 from tula_hpc import launch
 from tula_hpc.config import job_settings, load_config
+from tula_hpc.distributed import failure_records
 from tula_hpc.train import train, train_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -75,7 +76,9 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
         "outcome": "out_of_memory",
         "rank": attempts[0]["rank"],
         "error": attempts[0]["error"],
+        "noticed_after_s": attempts[0]["noticed_after_s"],
     }
+    assert attempts[0]["noticed_after_s"] < 5
     assert "can't allocate memory" in attempts[0]["error"]
     assert attempts[-1]["outcome"] == "completed" and all(a["global_batch"] == 512 for a in attempts)
     assert [a["accumulation"] for a in attempts] == [2**i for i in range(len(attempts))]
@@ -100,27 +103,33 @@ def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
     assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512
 
 
-def test_every_rank_learns_at_once_that_one_ran_out_of_memory(tmp_path):
+def test_a_rank_out_of_memory_ends_the_job_step_at_once_though_its_peer_never_notices(tmp_path):
+    """The OOM agreement asks nothing of the backend: rank 0 waits as NCCL's ranks do (forever), and the rank
+    that ran out of memory records it and exits; the launcher ends rank 0, and the record says what happened."""
     job = _job(tmp_path)
     spec = launch.LaunchSpec(launcher="local", nodes=2)
     started = time.monotonic()
-    outcome = launch.run(
-        train_with_budget_per_rank,
-        dict(
-            budgets_gb=[1, TIGHT_GB],
-            job=job,
-            global_batch=512,
-            checkpoint_path=str(tmp_path / "checkpoint.pt"),
-            model_path=str(tmp_path / "model.pt"),
-            metrics_path=str(tmp_path / "metrics.jsonl"),
-            failure_dir=str(tmp_path / "failures"),
-        ),
-        spec,
-        tmp_path / "stage",
-        name="oom-on-rank-1",
-    )
-    assert outcome["outcome"] == "out_of_memory" and outcome["rank"] == 1  # rank 0's answer, about rank 1
-    assert time.monotonic() - started < 60  # not the 120 s collective timeout
+    with pytest.raises(launch.JobFailed):
+        launch.run(
+            train_beside_a_rank_that_never_notices,
+            dict(
+                budgets_gb=[1, TIGHT_GB],
+                job=job,
+                global_batch=512,
+                checkpoint_path=str(tmp_path / "checkpoint.pt"),
+                model_path=str(tmp_path / "model.pt"),
+                metrics_path=str(tmp_path / "metrics.jsonl"),
+                failure_dir=str(tmp_path / "failures"),
+            ),
+            spec,
+            tmp_path / "stage",
+            name="oom-on-rank-1",
+        )
+    ended = time.time()
+    [record] = failure_records(tmp_path / "failures")
+    assert record["outcome"] == "out_of_memory" and record["rank"] == 1
+    assert ended - record["recorded_at"] < 5  # the launcher polls every 0.1 s; rank 0 alone would sleep 600 s
+    assert time.monotonic() - started < NEVER_NOTICES_S / 2
 
 
 def test_a_budget_too_small_for_the_model_fails_the_stage_naming_job_and_bytes(tmp_path):

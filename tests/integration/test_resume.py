@@ -36,6 +36,6 @@ def test_a_kill_between_checkpoint_and_log_line_loses_no_epoch(tmp_path, monkeyp
 
     summary = train_worker(job, 128, *paths)
 
-    assert summary["restarts_at_epochs"] == [2]
+    assert summary["restarts_at_steps"] == [2 * summary["steps_per_epoch"]]
     assert [h["epoch"] for h in summary["history"]] == [1, 2, 3]
     assert [json.loads(line)["epoch"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 
-from tula_hpc.train import train_worker
+import tula_hpc.train as train_module
+
+NEVER_NOTICES_S = 600
 
 
-def train_with_budget_per_rank(budgets_gb: list[float], job: dict, **kwargs) -> dict | None:
-    """train_worker with a device budget per rank, so one rank runs out of memory while its peer is mid-step."""
+def train_beside_a_rank_that_never_notices(budgets_gb: list[float], job: dict, **kwargs) -> dict | None:
+    """train_worker with a device budget per rank; rank 0 stops before its first step as a rank stuck in a
+    NCCL collective would (it never fails on its own), so only the job step's end can end it."""
+    rank = int(os.environ["RANK"])
     job = copy.deepcopy(job)
-    job["resources"]["device_memory_gb"] = budgets_gb[int(os.environ["RANK"])]
-    return train_worker(job, **kwargs)
+    job["resources"]["device_memory_gb"] = budgets_gb[rank]
+    if rank == 0:
+        train_module.training_step = lambda *args, **kwargs: time.sleep(NEVER_NOTICES_S)
+    return train_module.train_worker(job, **kwargs)

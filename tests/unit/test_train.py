@@ -2,12 +2,16 @@
 
 import copy
 import json
+import os
+import signal
 
 import pytest
 import torch
+from submitit import JobEnvironment
 
 import tula_hpc.train as train_module
 from tests.conftest import default_job
+from tula_hpc.preemption import Preempted
 from tula_hpc.report import strategy_section
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
@@ -70,6 +74,37 @@ def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkey
     summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split")
 
     assert summary["resumed_from_epoch"] == 2
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+@pytest.mark.parametrize("name", ["ags", "lars"])
+def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weights(name, tmp_path, monkeypatch):
+    """submitit's requeue signal in the middle of an epoch: the step it arrives in is finished and saved with
+    the sampler's position and the RNG, and the resumed run matches an uninterrupted one bit for bit."""
+    job = default_job(train=dict(strategy=name, epochs=3, warmup_epochs=1, lr_milestones=[2]))
+    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
+
+    step, calls = train_module.training_step, []
+
+    def requeue_signal_during_step_12(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:
+            os.kill(os.getpid(), JobEnvironment._usr_sig())
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "training_step", requeue_signal_during_step_12)
+    with pytest.raises(Preempted):
+        _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+    monkeypatch.undo()
+    saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)
+    # Steps are agreed on before they start: the signal noted during step 12 stops the run after step 13.
+    assert (saved["epoch"], saved["step"], saved["samples_in_epoch"]) == (1, 13, 3 * 128)
+    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+
+    assert summary["restarts_at_steps"] == [13] and summary["resumed_from_step"] == 13
+    assert [h["step"] for h in summary["history"]] == [10, 20, 30]
+    assert signal.getsignal(JobEnvironment._usr_sig()) == signal.SIG_DFL  # the loop gives the handlers back
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
 
