@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import socket
+import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -72,3 +76,62 @@ def snakemake_command(workdir: Path, profile: str, configfile: Path, *extra: str
         *(sys.executable, "-m", "snakemake", *extra, "-s", str(REPO / "Snakefile"), "-d", str(workdir)),
         *("--profile", str(REPO / "profiles" / profile), "--configfile", str(configfile)),
     ]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def unique_job_config(tmp_path: Path, **train) -> tuple[str, Path]:
+    """The tiny digits job under a fresh name (sacct keeps every earlier test run's jobs)."""
+    config = tiny_job_config()
+    name = f"t{uuid.uuid4().hex[:8]}"
+    job = config["jobs"].pop("digits-cnn")
+    job["train"].update(train)
+    config["jobs"][name] = job
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return name, path
+
+
+def paced_job(tmp_path: Path, epochs: int, model: str = "tests.slurm.workers:paced_tiny_cnn", **resources):
+    """The tiny digits job with epochs of about 20 steps x 0.2 s asleep (plus about 0.5 s of work here)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    name, config_path = unique_job_config(tmp_path, epochs=epochs, lr_milestones=[])
+    config = yaml.safe_load(config_path.read_text())
+    config["jobs"][name]["model"]["name"] = model
+    config["jobs"][name]["resources"].update(resources)
+    config_path.write_text(yaml.safe_dump(config))
+    return name, config_path
+
+
+def train_stage(
+    tmp_path: Path,
+    name: str,
+    config_path: Path,
+    launcher: str,
+    tag: str,
+    background: bool = False,
+    nodes: int = 1,
+    batch: int = 64,
+):
+    """The train stage's command line on the selection (nodes, batch), in tmp_path/tag; waited for unless
+    `background` (then the Popen, output in its stdout)."""
+    selection = tmp_path / f"selection-{tag}.json"
+    selection.write_text(json.dumps({"chosen": {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes}}))
+    cmd = [
+        *(sys.executable, "-m", "tula_hpc.train", "--config", str(config_path), "--job", name),
+        *("--launcher", launcher, "--selection", str(selection)),
+        *("--summary", str(tmp_path / tag / "out" / "summary.json")),
+        *("--model", str(tmp_path / tag / "out" / "model.pt")),
+        *("--work-dir", str(tmp_path / tag / "work")),
+    ]
+    if background:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)

@@ -8,14 +8,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
-import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, tiny_job_config
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm"))
@@ -71,25 +68,3 @@ def sacct_jobs(name: str) -> list[dict]:
         check=True,
     ).stdout
     return [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def unique_job_config(tmp_path: Path, **train) -> tuple[str, Path]:
-    """The tiny digits job under a fresh name (sacct keeps every earlier test run's jobs)."""
-    config = tiny_job_config()
-    name = f"t{uuid.uuid4().hex[:8]}"
-    job = config["jobs"].pop("digits-cnn")
-    job["train"].update(train)
-    config["jobs"][name] = job
-    path = tmp_path / "jobs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return name, path

@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import snakemake_command
-from tests.slurm.conftest import sacct_jobs, unique_job_config, wait_for
+from tests.conftest import snakemake_command, unique_job_config, wait_for
+from tests.slurm.conftest import sacct_jobs
 from tula_hpc.launch import slurm_state
 
 pytestmark = pytest.mark.slow  # the module's DAG run takes about 90 s

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import wait_for
+from tests.conftest import wait_for
 from tests.slurm.workers import all_reduce_for, hold_memory
 from tula_hpc import launch
 from tula_hpc.files import read_json

@@ -4,53 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
-import yaml
 
-from tests.conftest import REPO
-from tests.slurm.conftest import sacct_jobs, unique_job_config, wait_for
+from tests.conftest import paced_job, train_stage, wait_for
+from tests.slurm.conftest import sacct_jobs
 from tula_hpc.launch import slurm_state
-
-
-def _train_stage(tmp_path, name, config_path, launcher, tag, background=False):
-    selection = tmp_path / "selection.json"
-    selection.write_text(json.dumps({"chosen": {"nodes": 1, "batch": 64, "per_device_batch": 64}}))
-    cmd = [
-        sys.executable,
-        "-m",
-        "tula_hpc.train",
-        "--config",
-        str(config_path),
-        "--job",
-        name,
-        "--launcher",
-        launcher,
-        "--selection",
-        str(selection),
-        "--summary",
-        str(tmp_path / tag / "out" / "summary.json"),
-        "--model",
-        str(tmp_path / tag / "out" / "model.pt"),
-        "--work-dir",
-        str(tmp_path / tag / "work"),
-    ]
-    if background:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
-
-
-def _paced_job(tmp_path, epochs, model="tests.slurm.workers:paced_tiny_cnn", **resources):
-    """The tiny digits job with epochs of about 20 steps x 0.2 s asleep (plus about 0.5 s of work here)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    name, config_path = unique_job_config(tmp_path, epochs=epochs, lr_milestones=[])
-    config = yaml.safe_load(config_path.read_text())
-    config["jobs"][name]["model"]["name"] = model
-    config["jobs"][name]["resources"].update(resources)
-    config_path.write_text(yaml.safe_dump(config))
-    return name, config_path
 
 
 @pytest.mark.slow
@@ -63,12 +23,12 @@ def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_
     max_requeues leaves room for those at half this machine's speed.
     """
     epochs = 24
-    name, config_path = _paced_job(tmp_path / "requeued", epochs, time_min=1, max_requeues=30)
-    on_slurm = _train_stage(tmp_path, name, config_path, "slurm", "slurm")
+    name, config_path = paced_job(tmp_path / "requeued", epochs, time_min=1, max_requeues=30)
+    on_slurm = train_stage(tmp_path, name, config_path, "slurm", "slurm")
     assert on_slurm.returncode == 0, on_slurm.stdout[-3000:] + on_slurm.stderr[-3000:]
     # The uninterrupted run comes after, not beside it (two cores), and without the pacing (no effect on weights).
-    ref_name, ref_config_path = _paced_job(tmp_path / "reference", epochs, model="tiny_cnn", time_min=30)
-    reference = _train_stage(tmp_path, ref_name, ref_config_path, "local", "local")
+    ref_name, ref_config_path = paced_job(tmp_path / "reference", epochs, model="tiny_cnn", time_min=30)
+    reference = train_stage(tmp_path, ref_name, ref_config_path, "local", "local")
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
 
     summary = json.loads((tmp_path / "slurm" / "out" / "summary.json").read_text())
@@ -90,8 +50,8 @@ def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_
 
 @pytest.mark.slow
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_path):
-    name, config_path = _paced_job(tmp_path, epochs=12, time_min=30)
-    stage = _train_stage(tmp_path, name, config_path, "slurm", "run", background=True)
+    name, config_path = paced_job(tmp_path, epochs=12, time_min=30)
+    stage = train_stage(tmp_path, name, config_path, "slurm", "run", background=True)
     checkpoint = tmp_path / "run" / "work" / "train" / "checkpoint.pt"
     wait_for(
         lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3,
