@@ -50,7 +50,7 @@ MEASUREMENT_SETTINGS = tuple(
 )
 FIT_SETTINGS = tuple(
     f"search.{key}"
-    for key in ("collective", "latency_prior_s", "noise_prior", "discrepancy_per_octave", "interference_tolerance")
+    for key in ("collective", "sync_prior", "noise_prior", "discrepancy_per_octave", "interference_tolerance")
 )
 # What each stage's output depends on, as "section" or "section.key[.key]": the rules' params (editing one
 # reruns that stage and what follows, editing anything else does not) and every fingerprint (a profile or

@@ -1,11 +1,14 @@
 """The parallel performance model of paper Eq. 2, a scikit-learn estimator, and how profiles fit it.
 
-    t_step(N, b, h) = data(b) + compute(b, h) + e * sync(N)
+    t_step(N, b, h) = data(b) + compute(b, h) + e * sync(N, h)
     data(b)         = d0 + d1 * b                                  loading, linear in b
     compute(b, h)   = a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))    forward+backward+update (Eq. 2b)
-    sync(N)         = alpha * hops(N) + beta * bytes(N)            per collective (Eq. 2c), 0 on one rank
-        ring:             hops = 2(N-1), bytes = 2(N-1)/N * gradient bytes
-        parameter_server: hops = 2,      bytes = 2N * gradient bytes
+    sync(N, h)      = intra(h) + inter(H),  H = N / h hosts         per collective (Eq. 2c), 0 on one rank
+        each part   = alpha * hops(n) + beta * bytes(n) of the collective among its n peers, with its own
+                      alpha (seconds per hop) and beta (seconds per byte): intra among the h ranks of a host,
+                      inter among the H hosts
+        ring:             hops = 2(n-1), bytes = 2(n-1)/n * gradient bytes
+        parameter_server: hops = 2,      bytes = 2n * gradient bytes
 
 N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
 time there and may stay non-negative when compute grows faster than linearly: a line through the
@@ -15,12 +18,24 @@ computes slower the more ranks compete for its cores: the (h - 1) terms model th
 pooling one- and two-rank timings into one line. e is the share of sync not hidden behind backward
 (overlap = 1 - e; above 1 when the all-reduce threads also slow the compute they run beside).
 
+Sync is hierarchical, as Horovod's hierarchical all-reduce runs it and as AdaptDL's goodput model keeps
+intra- and inter-node network terms apart (a hop over NVLink or shared memory and one over the network
+differ by an order of magnitude): a ring reduce-scatters among each host's h ranks, all-reduces the
+shards across the H hosts, and all-gathers them back, so the host part costs a ring all-reduce among h
+and the network part one among H; the h shards cross the network side by side, so inter beta is per
+byte of a host's whole network (all its NICs). A parameter server likewise reduces each host's ranks to
+one, then serves the hosts. On one host (the local launcher) inter is 0 and sync is the flat collective
+among the N ranks.
+
 Every coefficient is non-negative. Fits minimise relative error (a 2 ms step matters as much as a 2 s
 one), down-weight outlying profiles when there are spare ones (Huber), and report which coefficients
-the profiles identify: with one multi-rank N, latency and bandwidth are collinear, so latency is fixed
-at a prior and only bandwidth is fitted. A profiled candidate's t_step weighs its own measurement against
-the model by their errors (`measurement_weight`). Adaptive search (`adaptive_search`) grows the set of
-profiles until the model is sure enough.
+the profiles identify. Each kind of sync is fitted from the profiles that hold it: intra from syncs that
+stay on one host, inter from syncs that span hosts (less their intra part). With one size of a kind
+(one h, or one H) its latency and bandwidth are collinear, so latency is held at its prior and only
+bandwidth is fitted; a kind no profile holds keeps both priors (`sync_prior`, the job's
+search.sync_prior). A profiled candidate's t_step weighs its own measurement against the model by their
+errors (`measurement_weight`). Adaptive search (`adaptive_search`) grows the set of profiles until the
+model is sure enough.
 """
 
 from __future__ import annotations
@@ -37,10 +52,22 @@ HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01
 VALIDATIONS = 2
 COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_", "sync_exposed_")
+SYNC_KINDS = ("intra_node", "inter_node")
+SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
+# How notes name a kind's size, and why a kind is missing from the profiles.
+SYNC_KIND_TEXT = {
+    "intra_node": ("{} ranks on one host", "no multi-rank profile stays on one host"),
+    "inter_node": ("{} hosts", "no profile spans two hosts"),
+}
+# The schema's defaults (workflow/schemas/jobs.schema.yaml, search.sync_prior), for models fitted outside a job.
+DEFAULT_SYNC_PRIOR = {
+    "intra_node": {"latency_s": 5e-6, "bandwidth_gb_s": 100.0},
+    "inter_node": {"latency_s": 1.4e-5, "bandwidth_gb_s": 12.5},
+}
 
 
 def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
-    """Columns (hops, bytes moved per rank) of the collective; both zero on one rank."""
+    """Columns (hops, bytes moved per peer) of the collective among `ranks` peers; both zero on one."""
     ranks = np.asarray(ranks, float)
     multi = (ranks > 1).astype(float)
     if collective == "ring":
@@ -48,6 +75,23 @@ def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
     if collective == "parameter_server":
         return np.column_stack([2 * multi, 2 * ranks * grad_bytes * multi])
     raise ValueError(f"unknown collective '{collective}'; allowed: ring, parameter_server")
+
+
+def hosts_spanned(ranks, ranks_per_host) -> np.ndarray:
+    """Hosts a sync of `ranks` ranks crosses, `ranks_per_host` on each."""
+    return np.maximum(1.0, np.round(np.asarray(ranks, float) / np.asarray(ranks_per_host, float)))
+
+
+def hierarchical_sync_features(ranks, ranks_per_host, grad_bytes: float, collective: str) -> np.ndarray:
+    """Columns (intra hops, intra bytes, inter hops, inter bytes): the collective among each host's ranks,
+    then among the hosts spanned (see the module's docstring)."""
+    per_host = np.asarray(ranks_per_host, float)
+    return np.hstack(
+        [
+            sync_features(per_host, grad_bytes, collective),
+            sync_features(hosts_spanned(ranks, per_host), grad_bytes, collective),
+        ]
+    )
 
 
 def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: bool, noise_prior: float):
@@ -93,14 +137,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self,
         grad_bytes: float = 0.0,
         collective: str = "ring",
-        latency_prior_s: float = 5e-5,
+        sync_prior: dict | None = None,
         noise_prior: float = 0.03,
         discrepancy_per_octave: float = 0.02,
         robust: bool = True,
     ):
         self.grad_bytes = grad_bytes
         self.collective = collective
-        self.latency_prior_s = latency_prior_s
+        self.sync_prior = sync_prior
         self.noise_prior = noise_prior
         self.discrepancy_per_octave = discrepancy_per_octave
         self.robust = robust
@@ -114,8 +158,11 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
         return self._all_compute_columns(batch, extra_ranks, sync)[:, self.compute_columns_]
 
-    def _sync(self, ranks) -> np.ndarray:
-        return sync_features(ranks, self.grad_bytes, self.collective) @ self.sync_coef_
+    def _sync_features(self, ranks, ranks_per_host) -> np.ndarray:
+        return hierarchical_sync_features(ranks, ranks_per_host, self.grad_bytes, self.collective)
+
+    def _sync(self, ranks, ranks_per_host) -> np.ndarray:
+        return self._sync_features(ranks, ranks_per_host) @ self.sync_coef_
 
     def _data(self, batch) -> np.ndarray:
         return self.data_coef_[0] + self.data_coef_[1] * np.asarray(batch, float)
@@ -123,7 +170,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
     # -- fitting ------------------------------------------------------------------------------------
     def fit(self, X, y, *, data_s, compute_s, sync_s, sample_weight=None) -> PerfModel:
         X = np.asarray(X, float)
-        ranks, batch, hosts = X[:, 0], X[:, 1], X[:, 2]
+        ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
         y, data_s, compute_s, sync_s = (np.asarray(v, float) for v in (y, data_s, compute_s, sync_s))
         weight = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
         self.profiled_ = X.copy()
@@ -135,11 +182,11 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.data_coef_, self.data_cov_ = _relative_nnls(
             data_design, np.maximum(data_s, 1e-9), weight, self.robust, self.noise_prior
         )
-        self._fit_sync(ranks, sync_s, weight)
+        self._fit_sync(ranks, per_host, sync_s, weight)
 
         # Contention terms only when the profiles see more than one host load; exposure only with sync.
-        self.compute_columns_ = [0, 1] + ([2, 3] if len(set(hosts)) > 1 else []) + ([4] if (ranks > 1).any() else [])
-        design = self._compute_design(batch, hosts - 1, self._sync(ranks))
+        self.compute_columns_ = [0, 1] + ([2, 3] if len(set(per_host)) > 1 else []) + ([4] if (ranks > 1).any() else [])
+        design = self._compute_design(batch, per_host - 1, self._sync(ranks, per_host))
         compute_rows = design.copy()
         if 4 in self.compute_columns_:
             compute_rows[:, -1] = 0.0  # the split step's compute part holds no sync
@@ -164,37 +211,57 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
         return self
 
-    def _fit_sync(self, ranks, sync_s, weight) -> None:
-        multi = ranks > 1
-        features = sync_features(ranks[multi], self.grad_bytes, self.collective)
-        self.sync_coef_ = np.zeros(2)
-        if not multi.any():
-            self.identified_.update(latency_s=False, seconds_per_byte=False)
-            return
-        measured = np.maximum(sync_s[multi], 1e-9)
-        if len(set(ranks[multi])) >= 2:
-            self.sync_coef_, _ = _relative_nnls(features, measured, weight[multi], self.robust, self.noise_prior)
-            self.identified_.update(latency_s=True, seconds_per_byte=True)
-            return
-        # One multi-rank size: hops and bytes move together, so latency comes from the prior.
-        latency = self.latency_prior_s * features[:, 0]
-        coef, _ = _relative_nnls(
-            features[:, 1:], np.maximum(measured - latency, 1e-9), weight[multi], self.robust, self.noise_prior
+    def _fit_sync(self, ranks, per_host, sync_s, weight) -> None:
+        """Intra terms from syncs on one host, then inter terms from syncs across hosts less their intra part;
+        terms the profiles cannot tell are held at the priors (see the module's docstring)."""
+        prior = self.sync_prior or DEFAULT_SYNC_PRIOR
+        self.sync_coef_ = np.array(
+            [v for kind in SYNC_KINDS for v in (prior[kind]["latency_s"], 1e-9 / prior[kind]["bandwidth_gb_s"])]
         )
-        self.sync_coef_ = np.array([self.latency_prior_s, coef[0]])
-        self.identified_.update(latency_s=False, seconds_per_byte=True)
-        self.notes_.append(
-            f"one multi-rank size profiled (N={int(ranks[multi][0])}): latency and bandwidth are "
-            f"collinear, latency fixed at the prior {self.latency_prior_s * 1e6:.0f} us per hop"
-        )
+        self.identified_.update(dict.fromkeys(SYNC_TERMS, False))
+        if not (ranks > 1).any():
+            return  # no sync profiled: it enters no prediction (its exposed share stays 0)
+        features = self._sync_features(ranks, per_host)
+        hosts = hosts_spanned(ranks, per_host)
+        holds = {"intra_node": (ranks > 1) & (hosts == 1), "inter_node": hosts > 1}
+        size = {"intra_node": per_host, "inter_node": hosts}
+        for k, kind in enumerate(SYNC_KINDS):
+            rows, (size_text, absent) = holds[kind], SYNC_KIND_TEXT[kind]
+            cols = [2 * k, 2 * k + 1]
+            label = kind.replace("_", "-")
+            latency, per_byte = self.sync_coef_[cols]
+            if not rows.any():
+                self.notes_.append(
+                    f"{label} latency and bandwidth held at the priors {latency * 1e6:.1f} us per hop, "
+                    f"{1e-9 / per_byte:.1f} GB/s: {absent}"
+                )
+                continue
+            others = self.sync_coef_.copy()
+            others[cols] = 0.0
+            measured = np.maximum(sync_s[rows] - features[rows] @ others, 1e-9)
+            design = features[rows][:, cols]
+            sizes = sorted(set(size[kind][rows].astype(int)))
+            if len(sizes) >= 2:
+                self.sync_coef_[cols], _ = _relative_nnls(design, measured, weight[rows], self.robust, self.noise_prior)
+                self.identified_.update(dict.fromkeys(SYNC_TERMS[2 * k : 2 * k + 2], True))
+                continue
+            # One size of this kind: hops and bytes move together, so latency comes from the prior.
+            rest = np.maximum(measured - latency * design[:, 0], 1e-9)
+            coef, _ = _relative_nnls(design[:, 1:], rest, weight[rows], self.robust, self.noise_prior)
+            self.sync_coef_[cols[1]] = coef[0]
+            self.identified_[SYNC_TERMS[2 * k + 1]] = True
+            self.notes_.append(
+                f"one {label} sync size profiled ({size_text.format(sizes[0])}): latency and bandwidth are "
+                f"collinear, {label} latency held at the prior {latency * 1e6:.1f} us per hop"
+            )
 
     # -- prediction ---------------------------------------------------------------------------------
     def predict_parts(self, X) -> dict[str, np.ndarray]:
         X = np.asarray(X, float).reshape(-1, 3)
-        ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
-        compute_only = self._all_compute_columns(batch, extra, np.zeros_like(batch))  # exposed sync is added below
+        ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
+        compute_only = self._all_compute_columns(batch, per_host - 1, np.zeros_like(batch))  # exposed sync below
         compute = compute_only @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
-        sync = self._sync(ranks)
+        sync = self._sync(ranks, per_host)
         data = self._data(batch)
         return {
             "data_s": data,
@@ -216,26 +283,24 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def predict_uncertainty(self, X) -> np.ndarray:
         """Relative standard deviation of the predicted step: fitted parameters plus model discrepancy."""
         X = np.asarray(X, float).reshape(-1, 3)
-        ranks, batch, extra = X[:, 0], X[:, 1], X[:, 2] - 1
+        ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
         step = self.predict(X)
         # The sync estimate enters as a regressor whose coefficient (the exposed share) the step times fit,
         # so its own error is absorbed there and not added again.
-        g = self._compute_design(batch, extra, self._sync(ranks))
+        g = self._compute_design(batch, per_host - 1, self._sync(ranks, per_host))
         d = np.column_stack([np.ones_like(batch), batch])
         variance = np.einsum("ij,jk,ik->i", g, self.compute_cov_, g) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
         discrepancy = self.discrepancy_per_octave * self.octaves_to_profiled(X)
         return np.sqrt(variance / step**2 + discrepancy**2)
 
     def params(self) -> dict:
-        latency, per_byte = (float(v) for v in self.sync_coef_)
         return {
             "data_intercept_s": float(self.data_coef_[0]),
             "data_per_sample_s": float(self.data_coef_[1]),
             "batch_ref": self.batch_ref_,
             **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
             "overlap": 1.0 - self.sync_exposed_,
-            "latency_s": latency,
-            "seconds_per_byte": per_byte,
+            **{name: float(value) for name, value in zip(SYNC_TERMS, self.sync_coef_)},
             "rms_rel_error": self.rms_rel_error_,
             "discrepancy_per_octave": self.discrepancy_per_octave,
         }
@@ -264,7 +329,7 @@ def model_params(job: dict) -> dict:
     search = job["search"]
     return {
         "collective": search["collective"],
-        "latency_prior_s": search["latency_prior_s"],
+        "sync_prior": search["sync_prior"],
         "noise_prior": search["noise_prior"],
         "discrepancy_per_octave": search["discrepancy_per_octave"],
         "interference_tolerance": search["interference_tolerance"],

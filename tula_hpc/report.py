@@ -20,6 +20,7 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from .files import atomic_path, read_json, write_text  # noqa: E402
+from .performance import SYNC_KINDS  # noqa: E402
 from .stage import stage_main  # noqa: E402
 
 INPUTS = ("memory", "plan", "perfmodel", "selection", "summary", "evaluation")
@@ -211,6 +212,21 @@ def _constraints(selection: dict) -> str:
     )
 
 
+def _sync_terms(params: dict, identified: dict) -> str:
+    """Each kind of sync's latency and time per byte, and whether the profiles fitted it or it is the job's prior."""
+
+    def term(name: str, value: str) -> str:
+        return f"{value} ({'fitted' if identified.get(name) else 'prior'})"
+
+    return "; ".join(
+        f"{kind.replace('_', '-')} "
+        + term(f"{kind}_latency_s", f"{params[f'{kind}_latency_s'] * 1e6:.1f} us per hop")
+        + " + "
+        + term(f"{kind}_seconds_per_byte", f"{params[f'{kind}_seconds_per_byte'] * 1e9:.3f} s/GB moved")
+        for kind in SYNC_KINDS
+    )
+
+
 def _model_section(plan: dict, perfmodel: dict) -> str:
     p, identified = perfmodel["params"], perfmodel["identified"]
     unidentified = [name for name, ok in identified.items() if not ok]
@@ -247,9 +263,8 @@ t_step = data + compute + e x sync, with b the per-device batch and h the ranks 
 - data = {p["data_intercept_s"] * 1e3:.3f} ms + {p["data_per_sample_s"] * 1e6:.2f} us x b
 - compute = {p["intercept_s"] * 1e3:.3f} ms + {p["per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}) + (h - 1) x ({
         p["contention_s"] * 1e3:.3f} ms + {p["contention_per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}))
-- sync ({perfmodel["collective"]}) = {p["latency_s"] * 1e6:.1f} us per hop + {
-        p["seconds_per_byte"] * 1e9:.3f} s/GB moved; exposed share e = {p["sync_exposed"]:.2f} (overlap {
-        p["overlap"]:+.2f})
+- sync ({perfmodel["collective"]}) = intra-node part among a host's h ranks + inter-node part among the hosts:
+  {_sync_terms(p, identified)}; exposed share e = {p["sync_exposed"]:.2f} (overlap {p["overlap"]:+.2f})
 
 Not identified by these profiles: {", ".join(unidentified) if unidentified else "none"}.{notes}
 Fit error on the profiles (RMS) {p["rms_rel_error"]:.1%}; {quality}. A profiled candidate's step below counts its own

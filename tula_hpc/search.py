@@ -49,7 +49,9 @@ def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[
     fitted too, from a second batch at the largest N: the one nearest the geometric middle of its range
     (ties to the smaller). It identifies the per-sample contention as the largest batch would, at about
     1/8 of the largest's cost on a doubling grid, and measured here it predicts the rest at least as well
-    (bench/perf_accuracy.py). A second multi-rank size, at its smallest batch, separates latency from bandwidth.
+    (bench/perf_accuracy.py). A second size of the sync that N changes, at its smallest batch, separates its
+    latency from its bandwidth: the sync among all ranks on the local launcher (one host), among the hosts on a
+    cluster (within a node it is the same size at every N).
     """
     by_nodes: dict[int, list[dict]] = {}
     for c in sorted(grid, key=lambda c: (c["nodes"], c["batch"])):
@@ -61,7 +63,7 @@ def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[
         if rest:
             middle = (math.log2(first["per_device_batch"]) + math.log2(rest[-1]["per_device_batch"])) / 2
             chosen.append(min(rest, key=lambda c: abs(math.log2(c["per_device_batch"]) - middle)))
-    multi_rank = [n for n in by_nodes if n * devices_per_node > 1]
+    multi_rank = [n for n in by_nodes if (n * devices_per_node if launcher == "local" else n) > 1]
     if len({n for n in (smallest, largest) if n in multi_rank}) < 2 and len(multi_rank) >= 2:
         second = min(n for n in multi_rank if n not in (smallest, largest))
         chosen.append(by_nodes[second][0])

@@ -19,6 +19,7 @@ from tula_hpc.config import (
     stage_settings,
     validate_config,
 )
+from tula_hpc.performance import DEFAULT_SYNC_PRIOR
 from tula_hpc.stage import load_job
 
 BAD_CASES = [
@@ -54,6 +55,11 @@ BAD_CASES = [
     ("milestone past the end", lambda j: j["train"].update(lr_milestones=[40]), ["train.lr_milestones", "40"]),
     ("zero device memory", lambda j: j["resources"].update(device_memory_gb=0), ["resources.device_memory_gb"]),
     ("nodes as list", lambda j: j["search"].update(nodes=[1, 2]), ["search.nodes", "object"]),
+    (
+        "no bandwidth",
+        lambda j: j["search"]["sync_prior"]["inter_node"].update(bandwidth_gb_s=0),
+        ["search.sync_prior.inter_node.bandwidth_gb_s", "12.5"],
+    ),
 ]
 
 
@@ -75,6 +81,12 @@ def test_default_config_is_valid_and_filled_with_defaults():
     assert job["launcher"] == "local"
     assert job["resources"]["slurm"] == {}
     assert job["search"]["batch"] == {"min": 32, "max": 256}
+
+
+def test_sync_priors_left_out_are_the_schema_defaults_the_performance_model_also_uses():
+    config = job_config()
+    del config["jobs"]["digits-cnn"]["search"]["sync_prior"]
+    assert job_settings(validate_config(config), "digits-cnn")["search"]["sync_prior"] == DEFAULT_SYNC_PRIOR
 
 
 def test_profile_slurm_settings_are_overridden_per_job():

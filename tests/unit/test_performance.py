@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from tula_hpc.performance import PerfModel, adaptive_search, candidate_row, measurement_weight, sync_features
+from tula_hpc.performance import (
+    SYNC_TERMS,
+    PerfModel,
+    adaptive_search,
+    candidate_row,
+    hierarchical_sync_features,
+    measurement_weight,
+)
 from tula_hpc.plan import candidate_grid
 from tula_hpc.search import partial_set
 
@@ -14,28 +21,32 @@ TRUE = {
     "data": (1e-4, 2e-6),
     "compute": (2e-3, 3e-4),
     "contention": (1e-3, 5e-5),
-    "latency": 1e-4,
-    "per_byte": 2e-10,
+    "sync": np.array([1e-4, 2e-10, 3e-4, 1e-9]),  # intra-node latency, s/byte; inter-node latency, s/byte
     "exposed": 0.7,
+}
+PRIOR = {
+    "intra_node": {"latency_s": 3e-5, "bandwidth_gb_s": 50.0},
+    "inter_node": {"latency_s": 5e-5, "bandwidth_gb_s": 10.0},
 }
 
 
-def synthetic(ranks, batch, hosts=None, noise=0.0, seed=0, curvature=0.0):
-    """Parts and full step of the model's own form (plus optional curvature in b), with relative noise."""
+def synthetic(ranks, batch, per_host=None, noise=0.0, seed=0, curvature=0.0):
+    """Parts and full step of the model's own form (plus optional curvature in b), with relative noise;
+    every rank on one host unless `per_host` says how many share one."""
     rng = np.random.default_rng(seed)
     ranks, batch = np.asarray(ranks, float), np.asarray(batch, float)
-    hosts = ranks if hosts is None else np.asarray(hosts, float)
+    per_host = ranks if per_host is None else np.asarray(per_host, float)
     data = TRUE["data"][0] + TRUE["data"][1] * batch
     compute = (
         TRUE["compute"][0]
         + TRUE["compute"][1] * batch
         + curvature * batch**2
-        + (hosts - 1) * (TRUE["contention"][0] + TRUE["contention"][1] * batch)
+        + (per_host - 1) * (TRUE["contention"][0] + TRUE["contention"][1] * batch)
     )
-    sync = sync_features(ranks, GRAD_BYTES, "ring") @ np.array([TRUE["latency"], TRUE["per_byte"]])
+    sync = hierarchical_sync_features(ranks, per_host, GRAD_BYTES, "ring") @ TRUE["sync"]
     jitter = lambda x: x * (1 + noise * rng.standard_normal(x.shape))  # noqa: E731
     return {
-        "X": np.column_stack([ranks, batch, hosts]),
+        "X": np.column_stack([ranks, batch, per_host]),
         "y": jitter(data + compute + TRUE["exposed"] * sync),
         "data_s": jitter(data),
         "compute_s": jitter(compute),
@@ -80,8 +91,9 @@ def test_fit_recovers_known_coefficients_from_noisy_timings():
     assert model.contention_s_ == pytest.approx(TRUE["contention"][0] + 8 * TRUE["contention"][1], rel=0.3)
     assert model.contention_per_sample_s_ == pytest.approx(TRUE["contention"][1], rel=0.1)
     assert model.sync_exposed_ == pytest.approx(TRUE["exposed"], rel=0.1)
-    assert model.sync_coef_[1] == pytest.approx(TRUE["per_byte"], rel=0.1)
-    assert all(model.identified_.values())
+    assert model.sync_coef_[1] == pytest.approx(TRUE["sync"][1], rel=0.1)
+    inter = {"inter_node_latency_s", "inter_node_seconds_per_byte"}  # every profile on one host
+    assert {name for name, ok in model.identified_.items() if not ok} == inter
     truth = synthetic([16], [1024])["y"][0]
     assert model.predict([[16, 1024, 16]])[0] == pytest.approx(truth, rel=0.05)
 
@@ -97,12 +109,73 @@ def test_partial_profiles_predict_every_unprofiled_candidate_without_noise():
 
 def test_one_multi_rank_size_fixes_latency_at_the_prior_and_says_so():
     ranks, batch = grid_points(nodes=(1, 2))
-    model = fit(synthetic(ranks, batch), latency_prior_s=3e-5)
-    assert model.identified_["latency_s"] is False and model.identified_["seconds_per_byte"] is True
+    model = fit(synthetic(ranks, batch), sync_prior=PRIOR)
+    assert model.identified_["intra_node_latency_s"] is False
+    assert model.identified_["intra_node_seconds_per_byte"] is True
     assert model.sync_coef_[0] == 3e-5
     assert "collinear" in model.notes_[0]
     measured_sync = synthetic([2], [8])["sync_s"][0]
     assert model.predict_parts([[2, 8, 2]])["sync_s"][0] == pytest.approx(measured_sync, rel=1e-6)
+
+
+def test_sync_on_one_host_is_the_flat_collective_and_across_hosts_adds_one_among_the_hosts():
+    G = GRAD_BYTES
+    # ring: 8 ranks on one host; 8 ranks as 2 hosts x 4 (reduce-scatter/all-gather among 4, ring among 2)
+    np.testing.assert_allclose(
+        hierarchical_sync_features([8, 8], [8, 4], G, "ring"), [[14, 1.75 * G, 0, 0], [6, 1.5 * G, 2, G]]
+    )
+    # parameter server: each host's 4 ranks reduce to one, then the 2 hosts push to and pull from the server
+    np.testing.assert_allclose(hierarchical_sync_features([8], [4], G, "parameter_server"), [[2, 8 * G, 2, 4 * G]])
+    # one rank per node: nothing within a host
+    np.testing.assert_allclose(hierarchical_sync_features([4], [1], G, "ring"), [[0, 0, 6, 1.5 * G]])
+
+
+# Profiles on one host at 2 and 4 ranks, and on 2 and 4 hosts of 4 ranks each: both kinds at two sizes.
+BOTH_KINDS = [(1, 1), (2, 2), (4, 4), (8, 4), (16, 4)]
+
+
+def _both_kinds(**kw):
+    ranks, per_host = np.array(BOTH_KINDS * 2).T
+    return synthetic(ranks, [8] * len(BOTH_KINDS) + [64] * len(BOTH_KINDS), per_host, **kw)
+
+
+def test_profiles_on_one_host_and_across_hosts_recover_all_four_sync_terms():
+    model = fit(_both_kinds(), sync_prior=PRIOR)
+    np.testing.assert_allclose(model.sync_coef_, TRUE["sync"], rtol=1e-6)
+    assert [model.params()[name] for name in SYNC_TERMS] == pytest.approx(list(TRUE["sync"]), rel=1e-6)
+    assert all(model.identified_[name] for name in SYNC_TERMS)
+    assert not model.notes_
+    noisy = fit(_both_kinds(noise=0.01, seed=3), sync_prior=PRIOR)
+    np.testing.assert_allclose(noisy.sync_coef_[[1, 3]], TRUE["sync"][[1, 3]], rtol=0.05)  # bandwidths
+
+
+def test_profiles_on_one_host_fit_intra_terms_and_hold_inter_terms_at_the_priors():
+    model = fit(synthetic(*grid_points(nodes=(1, 2, 4))), sync_prior=PRIOR)
+    np.testing.assert_allclose(model.sync_coef_[:2], TRUE["sync"][:2], rtol=1e-6)
+    assert model.params()["inter_node_latency_s"] == 5e-5
+    assert model.params()["inter_node_seconds_per_byte"] == pytest.approx(1 / 10e9)
+    assert model.identified_["intra_node_latency_s"] and model.identified_["intra_node_seconds_per_byte"]
+    assert not model.identified_["inter_node_latency_s"] and not model.identified_["inter_node_seconds_per_byte"]
+    assert model.notes_ == [
+        "inter-node latency and bandwidth held at the priors 50.0 us per hop, 10.0 GB/s: no profile spans two hosts"
+    ]
+
+
+def test_a_candidate_spanning_hosts_is_predicted_with_the_inter_node_terms():
+    # Fitted on both kinds: an unprofiled batch on 2 hosts of 4 ranks is the truth.
+    model = fit(_both_kinds(), sync_prior=PRIOR)
+    row = candidate_row({"nodes": 2, "per_device_batch": 32}, devices_per_node=4, launcher="slurm")
+    assert row == [8, 32, 4]
+    truth = synthetic([8], [32], [4])
+    assert model.predict_parts([row])["sync_s"][0] == pytest.approx(truth["sync_s"][0], rel=1e-6)
+    assert model.predict([row])[0] == pytest.approx(truth["y"][0], rel=1e-6)
+    # Fitted on one host only (the local launcher): the same candidate's sync among 4 ranks comes from the
+    # fitted intra terms, its sync between the 2 hosts from the inter priors.
+    local = fit(synthetic(*grid_points(nodes=(1, 2, 4))), sync_prior=PRIOR)
+    ring_of_4, ring_of_2 = 2 * 3 / 4 * GRAD_BYTES, 2 * 1 / 2 * GRAD_BYTES
+    expected = 6 * TRUE["sync"][0] + ring_of_4 * TRUE["sync"][1] + 2 * 5e-5 + ring_of_2 / 10e9
+    assert local.predict_parts([row])["sync_s"][0] == pytest.approx(expected, rel=1e-6)
+    assert local.predict_parts([[8, 32, 8]])["sync_s"][0] == pytest.approx(synthetic([8], [32])["sync_s"][0], rel=1e-6)
 
 
 def test_compute_growing_faster_than_linearly_is_still_fitted_through_its_extremes():
@@ -126,8 +199,7 @@ def test_coefficients_are_never_negative():
                 "contention_s",
                 "contention_per_sample_s",
                 "sync_exposed",
-                "latency_s",
-                "seconds_per_byte",
+                *SYNC_TERMS,
             )
         )
         >= 0
@@ -165,7 +237,7 @@ def _adaptive(curvature, tolerance=0.05):
     ]
     settings = {
         "collective": "ring",
-        "latency_prior_s": TRUE["latency"],
+        "sync_prior": {**PRIOR, "intra_node": {"latency_s": TRUE["sync"][0], "bandwidth_gb_s": 50.0}},
         "noise_prior": 0.01,
         "discrepancy_per_octave": 0.02,
     }

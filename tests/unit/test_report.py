@@ -72,13 +72,21 @@ INPUTS = {
             "batch_ref": 64,
             "contention_s": 0.0,
             "contention_per_sample_s": 0.0,
-            "latency_s": 1e-5,
-            "seconds_per_byte": 1e-9,
+            "intra_node_latency_s": 1e-5,
+            "intra_node_seconds_per_byte": 1e-10,
+            "inter_node_latency_s": 1.4e-5,
+            "inter_node_seconds_per_byte": 8e-11,
             "sync_exposed": 0.5,
             "overlap": 0.1,
             "rms_rel_error": 0.02,
         },
-        "identified": {"latency_s": True, "contention_s": False},
+        "identified": {
+            "intra_node_latency_s": True,
+            "intra_node_seconds_per_byte": True,
+            "inter_node_latency_s": False,
+            "inter_node_seconds_per_byte": False,
+            "contention_s": False,
+        },
         "leave_one_out": {"count": 6, "median_rel_error": 0.03, "max_rel_error": 0.08},
         "search": {"history": [], "stopped": "full grid"},
         "notes": [],
@@ -162,3 +170,6 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     assert "**2 node(s), global batch 128**" in report
     for name in PLOTS.values():
         assert f"]({name})" in report
+    # Which sync terms the profiles fitted and which are the job's priors.
+    assert "intra-node 10.0 us per hop (fitted) + 0.100 s/GB moved (fitted)" in report
+    assert "inter-node 14.0 us per hop (prior) + 0.080 s/GB moved (prior)" in report
