@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm"))
@@ -68,3 +69,14 @@ def sacct_jobs(name: str) -> list[dict]:
         check=True,
     ).stdout
     return [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
+
+
+def step_end_time(job_id: str) -> float:
+    """When the job's first step (the srun of every rank) ended, from accounting (whole seconds)."""
+
+    def recorded_end() -> str | None:
+        out = subprocess.run(["sacct", "-n", "-P", "-j", f"{job_id}.0", "-o", "End"], capture_output=True, text=True)
+        end = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+        return end if end not in ("", "Unknown") else None
+
+    return datetime.fromisoformat(wait_for(recorded_end, 30, f"accounting of job {job_id}'s step")).timestamp()

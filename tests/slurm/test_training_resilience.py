@@ -1,15 +1,24 @@
-"""Training as a Checkpointable Slurm job: time limits, requeues and scontrol requeue resume from checkpoints."""
+"""Training as a Checkpointable Slurm job: time limits, requeues and scontrol requeue resume from step checkpoints;
+running out of memory on one node ends the step and relaunches."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 import torch
+import yaml
 
-from tests.conftest import paced_job, train_stage, wait_for
-from tests.slurm.conftest import sacct_jobs
+from tests.conftest import paced_job, train_stage, unique_job_config, wait_for
+from tests.integration.test_oom import TIGHT_GB
+from tests.integration.workers import train_beside_a_rank_that_never_notices
+from tests.slurm.conftest import sacct_jobs, step_end_time
+from tula_hpc import launch
+from tula_hpc.config import job_settings, load_config
+from tula_hpc.distributed import failure_records
+from tula_hpc.files import read_json
 from tula_hpc.launch import slurm_state
 
 
@@ -18,9 +27,8 @@ def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_
     """1-minute limits: Slurm's warning makes submitit requeue the job, which resumes from its last checkpoint.
 
     The warning comes at most 45 s into an allocation (Slurm acts on a 30 s tick, so often sooner). Epochs are
-    paced (4 s asleep each): an allocation finishes at most about 11 on any machine, so 24 need at least 3
-    allocations; here each finished about 2 (6 min in all). An allocation that finishes none records no restart;
-    max_requeues leaves room for those at half this machine's speed.
+    paced (4 s asleep each): an allocation trains at most about 11 on any machine, so 24 need at least 3
+    allocations; each saves the step the warning reached (resumed mid-epoch) before it requeues.
     """
     epochs = 24
     name, config_path = paced_job(tmp_path / "requeued", epochs, time_min=1, max_requeues=30)
@@ -32,7 +40,7 @@ def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
 
     summary = json.loads((tmp_path / "slurm" / "out" / "summary.json").read_text())
-    restarts = summary["restarts_at_epochs"]
+    restarts = summary["restarts_at_steps"]
     assert len(restarts) >= 2, f"expected at least 2 requeues at the 1-minute limit, saw restarts at {restarts}"
     assert 0 < restarts[0] and restarts == sorted(set(restarts)), f"each restart resumes later: {restarts}"
     assert [h["epoch"] for h in summary["history"]] == list(range(1, epochs + 1))
@@ -49,22 +57,79 @@ def test_time_limit_requeues_resume_from_checkpoints_and_match_an_uninterrupted_
 
 
 @pytest.mark.slow
-def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, tmp_path):
-    name, config_path = paced_job(tmp_path, epochs=12, time_min=30)
+def test_scontrol_requeue_mid_epoch_saves_that_step_and_ends_with_the_same_weights(slurm_cluster, tmp_path):
+    """`scontrol requeue` sends SIGTERM (SIGKILL KillWait seconds later): training saves the step it is in and
+    the requeued job resumes there, ending where an uninterrupted run ends."""
+    name, config_path = paced_job(tmp_path / "requeued", epochs=6, time_min=30)
     stage = train_stage(tmp_path, name, config_path, "slurm", "run", background=True)
     checkpoint = tmp_path / "run" / "work" / "train" / "checkpoint.pt"
     wait_for(
-        lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3,
+        lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 2,
         300,
-        "three epochs",
-        interval=1,
+        "two epochs",
+        interval=0.5,
     )
+    time.sleep(2.0)  # about 8 of epoch 3's 20 paced steps
     job_id = json.loads((tmp_path / "run" / "work" / "train" / "job.json").read_text())["job_id"]
-    requeued_after = torch.load(checkpoint, weights_only=False)["epoch"]
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     out, _ = stage.communicate(timeout=900)
     assert stage.returncode == 0, out[-3000:]
+    ref_name, ref_config_path = paced_job(tmp_path / "reference", epochs=6, model="tiny_cnn", time_min=30)
+    reference = train_stage(tmp_path, ref_name, ref_config_path, "local", "reference")
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+
     summary = json.loads((tmp_path / "run" / "out" / "summary.json").read_text())
-    assert summary["restarts_at_epochs"][0] >= requeued_after
-    assert summary["history"][-1]["epoch"] == 12
+    [restart] = summary["restarts_at_steps"]
+    per_epoch = summary["steps_per_epoch"]
+    assert 2 * per_epoch < restart < 3 * per_epoch, f"resumed at step {restart}, not in epoch 3"
+    assert [h["epoch"] for h in summary["history"]] == list(range(1, 7))
     wait_for(lambda: slurm_state(job_id) == "COMPLETED", 60, "the requeued job to complete in Slurm")
+    resumed = torch.load(tmp_path / "run" / "out" / "model.pt", weights_only=False)["model"]
+    uninterrupted = torch.load(tmp_path / "reference" / "out" / "model.pt", weights_only=False)["model"]
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+
+
+@pytest.mark.slow
+def test_out_of_memory_on_one_of_two_nodes_ends_the_step_at_once_and_the_stage_keeps_the_batch(slurm_cluster, tmp_path):
+    """The OOM agreement on 2 nodes: rank 0 never notices on its own (as under NCCL); rank 1's exit and srun's
+    --kill-on-bad-exit end the step. Then the whole stage: out of memory relaunches at the same global batch."""
+    name, config_path = unique_job_config(tmp_path, epochs=3, lr_milestones=[])
+    job = job_settings(load_config([config_path], {"launcher": "slurm"}), name)
+    spec = launch.LaunchSpec.for_job(job, nodes=2)
+    failures = tmp_path / "failures"
+    with pytest.raises(launch.JobFailed):
+        launch.run(
+            train_beside_a_rank_that_never_notices,
+            dict(
+                budgets_gb=[1, TIGHT_GB],
+                job=job,
+                global_batch=512,
+                checkpoint_path=str(tmp_path / "checkpoint.pt"),
+                model_path=str(tmp_path / "model.pt"),
+                metrics_path=str(tmp_path / "metrics.jsonl"),
+                failure_dir=str(failures),
+            ),
+            spec,
+            tmp_path / "agreement",
+            name=f"{name}-oom",
+        )
+    noticed = time.time()
+    [record] = failure_records(failures)
+    assert record["outcome"] == "out_of_memory" and record["rank"] == 1
+    job_id = read_json(tmp_path / "agreement" / "job.json")["job_id"]
+    step_end = step_end_time(job_id)
+    print(
+        f"step ended {step_end - record['recorded_at']:.1f} s after the record; stage knew after "
+        f"{noticed - record['recorded_at']:.1f} s"
+    )
+    assert step_end - record["recorded_at"] < 15  # rank 0 alone would sleep NEVER_NOTICES_S
+
+    config = yaml.safe_load(config_path.read_text())
+    config["jobs"][name]["resources"]["device_memory_gb"] = TIGHT_GB
+    config_path.write_text(yaml.safe_dump(config))
+    stage = train_stage(tmp_path, name, config_path, "slurm", "stage", nodes=2, batch=512)
+    assert stage.returncode == 0, stage.stdout[-3000:] + stage.stderr[-3000:]
+    attempts = json.loads((tmp_path / "stage" / "out" / "summary.json").read_text())["attempts"]
+    assert attempts[0]["outcome"] == "out_of_memory" and attempts[-1]["outcome"] == "completed"
+    assert {a["global_batch"] for a in attempts} == {512}
+    assert [a["accumulation"] for a in attempts] == [2**i for i in range(len(attempts))]
