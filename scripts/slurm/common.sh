@@ -12,6 +12,7 @@ CLUSTER_NAME="${TULA_SLURM_CLUSTER:-tula}"
 NNODES="${TULA_SLURM_NODES:-2}"                 # node1 .. nodeN
 NODE_CPUS="${TULA_SLURM_NODE_CPUS:-2}"
 NODE_MEM_MB="${TULA_SLURM_NODE_MEM_MB:-8000}"
+NODE_GPUS="${TULA_SLURM_NODE_GPUS:-2}"           # stand-in gres gpu:N per node (no real GPU; 0: none)
 DEF_MEM_PER_CPU="${TULA_SLURM_DEF_MEM_PER_CPU:-2000}"
 REQ_MODE="${TULA_SLURM_MODE:-auto}"              # auto | netns | loopback
 DB_PORT="${TULA_SLURM_DB_PORT:-3307}"
@@ -41,6 +42,8 @@ DB_DIR="$STATE/mariadb"
 DB_DATA="$DB_DIR/data"
 DB_SOCKET="$DB_DIR/mysqld.sock"
 SLURM_CONF_PATH="$ETC/slurm.conf"
+GRES_CONF_PATH="$ETC/gres.conf"                  # slurmd reads it beside slurm.conf
+GPU_DEV_DIR="$STATE/dev"                         # gpu0.. : /dev/null clones that gres.conf calls GPUs
 JOBID_FILE="$STATE/jobid.last"
 MODE_FILE="$STATE/mode"
 

@@ -13,7 +13,8 @@
 # Without namespaces (loopback mode) every slurmd runs on 127.0.0.1 with its own Port and -N.
 #
 # Environment knobs: TULA_SLURM_MODE=auto|netns|loopback, TULA_SLURM_CGROUP=auto|yes|no,
-# TULA_SLURM_NODES=2, TULA_SLURM_DIR=<repo>/work/slurm, TULA_SLURM_UP_TIMEOUT=60,
+# TULA_SLURM_NODES=2, TULA_SLURM_NODE_GPUS=2 (stand-in gres), TULA_SLURM_DIR=<repo>/work/slurm,
+# TULA_SLURM_UP_TIMEOUT=60,
 # TULA_SLURM_SLURMD_TIMEOUT=15 (see common.sh for the rest).
 set -euo pipefail
 
@@ -75,13 +76,26 @@ fail_with_log() { # MESSAGE LOGFILE...
   exit 1
 }
 
+# started NAME: the daemon runs, or its recorded PID is still one of the wrappers that exec it
+# (setsid, setpriv, nsenter, unshare, sh): right after start_daemon, is_running alone would call a
+# daemon that has not exec'd yet dead.
+started() {
+  is_running "$1" && return 0
+  local pid exe
+  pid="$(tr -dc '0-9' <"$PIDS/$1.pid" 2>/dev/null)" || return 1
+  [ -n "$pid" ] && alive "$pid" || return 1
+  exe="$(readlink -f "/proc/$pid/exe" 2>/dev/null)" || return 0 # unreadable while it execs
+  case "${exe##*/}" in setsid | setpriv | nsenter | unshare | sh | dash | bash) return 0 ;; esac
+  is_running "$1" # it may have exec'd since the first look
+}
+
 DEADLINE=$(( $(date +%s) + UP_TIMEOUT ))
 # wait_until DESCRIPTION DAEMON_NAME|- LOGFILE CMD...: poll CMD until it succeeds (or the overall
 # deadline passes, or the named daemon died)
 wait_until() {
   local desc="$1" dname="$2" logf="$3"; shift 3
   while ! "$@" >/dev/null 2>&1; do
-    if [ "$dname" != "-" ] && ! is_running "$dname"; then
+    if [ "$dname" != "-" ] && ! started "$dname"; then
       fail_with_log "$dname exited while waiting for: $desc" "$logf" "$LOG/$dname.out"
     fi
     [ "$(date +%s)" -lt "$DEADLINE" ] || fail_with_log "timed out (${UP_TIMEOUT}s) waiting for: $desc" "$logf" "$LOG/$dname.out"
@@ -271,13 +285,32 @@ if [ "$FRESH" = 1 ] || [ ! -r "$SLURM_CONF_PATH" ]; then
   echo "$LAST_ID" >"$JOBID_FILE"
   FIRST_JOB_ID=$((LAST_ID + 1))
   NODE_LINES=""; NODE_LIST=""
+  # stand-in GPUs: --gpus-per-node=N is accepted and scheduled; nothing computes, nothing is bound
+  # (ConstrainDevices=no). Slurm wants a device file per GPU: character devices that are /dev/null.
+  case "$NODE_GPUS" in ''|*[!0-9]*) die "TULA_SLURM_NODE_GPUS must be a number (got '$NODE_GPUS')" ;; esac
+  if [ "$NODE_GPUS" -gt 0 ]; then
+    NODE_GRES="Gres=gpu:$NODE_GPUS"
+    # accounted too (sacct AllocTRES shows gres/gpu=N), as on real GPU clusters
+    GRES_LINES="GresTypes=gpu"$'\n'"AccountingStorageTRES=gres/gpu"
+    rm -rf "$GPU_DEV_DIR"; mkdir -p "$GPU_DEV_DIR"
+    for ((g = 0; g < NODE_GPUS; g++)); do
+      # a regular file would do too, but slurmd logs "not a valid character or block device" for it
+      mknod -m 666 "$GPU_DEV_DIR/gpu$g" c 1 3 2>/dev/null || : >"$GPU_DEV_DIR/gpu$g"
+    done
+    if [ "$NODE_GPUS" -eq 1 ]; then gpu_files="$GPU_DEV_DIR/gpu0"; else gpu_files="$GPU_DEV_DIR/gpu[0-$((NODE_GPUS - 1))]"; fi
+    render "$SLURM_SCRIPTS_DIR/templates/gres.conf.in" "$GRES_CONF_PATH" 644 \
+      "NODE_GPUS=$NODE_GPUS" "GPU_FILES=$gpu_files"
+  else
+    NODE_GRES=""; GRES_LINES=""
+    rm -f "$GRES_CONF_PATH"; rm -rf "$GPU_DEV_DIR"
+  fi
   for ((i = 1; i <= NNODES; i++)); do
     if [ "$MODE" = netns ]; then
       addr="NodeAddr=$(node_ip "$i") NodeHostname=node$i"
     else
       addr="NodeAddr=127.0.0.1 NodeHostname=localhost Port=$((LOOP_PORT_BASE + i))"
     fi
-    NODE_LINES+="NodeName=node$i $addr CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$NODE_MEM_MB State=UNKNOWN"$'\n'
+    NODE_LINES+="NodeName=node$i $addr CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$NODE_MEM_MB${NODE_GRES:+ $NODE_GRES} State=UNKNOWN"$'\n'
     NODE_LIST+="${NODE_LIST:+,}node$i"
   done
   NODE_LINES="${NODE_LINES%$'\n'}"
@@ -296,7 +329,7 @@ if [ "$FRESH" = 1 ] || [ ! -r "$SLURM_CONF_PATH" ]; then
     "SPOOL=$SPOOL" "RUN=$RUN" "LOG=$LOG" "FIRST_JOB_ID=$FIRST_JOB_ID" \
     "PROCTRACK=$PROCTRACK" "TASK_PLUGIN=$TASK_PLUGIN" "ACCT_FREQ=$ACCT_FREQ" \
     "JOBACCT_PARAMS=$JOBACCT_PARAMS" "DBD_ADDR=$DBD_ADDR" "DBD_PORT=$DBD_PORT" \
-    "DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU" "SLURMD_TIMEOUT=$SLURMD_TIMEOUT" \
+    "DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU" "SLURMD_TIMEOUT=$SLURMD_TIMEOUT" "GRES_LINES=$GRES_LINES" \
     "NODE_LINES=$NODE_LINES" "NODE_LIST=$NODE_LIST"
   render "$SLURM_SCRIPTS_DIR/templates/slurmdbd.conf.in" "$ETC/slurmdbd.conf" 600 \
     "MUNGE_SOCKET=$MUNGE_SOCKET" "DBD_PORT=$DBD_PORT" "LOG=$LOG" "RUN=$RUN" \
@@ -357,7 +390,7 @@ nodes_idle() {
 slurmd_logs=(); for n in $(node_names); do slurmd_logs+=("$LOG/slurmd.$n.log"); done
 while ! nodes_idle; do
   for n in $(node_names); do
-    is_running "slurmd-$n" || fail_with_log "slurmd for $n exited" "$LOG/slurmd.$n.log" "$LOG/slurmd-$n.out" "$LOG/slurmctld.log"
+    started "slurmd-$n" || fail_with_log "slurmd for $n exited" "$LOG/slurmd.$n.log" "$LOG/slurmd-$n.out" "$LOG/slurmctld.log"
   done
   if [ "$(date +%s)" -ge "$DEADLINE" ]; then
     sinfo -N -l >&2 || true

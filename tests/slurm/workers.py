@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 import torch
@@ -44,3 +46,25 @@ def paced_tiny_cnn(num_classes: int, in_channels: int, image_size: int, seconds_
     model = build_model("tiny_cnn", num_classes, in_channels, image_size)
     model.register_forward_pre_hook(lambda module, args: time.sleep(seconds_per_step) if module.training else None)
     return model
+
+
+def report_ranks() -> list[dict]:
+    """Every rank's placement and device after one all_reduce: launch.run returns only rank 0's result."""
+    ctx = init_distributed(use_gpus=True)
+    total = torch.tensor([float(ctx.rank + 1)], device=ctx.device)
+    dist.all_reduce(total)
+    mine = {
+        "rank": ctx.rank,
+        "local_rank": ctx.local_rank,
+        "world_size": ctx.world_size,
+        "env": {key: os.environ.get(key) for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")},
+        "node_id": int(os.environ["SLURM_NODEID"]),
+        "host": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": str(ctx.device),
+        "sum": total.item(),
+    }
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    shutdown()
+    return everyone

@@ -139,3 +139,14 @@ def test_rank_logs_are_read_through_submitits_tasks(tmp_path, capsys, tasks):
     assert "line 59\n" not in tail and f"line {100 - launch.STDERR_TAIL_LINES}\n" in tail
     launch._echo_rank0_output(job)
     assert capsys.readouterr().out == "out of rank 0\n"
+
+
+def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
+    """gpus_per_node=2: two tasks on each node, one per GPU (each rank's LOCAL_RANK picks its device)."""
+    submitted = tmp_path / "submitted.sh"
+    _fake_commands(tmp_path, monkeypatch, sbatch=f'cp "$1" {submitted}; echo "Submitted batch job 4243"')
+    spec = launch.LaunchSpec(launcher="slurm", nodes=2, gpus_per_node=2)
+    job = launch._executor(spec, tmp_path / "submit", "train").submit(launch.DistributedTask(_worker, {}, threads=1))
+    lines = submitted.read_text().splitlines()
+    assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
+    assert "#SBATCH --nodes=2" in lines and job.num_tasks == 4
