@@ -188,6 +188,14 @@ def _per_sample(memory: dict) -> str:
     return ", ".join(f"{name.replace('_', ' ')} {size / 1e3:.2f} kB" for name, size in parts.items())
 
 
+def _restarts(steps: list[int], steps_per_epoch: int) -> str:
+    """Where training resumed from a checkpoint, as epoch and step within it (a preemption saves mid-epoch)."""
+    if not steps:
+        return ""
+    places = ", ".join(f"step {s} (epoch {s // steps_per_epoch + 1}, step {s % steps_per_epoch})" for s in steps)
+    return f"; resumed from its checkpoint at {places}"
+
+
 def _attempts(summary: dict) -> str:
     """One line when training ran out of memory and was relaunched (train/summary.json's attempts)."""
     attempts = summary.get("attempts", [])
@@ -198,7 +206,9 @@ def _attempts(summary: dict) -> str:
         f"{a['micro_batch']}: {a['outcome'].replace('_', ' ')}"
         for a in attempts
     )
-    return f"Training ran out of memory and was relaunched from its checkpoint: {tried}.\n"
+    ended = [a["noticed_after_s"] for a in attempts if "noticed_after_s" in a]
+    known = f" (each time known here at most {max(ended):.1f} s after the rank recorded it)" if ended else ""
+    return f"Training ran out of memory and was relaunched from its checkpoint{known}: {tried}.\n"
 
 
 def _constraints(selection: dict) -> str:
@@ -300,7 +310,7 @@ def render(
 ) -> str:
     chosen = selection["chosen"]
     candidates = sorted(perfmodel["candidates"], key=lambda c: (c["nodes"], c["batch"]))
-    resumed = summary["resumed_from_epoch"]
+    restarts = summary["restarts_at_steps"]
     knees = selection["knees"]
     return f"""# tula-hpc report: {job}
 
@@ -338,7 +348,7 @@ Relative time error {evaluation["time_rel_error"]:+.1%}. Test top-1 accuracy **{
 on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the training set; as trained
 {evaluation.get("test_accuracy_as_trained", evaluation["test_accuracy"]):.2%}). Training wall time {
         summary["wall_time_s"]:.1f} s over {summary["epochs"]} epochs
-({summary["steps"]} steps){"" if resumed is None else f"; resumed from the checkpoint at epoch {resumed}"}.
+({summary["steps"]} steps){_restarts(restarts, summary["steps_per_epoch"])}.
 {_attempts(summary)}
 ![predicted vs measured]({links["accuracy"]})
 

@@ -105,10 +105,25 @@ INPUTS = {
     },
     "summary": {
         "strategy": "ags",
-        "resumed_from_epoch": None,
+        "resumed_from_epoch": 1,
+        "restarts_at_steps": [13],
         "train_time_s": 9.0,
         "wall_time_s": 12.0,
         "steps": 20,
+        "steps_per_epoch": 10,
+        "attempts": [
+            {
+                "global_batch": 128,
+                "per_device_batch": 64,
+                "accumulation": 1,
+                "micro_batch": 64,
+                "outcome": "out_of_memory",
+                "rank": 1,
+                "error": "can't allocate memory",
+                "noticed_after_s": 0.4,
+            },
+            {"global_batch": 128, "per_device_batch": 64, "accumulation": 2, "micro_batch": 32, "outcome": "completed"},
+        ],
         "epochs": 2,
         "history": [
             {
@@ -170,6 +185,10 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     assert "**2 node(s), global batch 128**" in report
     for name in PLOTS.values():
         assert f"]({name})" in report
+    # A preemption saved mid-epoch; running out of memory relaunched at the same global batch.
+    assert "resumed from its checkpoint at step 13 (epoch 2, step 3)" in report
+    assert "known here at most 0.4 s after the rank recorded it" in report
+    assert "64 per device as 2 x 32: completed" in report
     # Which sync terms the profiles fitted and which are the job's priors.
     assert "intra-node 10.0 us per hop (fitted) + 0.100 s/GB moved (fitted)" in report
     assert "inter-node 14.0 us per hop (prior) + 0.080 s/GB moved (prior)" in report
