@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from submitit import JobEnvironment
 
+# submitit's requeue signal (USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise), as its sbatch scripts ask Slurm.
+REQUEUE_SIGNAL = getattr(signal, "SIG" + JobEnvironment.USR_SIG)
 # After handing over to submitit, ranks other than 0 wait for the requeue (or the local launcher) to end
 # them; should neither happen, they leave with an error rather than train on without rank 0.
 ENDED_BY_OTHERS_WAIT_S = 600.0
@@ -40,7 +42,7 @@ class StopRequests:
 
     def __init__(self, world_size: int):
         self.world_size = world_size
-        self.signals = (JobEnvironment._usr_sig(), signal.SIGTERM)
+        self.signals = (REQUEUE_SIGNAL, signal.SIGTERM)
         self.previous: dict[int, Any] = {}
         self.noted: int | None = None
         self._flag = torch.zeros(1, dtype=torch.int32)  # a CPU tensor: every group we build serves the CPU

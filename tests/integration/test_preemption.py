@@ -11,9 +11,9 @@ import time
 import psutil
 import pytest
 import torch
-from submitit import JobEnvironment
 
 from tests.conftest import paced_job, train_stage, wait_for
+from tula_hpc.preemption import REQUEUE_SIGNAL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def test_requeue_signal_mid_epoch_on_two_ranks_resumes_at_that_step_to_the_same_
     ranks = controller.children()
     assert len(ranks) == 2
     for rank in ranks:
-        rank.send_signal(JobEnvironment._usr_sig())
+        rank.send_signal(REQUEUE_SIGNAL)
     out, _ = stage.communicate(timeout=600)
     assert stage.returncode == 0, out[-3000:]
 
@@ -45,7 +45,7 @@ def test_requeue_signal_mid_epoch_on_two_ranks_resumes_at_that_step_to_the_same_
     [restart] = summary["restarts_at_steps"]
     assert summary["steps_per_epoch"] < restart < 2 * summary["steps_per_epoch"], "resumed mid-epoch 2"
     assert [h["epoch"] for h in summary["history"]] == [1, 2, 3, 4]
-    assert signal.Signals(JobEnvironment._usr_sig()).name in out
+    assert signal.Signals(REQUEUE_SIGNAL).name in out
     resumed = torch.load(tmp_path / "preempted" / "out" / "model.pt", weights_only=False)["model"]
     uninterrupted = torch.load(tmp_path / "reference" / "out" / "model.pt", weights_only=False)["model"]
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)

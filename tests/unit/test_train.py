@@ -7,11 +7,10 @@ import signal
 
 import pytest
 import torch
-from submitit import JobEnvironment
 
 import tula_hpc.train as train_module
 from tests.conftest import default_job
-from tula_hpc.preemption import Preempted
+from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.report import strategy_section
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
@@ -90,7 +89,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
     def requeue_signal_during_step_12(*args, **kwargs):
         calls.append(1)
         if len(calls) == 12:
-            os.kill(os.getpid(), JobEnvironment._usr_sig())
+            os.kill(os.getpid(), REQUEUE_SIGNAL)
         return step(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "training_step", requeue_signal_during_step_12)
@@ -104,7 +103,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
 
     assert summary["restarts_at_steps"] == [13] and summary["resumed_from_step"] == 13
     assert [h["step"] for h in summary["history"]] == [10, 20, 30]
-    assert signal.getsignal(JobEnvironment._usr_sig()) == signal.SIG_DFL  # the loop gives the handlers back
+    assert signal.getsignal(REQUEUE_SIGNAL) == signal.SIG_DFL  # the loop gives the handlers back
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
 
