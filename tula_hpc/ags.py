@@ -248,6 +248,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         inputs: torch.Tensor,
         targets: torch.Tensor,
+        loss_scale: float = 1.0,
     ) -> None:
         """Re-estimate the factors from a sub-batch of the current large batch.
 
@@ -269,12 +270,18 @@ class TulaOptimizer(torch.optim.Optimizer):
         (averaging the gradients instead would measure a batch of
         world * B_small). The cost is one sub-batch forward/backward and one
         all-reduce of a gradient-sized (element) or tiny (tensor) buffer.
+
+        Under fp16 autocast the caller passes its GradScaler's scale as
+        ``loss_scale``: the sub-batch loss is multiplied by it, as the step's
+        was, so its small gradients do not underflow, and the gradients are
+        divided by it, so the factors compare unscaled gradients with the
+        (already unscaled) ``.grad``.
         """
         self._check_update(inputs.shape[0])
         params = self._profiled_params()
         module = model.module if isinstance(model, DistributedDataParallel) else model
         idx = self.reference_indices(inputs.shape[0])
-        small = self._small_batch_grads(module, loss_fn, inputs, targets, idx, params)
+        small = self._small_batch_grads(module, loss_fn, inputs, targets, idx, params, loss_scale)
         self._set_factors(small, params)
 
     def reference_indices(self, local_batch: int) -> torch.Tensor:
@@ -328,19 +335,20 @@ class TulaOptimizer(torch.optim.Optimizer):
         targets: torch.Tensor,
         idx: torch.Tensor,
         params: list[torch.Tensor],
+        loss_scale: float,
     ) -> list[torch.Tensor]:
         buffers = list(module.buffers())
         saved = [b.detach().clone() for b in buffers]
         cuda = sorted({p.device.index for p in params if p.device.type == "cuda"})
         with torch.random.fork_rng(devices=cuda), torch.enable_grad():
             loss = loss_fn(module(inputs[idx.to(inputs.device)]), targets[idx.to(targets.device)])
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            grads = torch.autograd.grad(loss * loss_scale, params, allow_unused=True)
         with torch.no_grad():
             for b, s in zip(buffers, saved):
                 b.copy_(s)
         # A parameter the sub-batch does not reach has a zero small-batch gradient;
         # keeping it in the list keeps the all-reduce layout identical on all ranks.
-        return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        return [torch.zeros_like(p) if g is None else g.div_(loss_scale) for g, p in zip(grads, params)]
 
     def _ratio(self, g_small: torch.Tensor, g_large: torch.Tensor) -> torch.Tensor:
         if self.granularity == "element":

@@ -42,6 +42,8 @@ STEP_SETTINGS = (
     "train.ags",
     "train.lars",
     "train.polo",
+    "train.precision",
+    "train.channels_last",
     "resources.gpus_per_node",
     "resources.cpus_per_task",
 )

@@ -130,6 +130,20 @@ def start_epoch(loader: DataLoader, epoch: int, samples_done: int = 0) -> None:
     loader.generator.manual_seed(loader.sampler.seed * 100_003 + epoch)
 
 
+def loader_workers(job: dict) -> int:
+    """DataLoader worker processes per rank: `data.num_workers`, or for `auto` one per core of the rank's
+    `resources.cpus_per_task` but the one its own process trains on (none with a single core, where a worker
+    would only take turns with training on it)."""
+    workers = job["data"]["num_workers"]
+    return max(0, job["resources"]["cpus_per_task"] - 1) if workers == "auto" else workers
+
+
+def loader_options(job: dict, device: torch.device) -> dict:
+    """How a rank's loaders load: `loader_workers` processes, and on a GPU into pinned (page-locked) memory,
+    without which a `non_blocking` copy to the device is a synchronous one."""
+    return {"num_workers": loader_workers(job), "pin_memory": device.type == "cuda"}
+
+
 def make_loader(
     dataset: Dataset,
     batch_size: int,
@@ -139,6 +153,7 @@ def make_loader(
     seed: int,
     shuffle: bool,
     num_workers: int = 0,
+    pin_memory: bool = False,
     drop_last: bool = False,
 ) -> DataLoader:
     """Each rank sees its own 1/world_size of the data: DistributedSampler under DDP, as in training."""
@@ -148,13 +163,21 @@ def make_loader(
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
+        pin_memory=pin_memory,
         drop_last=drop_last,
         persistent_workers=num_workers > 0,
         generator=torch.Generator(),
     )
 
 
-def make_eval_loader(dataset: Dataset, batch_size: int, *, rank: int, world_size: int) -> DataLoader:
+def make_eval_loader(
+    dataset: Dataset, batch_size: int, *, rank: int, world_size: int, num_workers: int = 0, pin_memory: bool = False
+) -> DataLoader:
     """Rank r scores images r, r + world_size, ...: every image exactly once, where DistributedSampler would
     pad the ranks' shares to equal length with repeated images and count those twice."""
-    return DataLoader(Subset(dataset, range(rank, len(dataset), world_size)), batch_size=batch_size)
+    return DataLoader(
+        Subset(dataset, range(rank, len(dataset), world_size)),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+    )

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import launch
-from .data import load_splits
+from .data import load_splits, loader_options, make_eval_loader
 from .distributed import init_distributed, shutdown
 from .files import read_json, write_json
 from .models import build_model
@@ -24,8 +24,11 @@ from .stage import stage_main
 from .training import evaluate_accuracy
 
 
-def recompute_batchnorm_statistics(model: nn.Module, dataset, device: torch.device, batch_size: int = 256) -> bool:
-    """Precise BN: every BatchNorm's statistics become a plain average over one pass of `dataset`.
+def recompute_batchnorm_statistics(
+    model: nn.Module, dataset, device: torch.device, batch_size: int = 256, **loader
+) -> bool:
+    """Precise BN: every BatchNorm's statistics become a plain average over one pass of `dataset`, loaded with
+    `loader` (`data.loader_options`).
 
     Returns False (and leaves the model alone) when it has no BatchNorm."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -38,20 +41,20 @@ def recompute_batchnorm_statistics(model: nn.Module, dataset, device: torch.devi
         norm.momentum = None  # cumulative average over the pass
         norm.train()
     with torch.no_grad():
-        for x, _ in torch.utils.data.DataLoader(dataset, batch_size=batch_size):
-            model(x.to(device))
+        for x, _ in make_eval_loader(dataset, batch_size, rank=0, world_size=1, **loader):
+            model(x.to(device, non_blocking=True))
     for norm, momentum in zip(norms, momenta):
         norm.momentum = momentum
     model.train()
     return True
 
 
-def score(model: nn.Module, splits, ctx, dataset) -> dict:
+def score(model: nn.Module, splits, ctx, dataset, **loader) -> dict:
     """Accuracy on `dataset` as trained, and after precise BN over the training split (the headline)."""
-    as_trained = evaluate_accuracy(model, dataset, ctx)
-    precise = recompute_batchnorm_statistics(model, splits.train, ctx.device)
+    as_trained = evaluate_accuracy(model, dataset, ctx, **loader)
+    precise = recompute_batchnorm_statistics(model, splits.train, ctx.device, **loader)
     return {
-        "accuracy": evaluate_accuracy(model, dataset, ctx) if precise else as_trained,
+        "accuracy": evaluate_accuracy(model, dataset, ctx, **loader) if precise else as_trained,
         "accuracy_as_trained": as_trained,
     }
 
@@ -67,7 +70,8 @@ def load_trained_model(model_path: str | Path) -> nn.Module:
 def evaluate_worker(job: dict, model_path: str) -> dict:
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     splits = load_splits(job["data"], job["train"]["seed"])
-    scores = score(load_trained_model(model_path).to(ctx.device), splits, ctx, splits.test)
+    model = load_trained_model(model_path).to(ctx.device)
+    scores = score(model, splits, ctx, splits.test, **loader_options(job, ctx.device))
     shutdown()
     return {
         "test_accuracy": scores["accuracy"],

@@ -279,8 +279,9 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, int]:
     return peaks
 
 
-def _saved_activation_bytes(model, loss_fn, x, y) -> int:
-    """Bytes of the tensors autograd saves for backward in a forward pass (parameters and input excluded)."""
+def _saved_activation_bytes(model, loss_fn, x, y, precision) -> int:
+    """Bytes of the tensors autograd saves for backward in a forward pass at the job's precision (parameters
+    and input excluded)."""
     import torch
 
     def storage(tensor) -> int:
@@ -294,7 +295,9 @@ def _saved_activation_bytes(model, loss_fn, x, y) -> int:
             saved[storage(tensor)] = tensor.untyped_storage().nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(see, lambda t: t):
+    x = precision.inputs(x)
+    skip.add(storage(x))
+    with torch.autograd.graph.saved_tensors_hooks(see, lambda t: t), precision.autocast():
         loss = loss_fn(model(x), y)
     del loss
     return sum(saved.values())
@@ -303,6 +306,7 @@ def _saved_activation_bytes(model, loss_fn, x, y) -> int:
 def measure_probe(job: dict, batch: int) -> dict:
     """One probe: the peak of every part of the steady steps at `batch` under the device budget, and
     the measured terms of Eq. 3 (parameters, gradients, optimiser state, saved activations, the batch)."""
+    from .data import loader_workers
     from .strategies import build_strategy
 
     splits, model, loss_fn = _build(job)
@@ -324,9 +328,9 @@ def measure_probe(job: dict, batch: int) -> dict:
         "buffer_bytes": resident - param_bytes,
         "grad_bytes": grad_bytes,
         "optimizer_bytes": optimizer_bytes,
-        "activation_bytes": _saved_activation_bytes(model, loss_fn, x, y),
+        "activation_bytes": _saved_activation_bytes(model, loss_fn, x, y, strategy.precision),
         "batch_bytes": x.nbytes + y.nbytes,
-        "loader_prefetch_bytes": (x.nbytes + y.nbytes) * 2 * job["data"]["num_workers"],
+        "loader_prefetch_bytes": (x.nbytes + y.nbytes) * 2 * loader_workers(job),
     }
 
 

@@ -7,6 +7,17 @@ compute and sync separately. The second is the step as training runs it (sync ov
 backward): its time is the step time training will see. Per-step times are the maximum
 over ranks; the profile keeps medians, which one slow step does not move.
 
+Kernels run asynchronously on a GPU: host clocks around the calls that launch them would time the launches.
+A `Clock` marks the phase boundaries and reads the times when the step is done. On CUDA its marks are events
+recorded on the current stream, stamped by the GPU when its work reaches them and read after one
+synchronize at the end of the step; a synchronize at every boundary instead would keep the host from
+queueing the next phase while the GPU runs this one, and so time a slower step than training's. The data
+phase is host work (the loader) and then the non-blocking copy to the device: as every step starts on an
+idle GPU (the previous one waited for its times), its first mark is reached at once and its second when the
+copy is done, so it holds both. The parts, between consecutive marks, add up to the step. Before the barrier
+ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's, on the host), so that
+stragglers wait there, outside every part. On the CPU the marks are `perf_counter` readings.
+
 Shared machines are noisy (the same step measured in separate processes here varies by 10-15 %, and by
 2x while another job runs), so the measurement defends itself:
 - short steps are measured for at least `min_measure_s` seconds (many cheap samples); long steps stop
@@ -38,7 +49,7 @@ from torch import nn
 
 from . import launch
 from .config import fingerprint
-from .data import make_loader
+from .data import loader_options, make_loader
 from .distributed import Context, init_distributed, shutdown
 from .files import read_json, write_json
 from .layout import devices_per_node, ranks_per_host, steps_per_epoch
@@ -52,10 +63,48 @@ MAX_STEPS = 200
 BACKOFF_S = 1.0
 
 
-def _batches(loader):
+def _batches(loader, device: torch.device):
     for epoch in itertools.count():
         loader.sampler.set_epoch(epoch)
-        yield from loader
+        for x, y in loader:
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+class Clock:
+    """Marks on the host's clock: on the CPU the work is done when the call that does it returns."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def wait(self) -> None:
+        """Until the work queued so far is done (on the CPU it is)."""
+
+    def seconds(self, spans: list[tuple]) -> list[float]:
+        """The time of each (start mark, end mark), once the work before the last mark is done."""
+        return [end - start for start, end in spans]
+
+
+class CudaClock(Clock):
+    """Marks are CUDA events on the current stream, reached when the GPU has done the work queued before them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wait(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def seconds(self, spans: list[tuple]) -> list[float]:
+        self.wait()
+        return [start.elapsed_time(end) / 1e3 for start, end in spans]
+
+
+def clock_for(device: torch.device) -> Clock:
+    return CudaClock(device) if device.type == "cuda" else Clock()
 
 
 def _all_reduce_gradients(model: nn.Module, world_size: int) -> None:
@@ -197,40 +246,35 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
             seed=job["train"]["seed"],
             shuffle=True,
             drop_last=True,
-            num_workers=job["data"]["num_workers"],
-        )
+            **loader_options(job, ctx.device),
+        ),
+        ctx.device,
     )
     distributed = ctx.world_size > 1
-    device_sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    clock = clock_for(ctx.device)
 
     def split_step() -> list[float]:
         """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
-        t0 = time.perf_counter()
-        x, y = (t.to(ctx.device) for t in next(batches))
-        device_sync()
-        t1 = time.perf_counter()
+        start = clock.mark()
+        x, y = next(batches)
+        loaded = clock.mark()
         _, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, sync=False)
-        device_sync()
-        t2 = time.perf_counter()
-        sync_s = 0.0
+        computed = sync_start = synced = clock.mark()
         if distributed:
+            clock.wait()  # the barrier is the host's: this rank's GPU must be done too
             dist.barrier()  # stragglers wait here, not inside the timed all-reduce
-            t_sync = time.perf_counter()
+            sync_start = clock.mark()
             _all_reduce_gradients(model, ctx.world_size)
-            device_sync()
-            sync_s = time.perf_counter() - t_sync
-        t3 = time.perf_counter()
+            synced = clock.mark()
         apply_update(net, strategy, loss_fn, x, y, reference_grads)
-        device_sync()
-        return [t1 - t0, t2 - t1, sync_s, time.perf_counter() - t3]
+        return clock.seconds([(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())])
 
     def full_step() -> float:
         """The training step as training runs it (sync overlapped with backward)."""
-        t0 = time.perf_counter()
-        x, y = (t.to(ctx.device) for t in next(batches))
+        start = clock.mark()
+        x, y = next(batches)
         training_step(net, strategy, loss_fn, x, y)
-        device_sync()
-        return time.perf_counter() - t0
+        return clock.seconds([(start, clock.mark())])[0]
 
     warmup = [full_step() for _ in range(max(1, search["warmup_steps"]))]
     # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.

@@ -1,8 +1,8 @@
 """Large-batch training strategies (Tula paper Sec. IV-D, Table I), selected by `train.strategy`.
 
-A strategy is an optimiser, a per-step learning-rate schedule and three hooks that train.py calls
-around every optimiser step and at the end of every epoch; nothing else in the loop knows which
-strategy runs.
+A strategy is an optimiser, a per-step learning-rate schedule, the step's precision and three hooks
+that train.py calls around every optimiser step and at the end of every epoch; nothing else in the
+loop knows which strategy runs.
 
 | strategy | optimiser                                          | peak learning rate          | warm-up |
 |----------|----------------------------------------------------|-----------------------------|---------|
@@ -21,6 +21,7 @@ without warm-up: AGS's gate already leaves the sensitive early steps unscaled.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -126,13 +127,102 @@ def lr_factor(train_cfg: dict, steps_per_epoch: int) -> Callable[[int], float]:
     return factor
 
 
-class Strategy:
-    """Optimiser and schedule of one run, and the hooks train.py calls; lbt, lrs and lars need no more."""
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-    def __init__(self, name: str, optimizer: torch.optim.Optimizer, train_cfg: dict, steps_per_epoch: int) -> None:
+
+class Precision:
+    """How a step computes (train.precision, train.channels_last): autocast, fp16's loss scaling, memory format.
+
+    The strategy holds it so that every caller of the step (training, profiling, memory probing) runs the
+    job's precision without knowing of it. Master weights, gradients and the loss stay fp32; bf16 and fp16
+    autocast the forward. fp16 multiplies the loss by a GradScaler's scale so small gradients survive its
+    narrow range; `unscale` brings ``.grad`` back to true values before any strategy hook reads it.
+    """
+
+    def __init__(self, name: str, device: torch.device, channels_last: bool = False, local_steps: bool = False) -> None:
+        self.device_type = device.type
+        self.dtype = AUTOCAST_DTYPES[name]
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        self.channels_last = channels_last
+        self.local_steps = local_steps
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch of images in the model's memory format (a no-op when it already is)."""
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.ndim == 4 else x
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def loss_scale(self) -> float:
+        """The factor ``.grad`` carries until `unscale` (1 without a scaler); reading the scaler's syncs."""
+        return 1.0 if self.scaler is None else self.scaler.get_scale()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Divide ``.grad`` by the loss scale; returns whether it is finite (always, and without a sync, unscaled).
+
+        The scaler records what it found per device; reading that record is the one check an fp16 step
+        needs (GradScaler.step would make the same one). Synchronous ranks hold the same all-reduced
+        gradient and decide alike; with `local_steps` (polo's local SGD) each holds its own, so they agree
+        on the worst: every rank skips the step and backs off its scale together, and their model averages
+        stay matched.
+        """
+        if self.scaler is None:
+            return True
+        self.scaler.unscale_(optimizer)
+        found = list(self.scaler._found_inf_per_device(optimizer).values())
+        if self.local_steps:
+            worst = torch.stack(found).amax()
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            for flag in found:
+                flag.copy_(worst)
+        return not any(flag.item() for flag in found)
+
+    def update(self) -> None:
+        """After the step: halve the scale after a non-finite gradient, grow it after a run of finite ones."""
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def attach_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Carry the scaler's state in `optimizer`'s state dict (under ``"grad_scaler"``), so checkpoints keep it.
+
+        Hooks on the innermost optimiser: TulaOptimizer and PostLocalSGDOptimizer build their state dicts
+        from its own and hand it its part on load.
+        """
+        if self.scaler is None:
+            return
+        scaler = self.scaler
+
+        def save(_, state: dict) -> None:
+            state["grad_scaler"] = scaler.state_dict()
+
+        def load(_, state: dict) -> dict:
+            state = dict(state)
+            if "grad_scaler" in state:
+                scaler.load_state_dict(state.pop("grad_scaler"))
+            return state
+
+        optimizer.register_state_dict_post_hook(save)
+        optimizer.register_load_state_dict_pre_hook(load)
+
+
+class Strategy:
+    """Optimiser, schedule and precision of one run, and the hooks train.py calls; lbt, lrs and lars need no more."""
+
+    def __init__(
+        self,
+        name: str,
+        optimizer: torch.optim.Optimizer,
+        train_cfg: dict,
+        steps_per_epoch: int,
+        precision: Precision,
+    ) -> None:
         self.name = name
         self.optimizer = optimizer
         self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
+        self.precision = precision
 
     def reference_indices(self, local_batch: int) -> torch.Tensor | None:
         """Positions of a reference sub-batch this step's gradient must also be taken on, if any."""
@@ -153,6 +243,8 @@ class Strategy:
         """
 
     def after_step(self) -> None:
+        """Called after every step, also one fp16 skipped for a non-finite gradient: the rate is a function of
+        the step count, which is where `resume` places it."""
         self.scheduler.step()
 
     def resume(self, optimizer_state: dict, step: int) -> None:
@@ -192,7 +284,12 @@ class ScalingStrategy(Strategy):
         if reference_grads is not None:
             self.optimizer.update_gradscale_from(reference_grads)
         elif self._update_due() and inputs.shape[0] == self.optimizer.small_batch_size:
-            self.optimizer.update_gradscale(net, loss_fn, inputs, targets)  # no rest to synchronise: a separate pass
+            # No rest to synchronise: a separate pass, computed as the step's own (precision, memory format).
+            precision = self.precision
+            with precision.autocast():
+                self.optimizer.update_gradscale(
+                    net, loss_fn, precision.inputs(inputs), targets, loss_scale=precision.loss_scale()
+                )
 
     def _update_due(self) -> bool:
         return self.optimizer.delta > 0 and self.optimizer.needs_update()
@@ -218,8 +315,8 @@ class PostLocalSGDStrategy(Strategy):
     gives every rank rank 0's.
     """
 
-    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, hook_state: PostLocalSGDState) -> None:
-        super().__init__(name, optimizer, train_cfg, steps_per_epoch)
+    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, precision, hook_state: PostLocalSGDState) -> None:
+        super().__init__(name, optimizer, train_cfg, steps_per_epoch, precision)
         self.hook_state = hook_state
 
     def resume(self, optimizer_state: dict, step: int) -> None:
@@ -245,12 +342,15 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
     """The strategy named by train_cfg["strategy"] for `net` (DDP-wrapped when there are several ranks).
 
     `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
-    averaging period are laid out in steps.
+    averaging period are laid out in steps. The step's precision (train.precision, train.channels_last)
+    runs on the device of `net`'s parameters.
     """
     name = train_cfg["strategy"]
     lr = peak_lr(train_cfg, global_batch)
     sgd = dict(lr=lr, momentum=train_cfg["momentum"], weight_decay=train_cfg["weight_decay"])
     params = list(net.parameters())
+    polo = name == "polo" and isinstance(net, DistributedDataParallel)
+    precision = Precision(train_cfg["precision"], params[0].device, train_cfg["channels_last"], local_steps=polo)
     if name == "lars":
         layers = [p for p in params if p.ndim > 1]
         others = [p for p in params if p.ndim <= 1]
@@ -259,8 +359,9 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
             **sgd,
             trust_coefficient=train_cfg["lars"]["trust_coefficient"],
         )
-        return Strategy(name, optimizer, train_cfg, steps_per_epoch)
-    optimizer = torch.optim.SGD(params, **sgd)
+    else:
+        optimizer = torch.optim.SGD(params, **sgd)
+    precision.attach_state(optimizer)
     if name in ("static", "ags"):
         ags = train_cfg["ags"]
         world = _world_size(net)
@@ -276,18 +377,17 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
             update_every_steps=ags["update_every_steps"],
             seed=train_cfg["seed"],
         )
-        return ScalingStrategy(name, tula, train_cfg, steps_per_epoch)
-    if name == "polo" and isinstance(net, DistributedDataParallel):
-        polo = train_cfg["polo"]
-        switch = polo["sync_epochs"] * steps_per_epoch
+        return ScalingStrategy(name, tula, train_cfg, steps_per_epoch, precision)
+    if polo:
+        switch = train_cfg["polo"]["sync_epochs"] * steps_per_epoch
         hook_state = PostLocalSGDState(
             process_group=None, subgroup=None, start_localSGD_iter=switch, post_local_gradient_allreduce=False
         )
         net.register_comm_hook(hook_state, post_localSGD_hook)
-        period = max(1, steps_per_epoch // polo["averages_per_epoch"])
+        period = max(1, steps_per_epoch // train_cfg["polo"]["averages_per_epoch"])
         averager = PeriodicModelAverager(period=period, warmup_steps=switch)
         return PostLocalSGDStrategy(
-            name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, hook_state
+            name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state
         )
-    # lbt, lrs, and polo on a single process (local SGD with one worker is plain SGD).
-    return Strategy(name, optimizer, train_cfg, steps_per_epoch)
+    # lbt, lrs, lars, and polo on a single process (local SGD with one worker is plain SGD).
+    return Strategy(name, optimizer, train_cfg, steps_per_epoch, precision)

@@ -27,7 +27,7 @@ from . import launch
 from .budget import budget_bytes, budget_source, device_memory, is_out_of_memory, model_bytes
 from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from .config import stage_settings
-from .data import make_loader, start_epoch
+from .data import loader_options, make_loader, start_epoch
 from .distributed import end_job_step, failure_records, init_distributed, shutdown
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
@@ -152,6 +152,7 @@ def _train_attempt(
     del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
     micro_batch = math.ceil(per_device / accumulation)
+    options = loader_options(job, ctx.device)
     loader = make_loader(
         splits.train,
         per_device,
@@ -159,7 +160,7 @@ def _train_attempt(
         world_size=ctx.world_size,
         seed=job["train"]["seed"],
         shuffle=True,
-        num_workers=job["data"]["num_workers"],
+        **options,
     )
     loss_fn = nn.CrossEntropyLoss()
     epochs = job["train"]["epochs"]
@@ -209,7 +210,7 @@ def _train_attempt(
             epoch_time = clock.spent - spent_before
             train_time += epoch_time
             epoch, samples_done, open_epoch_time = epoch + 1, 0, 0.0
-            val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch)
+            val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch, **options)
             record = {
                 "epoch": epoch,
                 "step": step,

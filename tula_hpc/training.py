@@ -2,7 +2,8 @@
 
 Training runs it for real, profiling times it (so the performance model predicts what training does),
 memory probing measures its peak (so the memory model sizes what training allocates), and evaluation
-scores the trained model the way training scores validation.
+scores the trained model the way training scores validation. The step runs at the strategy's precision
+(strategies.Precision: autocast, fp16's loss scaling, memory format), so all three measure the same step.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from .models import build_model
 
 
 def build_for_job(job: dict, ctx: Context):
-    """Data splits and the model on this rank's device, seeded so every rank starts identical."""
+    """Data splits and the model on this rank's device (channels_last if train.channels_last), seeded so every
+    rank starts identical."""
     seed_everything(job["train"]["seed"])
     splits = load_splits(job["data"], job["train"]["seed"])
     model = build_model(job["model"]["name"], splits.num_classes, splits.in_channels, job["data"]["image_size"])
-    return splits, model.to(ctx.device)
+    layout = torch.channels_last if job["train"]["channels_last"] else torch.preserve_format
+    return splits, model.to(ctx.device, memory_format=layout)
 
 
 def wrap_ddp(model: nn.Module, ctx: Context) -> nn.Module:
@@ -44,7 +47,11 @@ def accumulate_gradients(
     batch. Under DDP only the last slice synchronises, and none with sync=False (the profiler then
     all-reduces on its own clock). When the strategy asks for a reference sub-batch (AGS), it is
     accumulated first, and its own gradient is read off before the rest adds to it.
+
+    The forward and loss run under the strategy's autocast; under fp16 the gradients are left multiplied
+    by the loss scale (`apply_update` divides them), the reference gradients are returned divided by it.
     """
+    precision = strategy.precision
     strategy.optimizer.zero_grad(set_to_none=True)
     reference = strategy.reference_indices(len(y))
     head, (x_main, y_main) = [], (x, y)
@@ -59,21 +66,31 @@ def accumulate_gradients(
     for i, (xs, ys) in enumerate(slices):
         synchronise = sync and i == len(slices) - 1
         with contextlib.nullcontext() if synchronise or not isinstance(net, DDP) else net.no_sync():
-            loss = loss_fn(net(xs), ys)
+            with precision.autocast():
+                loss = loss_fn(net(precision.inputs(xs)), ys)
             if len(slices) > 1:
                 loss = loss * (len(ys) / len(y))
-            loss.backward()
+            precision.backward(loss)
         losses.append(loss.detach())
         if reference is not None and i == 0:
-            share = len(y) / len(ys)
+            share = len(y) / len(ys) / precision.loss_scale()
             reference_grads = {p: p.grad * share for p in net.parameters() if p.grad is not None}
     return sum(losses[1:], losses[0]), reference_grads
 
 
 def apply_update(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, reference_grads) -> None:
-    """The strategy's hooks around the optimiser step, on the accumulated (synchronised) gradient."""
-    strategy.before_step(net, loss_fn, x, y, reference_grads)
-    strategy.optimizer.step()
+    """The strategy's hooks around the optimiser step, on the accumulated (synchronised) gradient.
+
+    The gradient is unscaled first (fp16), so the hooks (AGS's factors) and the optimiser (AGS's Delta) see
+    true values. A non-finite fp16 gradient skips the hooks and the optimiser, as GradScaler.step does: AGS
+    neither counts the step nor takes a Delta or factors from it (a due update waits for the next step), and
+    the scaler lowers its scale. The learning-rate schedule still advances (`Strategy.after_step`).
+    """
+    precision = strategy.precision
+    if precision.unscale(strategy.optimizer):
+        strategy.before_step(net, loss_fn, x, y, reference_grads)
+        strategy.optimizer.step()
+    precision.update()
     strategy.after_step()
 
 
@@ -86,15 +103,16 @@ def training_step(
     return loss
 
 
-def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256) -> float:
-    """Top-1 accuracy over the whole data set, each rank scoring its own images, every image once."""
-    loader = make_eval_loader(dataset, batch_size, rank=ctx.rank, world_size=ctx.world_size)
+def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256, **loader_options) -> float:
+    """Top-1 accuracy over the whole data set, each rank scoring its own images, every image once
+    (`loader_options`: data.loader_options, the job's workers and pinning)."""
+    loader = make_eval_loader(dataset, batch_size, rank=ctx.rank, world_size=ctx.world_size, **loader_options)
     counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)
     model.eval()
     with torch.no_grad():
         for x, y in loader:
-            pred = model(x.to(ctx.device)).argmax(1)
-            counts[0] += (pred == y.to(ctx.device)).sum()
+            pred = model(x.to(ctx.device, non_blocking=True)).argmax(1)
+            counts[0] += (pred == y.to(ctx.device, non_blocking=True)).sum()
             counts[1] += len(y)
     model.train()
     if ctx.world_size > 1:

@@ -38,6 +38,12 @@ BAD_CASES = [
     ("epochs as text", lambda j: j["train"].update(epochs="ten"), ["train.epochs", "'ten'", "integer"]),
     ("lr as text", lambda j: j["train"].update(lr="fast"), ["train.lr", "number"]),
     ("unknown key", lambda j: j["train"].update(epoch=3), ["train", "'epoch'", "epochs"]),
+    (
+        "unknown precision",
+        lambda j: j["train"].update(precision="fp8"),
+        ["train.precision", "'fp8'", "fp32, bf16, fp16"],
+    ),
+    ("channels_last as text", lambda j: j["train"].update(channels_last="yes"), ["train.channels_last", "boolean"]),
     ("unknown section", lambda j: j.update(extras={}), ["'extras'", "allowed keys"]),
     ("unknown objective", lambda j: j["objective"].update(minimize="accuracy"), ["objective.minimize", "knee"]),
     (
@@ -194,6 +200,15 @@ def test_a_profile_depends_on_the_step_profiled_not_on_how_many_are_run_or_their
     assert fingerprint(more_epochs, "fit_model") != fingerprint(job, "fit_model")  # epochs change T
     assert fingerprint(default_job(train={"strategy": "lars"}), "profile") != fingerprint(job, "profile")
     assert fingerprint(default_job(objective={"minimize": "cost"}), "profile") == fingerprint(job, "profile")
+
+
+def test_the_step_precision_reruns_memory_probing_profiling_and_training():
+    job = default_job()
+    for change in ({"precision": "bf16"}, {"channels_last": True}):
+        changed = default_job(train=change)
+        for stage in ("probe_memory", "profile", "adapt", "train"):
+            assert fingerprint(changed, stage) != fingerprint(job, stage), (change, stage)
+        assert fingerprint(changed, "fit_model") == fingerprint(job, "fit_model")
 
 
 def test_the_rules_read_the_same_table():

@@ -6,8 +6,9 @@ import torch
 from PIL import Image
 from torch.utils.data import TensorDataset
 
-from tests.conftest import default_job
-from tula_hpc.data import DataError, load_splits, make_eval_loader, make_loader
+from tests.conftest import JOB, default_job, job_config
+from tula_hpc.config import ConfigError, job_settings, validate_config
+from tula_hpc.data import DataError, load_splits, loader_options, loader_workers, make_eval_loader, make_loader
 
 DIGITS = default_job()["data"]
 
@@ -59,3 +60,33 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
 def test_cifar_without_files_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="no cifar10 files there"):
         load_splits({**DIGITS, "name": "cifar10", "root": str(tmp_path), "image_size": 32}, seed=0)
+
+
+def test_loader_workers_default_to_the_cores_of_a_rank_but_the_one_it_trains_on():
+    config = job_config()
+    del config["jobs"][JOB]["data"]["num_workers"]
+    job = job_settings(validate_config(config), JOB)
+    assert job["data"]["num_workers"] == "auto"
+    assert loader_workers(job) == 0  # one core per rank: loading stays in the training process
+    for cores, workers in [(2, 1), (8, 7)]:
+        assert loader_workers({**job, "resources": {**job["resources"], "cpus_per_task": cores}}) == workers
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_a_number_of_loader_workers_wins_over_the_cores(workers):
+    assert loader_workers(default_job(data={"num_workers": workers}, resources={"cpus_per_task": 8})) == workers
+
+
+def test_loader_workers_are_a_count_or_auto():
+    with pytest.raises(ConfigError, match="num_workers"):
+        validate_config(job_config(data={"num_workers": "all"}))
+
+
+def test_batches_are_pinned_for_a_gpu_only():
+    """Pinned batches make the non-blocking copy to a GPU asynchronous; on the CPU there is nothing to copy."""
+    job, splits = default_job(), load_splits(DIGITS, seed=0)
+    for device, pinned in [("cpu", False), ("cuda", True)]:
+        options = loader_options(job, torch.device(device))
+        assert options == {"num_workers": 0, "pin_memory": pinned}
+        assert make_loader(splits.train, 8, rank=0, world_size=1, seed=0, shuffle=True, **options).pin_memory == pinned
+        assert make_eval_loader(splits.test, 8, rank=0, world_size=1, **options).pin_memory == pinned

@@ -38,6 +38,54 @@ def test_measure_times_each_part_of_real_training_steps(job):
     assert profile["peak_rss_bytes"] > 0
 
 
+class _HostEvent:
+    """A CUDA event's interface without a GPU: stamped when recorded, as the GPU stamps it when reached."""
+
+    def __init__(self, enable_timing: bool):
+        assert enable_timing
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.at - self.at) * 1e3  # milliseconds, as CUDA's
+
+
+@pytest.fixture
+def synchronizes(monkeypatch):
+    """CUDA's clock on this CPU: its events stamped by the host; the synchronizes it asks for, recorded."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
+    monkeypatch.setattr(profiling, "clock_for", profiling.CudaClock)
+    return calls
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def clock(request):
+    if request.param == "cuda":
+        request.getfixturevalue("synchronizes")
+    return profiling.clock_for(torch.device(request.param))
+
+
+def test_the_parts_between_consecutive_marks_add_up_to_the_step(clock):
+    marks = [clock.mark()]
+    for _ in range(3):
+        time.sleep(0.01)
+        marks.append(clock.mark())
+    parts = clock.seconds(list(zip(marks, marks[1:])))
+    (step,) = clock.seconds([(marks[0], marks[-1])])
+    assert all(part >= 0.01 for part in parts) and sum(parts) == pytest.approx(step)
+
+
+def test_on_a_gpu_each_step_is_timed_by_events_read_after_one_synchronize(job, synchronizes):
+    """Synchronizing at every phase boundary would keep the host from queueing work ahead, as training does."""
+    profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16)
+    assert len(synchronizes) == profile["warmup_steps"] + 2 * profile["steps"] * len(profile["attempts_interference"])
+    assert profile["median"]["sync_s"] == 0.0
+    assert all(profile["median"][part] > 0 for part in ("data_s", "compute_s", "update_s", "step_s"))
+
+
 def test_a_disturbed_measurement_is_repeated_and_the_quietest_attempt_kept(job, monkeypatch):
     monkeypatch.setattr(profiling, "BACKOFF_S", 0.0)
     job["search"].update(max_attempts=2, interference_tolerance=0.0)  # nothing is quiet enough: both attempts run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import math
 import os
 
@@ -80,6 +81,71 @@ def test_ags_reads_the_reference_gradient_off_the_training_step_as_a_separate_pa
     expected = [reference.optimizer.gradscale[p] for p in separate.parameters()]
     assert all(torch.allclose(f, e, rtol=1e-4) for f, e in zip(factors, expected))
     assert any((f != 1).any() for f in factors)
+
+
+def test_fp16_ags_separate_reference_pass_runs_at_the_step_precision_and_is_unscaled():
+    """A batch of exactly B_small is its own reference: the factors of the same samples are 1, not clamped at s_max."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))
+    strategy = build_strategy(model, default_job(train={"strategy": "ags", "precision": "fp16"})["train"], 128, 4)
+    strategy.end_epoch()
+    dtypes = []
+    model[0].register_forward_hook(lambda module, inputs, out: dtypes.append(out.dtype))
+    training_step(model, strategy, F.cross_entropy, torch.randn(32, 6), torch.arange(32) % 4)
+    assert dtypes == [torch.float16, torch.float16]  # the step's forward, then the reference pass's
+    factors = strategy.optimizer.gradscale
+    assert strategy.optimizer.s_max == 2 and len(factors) == 4
+    assert all(torch.allclose(f, torch.ones_like(f), atol=1e-2) for f in factors.values())
+
+
+@pytest.mark.parametrize("name", ["lbt", "lars", "ags"])
+def test_the_fp16_loss_scale_survives_a_checkpoint(name):
+    cfg = default_job(train={"strategy": name, "precision": "fp16"})["train"]
+
+    def fresh():
+        model = nn.Linear(4, 3)
+        return model, build_strategy(model, cfg, global_batch=64, steps_per_epoch=4)
+
+    model, strategy = fresh()
+    x, y = torch.randn(64, 4), torch.arange(64) % 3
+    training_step(model, strategy, F.cross_entropy, x.clone().fill_(math.inf), y)  # skipped: the scale halves
+    training_step(model, strategy, F.cross_entropy, x, y)  # taken: one towards growing it again
+    saved = strategy.precision.scaler.state_dict()
+    assert (saved["scale"], saved["_growth_tracker"]) == (2.0**15, 1)
+    buffer = io.BytesIO()
+    torch.save(strategy.optimizer.state_dict(), buffer)  # as save_checkpoint writes it
+    buffer.seek(0)
+
+    _, resumed = fresh()
+    resumed.resume(torch.load(buffer, weights_only=False), step=2)
+    assert resumed.precision.scaler.state_dict() == saved
+    assert resumed.precision.loss_scale() == 2.0**15
+
+
+def _polo_fp16_worker(rank: int, train_cfg: dict, outdir: str) -> None:
+    """Local SGD from the first step; only rank 1's gradient overflows."""
+    torch.manual_seed(0)
+    net = DistributedDataParallel(nn.Linear(4, 3))
+    strategy = build_strategy(net, train_cfg, global_batch=32, steps_per_epoch=4)
+    x, y = torch.randn(16, 4), torch.arange(16) % 3
+    if rank == 1:
+        x[0, 0] = math.inf
+    before = [p.detach().clone() for p in net.parameters()]
+    training_step(net, strategy, F.cross_entropy, x, y)
+    result = {
+        "unchanged": all(torch.equal(p, q) for p, q in zip(net.parameters(), before)),
+        "scale": strategy.precision.loss_scale(),
+        "averager_step": strategy.optimizer.averager.step,
+    }
+    torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
+
+
+def test_fp16_local_sgd_ranks_skip_a_step_together_when_one_overflows(tmp_path):
+    """Each local-SGD rank holds its own gradient; a rank stepping alone would leave the model averages unmatched."""
+    train = dict(strategy="polo", precision="fp16", polo={"sync_epochs": 0, "averages_per_epoch": 2})
+    run_on_two_ranks(_polo_fp16_worker, default_job(train=train)["train"], str(tmp_path))
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert results == [{"unchanged": True, "scale": 2.0**15, "averager_step": 0}] * 2
 
 
 def test_lrs_scales_linearly_and_warms_up_per_step():

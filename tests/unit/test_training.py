@@ -3,12 +3,13 @@
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import default_job, run_on_two_ranks
 from tula_hpc.distributed import Context
 from tula_hpc.strategies import build_strategy
-from tula_hpc.training import evaluate_accuracy, training_step
+from tula_hpc.training import accumulate_gradients, build_for_job, evaluate_accuracy, training_step
 
 
 def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
@@ -46,3 +47,118 @@ def test_two_ranks_score_every_image_exactly_once(tmp_path):
     # DistributedSampler would pad rank 1's share with image 0 (right), scoring 4/6 instead of 3/5.
     run_on_two_ranks(_score_five_images, str(tmp_path))
     assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)] == [0.6, 0.6]
+
+
+def _conv_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+
+
+def _images(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(batch, 3, 8, 8, generator=gen), torch.randint(0, 4, (batch,), generator=gen)
+
+
+def test_a_bf16_step_autocasts_the_forward_and_keeps_the_loss_and_the_weights_fp32():
+    model = _conv_net()
+    before = copy.deepcopy(model)
+    strategy = build_strategy(model, default_job(train={"strategy": "lbt", "precision": "bf16"})["train"], 16, 1)
+    outputs = []
+    for layer in (model[0], model[3]):
+        layer.register_forward_hook(lambda module, inputs, out: outputs.append(out.dtype))
+    loss = training_step(model, strategy, nn.CrossEntropyLoss(), *_images(16))
+    assert outputs == [torch.bfloat16, torch.bfloat16]
+    assert loss.dtype == torch.float32
+    assert all(p.dtype == p.grad.dtype == torch.float32 for p in model.parameters())
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before.parameters()))
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _ags(model: nn.Module, precision: str):
+    """An AGS strategy at B=128 (B_small=32) with its epoch-cadence update due, recording what before_step sees."""
+    strategy = build_strategy(model, default_job(train={"strategy": "ags", "precision": precision})["train"], 128, 4)
+    strategy.end_epoch()
+    seen, hook = {}, strategy.before_step
+
+    def before_step(net, loss_fn, inputs, targets, reference_grads=None):
+        seen["grad"] = [p.grad.clone() for p in net.parameters()]
+        seen["reference"] = [reference_grads[p].clone() for p in net.parameters()]
+        hook(net, loss_fn, inputs, targets, reference_grads)
+
+    strategy.before_step = before_step
+    return strategy, seen
+
+
+def test_fp16_ags_takes_its_factors_and_delta_from_unscaled_gradients():
+    x, y = torch.randn(128, 6, generator=torch.Generator().manual_seed(2)), torch.arange(128) % 4
+    runs = {}
+    for precision in ("fp32", "fp16"):
+        model = _mlp()
+        strategy, seen = _ags(model, precision)
+        training_step(model, strategy, F.cross_entropy, x, y)
+        runs[precision] = model, strategy, seen
+    (model32, fp32, seen32), (model16, fp16, seen16) = runs["fp32"], runs["fp16"]
+    assert fp16.optimizer.pop_epoch_metrics()["steps"] == 1  # the step was taken, not skipped
+
+    # The gradients AGS's Delta and factors are taken from match fp32's up to fp16's rounding...
+    for key in ("grad", "reference"):
+        for g16, g32 in zip(seen16[key], seen32[key]):
+            torch.testing.assert_close(g16, g32, rtol=2e-2, atol=1e-4)
+    pairs = zip(model16.parameters(), model32.parameters())
+    factors = [(fp16.optimizer.gradscale[p], fp32.optimizer.gradscale[q]) for p, q in pairs]
+    for f16, f32 in factors:
+        torch.testing.assert_close(f16, f32, rtol=2e-2, atol=0)
+    assert any(f32 < fp32.optimizer.s_max for _, f32 in factors)  # a factor left unclamped: the check can tell
+
+    # ... and would have been the loss scale times too large without unscaling: what backward leaves in .grad.
+    model = _mlp()
+    strategy, _ = _ags(model, "fp16")
+    accumulate_gradients(model, strategy, F.cross_entropy, x, y)
+    scale = strategy.precision.loss_scale()
+    assert scale >= 2**10
+    for p, g32 in zip(model.parameters(), seen32["grad"]):
+        torch.testing.assert_close(p.grad / scale, g32, rtol=2e-2, atol=1e-4)
+
+
+def test_an_fp16_step_with_a_non_finite_gradient_is_skipped_and_the_schedule_goes_on():
+    model = _mlp()
+    before = copy.deepcopy(model)
+    strategy, _ = _ags(model, "fp16")
+    x, y = torch.randn(128, 6), torch.arange(128) % 4
+    x[0, 0] = float("inf")
+    scale = strategy.precision.loss_scale()
+    training_step(model, strategy, F.cross_entropy, x, y)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before.parameters()))
+    assert strategy.precision.loss_scale() == scale / 2
+    # AGS neither counted the step nor took factors from it: the due update waits for the next step.
+    assert strategy.optimizer.gradscale == {} and strategy.optimizer.needs_update()
+    assert strategy.optimizer.pop_epoch_metrics()["steps"] == 0
+    assert strategy.scheduler.last_epoch == 1  # the rate follows the step count, as a resume places it
+
+
+def test_channels_last_puts_the_weights_and_the_images_of_every_slice_in_that_format():
+    cpu = Context(0, 1, 0, torch.device("cpu"))
+    for channels_last in (False, True):
+        _, tiny = build_for_job(default_job(train={"channels_last": channels_last}), cpu)
+        weights = [p for p in tiny.parameters() if p.ndim == 4 and p.shape[1] > 1]
+        assert weights and all(w.is_contiguous(memory_format=torch.channels_last) == channels_last for w in weights)
+
+    model = _conv_net().to(memory_format=torch.channels_last)
+    job = default_job(train={"strategy": "ags", "channels_last": True})
+    strategy = build_strategy(model, job["train"], 64, 1)
+    strategy.end_epoch()  # the reference sub-batch is a slice of its own
+    seen = []
+
+    def record(conv, inputs):
+        seen.append([t.is_contiguous(memory_format=torch.channels_last) for t in (inputs[0], conv.weight)])
+
+    model[0].register_forward_pre_hook(record)
+    x, y = _images(64)
+    assert not x.is_contiguous(memory_format=torch.channels_last)
+    training_step(model, strategy, nn.CrossEntropyLoss(), x, y)
+    assert seen == [[True, True], [True, True]]
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
