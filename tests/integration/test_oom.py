@@ -103,12 +103,9 @@ def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
     assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512
 
 
-def test_a_rank_out_of_memory_ends_the_job_step_at_once_though_its_peer_never_notices(tmp_path):
-    """The OOM agreement asks nothing of the backend: rank 0 waits as NCCL's ranks do (forever), and the rank
-    that ran out of memory records it and exits; the launcher ends rank 0, and the record says what happened."""
-    job = _job(tmp_path)
-    spec = launch.LaunchSpec(launcher="local", nodes=2)
-    started = time.monotonic()
+def out_of_memory_beside_a_rank_that_never_notices(job: dict, spec: launch.LaunchSpec, folder) -> tuple[dict, float]:
+    """Rank 1 runs out of memory for real while rank 0 waits as NCCL's ranks do (forever): the job must fail.
+    Returns rank 1's record and when the stage knew the job had ended."""
     with pytest.raises(launch.JobFailed):
         launch.run(
             train_beside_a_rank_that_never_notices,
@@ -116,20 +113,30 @@ def test_a_rank_out_of_memory_ends_the_job_step_at_once_though_its_peer_never_no
                 budgets_gb=[1, TIGHT_GB],
                 job=job,
                 global_batch=512,
-                checkpoint_path=str(tmp_path / "checkpoint.pt"),
-                model_path=str(tmp_path / "model.pt"),
-                metrics_path=str(tmp_path / "metrics.jsonl"),
-                failure_dir=str(tmp_path / "failures"),
+                checkpoint_path=str(folder / "checkpoint.pt"),
+                model_path=str(folder / "model.pt"),
+                metrics_path=str(folder / "metrics.jsonl"),
+                failure_dir=str(folder / "failures"),
             ),
             spec,
-            tmp_path / "stage",
-            name="oom-on-rank-1",
+            folder / "stage",
+            name=f"{job['name']}-oom",
         )
-    ended = time.time()
-    [record] = failure_records(tmp_path / "failures")
+    noticed = time.time()
+    [record] = failure_records(folder / "failures")
     assert record["outcome"] == "out_of_memory" and record["rank"] == 1
-    print(f"the stage knew {ended - record['recorded_at']:.2f} s after rank 1 recorded running out of memory")
-    assert ended - record["recorded_at"] < 5  # the launcher polls every 0.1 s; rank 0 alone would sleep 600 s
+    return record, noticed
+
+
+def test_a_rank_out_of_memory_ends_the_job_step_at_once_though_its_peer_never_notices(tmp_path):
+    """The OOM agreement asks nothing of the backend: the rank that ran out of memory records it and exits; the
+    launcher ends rank 0, and the record says what happened."""
+    started = time.monotonic()
+    record, noticed = out_of_memory_beside_a_rank_that_never_notices(
+        _job(tmp_path), launch.LaunchSpec(launcher="local", nodes=2), tmp_path
+    )
+    print(f"the stage knew {noticed - record['recorded_at']:.2f} s after rank 1 recorded running out of memory")
+    assert noticed - record["recorded_at"] < 5  # the launcher polls every 0.1 s; rank 0 alone would sleep 600 s
     assert time.monotonic() - started < NEVER_NOTICES_S / 2
 
 

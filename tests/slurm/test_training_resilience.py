@@ -12,12 +12,10 @@ import torch
 import yaml
 
 from tests.conftest import paced_job, train_stage, unique_job_config, wait_for
-from tests.integration.test_oom import TIGHT_GB
-from tests.integration.workers import train_beside_a_rank_that_never_notices
+from tests.integration.test_oom import TIGHT_GB, out_of_memory_beside_a_rank_that_never_notices
 from tests.slurm.conftest import sacct_jobs, step_end_time
 from tula_hpc import launch
 from tula_hpc.config import job_settings, load_config
-from tula_hpc.distributed import failure_records
 from tula_hpc.files import read_json
 from tula_hpc.launch import slurm_state
 
@@ -96,27 +94,8 @@ def test_out_of_memory_on_one_of_two_nodes_ends_the_step_at_once_and_the_stage_k
     name, config_path = unique_job_config(tmp_path, epochs=3, lr_milestones=[])
     job = job_settings(load_config([config_path], {"launcher": "slurm"}), name)
     spec = launch.LaunchSpec.for_job(job, nodes=2)
-    failures = tmp_path / "failures"
-    with pytest.raises(launch.JobFailed):
-        launch.run(
-            train_beside_a_rank_that_never_notices,
-            dict(
-                budgets_gb=[1, TIGHT_GB],
-                job=job,
-                global_batch=512,
-                checkpoint_path=str(tmp_path / "checkpoint.pt"),
-                model_path=str(tmp_path / "model.pt"),
-                metrics_path=str(tmp_path / "metrics.jsonl"),
-                failure_dir=str(failures),
-            ),
-            spec,
-            tmp_path / "agreement",
-            name=f"{name}-oom",
-        )
-    noticed = time.time()
-    [record] = failure_records(failures)
-    assert record["outcome"] == "out_of_memory" and record["rank"] == 1
-    job_id = read_json(tmp_path / "agreement" / "job.json")["job_id"]
+    record, noticed = out_of_memory_beside_a_rank_that_never_notices(job, spec, tmp_path / "agreement")
+    job_id = read_json(tmp_path / "agreement" / "stage" / "job.json")["job_id"]
     step_end = step_end_time(job_id)
     print(
         f"step ended {step_end - record['recorded_at']:.1f} s after the record; stage knew after "
