@@ -287,7 +287,8 @@ def _end_at_first_bad_exit(job: submitit.Job) -> None:
             seen = set()
         seen |= alive
         ended = len(seen - alive)
-        if alive and ended > sum(_ended_well(job, rank) for rank in range(job.num_tasks)):
+        # Results are read only once a rank has ended, not on every poll of a job that runs for hours.
+        if alive and ended and ended > sum(_ended_well(job, rank) for rank in range(job.num_tasks)):
             for pid in alive:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     psutil.Process(pid).kill()
