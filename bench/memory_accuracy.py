@@ -67,7 +67,7 @@ def bench_case(job: dict, batches: list[int]) -> tuple[list[dict], dict]:
     cap = len(load_splits(job["data"], job["train"]["seed"]).train)
     probes = measured(run_probes(job, cap, budget=budget_bytes(job, torch.device("cpu"))))  # a figure: any device
     probe_seconds = time.perf_counter() - started
-    model = fit_probes(probes)
+    model = fit_probes(probes, "allocated")  # the truth's figure; on the CPU the reserved one is the same count
     cases = []
     for batch in batches:
         truth = steady_truth.measure(job, batch)["peak_bytes"]

@@ -31,6 +31,7 @@ def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
 
     from tula_hpc.budget import budget_bytes, device_memory, is_out_of_memory, model_bytes
     from tula_hpc.distributed import Context
+    from tula_hpc.memory import PEAK
     from tula_hpc.strategies import build_strategy
     from tula_hpc.training import build_for_job, training_step
 
@@ -56,7 +57,8 @@ def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
         if not is_out_of_memory(err):
             raise
         return {"batch": batch, "fits": False, "steps": steps, "error": str(err)[:300]}
-    return {"batch": batch, "fits": True, "steps": steps, "peak_bytes": device_memory.peak(device)}
+    peaks = {key: device_memory.peak(device, figure) for figure, key in PEAK.items()}
+    return {"batch": batch, "fits": True, "steps": steps, **peaks}
 
 
 def measure(job: dict, batch: int, budget: int | None = None) -> dict:

@@ -24,6 +24,8 @@ from .layout import devices_per_node
 
 GB = 1e9
 OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
+# The torch.cuda counter of each figure a peak is read in (_DeviceMemory.peak).
+PEAK_COUNTS = {"allocated": "max_memory_allocated", "reserved": "max_memory_reserved"}
 CPU_BUDGET_SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_budget.cpp"
 
 
@@ -79,7 +81,7 @@ class _DeviceMemory:
             )
         self.device = device
         if device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
+            total = self.card_bytes(device)
             if budget_bytes < total:  # never silently: the user may have meant another card
                 print(
                     f"[tula-hpc] {device} has {total / GB:.1f} GB; capped to {budget_bytes / GB:.1f} GB by "
@@ -115,9 +117,31 @@ class _DeviceMemory:
     def in_use(self, device) -> int:
         return self._count(device, "tula_used", "memory_allocated")
 
-    def peak(self, device) -> int:
-        """The most the device held since the budget was set or `reset_peak`."""
-        return self._count(device, "tula_peak", "max_memory_allocated")
+    def peak(self, device, figure: str = "allocated") -> int:
+        """The most the device held since the budget was set or `reset_peak`: in tensors (`allocated`), or in
+        the blocks the allocator took from the device to hold them (`reserved`).
+
+        CUDA's caching allocator reserves more than it hands out (blocks rounded up, segments split, freed
+        blocks kept for reuse), and its cap (the budget) and its out-of-memory errors apply to what it
+        reserves. The CPU budget allocator reserves exactly what it allocates: one count serves both.
+        """
+        return self._count(device, "tula_peak", PEAK_COUNTS[figure])
+
+    def outside_allocator(self, device) -> int:
+        """Device memory this process's allocator does not hold (the CUDA context, other processes): the part of
+        the card that no budget can give to the steps. Nothing on the CPU, where the budget is all there is."""
+        import torch
+
+        if device.type != "cuda":
+            return 0
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free - torch.cuda.memory_reserved(device)
+
+    def card_bytes(self, device) -> int | None:
+        """The card's memory, on a GPU."""
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
     def failed_at(self, device) -> int | None:
         """Bytes the last refused allocation would have brought the device to: a lower bound of the need (CPU)."""
@@ -145,9 +169,7 @@ def budget_bytes(job: dict, device) -> int:
     if resources["device_memory_gb"] != "auto":
         return int(resources["device_memory_gb"] * GB)
     if device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(device).total_memory
+        return device_memory.card_bytes(device)
     return int(resources["mem_gb"] * GB / devices_per_node(job))
 
 

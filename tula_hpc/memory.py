@@ -20,6 +20,14 @@ the probed range), and probes are added, doubling, until the growing part is at 
 the peak. A switch beyond the largest probe cannot be seen by any probe: the verification trials, real
 steady steps at the proposed batch under the budget, catch it.
 
+Which figure decides. A CUDA caching allocator reserves more than it allocates: it rounds blocks up, splits
+segments and keeps freed blocks for reuse, and its cap (the budget) and its out-of-memory errors apply to what
+it reserves. So every peak is read in both figures (torch.cuda.max_memory_allocated and max_memory_reserved;
+cuDNN's and cuBLAS's workspaces are allocator blocks and count in both), each gets its own model, and the
+reserved one (DECIDING_FIGURE) sizes the largest batch; memory.json reports both. On the device the card's
+memory that the allocator cannot have (the CUDA context, other processes) is measured and taken off the budget.
+On the CPU the budget allocator reserves exactly what it allocates, and both figures are one count.
+
 The stage. Every probe and trial runs in a fresh process (one probe's allocator and lazily built kernels
 must not leak into the next) under the device budget (budget.py). The model proposes the largest batch;
 at most two trials confirm or correct it, the second using what the first measured.
@@ -64,6 +72,10 @@ GROWING_SHARE = 0.75  # the largest probe's peak is at least this much batch-dep
 MAX_PROBES = 6
 MAX_VERIFICATION_TRIALS = 2
 PROBES_AT_ONCE = 2  # on the CPU: the rule's threads (workflow/rules/memory.smk)
+# Each figure a peak is read in (budget.PEAK_COUNTS), and the key of a probe's peak per part in it.
+PART_PEAKS = {"allocated": "peaks", "reserved": "reserved_peaks"}
+PEAK = {"allocated": "peak_bytes", "reserved": "reserved_peak_bytes"}
+DECIDING_FIGURE = "reserved"  # what the allocator's cap and its out-of-memory errors apply to
 
 # --- the model --------------------------------------------------------------------------------------
 
@@ -128,8 +140,17 @@ def measured(probes: list[dict]) -> list[dict]:
     )
 
 
-def fit_probes(probes: list[dict]) -> StepMemoryModel:
-    return StepMemoryModel().fit([p["batch"] for p in probes], [[p["peaks"][part] for part in PARTS] for p in probes])
+def fit_probes(probes: list[dict], figure: str = DECIDING_FIGURE) -> StepMemoryModel:
+    return StepMemoryModel().fit(
+        [p["batch"] for p in probes], [[p[PART_PEAKS[figure]][part] for part in PARTS] for p in probes]
+    )
+
+
+def room_for_steps(job: dict, budget: int, probes: list[dict]) -> int:
+    """What the steps may fill: the budget, but never more of the card than its allocator can have (the card
+    less what the probes saw held outside it), less resources.memory_headroom."""
+    cards = [p["card_bytes"] - p["outside_allocator_bytes"] for p in probes if p.get("card_bytes")]
+    return usable_bytes(job, min([budget, *cards]))
 
 
 def next_probe(probes: list[dict], cap: int, budget: int) -> int | None:
@@ -175,7 +196,7 @@ def next_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: 
     last = trials[-1]
     if len(trials) >= MAX_VERIFICATION_TRIALS or (last["outcome"] == "fits" and last["batch"] >= cap):
         return None
-    seen = last["peak_bytes"] if last["outcome"] == "fits" else (last["failed_at_bytes"] or available + 1)
+    seen = last[PEAK[DECIDING_FIGURE]] if last["outcome"] == "fits" else (last["failed_at_bytes"] or available + 1)
     intercept, slope = model.line_at(last["batch"])
     corrected = StepMemoryModel()
     corrected.intercepts_ = model.intercepts_
@@ -243,19 +264,22 @@ def _collated_batch(splits, batch: int, device):
     return [t.to(device) for t in default_collate([splits.train[i % len(splits.train)] for i in range(batch)])]
 
 
-def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, int]:
-    """The device's peak in every part (PARTS) of the steps training repeats (STEPS, the first not counted).
+def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[str, int]]:
+    """The device's peak in every part (PARTS) of the steps training repeats (STEPS, the first not counted),
+    in each figure (PART_PEAKS): {figure: {part: bytes}}.
 
     The phases are cut where the code is, not where allocations are: the network's forward returning,
-    the gradients being accumulated, the update applied; the device's high-water mark is read and reset
+    the gradients being accumulated, the update applied; the device's high-water marks are read and reset
     at each cut.
     """
     from .training import accumulate_gradients, apply_update
 
-    peaks, cuts = dict.fromkeys(PARTS, 0), {}
+    peaks = {figure: dict.fromkeys(PARTS, 0) for figure in PART_PEAKS}
+    cuts: dict[tuple[str, str], int] = {}
 
     def cut(phase: str) -> None:
-        cuts[phase] = max(cuts.get(phase, 0), device_memory.peak(device))
+        for figure in PART_PEAKS:
+            cuts[figure, phase] = max(cuts.get((figure, phase), 0), device_memory.peak(device, figure))
         device_memory.reset_peak(device)
 
     handle = net.register_forward_hook(lambda *_: cut("forward"))
@@ -272,8 +296,10 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, int]:
             cut("update")
             del x, y, loss, reference_grads
             if kind != "first":
-                for phase in PHASES:
-                    peaks[f"{kind}/{phase}"] = max(peaks[f"{kind}/{phase}"], cuts.get(phase, 0))
+                for figure in PART_PEAKS:
+                    for phase in PHASES:
+                        part = f"{kind}/{phase}"
+                        peaks[figure][part] = max(peaks[figure][part], cuts.get((figure, phase), 0))
     finally:
         handle.remove()
     return peaks
@@ -322,8 +348,9 @@ def measure_probe(job: dict, batch: int) -> dict:
     return {
         "batch": batch,
         "outcome": "measured",
-        "peak_bytes": max(peaks.values()),
-        "peaks": peaks,
+        **peak_fields(peaks),
+        "card_bytes": device_memory.card_bytes(device),
+        "outside_allocator_bytes": device_memory.outside_allocator(device),
         "param_bytes": param_bytes,
         "buffer_bytes": resident - param_bytes,
         "grad_bytes": grad_bytes,
@@ -351,7 +378,15 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
         net = DDP(model)
     strategy = build_strategy(net, job["train"], batch, 1)
     peaks = steady_steps(net, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
-    return {"batch": batch, "outcome": "fits", "peak_bytes": max(peaks.values())}
+    return {"batch": batch, "outcome": "fits", **{PEAK[f]: max(part_peaks.values()) for f, part_peaks in peaks.items()}}
+
+
+def peak_fields(peaks: dict[str, dict[str, int]]) -> dict:
+    """A probe's peaks per part and of the whole step, in every figure."""
+    fields = {}
+    for figure, part_peaks in peaks.items():
+        fields[PEAK[figure]], fields[PART_PEAKS[figure]] = max(part_peaks.values()), part_peaks
+    return fields
 
 
 def run_in_fresh_process(kind: str, **kwargs) -> dict:
@@ -410,23 +445,34 @@ def probe_worker(job: dict) -> dict:
 
     splits = load_splits(job["data"], job["train"]["seed"])
     cap, budget = len(splits.train), budget_bytes(job, _device(job))
-    usable = usable_bytes(job, budget)
     probes = run_probes(job, cap, budget)
     trials: list[dict] = []
-    ran = measured(probes)
+    ran, usable = measured(probes), room_for_steps(job, budget, probes)
     if len(ran) >= 2:
         model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
         failed = [p["batch"] - 1 for p in probes if p["outcome"] == "out_of_memory"]
         while (batch := next_trial(model, usable - buckets, trials, min([cap, *failed]))) is not None:
             trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable, ddp=buckets > 0)
             trials.append(
-                {**trial, **{k: trial[k] - buckets for k in ("peak_bytes", "failed_at_bytes") if trial.get(k)}}
+                {**trial, **{k: trial[k] - buckets for k in (*PEAK.values(), "failed_at_bytes") if trial.get(k)}}
             )
     return {
         "probes": probes,
         "trials": trials,
         "device_memory_bytes": budget,
         "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+    }
+
+
+def fit_summary(model: StepMemoryModel, largest: int, ran: list[dict], buckets: int) -> dict:
+    """A figure's model near the largest batch, as memory.json reports it."""
+    intercept, slope = model.line_at(largest)
+    return {
+        "intercept_bytes": intercept + buckets,
+        "slope_bytes_per_sample": slope,
+        "peak_part": PARTS[model.part_at(largest)],
+        "departure": model.departure_,
+        "growing_share_at_largest_probe": model.growing_share(ran[-1]["batch"]),
     }
 
 
@@ -456,7 +502,8 @@ def summarise(job: dict, measured_steps: dict) -> dict:
             + "; the memory model needs steps at two batches",
         )
     model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
-    available = usable_bytes(job, budget) - buckets
+    usable = room_for_steps(job, budget, probes)
+    available = usable - buckets
     proposed = model.max_batch(available)
     if proposed < 1:
         needed = int(model.predict([1])[0] + buckets)
@@ -466,27 +513,24 @@ def summarise(job: dict, measured_steps: dict) -> dict:
             f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
             f"{needed:,} bytes ({needed / GB:.3f} GB)",
         )
-    fitting_probes = [p["batch"] for p in ran if p["peak_bytes"] <= available]
+    fitting_probes = [p["batch"] for p in ran if p[PEAK[DECIDING_FIGURE]] <= available]
     largest, verified = settle(measured_steps["trials"], max(fitting_probes, default=1))
-    intercept, slope = model.line_at(largest)
+    allocated = fit_probes(ran, "allocated")
     return {
         "job": job["name"],
         "model": "phase_lines",
         "probes": probes,
-        "fit": {
-            "intercept_bytes": intercept + buckets,
-            "slope_bytes_per_sample": slope,
-            "peak_part": PARTS[model.part_at(largest)],
-            "departure": model.departure_,
-            "growing_share_at_largest_probe": model.growing_share(ran[-1]["batch"]),
-        },
-        "composition": composition(model, ran[-1], buckets),
+        "decided_by": DECIDING_FIGURE,
+        "fit": fit_summary(model, largest, ran, buckets),
+        "fit_allocated": fit_summary(allocated, largest, ran, buckets),
+        "composition": composition(allocated, ran[-1], buckets),
         "param_bytes": ran[0]["param_bytes"],
         "ddp_bucket_bytes": buckets,
         "device_memory_bytes": budget,
         "device_memory_source": budget_source(job),
         "headroom": job["resources"]["memory_headroom"],
-        "usable_bytes": usable_bytes(job, budget),
+        "usable_bytes": usable,
+        "outside_allocator_bytes": max((p.get("outside_allocator_bytes", 0) for p in ran), default=0),
         "predicted_max_batch": proposed,
         "predicted_peak_bytes": int(model.predict([largest])[0] + buckets),
         "verification": measured_steps["trials"],

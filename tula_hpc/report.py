@@ -182,6 +182,23 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     )
 
 
+def _deciding_figure(memory: dict) -> str:
+    """Which of the allocator's figures sized the batch, and by how much it exceeds the other there."""
+    reserved, allocated = memory["fit"], memory["fit_allocated"]
+    if reserved == allocated:
+        return "The allocator reserves what it allocates here, so one figure sizes the batch."
+    batch = memory["max_batch_per_device"]
+
+    def megabytes_at_batch(fit: dict) -> float:
+        return (fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * batch) / 1e6
+
+    return (
+        f"The caching allocator's reserved bytes size the batch (its cap and its out-of-memory errors apply to them): "
+        f"{megabytes_at_batch(reserved):.1f} MB reserved for {megabytes_at_batch(allocated):.1f} MB allocated at "
+        f"batch {batch}."
+    )
+
+
 def _per_sample(memory: dict) -> str:
     """The slope's make-up (memory.json's composition): what Eq. 3 counts and the temporaries it leaves out."""
     parts = memory["composition"]["per_sample_bytes"]
@@ -355,7 +372,7 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
 ## Memory model
 Peak device memory of a steady step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
 + {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
-it prices memory-based cost), of which per sample {_per_sample(memory)}. Device memory {
+it prices memory-based cost), of which per sample {_per_sample(memory)}. {_deciding_figure(memory)} Device memory {
         memory["device_memory_bytes"] / 1e9:.2f} GB ({memory["device_memory_source"]}) with {memory["headroom"]:.0%}
 headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
         "" if memory["verified"] else " (no trial step confirmed it)"
@@ -367,7 +384,8 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
             [
                 ("probe batch", "batch", "d"),
                 ("outcome", "outcome", "s"),
-                ("peak (B)", "peak_bytes", "d"),
+                ("peak allocated (B)", "peak_bytes", "d"),
+                ("peak reserved (B)", "reserved_peak_bytes", "d"),
                 ("saved activations (B)", "activation_bytes", "d"),
                 ("gradients (B)", "grad_bytes", "d"),
                 ("optimiser (B)", "optimizer_bytes", "d"),

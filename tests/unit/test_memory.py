@@ -26,6 +26,7 @@ from tula_hpc.memory import (
     measured,
     next_probe,
     next_trial,
+    peak_fields,
     run_in_fresh_process,
     run_probes,
     settle,
@@ -51,8 +52,7 @@ def probe(batch: int, parts: dict[str, tuple[float, float]]) -> dict:
     return {
         "batch": batch,
         "outcome": "measured",
-        "peak_bytes": max(peaks.values()),
-        "peaks": peaks,
+        **peak_fields({"allocated": peaks, "reserved": peaks}),
         "param_bytes": PARAMS,
         "buffer_bytes": 0,
         "grad_bytes": PARAMS,
@@ -72,7 +72,7 @@ def out_of_memory(batch: int, failed_at_bytes: float | None = None) -> dict:
 
 
 def fits(batch: int, peak_bytes: float) -> dict:
-    return {"batch": batch, "outcome": "fits", "peak_bytes": peak_bytes}
+    return {"batch": batch, "outcome": "fits", "peak_bytes": peak_bytes, "reserved_peak_bytes": peak_bytes}
 
 
 # --- the model --------------------------------------------------------------------------------------
@@ -331,6 +331,39 @@ def test_summary_sizes_the_batch_for_the_usable_budget_and_ddp_buckets(nodes, bu
     assert result["fit"]["peak_part"] == "ordinary/backward"
     assert result["fit"]["departure"] == pytest.approx(0, abs=1e-12)
     assert result["predicted_peak_bytes"] <= result["usable_bytes"] == 0.9 * GB
+
+
+def test_the_reserved_figure_sizes_the_batch_and_both_figures_are_reported():
+    """A caching allocator reserves 10 % more than it allocates, plus a 1 MB segment: the batch is sized on that."""
+    allocated = SUMMARY_PARTS
+    reserved = {part: (1.1 * a + 1e6, 1.1 * s) for part, (a, s) in allocated.items()}
+    probes = []
+    for batch in (64, 128, 256):
+        probes.append(
+            {
+                **probe(batch, allocated),
+                **peak_fields(
+                    {"allocated": probe(batch, allocated)["peaks"], "reserved": probe(batch, reserved)["peaks"]}
+                ),
+            }
+        )
+    result = summarise_with(job_with(1.0, nodes=1), probes, [])
+    assert result["decided_by"] == "reserved"
+    assert result["predicted_max_batch"] == int((0.9 * GB - 1.1 * 2e6 - 1e6) // (1.1 * 5e4))
+    assert result["fit"]["slope_bytes_per_sample"] == pytest.approx(1.1 * 5e4)
+    assert result["fit_allocated"]["slope_bytes_per_sample"] == pytest.approx(5e4)
+    assert result["composition"]["per_sample_bytes"]["temporaries"] == pytest.approx(
+        5e4 - BATCH_BYTES_PER_SAMPLE - ACTIVATION_BYTES_PER_SAMPLE
+    )
+
+
+def test_memory_the_card_holds_outside_the_allocator_is_taken_off_the_budget():
+    """A 1 GB budget on a 1 GB card whose CUDA context holds 100 MB: the steps may fill 90 % of 900 MB."""
+    probes = [{**probe(b, SUMMARY_PARTS), "card_bytes": GB, "outside_allocator_bytes": 1e8} for b in (64, 128, 256)]
+    result = summarise_with(job_with(1.0, nodes=1), probes, [])
+    assert result["usable_bytes"] == 0.9 * (GB - 1e8) and result["outside_allocator_bytes"] == 1e8
+    assert result["predicted_max_batch"] == int((0.9 * (GB - 1e8) - 2e6) // 5e4)
+    assert memory.room_for_steps(job_with(0.5, nodes=1), int(0.5 * GB), probes) == 0.45 * GB  # the budget is less
 
 
 def test_without_a_trial_that_fit_the_largest_probe_under_the_usable_budget_stays_unverified():

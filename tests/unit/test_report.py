@@ -28,7 +28,8 @@ CHOSEN = CANDIDATES[4]  # 2 nodes, batch 128
 
 INPUTS = {
     "memory": {
-        "fit": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
+        "fit": {"intercept_bytes": 2.1e7, "slope_bytes_per_sample": 3.1e4},
+        "fit_allocated": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
         "composition": {"per_sample_bytes": {"batch": 300.0, "saved_activations": 2e4, "temporaries": 9.7e3}},
         "verified": True,
         "device_memory_bytes": 8e9,
@@ -40,6 +41,7 @@ INPUTS = {
                 "batch": b,
                 "outcome": "measured",
                 "peak_bytes": 20_000_000 + 30_000 * b,
+                "reserved_peak_bytes": 21_000_000 + 31_000 * b,
                 "activation_bytes": 30_000 * b,
                 "grad_bytes": 1_000_000,
                 "optimizer_bytes": 1_000_000,
@@ -192,3 +194,5 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     # Which sync terms the profiles fitted and which are the job's priors.
     assert "intra-node 10.0 us per hop (fitted) + 0.100 s/GB moved (fitted)" in report
     assert "inter-node 14.0 us per hop (prior) + 0.080 s/GB moved (prior)" in report
+    # A caching allocator's reserved bytes size the batch: 21 MB + 31 kB x 512 reserved for 20 MB + 30 kB x 512.
+    assert "36.9 MB reserved for 35.4 MB allocated at batch 512" in report
