@@ -1,6 +1,6 @@
 """Stage `evaluate`: test top-1 accuracy of the trained model, and measured vs predicted training time.
 
-Accuracy is scored with BatchNorm statistics recomputed over the training set with the final weights
+Accuracy is scored with BatchNorm statistics recomputed over training samples with the final weights
 ("precise BN", Wu & Johnson 2021), and as trained. Running statistics are an exponential average over
 training steps (momentum 0.01 in torchvision's MobileNetV3): after the few dozen steps of a large-batch
 run they still describe early weights, and the as-trained score says little about the weights themselves.
@@ -12,23 +12,30 @@ import argparse
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.utils.data import Subset
 
 from . import launch
 from .data import load_splits, loader_options, make_eval_loader
-from .distributed import init_distributed, shutdown
+from .distributed import Context, init_distributed, shutdown
 from .files import read_json, write_json
 from .models import build_model
 from .pricing import costs
 from .stage import stage_main
 from .training import evaluate_accuracy
 
+# Precise BN's sample: thousands of samples estimate the statistics well, and the bound keeps evaluation's cost
+# apart from the training set's size.
+PRECISE_BN_SAMPLES = 8192
+
 
 def recompute_batchnorm_statistics(
-    model: nn.Module, dataset, device: torch.device, batch_size: int = 256, **loader
+    model: nn.Module, dataset, ctx: Context, *, seed: int = 0, batch_size: int = 256, **loader
 ) -> bool:
-    """Precise BN: every BatchNorm's statistics become a plain average over one pass of `dataset`, loaded with
-    `loader` (`data.loader_options`).
+    """Precise BN: every BatchNorm's statistics become the average over PRECISE_BN_SAMPLES training samples (a
+    seeded draw; all of them in a smaller set) with the final weights, the draw spread over the ranks, each
+    rank passing its own share (loaded with `loader`, `data.loader_options`), the ranks' averages then averaged.
 
     Returns False (and leaves the model alone) when it has no BatchNorm."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -38,21 +45,40 @@ def recompute_batchnorm_statistics(
     model.eval()
     for norm in norms:
         norm.reset_running_stats()
-        norm.momentum = None  # cumulative average over the pass
+        norm.momentum = None  # cumulative average over the rank's batches
         norm.train()
+    drawn = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:PRECISE_BN_SAMPLES]
+    share = make_eval_loader(
+        Subset(dataset, drawn.tolist()), batch_size, rank=ctx.rank, world_size=ctx.world_size, **loader
+    )
     with torch.no_grad():
-        for x, _ in make_eval_loader(dataset, batch_size, rank=0, world_size=1, **loader):
-            model(x.to(device, non_blocking=True))
+        for x, _ in share:
+            model(x.to(ctx.device, non_blocking=True))
+    if ctx.world_size > 1:
+        _average_over_ranks(norms)
     for norm, momentum in zip(norms, momenta):
         norm.momentum = momentum
     model.train()
     return True
 
 
-def score(model: nn.Module, splits, ctx, dataset, **loader) -> dict:
+def _average_over_ranks(norms: list[nn.Module]) -> None:
+    """Each rank's statistics are averages over its batches: weighted by those batches, they average into the
+    statistics of all ranks' batches, the same on every rank."""
+    for norm in norms:
+        batches = norm.num_batches_tracked.to(norm.running_mean.dtype).reshape(1)
+        summed = torch.cat([norm.running_mean * batches, norm.running_var * batches, batches])
+        dist.all_reduce(summed)
+        mean, var, total = summed.split([len(norm.running_mean), len(norm.running_var), 1])
+        norm.running_mean.copy_(mean / total)
+        norm.running_var.copy_(var / total)
+        norm.num_batches_tracked.fill_(int(total.item()))
+
+
+def score(model: nn.Module, splits, ctx, dataset, seed: int = 0, **loader) -> dict:
     """Accuracy on `dataset` as trained, and after precise BN over the training split (the headline)."""
     as_trained = evaluate_accuracy(model, dataset, ctx, **loader)
-    precise = recompute_batchnorm_statistics(model, splits.train, ctx.device, **loader)
+    precise = recompute_batchnorm_statistics(model, splits.train, ctx, seed=seed, **loader)
     return {
         "accuracy": evaluate_accuracy(model, dataset, ctx, **loader) if precise else as_trained,
         "accuracy_as_trained": as_trained,
@@ -71,7 +97,7 @@ def evaluate_worker(job: dict, model_path: str) -> dict:
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     splits = load_splits(job["data"], job["train"]["seed"])
     model = load_trained_model(model_path).to(ctx.device)
-    scores = score(model, splits, ctx, splits.test, **loader_options(job, ctx.device))
+    scores = score(model, splits, ctx, splits.test, seed=job["train"]["seed"], **loader_options(job, ctx.device))
     shutdown()
     return {
         "test_accuracy": scores["accuracy"],
