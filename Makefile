@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-slurm slurm-up slurm-down clean
+.PHONY: demo test data lint bench-slurm slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,22 @@ demo: $(STAMP)
 	$(BIN)/tula-hpc unlock-stale
 	$(BIN)/snakemake --profile profiles/local
 
-test: $(STAMP)
+test: $(STAMP) data
 	$(BIN)/python -m pytest -ra tests
+
+# Debian's Fashion-MNIST (the tests read it; fashion_mnist jobs by default): installed with apt when a file is
+# missing, which takes root; nothing else is downloaded.
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+FASHION_MNIST_FILES := $(addprefix $(FASHION_MNIST)/,train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz \
+	t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
+
+data: $(FASHION_MNIST_FILES)
+
+$(FASHION_MNIST_FILES) &:
+	@test "$$(id -u)" = 0 || { echo "make data: $(FASHION_MNIST) lacks Fashion-MNIST's files; run make data as root:" \
+		"it installs Debian's package dataset-fashion-mnist (apt-get install dataset-fashion-mnist)" >&2; exit 1; }
+	export DEBIAN_FRONTEND=noninteractive; apt-get install -y --reinstall dataset-fashion-mnist \
+		|| { apt-get update && apt-get install -y --reinstall dataset-fashion-mnist; }
 
 # ruff (lint and format), snakefmt and Snakemake's own lint; pinned in envs/requirements.txt.
 lint: $(STAMP)
@@ -31,6 +45,18 @@ lint: $(STAMP)
 
 bench-slurm: $(STAMP)
 	$(BIN)/python bench/slurm_overhead.py
+
+# bench/gpu_check.py: the figures only a GPU gives, into bench/results/gpu_check.json; without a GPU it says so
+# and exits 0. Where there is no .venv but a .whl folder (the GPU machine: its own python3 and torch, no network)
+# it runs on python3 with those wheels (scripts/gpu-check.sh); `make gpu-wheels` fetches them here.
+# Options through GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--sections memory".
+.PHONY: gpu-check gpu-wheels
+gpu-check:
+	@if [ ! -x $(BIN)/python ] && [ -d .whl ]; then bash scripts/gpu-check.sh $(GPU_CHECK_ARGS); \
+	else $(MAKE) -s --no-print-directory $(STAMP) && $(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS); fi
+
+gpu-wheels: $(STAMP)
+	$(BIN)/python scripts/gpu_wheels.py download
 
 # The Slurm tests start the cluster when it is not up, and then stop it (root needed); these targets are for people.
 slurm-up:

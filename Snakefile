@@ -21,4 +21,4 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
-        expand("results/{job}/report.md", job=JOBS),
+        expand("results/{job}/report.md", job=TARGETS),

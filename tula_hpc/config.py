@@ -2,14 +2,13 @@
 
 The JSON Schema in workflow/schemas/jobs.schema.yaml is the single source of truth for keys, types
 and defaults; the Snakefile applies it with snakemake.utils.validate, stages run standalone apply it
-here. What a schema cannot say (min <= max, data on disk, importable models) is checked below.
+here. What a schema cannot say (min <= max, data on disk, models that build for the data) is checked below.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,15 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .datacheck import DataError, check_data
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
 
-# Smallest input side each built-in network accepts (its downsampling would reach zero below it).
+# Smallest input side each built-in network accepts (its downsampling would reach zero below it): the built-ins
+# without model.kwargs are checked by this table, without importing torch; any other model is built and run.
 MIN_IMAGE_SIZE = {
     "tiny_cnn": 2,
+    "bn_cnn": 4,
     "resnet18": 8,
     "resnet50": 8,
     "mobilenet_v3_small": 16,
@@ -168,28 +171,28 @@ def _check_semantics(name: str, job: dict) -> None:
             f"could meet it; allowed: at least {batch['min']}",
         )
     data = job["data"]
-    if data["name"] != "digits":
-        if not data["root"]:
-            fail(
-                "data.root", f"data set '{data['name']}' needs a root folder holding its files (nothing is downloaded)"
-            )
-        if not Path(data["root"]).is_dir():
-            fail("data.root", f"folder '{data['root']}' does not exist")
+    try:
+        check_data(data)
+    except DataError as err:
+        raise ConfigError(f"job '{name}': {err}") from None
     if data["val_fraction"] + data["test_fraction"] >= 1:
         fail("data", "val_fraction + test_fraction must be below 1")
-    model = job["model"]["name"]
-    if ":" in model:
-        module_name, attr = model.split(":")
+    model = job["model"]
+    if ":" in model["name"] or model["kwargs"]:
+        # Built once for the data set's shape and run on two images on the meta device. torch (seconds to import)
+        # only here: the built-ins without kwargs are known to build, at MIN_IMAGE_SIZE and above.
+        from .data import data_shape
+        from .models import ModelError, check_model
+
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            fail("model.name", f"'{model}' does not import ({err}); expected package.module:callable")
-        if not callable(factory):
-            fail("model.name", f"'{model}' is not callable")
-    elif data["image_size"] < MIN_IMAGE_SIZE[model]:
+            check_model(model["name"], *data_shape(data), data["image_size"], model["kwargs"])
+        except ModelError as err:
+            fail(err.field, str(err))
+    elif data["image_size"] < MIN_IMAGE_SIZE[model["name"]]:
         fail(
             "data.image_size",
-            f"{model} needs images of at least {MIN_IMAGE_SIZE[model]} pixels, got {data['image_size']}",
+            f"{model['name']} needs images of at least {MIN_IMAGE_SIZE[model['name']]} pixels, "
+            f"got {data['image_size']}",
         )
     epochs = job["train"]["epochs"]
     late = [m for m in job["train"]["lr_milestones"] if m > epochs]
@@ -231,6 +234,11 @@ def validate_config(config: dict) -> dict:
     )
     if errors:
         raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
+    unknown = [name for name in config["targets"] or [] if name not in config["jobs"]]
+    if unknown:
+        raise ConfigError(
+            f"field 'targets': {', '.join(map(repr, unknown))} name no job; allowed: {', '.join(config['jobs'])}"
+        )
     for name, job in config["jobs"].items():
         _check_semantics(name, job)
     return config

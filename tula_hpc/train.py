@@ -239,6 +239,7 @@ def _train_attempt(
                 {
                     "model": model.state_dict(),
                     "model_name": job["model"]["name"],
+                    "model_kwargs": job["model"]["kwargs"],
                     "num_classes": splits.num_classes,
                     "in_channels": splits.in_channels,
                     "image_size": job["data"]["image_size"],

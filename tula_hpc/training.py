@@ -25,7 +25,9 @@ def build_for_job(job: dict, ctx: Context):
     rank starts identical."""
     seed_everything(job["train"]["seed"])
     splits = load_splits(job["data"], job["train"]["seed"])
-    model = build_model(job["model"]["name"], splits.num_classes, splits.in_channels, job["data"]["image_size"])
+    model = build_model(
+        job["model"]["name"], splits.num_classes, splits.in_channels, job["data"]["image_size"], job["model"]["kwargs"]
+    )
     layout = torch.channels_last if job["train"]["channels_last"] else torch.preserve_format
     return splits, model.to(ctx.device, memory_format=layout)
 

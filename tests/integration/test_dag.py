@@ -116,6 +116,32 @@ def test_bad_config_fails_before_anything_runs_and_keeps_results(finished_run):
     assert (memory.read_bytes(), memory.stat().st_mtime_ns) == before
 
 
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("raises", "field 'model.name': 'tests.unit.factories:raises' raised RuntimeError"),
+        ("not_a_module", "field 'model.name': 'tests.unit.factories:not_a_module' returned dict"),
+        ("with_width", "field 'model.name': 'tests.unit.factories:with_width' requires argument 'width'"),
+    ],
+)
+def test_a_bad_model_factory_fails_before_anything_runs_and_keeps_results(finished_run, factory, message):
+    workdir, _ = finished_run
+    results = workdir / "results" / "digits-cnn"
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in results.rglob("*") if path.is_file()}
+    good = (workdir / "jobs.yaml").read_text()
+    bad = yaml.safe_load(good)
+    bad["jobs"]["digits-cnn"]["model"] = {"name": f"tests.unit.factories:{factory}"}
+    (workdir / "jobs.yaml").write_text(yaml.safe_dump(bad))
+    try:
+        proc = snakemake(workdir, cwd=REPO)  # where tests.unit.factories imports from
+    finally:
+        (workdir / "jobs.yaml").write_text(good)
+    assert proc.returncode != 0
+    assert f"job 'digits-cnn': {message}" in proc.stdout + proc.stderr
+    after = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in results.rglob("*") if path.is_file()}
+    assert after == before
+
+
 def test_killed_run_resumes_training_from_its_last_checkpoint(finished_run):
     """Kill the driver and everything it started mid-training; the rerun resumes, not restarts."""
     workdir, _ = finished_run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from tula_hpc.config import (
     stage_settings,
     validate_config,
 )
+from tula_hpc.datacheck import FASHION_MNIST_FOLDER
 from tula_hpc.performance import DEFAULT_SYNC_PRIOR
 from tula_hpc.stage import load_job
 
@@ -217,3 +219,149 @@ def test_the_rules_read_the_same_table():
     for stage in STAGE_SETTINGS:
         if stage != "report":
             assert f'settings("{stage}")' in rules, stage
+
+
+FACTORIES = "tests.unit.factories"  # model factories as users write them
+BAD_MODELS = [
+    ("factory raises", {"name": f"{FACTORIES}:raises"}, "model.name", ["RuntimeError", "no weights for this many"]),
+    ("not a module", {"name": f"{FACTORIES}:not_a_module"}, "model.name", ["returned dict", "nn.Module"]),
+    ("not callable", {"name": f"{FACTORIES}:NOT_CALLABLE"}, "model.name", ["not callable"]),
+    ("argument we cannot give", {"name": f"{FACTORIES}:with_width"}, "model.name", ["'width'", "model.kwargs"]),
+    (
+        "kwargs the factory does not take",
+        {"name": f"{FACTORIES}:classes_and_channels", "kwargs": {"depth": 3}},
+        "model.kwargs",
+        ["depth", "accepts: none"],
+    ),
+    ("kwargs of a built-in", {"name": "tiny_cnn", "kwargs": {"depth": 3}}, "model.kwargs", ["depth"]),
+    (
+        "kwargs repeating the data shape",
+        {"name": f"{FACTORIES}:classes_and_channels", "kwargs": {"in_channels": 3}},
+        "model.kwargs",
+        ["in_channels", "from the data set"],
+    ),
+    (
+        "kwargs a torchvision network refuses",
+        {"name": "torchvision.models:resnet34", "kwargs": {"depth": 3}},
+        "model.kwargs",
+        ["unexpected keyword argument 'depth'"],
+    ),
+    ("images too small for it", {"name": f"{FACTORIES}:fixed_input"}, "data.image_size", ["8x8 images of 1 channel"]),
+    ("logits of the wrong shape", {"name": f"{FACTORIES}:ignores_classes"}, "model.name", ["(2, 1000)", "(2, 10)"]),
+    ("vgg by path on 8 pixels", {"name": "torchvision.models:vgg11"}, "data.image_size", ["torchvision.models:vgg11"]),
+]
+
+
+@pytest.mark.parametrize("label, model, field, fragments", BAD_MODELS, ids=[c[0] for c in BAD_MODELS])
+def test_a_model_that_does_not_build_for_the_data_names_the_job_and_the_field(label, model, field, fragments):
+    with pytest.raises(ConfigError) as err:
+        validate_config(job_config(model=model))
+    message = str(err.value)
+    assert message.startswith(f"job 'digits-cnn': field '{field}': "), message
+    for fragment in fragments:
+        assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"name": f"{FACTORIES}:with_image_size"},
+        {"name": f"{FACTORIES}:with_width", "kwargs": {"width": 8}},
+        {"name": "torchvision.models:resnet34"},
+        {"name": "resnet18", "kwargs": {"zero_init_residual": True}},
+    ],
+)
+def test_factories_and_torchvision_builders_that_build_for_the_data_are_valid(model):
+    assert default_job(model=model)["model"] == {"kwargs": {}, **model}
+
+
+def test_validating_a_built_in_model_leaves_torch_unimported():
+    """Validation runs in the Snakemake process: importing torch there would cost seconds on every run."""
+    check = "import sys, tula_hpc.config as c; c.load_config(['config/jobs.yaml']); print(*sys.modules)"
+    modules = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=REPO, check=True)
+    assert "torch" not in modules.stdout.split()
+
+
+# --- data sets checked before anything is submitted (tula_hpc.datacheck) ---------------------------------------
+
+FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz")
+
+
+def _fashion_folder(tmp_path, damage: str) -> str:
+    """Debian's Fashion-MNIST folder copied, its test labels left out or cut short."""
+    debian = FASHION_MNIST_FOLDER
+    folder = tmp_path / "fashion"
+    folder.mkdir()
+    for name in FASHION_FILES:
+        (folder / name).write_bytes((debian / name).read_bytes())
+    if damage == "truncated":
+        (folder / "t10k-labels-idx1-ubyte.gz").write_bytes((debian / "t10k-labels-idx1-ubyte.gz").read_bytes()[:3000])
+    return str(folder)
+
+
+BAD_DATA = [
+    ("fashion file missing", "fashion_mnist", "missing", "data.root", ["t10k-labels-idx1-ubyte.gz", "missing"]),
+    ("fashion file truncated", "fashion_mnist", "truncated", "data.root", ["t10k-labels", "truncated"]),
+    ("callable shapes", "tests.unit.user_datasets:flat_images", None, "data.name", ["(channels, height, width)"]),
+    ("callable labels", "tests.unit.user_datasets:label_outside", None, "data.name", ["label 3", "3 classes"]),
+]
+
+
+@pytest.mark.parametrize("label, name, damage, field, fragments", BAD_DATA, ids=[c[0] for c in BAD_DATA])
+def test_bad_data_names_the_job_and_the_field(label, name, damage, field, fragments, tmp_path):
+    root = _fashion_folder(tmp_path, damage) if damage else None
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump(job_config(data={"name": name, "root": root})))
+    with pytest.raises(ConfigError) as err:
+        load_config([path])
+    message = str(err.value)
+    assert f"job 'digits-cnn': field '{field}': " in message, message
+    for fragment in fragments:
+        assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+def test_fashion_mnist_from_debians_folder_and_a_data_set_callable_are_valid():
+    assert default_job(data={"name": "fashion_mnist", "image_size": 28})["data"]["root"] is None
+    assert default_job(data={"name": "tests.unit.user_datasets:counted", "kwargs": {"n": 20}})["data"]["kwargs"]
+
+
+@pytest.mark.parametrize("data", [{"name": "fashion_mnist", "damage": "truncated"}, {"name": BAD_DATA[3][1]}])
+def test_a_stage_stops_on_bad_data_before_submitting_and_leaves_results_untouched(data, tmp_path):
+    root = _fashion_folder(tmp_path, data["damage"]) if "damage" in data else None
+    config_path = tmp_path / "jobs.yaml"
+    config_path.write_text(yaml.safe_dump(job_config(data={"name": data["name"], "root": root})))
+    results = tmp_path / "results" / "digits-cnn"
+    results.mkdir(parents=True)
+    (results / "memory.json").write_text('{"earlier": true}\n')
+    command = [sys.executable, "-m", "tula_hpc.memory", "--config", str(config_path), "--job", "digits-cnn"]
+    command += ["--out", str(results / "memory.json")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the callable's module, from this checkout
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "job 'digits-cnn': field 'data." in proc.stderr and "Traceback" not in proc.stderr
+    assert [p.name for p in results.iterdir()] == ["memory.json"]
+    assert (results / "memory.json").read_text() == '{"earlier": true}\n'
+    assert not (tmp_path / "work").exists(), "nothing may be submitted, nor any data cached, for bad data"
+
+
+def test_a_model_is_built_for_the_classes_of_its_data_set(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for name in ("cat", "dog", "fox"):
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / split / name / "0.png")
+    data = {"name": "imagefolder", "root": str(tmp_path), "image_size": 8}
+    with pytest.raises(ConfigError, match=r"field 'model.name': .* expected logits of shape \(2, 3\)"):
+        validate_config(job_config(model={"name": f"{FACTORIES}:ignores_classes"}, data=data))
+
+
+def test_targets_name_the_jobs_to_run_and_an_unknown_one_is_refused(tmp_path):
+    config = job_config()
+    config["targets"] = ["digits-cnn"]
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
+    assert load_config([tmp_path / "jobs.yaml"])["targets"] == ["digits-cnn"]
+    config["targets"] = ["fashion"]
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"field 'targets': 'fashion' name no job; allowed: digits-cnn"):
+        load_config([tmp_path / "jobs.yaml"])

@@ -16,6 +16,7 @@ except ConfigError as err:
 validate(config, "../schemas/jobs.schema.yaml")
 
 JOBS = list(config["jobs"])
+TARGETS = config["targets"] or JOBS  # the jobs `rule all` asks for
 # Every stage reads the jobs files as Snakemake read them and the launcher the profile chose from
 # the environment, so switching profiles does not count as a change that reruns finished stages.
 # The `tula-hpc` console script is the one beside the Python running Snakemake (under --sdm conda the
