@@ -102,3 +102,48 @@ def bench_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / result_name, help="result file (default %(default)s)")
     return parser
+
+
+def train_cell(job: dict, global_batch: int, run_dir: Path, world: int, name: str) -> dict:
+    """One training run as the train stage runs it: train_worker on `world` ranks, a job of its own (launch.run);
+    the summary. A run interrupted earlier resumes from its checkpoint in `run_dir`, which gives the
+    uninterrupted result."""
+    import contextlib
+
+    from tula_hpc import launch
+    from tula_hpc.train import train_worker
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "launch.log", "a") as log, contextlib.redirect_stdout(log):
+        summary = launch.run(
+            train_worker,
+            dict(
+                job=job,
+                global_batch=global_batch,
+                checkpoint_path=str(run_dir / "checkpoint.pt"),
+                model_path=str(run_dir / "model.pt"),
+                metrics_path=str(run_dir / "metrics.jsonl"),
+            ),
+            launch.LaunchSpec.for_job(job, nodes=world),
+            run_dir,
+            name=name,
+        )
+    if summary.get("outcome", "completed") != "completed":
+        raise RuntimeError(f"{run_dir.name} did not train: {summary}")
+    return summary
+
+
+def trained_scores(job: dict, model_path: Path) -> dict:
+    """The evaluate stage's scores of the saved model (test accuracy after precise BN and as trained), and its
+    validation accuracy after precise BN, the figure benchmarks choose settings on (the evaluate stage scores the
+    test split only, so the validation split is scored here with its functions)."""
+    import torch
+
+    from tula_hpc.data import load_splits
+    from tula_hpc.distributed import Context
+    from tula_hpc.evaluate import evaluate_worker, load_trained_model, score
+
+    model = load_trained_model(model_path)
+    splits = load_splits(job["data"], job["train"]["seed"])
+    val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val, seed=job["train"]["seed"])
+    return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}

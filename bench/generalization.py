@@ -25,23 +25,17 @@ interrupted bench continues where it stopped (--fresh starts over). Run it under
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import statistics
 import time
 from pathlib import Path
 
-import torch
-from common import WORK, bench_job, bench_parser, write_result
+from common import WORK, bench_job, bench_parser, train_cell, trained_scores, write_result
 
-from tula_hpc import launch
 from tula_hpc.data import load_splits
-from tula_hpc.distributed import Context
-from tula_hpc.evaluate import evaluate_worker, load_trained_model, score
 from tula_hpc.files import append_jsonl, read_jsonl, write_jsonl
 from tula_hpc.strategies import STRATEGIES
-from tula_hpc.train import train_worker
 
 WORLD = 2
 BATCHES = (256, 512, 1024)
@@ -117,18 +111,6 @@ def plan_cells(
     return cells
 
 
-def scores(job: dict, model_path: Path) -> dict:
-    """The evaluate stage's scores of the saved model, and its validation accuracy after precise BN.
-
-    The validation score chooses the ablation's settings (DESIGN: choose on one set, score on another); the
-    evaluate stage scores only the test split, so the validation split is scored here with its functions.
-    """
-    model = load_trained_model(model_path)
-    splits = load_splits(job["data"], job["train"]["seed"])
-    val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val)
-    return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}
-
-
 def cell_dir(scratch: Path, key: str) -> Path:
     return scratch / key.replace("|", "_").replace(":", "_").replace(" ", "_")
 
@@ -137,7 +119,7 @@ def rescore(records: list[dict], cells: list[dict], scratch: Path) -> list[dict]
     """Score finished cells of the plan again from their saved models (after a change of scoring; no training)."""
     planned = {c["key"]: c for c in cells}
     return [
-        {**r, **scores(cell_job(planned[r["key"]]), cell_dir(scratch, r["key"]) / "model.pt")}
+        {**r, **trained_scores(cell_job(planned[r["key"]]), cell_dir(scratch, r["key"]) / "model.pt")}
         if r["key"] in planned
         else r
         for r in records
@@ -152,27 +134,11 @@ def run_cell(cell: dict, scratch: Path) -> dict:
     job = cell_job(cell)
     run_dir = cell_dir(scratch, cell["key"])
     started = time.perf_counter()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "launch.log", "a") as log, contextlib.redirect_stdout(log):
-        summary = launch.run(
-            train_worker,
-            dict(
-                job=job,
-                global_batch=cell["batch"],
-                checkpoint_path=str(run_dir / "checkpoint.pt"),
-                model_path=str(run_dir / "model.pt"),
-                metrics_path=str(run_dir / "metrics.jsonl"),
-            ),
-            launch.LaunchSpec.for_job(job, nodes=WORLD),
-            run_dir,
-            name="bench-generalization",
-        )
-    if summary.get("outcome", "completed") != "completed":
-        raise RuntimeError(f"cell {cell['key']} did not train: {summary}")
+    summary = train_cell(job, cell["batch"], run_dir, WORLD, "bench-generalization")
     scaled = [r["ags"]["scaled_fraction"] for r in summary["history"] if "ags" in r]
     record = {
         **{k: cell[k] for k in ("key", "run", "model", "epochs", "batch", "strategy", "variant", "seed")},
-        **scores(job, run_dir / "model.pt"),
+        **trained_scores(job, run_dir / "model.pt"),
         "val_accuracy": summary["history"][-1]["val_accuracy"],
         "steps": summary["steps"],
         "train_time_s": summary["train_time_s"],

@@ -25,6 +25,7 @@ SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / 
 MIN_IMAGE_SIZE = {
     "tiny_cnn": 2,
     "bn_cnn": 4,
+    "cifar_resnet": 1,
     "resnet18": 8,
     "resnet50": 8,
     "mobilenet_v3_small": 16,

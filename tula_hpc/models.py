@@ -73,6 +73,32 @@ class BatchNormCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class CifarResNet(nn.Module):
+    """He et al.'s CIFAR ResNet (6n + 2 layers: ResNet-20 at `blocks` = 3) from torchvision's BasicBlock: a 3x3
+    stem of `width` channels, three stages of `blocks` blocks at width, 2 x width and 4 x width channels (the
+    last two halve the image), global average pooling and a linear classifier."""
+
+    def __init__(self, num_classes: int, in_channels: int, width: int = 16, blocks: int = 3):
+        super().__init__()
+        from torchvision.models.resnet import BasicBlock
+
+        def stage(inputs: int, outputs: int, stride: int) -> nn.Sequential:
+            shortcut = None
+            if stride != 1 or inputs != outputs:
+                shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
+            first = BasicBlock(inputs, outputs, stride, downsample=shortcut)
+            return nn.Sequential(first, *(BasicBlock(outputs, outputs) for _ in range(blocks - 1)))
+
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(True)
+        )
+        self.stages = nn.Sequential(stage(width, width, 1), stage(width, 2 * width, 2), stage(2 * width, 4 * width, 2))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)))
+
+
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, module)
@@ -139,6 +165,7 @@ def alexnet(num_classes: int, in_channels: int) -> nn.Module:
 BUILTINS = {
     "tiny_cnn": f"{__name__}:TinyCNN",
     "bn_cnn": f"{__name__}:BatchNormCNN",
+    "cifar_resnet": f"{__name__}:CifarResNet",
     "resnet18": "torchvision.models:resnet18",
     "resnet50": "torchvision.models:resnet50",
     "mobilenet_v3_small": "torchvision.models:mobilenet_v3_small",

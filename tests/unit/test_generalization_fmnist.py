@@ -1,0 +1,114 @@
+"""bench/generalization_fmnist.py: choices made on validation, test cells planned after them, paired differences
+with t intervals, and the headline over test seeds; synthetic cell records with known answers."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+bench = importlib.import_module("generalization_fmnist")
+sys.path.remove(str(BENCH))
+
+SCALE = bench.SCALES["cpu"]
+MODELS = list(SCALE["models"])
+
+
+def record(phase, model, batch, strategy, seed, variant=None, test=0.8, val=0.8) -> dict:
+    return dict(
+        phase=phase,
+        model=model,
+        batch=batch,
+        strategy=strategy,
+        seed=seed,
+        variant=variant,
+        key=f"{phase}{model}{batch}{strategy}{seed}{variant}",
+        test_accuracy=test,
+        val_accuracy_precise_bn=val,
+        steps=13 * SCALE["epochs"],
+        steps_per_epoch=13,
+    )
+
+
+def tuning_records(best: dict[str, str]) -> list[dict]:
+    """Every tuning cell; the variants in `best` score 0.9 on validation (and 0.1 on test: never looked at)."""
+    return [
+        record(
+            "tuning",
+            m,
+            SCALE["tuning_batch"],
+            s,
+            seed,
+            v,
+            test=0.9 - 0.8 * (v == best[s]),
+            val=0.8 + 0.1 * (v == best[s]),
+        )
+        for seed in SCALE["tuning_seeds"]
+        for m in MODELS
+        for s, variants in bench.TUNED.items()
+        for v in variants
+    ]
+
+
+def test_each_model_chooses_the_variant_with_the_best_validation_accuracy_once_every_tuning_cell_ran():
+    best = {"ags": "tensor, delta 0.2", "lars": "trust 0.001"}
+    records = tuning_records(best)
+    assert bench.choose(records[:-1], SCALE) is None
+    assert bench.choose(records, SCALE) == {m: best for m in MODELS}
+
+
+def test_test_cells_follow_the_choices_and_add_the_papers_ags_when_another_was_chosen():
+    digest = "d"
+    tuning = bench.plan("cpu", None, digest)
+    assert {c["phase"] for c in tuning} == {"tuning"} and {c["seed"] for c in tuning} == set(SCALE["tuning_seeds"])
+    chosen = {
+        MODELS[0]: {"ags": bench.PAPER_AGS, "lars": "trust 0.02"},
+        MODELS[1]: {"ags": "tensor, delta 0.5", "lars": "trust 0.02"},
+    }
+    test = [c for c in bench.plan("cpu", chosen, digest) if c["phase"] == "test"]
+    per_seed = {m: 1 + 3 * 6 + (3 if chosen[m]["ags"] != bench.PAPER_AGS else 0) for m in MODELS}
+    assert len(test) == len(SCALE["test_seeds"]) * sum(per_seed.values())
+    assert not set(SCALE["test_seeds"]) & set(SCALE["tuning_seeds"])
+    lars = {c["variant"] for c in test if c["strategy"] == "lars"}
+    assert lars == {"trust 0.02"}
+    # A key holds every setting and the code digest: another digest, other keys.
+    assert not {c["key"] for c in tuning} & {c["key"] for c in bench.plan("cpu", None, "other")}
+
+
+def test_a_paired_difference_has_its_t_interval():
+    result = bench.interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert result["mean"] == 3.0 and result["n"] == 5
+    half = 2.7764451051977987 * (2.5**0.5) / 5**0.5  # t(0.975, 4) x sd / sqrt(n)
+    assert result["ci95"] == pytest.approx([3.0 - half, 3.0 + half])
+
+
+def test_the_headline_averages_ags_minus_lbt_over_cells_per_seed_and_finds_the_worst_cell():
+    """AGS beats LBT by 4 points everywhere; LRS beats AGS by 2 points at one batch of one model."""
+    chosen = {m: {"ags": "tensor, delta 0.5", "lars": "trust 0.02"} for m in MODELS}
+    records = []
+    for seed in SCALE["test_seeds"]:
+        noise = 0.001 * seed
+        for m in MODELS:
+            records.append(record("test", m, bench.SMALL_BATCH, "lbt", seed, test=0.9))
+            for b in SCALE["large_batches"]:
+                for s in bench.STRATEGIES:
+                    acc = {"ags": 0.84 + noise, "lbt": 0.80 + noise}.get(s, 0.79)
+                    if (m, b, s) == (MODELS[1], 4096, "lrs"):
+                        acc = 0.86 + noise
+                    records.append(record("test", m, b, s, seed, chosen[m].get(s), test=acc))
+    table = bench.table(records, SCALE, chosen)
+    cell = table[MODELS[0]]["1024"]
+    assert cell["strategies"]["ags"]["mean"] == pytest.approx(84.2) and cell["strategies"]["ags"]["updates"] == 78
+    assert cell["ags_minus_lbt"]["mean"] == pytest.approx(4.0) and cell["best_baseline"] == "lbt"
+    headline = bench.headline(table, records, SCALE, chosen)
+    assert headline["ags_minus_lbt_mean_points"]["mean"] == pytest.approx(4.0)
+    assert headline["worst_ags_minus_best_baseline"]["batch"] == "4096"
+    assert headline["worst_ags_minus_best_baseline"]["mean"] == pytest.approx(-2.0)
+    assert headline["targets"] == {
+        "ags_minus_lbt_mean_points >= 3": True,
+        "ags within 1 point of the best baseline in every large-batch cell": False,
+    }
