@@ -211,16 +211,21 @@ def interval(differences: list[float]) -> dict:
     return {"mean": mean, "ci95": [mean - half, mean + half], "n": n}
 
 
+def test_runs(records: list[dict]) -> dict[tuple, dict[int, dict]]:
+    """The test cells' records by (model, batch, strategy, variant), then by seed."""
+    runs: dict[tuple, dict[int, dict]] = {}
+    for r in records:
+        if r["phase"] == "test":
+            runs.setdefault((r["model"], r["batch"], r["strategy"], r["variant"]), {})[r["seed"]] = r
+    return runs
+
+
 def table(records: list[dict], scale: dict, chosen: dict) -> dict:
     """Per model and batch: every strategy's test accuracy over the test seeds, and AGS's paired differences."""
-    test = [r for r in records if r["phase"] == "test"]
+    by_cell = test_runs(records)
 
     def runs(model, batch, strategy, variant) -> dict[int, dict]:
-        return {
-            r["seed"]: r
-            for r in test
-            if (r["model"], r["batch"], r["strategy"], r["variant"]) == (model, batch, strategy, variant)
-        }
+        return by_cell.get((model, batch, strategy, variant), {})
 
     def cell(by_seed: dict[int, dict]) -> dict:
         values = [100 * r["test_accuracy"] for r in by_seed.values()]
@@ -265,28 +270,17 @@ def table(records: list[dict], scale: dict, chosen: dict) -> dict:
 def headline(result: dict, records: list[dict], scale: dict, chosen: dict) -> dict:
     """ags_minus_lbt_mean_points averaged over models and large batches, with a 95 % interval over the test seeds
     (each seed's average over the cells), and the worst AGS-minus-best-baseline cell."""
-    test = [r for r in records if r["phase"] == "test"]
-    per_seed = []
-    for seed in scale["test_seeds"]:
-        diffs = []
-        for model in scale["models"]:
-            for batch in scale["large_batches"]:
-                acc = {
-                    s: next(
-                        (
-                            r["test_accuracy"]
-                            for r in test
-                            if (r["model"], r["batch"], r["strategy"], r["variant"], r["seed"])
-                            == (model, batch, s, chosen[model].get(s), seed)
-                        ),
-                        None,
-                    )
-                    for s in ("ags", "lbt")
-                }
-                if None not in acc.values():
-                    diffs.append(100 * (acc["ags"] - acc["lbt"]))
-        if len(diffs) == len(scale["models"]) * len(scale["large_batches"]):
-            per_seed.append(statistics.fmean(diffs))
+    by_cell = test_runs(records)
+    pairs = [
+        [by_cell.get((model, batch, s, chosen[model].get(s)), {}) for s in ("ags", "lbt")]
+        for model in scale["models"]
+        for batch in scale["large_batches"]
+    ]
+    per_seed = [
+        statistics.fmean(100 * (ags[seed]["test_accuracy"] - lbt[seed]["test_accuracy"]) for ags, lbt in pairs)
+        for seed in scale["test_seeds"]
+        if all(seed in ags and seed in lbt for ags, lbt in pairs)
+    ]
     versus_best = [
         (model, batch, entry["ags_minus_best"])
         for model, rows in result.items()
