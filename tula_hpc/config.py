@@ -34,6 +34,18 @@ MIN_IMAGE_SIZE = {
     "alexnet": 63,
 }
 
+# The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up, and that scale the rate linearly.
+WARMUP_RECIPES = frozenset({"lrs", "lars", "polo"})
+LR_SCALING_RECIPES = frozenset({"lrs", "lars"})
+
+
+def recipe(train: dict) -> str:
+    """The strategy whose optimiser, peak rate and warm-up a run follows: static and ags scale the gradients of
+    train.ags.base (sgd, the paper's: plain SGD at lr without warm-up, as lbt), every other strategy its own."""
+    if train["strategy"] in ("static", "ags"):
+        return {"sgd": "lbt"}.get(train["ags"]["base"], train["ags"]["base"])
+    return train["strategy"]
+
 
 # What a training step is made of, apart from how many there are and the learning-rate schedule.
 STEP_SETTINGS = (
@@ -200,12 +212,11 @@ def _check_semantics(name: str, job: dict) -> None:
     if late:
         fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
     train = job["train"]
-    # The strategies that warm up (tula_hpc.strategies.WARMUP_STRATEGIES; not imported: it needs torch).
-    if train["strategy"] in ("lrs", "lars", "polo") and train["warmup_epochs"] >= epochs:
+    if recipe(train) in WARMUP_RECIPES and train["warmup_epochs"] >= epochs:
         fail(
             "train.warmup_epochs",
-            f"strategy '{train['strategy']}' would warm up for {train['warmup_epochs']} of "
-            f"{epochs} epochs and never train at its full rate; allowed: below {epochs}",
+            f"strategy '{train['strategy']}' ({recipe(train)}'s recipe) would warm up for {train['warmup_epochs']} "
+            f"of {epochs} epochs and never train at its full rate; allowed: below {epochs}",
         )
     probes = job["resources"]["memory_probe_batches"]
     if probes != sorted(set(probes)):

@@ -10,13 +10,15 @@ loop knows which strategy runs.
 | lrs      | SGD (linear LR scaling, Goyal et al.)              | lr x B / lr_base_batch      | yes     |
 | lars     | LARS (below)                                       | lr x B / lr_base_batch      | yes     |
 | polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
-| static   | TulaOptimizer, step function U(s) of Eq. 8         | lr                          | no      |
-| ags      | TulaOptimizer, Algorithm 1                         | lr                          | no      |
+| static   | TulaOptimizer, step function U(s) of Eq. 8         | as train.ags.base           | as base |
+| ags      | TulaOptimizer, Algorithm 1                         | as train.ags.base           | as base |
 
 The paper: "LRS and LARS apply linear learning-rate scaling relative to a base batch-size of 128,
 while PoLo switches from synchronous to local-SGD after 5 epochs, aggregating updates 4 times every
-epoch. All these methods apply LR warmup for 5 epochs." Vanilla LBT and Tula's own scaling run
-without warm-up: AGS's gate already leaves the sensitive early steps unscaled.
+epoch. All these methods apply LR warmup for 5 epochs." Vanilla LBT and the paper's AGS run without
+warm-up: AGS's gate already leaves the sensitive early steps unscaled. ``train.ags.base`` puts AGS (and
+static scaling) on top of another recipe: sgd (the paper's: lbt's optimiser and rate), lrs or lars (their
+optimiser, linearly scaled rate and warm-up; AGS rescales the gradient the optimiser then steps with).
 """
 
 from __future__ import annotations
@@ -36,10 +38,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from .ags import TulaOptimizer
+from .config import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")
-WARMUP_STRATEGIES = frozenset({"lrs", "lars", "polo"})
-LR_SCALING_STRATEGIES = frozenset({"lrs", "lars"})
 
 
 class LARS(torch.optim.Optimizer):
@@ -102,8 +103,8 @@ class LARS(torch.optim.Optimizer):
 
 
 def peak_lr(train_cfg: dict, global_batch: int) -> float:
-    """The learning rate after warm-up and before decay: linearly scaled for lrs and lars."""
-    if train_cfg["strategy"] in LR_SCALING_STRATEGIES:
+    """The learning rate after warm-up and before decay: linearly scaled for lrs and lars (and AGS on them)."""
+    if recipe(train_cfg) in LR_SCALING_RECIPES:
         return train_cfg["lr"] * global_batch / train_cfg["lr_base_batch"]
     return train_cfg["lr"]
 
@@ -116,7 +117,7 @@ def lr_factor(train_cfg: dict, steps_per_epoch: int) -> Callable[[int], float]:
     whose rate is not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as
     MultiStepLR stepped once per epoch does.
     """
-    warm_steps = train_cfg["warmup_epochs"] * steps_per_epoch if train_cfg["strategy"] in WARMUP_STRATEGIES else 0
+    warm_steps = train_cfg["warmup_epochs"] * steps_per_epoch if recipe(train_cfg) in WARMUP_RECIPES else 0
     milestones, gamma = train_cfg["lr_milestones"], train_cfg["lr_gamma"]
 
     def factor(step: int) -> float:
@@ -351,7 +352,7 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
     params = list(net.parameters())
     polo = name == "polo" and isinstance(net, DistributedDataParallel)
     precision = Precision(train_cfg["precision"], params[0].device, train_cfg["channels_last"], local_steps=polo)
-    if name == "lars":
+    if recipe(train_cfg) == "lars":
         layers = [p for p in params if p.ndim > 1]
         others = [p for p in params if p.ndim <= 1]
         optimizer = LARS(

@@ -67,7 +67,7 @@ def test_test_cells_follow_the_choices_and_add_the_papers_ags_when_another_was_c
     assert {c["phase"] for c in tuning} == {"tuning"} and {c["seed"] for c in tuning} == set(SCALE["tuning_seeds"])
     chosen = {
         MODELS[0]: {"ags": bench.PAPER_AGS, "lars": "trust 0.02"},
-        MODELS[1]: {"ags": "tensor, delta 0.5", "lars": "trust 0.02"},
+        MODELS[1]: {"ags": "on lars, tensor, delta 0.5", "lars": "trust 0.02"},
     }
     test = [c for c in bench.plan("cpu", chosen, digest) if c["phase"] == "test"]
     per_seed = {m: 1 + 3 * 6 + (3 if chosen[m]["ags"] != bench.PAPER_AGS else 0) for m in MODELS}
@@ -88,7 +88,7 @@ def test_a_paired_difference_has_its_t_interval():
 
 def test_the_headline_averages_ags_minus_lbt_over_cells_per_seed_and_finds_the_worst_cell():
     """AGS beats LBT by 4 points everywhere; LRS beats AGS by 2 points at one batch of one model."""
-    chosen = {m: {"ags": "tensor, delta 0.5", "lars": "trust 0.02"} for m in MODELS}
+    chosen = {m: {"ags": "on lars, tensor, delta 0.5", "lars": "trust 0.02"} for m in MODELS}
     records = []
     for seed in SCALE["test_seeds"]:
         noise = 0.001 * seed
@@ -112,3 +112,21 @@ def test_the_headline_averages_ags_minus_lbt_over_cells_per_seed_and_finds_the_w
         "ags_minus_lbt_mean_points >= 3": True,
         "ags within 1 point of the best baseline in every large-batch cell": False,
     }
+
+
+def test_a_cell_key_follows_the_training_settings_and_the_code_but_not_the_search_settings():
+    job = bench.cell_job("cpu", MODELS[0], "ags", 0, bench.PAPER_AGS)
+    key = bench.cell_key(job, 1024, 2, "d")
+    assert bench.cell_key({**job, "search": {}, "objective": {}}, 1024, 2, "d") == key
+    other = {**job, "train": {**job["train"], "ags": {**job["train"]["ags"], "delta": 0.2}}}
+    assert (
+        len(
+            {
+                key,
+                bench.cell_key(other, 1024, 2, "d"),
+                bench.cell_key(job, 2048, 2, "d"),
+                bench.cell_key(job, 1024, 2, "e"),
+            }
+        )
+        == 4
+    )

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.conftest import REPO, default_job, run_on_two_ranks
+from tula_hpc.ags import TulaOptimizer
 from tula_hpc.config import ConfigError, load_config, validate_config
 from tula_hpc.strategies import LARS, build_strategy
 from tula_hpc.training import training_step
@@ -156,6 +157,18 @@ def test_lrs_scales_linearly_and_warms_up_per_step():
     assert _lrs(strategy, 16) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("base,optimizer", [("lrs", torch.optim.SGD), ("lars", LARS)])
+def test_ags_on_another_recipe_scales_the_gradients_of_its_optimiser_rate_and_warm_up(base, optimizer):
+    train = dict(strategy="ags", lr=0.05, lr_base_batch=128, warmup_epochs=2, lr_milestones=[3], lr_gamma=0.1)
+    train["ags"] = {"base": base}
+    model = nn.Linear(2, 2)
+    model(torch.ones(1, 2)).sum().backward()
+    strategy = build_strategy(model, default_job(train=train)["train"], global_batch=512, steps_per_epoch=4)
+    assert isinstance(strategy.optimizer, TulaOptimizer) and type(strategy.optimizer.optimizer) is optimizer
+    peak = 0.05 * 512 / 128
+    assert _lrs(strategy, 16) == pytest.approx([peak * (k + 1) / 8 for k in range(8)] + [peak] * 4 + [peak / 10] * 4)
+
+
 @pytest.mark.parametrize("name", ["lbt", "ags"])
 def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
     train = dict(strategy=name, lr=0.05, lr_milestones=[1, 2], lr_gamma=0.5)
@@ -250,6 +263,7 @@ def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
     "strategy,field,change",
     [
         ("lrs", "train.warmup_epochs", dict(warmup_epochs=30)),
+        ("ags", "train.warmup_epochs", dict(warmup_epochs=30, ags={"base": "lars"})),
         ("polo", "train.polo.sync_epochs", dict(polo={"sync_epochs": 30, "averages_per_epoch": 4})),
     ],
 )
