@@ -18,8 +18,8 @@ coefficient, 0.001 as in You et al. and timm, 0.02 as in apex's LARC) are chosen
 accuracy (after precise BN) over the tuning seeds at the tuning batch; the test seeds, which choose nothing, give
 the reported test accuracies. Per cell: mean, std, steps per epoch and updates in all; AGS against LBT and against
 the best baseline per cell as paired differences over the test seeds (a seed fixes the split, the initial weights
-and the data order for every strategy alike) with 95 % t intervals. If the chosen AGS is not the paper's (element-
-wise factors, delta 0.5), the paper's AGS is reported beside it.
+and the data order for every strategy alike) with 95 % t intervals. If the chosen AGS is not the paper's
+(element-wise factors, delta 0.5), the paper's AGS is reported beside it.
 
 Cells are cached in bench/results/generalization_fmnist_cells[-SCALE].jsonl under a key of every setting training
 and scoring depend on and a digest of the code training runs (TRAINING_CODE): a rerun after a change recomputes
