@@ -54,20 +54,20 @@ from .distributed import Context, init_distributed, shutdown
 from .files import read_json, write_json
 from .layout import devices_per_node, ranks_per_host, steps_per_epoch
 from .performance import adaptive_search, candidate_row, model_params
+from .preemption import StopRequests
 from .stage import StageError, stage_main
 from .strategies import build_strategy
-from .training import accumulate_gradients, apply_update, build_for_job, training_step, wrap_ddp
+from .training import accumulate_gradients, apply_update, build_for_job, loop_step, wrap_ddp
 
 PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
 MAX_STEPS = 200
 BACKOFF_S = 1.0
 
 
-def _batches(loader, device: torch.device):
+def _batches(loader):
     for epoch in itertools.count():
         loader.sampler.set_epoch(epoch)
-        for x, y in loader:
-            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        yield from loader
 
 
 class Clock:
@@ -247,8 +247,7 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
             shuffle=True,
             drop_last=True,
             **loader_options(job, ctx.device),
-        ),
-        ctx.device,
+        )
     )
     distributed = ctx.world_size > 1
     clock = clock_for(ctx.device)
@@ -256,7 +255,7 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     def split_step() -> list[float]:
         """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
         start = clock.mark()
-        x, y = next(batches)
+        x, y = (t.to(ctx.device, non_blocking=True) for t in next(batches))
         loaded = clock.mark()
         _, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, sync=False)
         computed = sync_start = synced = clock.mark()
@@ -269,11 +268,12 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
         apply_update(net, strategy, loss_fn, x, y, reference_grads)
         return clock.seconds([(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())])
 
+    stop = StopRequests(ctx.world_size)  # its flag exchange only: signals are the profile job's own concern
+
     def full_step() -> float:
-        """The training step as training runs it (sync overlapped with backward)."""
+        """The training loop's step (sync overlapped with backward, the stop-flag exchange beside it)."""
         start = clock.mark()
-        x, y = next(batches)
-        training_step(net, strategy, loss_fn, x, y)
+        loop_step(net, strategy, loss_fn, next(batches), ctx.device, stop)
         return clock.seconds([(start, clock.mark())])[0]
 
     warmup = [full_step() for _ in range(max(1, search["warmup_steps"]))]

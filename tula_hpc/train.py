@@ -34,7 +34,7 @@ from .layout import steps_per_epoch as epoch_steps
 from .preemption import StopRequests
 from .stage import StageError, stage_main
 from .strategies import build_strategy
-from .training import build_for_job, evaluate_accuracy, training_step, wrap_ddp
+from .training import build_for_job, evaluate_accuracy, loop_step, wrap_ddp
 
 LOOP_LOG_EVERY_S = 10.0
 
@@ -189,16 +189,13 @@ def _train_attempt(
             batches_done = math.ceil(samples_done / per_device)
             spent_before, started, stopping = clock.spent - open_epoch_time, time.perf_counter(), False
             try:
-                for x, y in loader:
-                    stop.begin_step()
-                    x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-                    loss = training_step(net, strategy, loss_fn, x, y, accumulation)
+                for batch in loader:
+                    loss, stopping = loop_step(net, strategy, loss_fn, batch, ctx.device, stop, accumulation)
                     step, batches_done = step + 1, batches_done + 1
                     now = time.perf_counter()
                     clock.add(now - started)
                     started = now
                     # Asked to stop mid-epoch: save this step; after the epoch's last one, its own checkpoint does.
-                    stopping = stop.agreed()
                     if stopping and batches_done < steps_per_epoch:
                         clock.add(0.0, force=True)
                         if ctx.is_main:

@@ -105,6 +105,24 @@ def training_step(
     return loss
 
 
+def loop_step(
+    net: nn.Module,
+    strategy,
+    loss_fn,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device,
+    stop,
+    micro_batches=1,
+) -> tuple[torch.Tensor, bool]:
+    """The training loop's step, as training runs it and profiling times it: the stop-flag exchange
+    (preemption.StopRequests, overlapped with the step and read after it), the batch's copy to the device and
+    the optimiser step. Returns the batch's mean loss and whether a rank has been asked to stop."""
+    stop.begin_step()
+    x, y = (t.to(device, non_blocking=True) for t in batch)
+    loss = training_step(net, strategy, loss_fn, x, y, micro_batches)
+    return loss, stop.agreed()
+
+
 def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256, **loader_options) -> float:
     """Top-1 accuracy over the whole data set, each rank scoring its own images, every image once
     (`loader_options`: data.loader_options, the job's workers and pinning)."""

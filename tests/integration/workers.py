@@ -7,6 +7,7 @@ import os
 import time
 
 import tula_hpc.train as train_module
+import tula_hpc.training as training_module
 
 NEVER_NOTICES_S = 600
 
@@ -18,5 +19,5 @@ def train_beside_a_rank_that_never_notices(budgets_gb: list[float], job: dict, *
     job = copy.deepcopy(job)
     job["resources"]["device_memory_gb"] = budgets_gb[rank]
     if rank == 0:
-        train_module.training_step = lambda *args, **kwargs: time.sleep(NEVER_NOTICES_S)
+        training_module.training_step = lambda *args, **kwargs: time.sleep(NEVER_NOTICES_S)
     return train_module.train_worker(job, **kwargs)

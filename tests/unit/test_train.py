@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tula_hpc.train as train_module
+import tula_hpc.training as training_module
 from tests.conftest import default_job
 from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.report import strategy_section
@@ -84,7 +85,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
     job = default_job(train=dict(strategy=name, epochs=3, warmup_epochs=1, lr_milestones=[2]))
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
 
-    step, calls = train_module.training_step, []
+    step, calls = training_module.training_step, []
 
     def requeue_signal_during_step_12(*args, **kwargs):
         calls.append(1)
@@ -92,7 +93,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
             os.kill(os.getpid(), REQUEUE_SIGNAL)
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "training_step", requeue_signal_during_step_12)
+    monkeypatch.setattr(training_module, "training_step", requeue_signal_during_step_12)
     with pytest.raises(Preempted):
         _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
     monkeypatch.undo()

@@ -8,8 +8,9 @@ from torch import nn
 
 from tests.conftest import default_job, run_on_two_ranks
 from tula_hpc.distributed import Context
+from tula_hpc.preemption import REQUEUE_SIGNAL, StopRequests
 from tula_hpc.strategies import build_strategy
-from tula_hpc.training import accumulate_gradients, build_for_job, evaluate_accuracy, training_step
+from tula_hpc.training import accumulate_gradients, build_for_job, evaluate_accuracy, loop_step, training_step
 
 
 def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
@@ -162,3 +163,18 @@ def test_channels_last_puts_the_weights_and_the_images_of_every_slice_in_that_fo
     training_step(model, strategy, nn.CrossEntropyLoss(), x, y)
     assert seen == [[True, True], [True, True]]
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_loop_step_is_the_training_step_and_reports_a_stop_noted_before_it_began():
+    """Training runs it and profiling times it: the same update as training_step, with the stop-flag exchange."""
+    cfg = default_job()["train"]
+    x, y = torch.randn(16, 4), torch.arange(16) % 3
+    nets = [nn.Linear(4, 3) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    stop = StopRequests(world_size=1)
+    plain = training_step(nets[0], build_strategy(nets[0], cfg, 16, 4), F.cross_entropy, x, y)
+    loss, stopping = loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), F.cross_entropy, (x, y), x.device, stop)
+    assert torch.equal(loss, plain) and not stopping
+    assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters()))
+    stop.noted = REQUEUE_SIGNAL
+    assert loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), F.cross_entropy, (x, y), x.device, stop)[1]
