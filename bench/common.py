@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -89,6 +91,16 @@ def provenance() -> dict:
         "torch": version("torch"),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def files_digest(paths: list[str], settings: object = None) -> str:
+    """A short hash of these repository files (paths relative to REPO) and `settings`: equal digests mean the same
+    code with the same settings, without relying on git."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.encode() + b"\0" + (REPO / path).read_bytes() + b"\0")
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
 
 
 def write_result(path: Path, settings: dict, figures: dict) -> None:

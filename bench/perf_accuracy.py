@@ -1,33 +1,44 @@
-"""Benchmark: how well the performance model predicts step time from partial, adaptive and full profiles.
+"""Benchmark: how well the performance model predicts step time from partial, adaptive and full profiles, and
+what the select stage's choice on those predictions costs.
 
-For each model the whole grid available here (N in {1, 2} ranks as local processes, per-device batch b
-from 8 to 512) is measured in up to ROUNDS rounds (at least MIN_ROUNDS, none that would end after
-BUDGET_S) with the profile stage's own measurement (`profiling.measure`: same model, loader, DDP,
-retries when other work disturbs it). Each round runs in a shuffled order that mixes models and
-configurations, inside one pair of long-lived ranks (no process start per configuration).
+Models and data: tiny_cnn and resnet18 on the default job's digits (1,258 training images), bn_cnn and
+cifar_resnet on Fashion-MNIST at 14x14 (54,000 training images, the jobs of bench/generalization_fmnist.py's
+CPU preset), so epochs have the real number of steps. Each model's whole grid here (N in {1, 2} ranks as
+local processes, per-device batch b from 8 to 512) is measured in up to ROUNDS rounds (at least MIN_ROUNDS,
+none that would end after BUDGET_S) with the profile stage's own measurement (`profiling.measure`). Each
+round runs in a shuffled order that mixes models and configurations, inside one pair of long-lived ranks.
 
 Each round then plays the role of one profiling campaign, judged against the other rounds:
 - truth(c): median step time of configuration c over the OTHER rounds (a fit never meets its own data),
   of those the profiler saw undisturbed by other work when there are any;
-- noise_floor: median of |x_r(c) / truth(c) - 1| over configurations and rounds: how far one careful
-  measurement lands from the others. A model error below it cannot be shown;
+- noise floor: median of |x_r(c) / truth(c) - 1| over every model, configuration and round: how far one careful
+  measurement lands from the others. A model error below it cannot be shown, so error targets are ratios to it;
 - partial / adaptive: fit on the round's profiles the mode chooses, error on every configuration it did
   not profile; full: leave-one-out over the grid;
-- profiling_cost_s: node-seconds the mode's profiles took (ranks x measurement wall time, warm-up,
-  retries and back-off included; the per-job launch overhead of real profile jobs is not counted);
-- time_regret, cost_regret: T and cost of every candidate come from the fit_model stage's own code
-  (`perfmodel.predict_candidates` on the round's profiles of the mode) and the choice from the select
-  stage's (`selection.select`); regret = the measured T (cost) of the candidate chosen for the `time`
-  (`cost`) objective over that of the candidate chosen on the measured truth, minus 1. The measured T is
-  predict_candidates with every step the truth (only the epoch's last, smaller step scales as a model fitted
-  to the other rounds says). knee_regret: |measured T of the chosen knee over that of the knee chosen on the
-  truth - 1| (the knee minimises nothing, so a miss to either side counts).
+- profiling cost: node-seconds the mode's profiles took (ranks x measurement wall time, warm-up, retries and
+  back-off included; the launch overhead of real profile jobs is not counted), and its share of full's;
+- regrets: T and cost of every candidate come from `perfmodel.predict_candidates` on the round's profiles of
+  the mode, the choice from `selection.select`; regret = the measured T (cost) of the candidate chosen for the
+  `time` (`cost`) objective over that of the candidate chosen on the truth, minus 1 (the measured T is
+  predict_candidates with every step the truth). knee: |ratio - 1| of the measured T of the two knees (the knee
+  minimises nothing, so a miss to either side counts).
+Every figure is pooled over all models, configurations and rounds: medians, and the largest error as the
+largest, with the model, round and configuration where it happened.
+
+Design choice, made on held-out models: partial search's second batch at the largest N
+(`search.partial_second_batch`: "largest" or the geometric "middle"). Each model is scored under the rule
+that wins on the OTHER models (lower pooled median partial error; ties: cheaper profiling), as are its
+adaptive figures; the rule all models together choose is what the default should be. Both rules' figures
+are reported side by side.
+
+Re-analysis (`--reuse FILE`) is allowed only of measurements made by this same measuring code: the file
+stores a digest of the code that measures (MEASURING_CODE) and every job's profile settings, and a different
+digest is refused.
 
 On the local Slurm cluster (`--launcher slurm`, after `make slurm-up`) the pool is one 2-node sbatch job:
-the ranks talk over the cluster's network, and, as on any cluster, the model knows each rank alone on
-its node (ranks_per_host 1), so partial search profiles 3 configurations instead of 4.
+the ranks talk over the cluster's network, and each rank is alone on its node (ranks_per_host 1).
 
-Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py [--launcher slurm]
+Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py [--launcher slurm]   (about 20 min)
       .venv/bin/python bench/perf_accuracy.py --reuse bench/results/perf_accuracy.json   (re-analyse only)
 Writes bench/results/perf_accuracy[_slurm].json (figures and the raw per-round measurements).
 """
@@ -40,34 +51,66 @@ import statistics
 import time
 from pathlib import Path
 
-from common import RESULTS, WORK, bench_job, bench_parser, write_result
+from common import RESULTS, WORK, bench_job, bench_parser, files_digest, write_result
 
-MODELS = {"tiny_cnn": 8, "resnet18": 8, "mobilenet_v3_small": 16}  # model -> image side (digits, resized)
+from tula_hpc.search import SECOND_BATCHES as RULES  # partial search's second batch at the largest N
+
+DIGITS = {"name": "digits", "image_size": 8}  # the default job's data
+FASHION_MNIST = {"name": "fashion_mnist", "root": None, "image_size": 14, "augment": "standard"}
+# model -> the data set it runs on and the model's arguments
+MODELS = {
+    "tiny_cnn": {"data": DIGITS, "kwargs": {}},
+    "resnet18": {"data": DIGITS, "kwargs": {}},
+    "bn_cnn": {"data": FASHION_MNIST, "kwargs": {"width": 16}},
+    "cifar_resnet": {"data": FASHION_MNIST, "kwargs": {"width": 8, "blocks": 1}},
+}
 NODES = (1, 2)
 PER_DEVICE = (8, 512)
-ROUNDS = 5  # at most; at least MIN_ROUNDS, and no round that would end after BUDGET_S
+# A round (56 configurations) takes about 110 s here: tiny_cnn 15 s and resnet18 48 s (the sums of measure_wall_s
+# per round of the previous result file); bn_cnn and cifar_resnet about 20 s each, from their step times in
+# bench/generalization_fmnist.py's cells (20-200 ms per step): a configuration is 2 warm-up steps, then step pairs
+# for at least 1 s and 4 pairs, plus loading. 9 rounds fit BUDGET_S, leaving about 3 minutes of the 20 to start
+# the ranks and analyse; on a busy machine, where re-measured disturbances slow rounds, fewer are run.
+ROUNDS = 9  # at most; at least MIN_ROUNDS, and no round that would end after BUDGET_S
 MIN_ROUNDS = 3
-BUDGET_S = 900.0
+BUDGET_S = 1020.0
 MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempts": 3, "interference_tolerance": 0.1}
 # Adaptive search stops on predictions confirmed within this; here it is set to about this machine's noise
 # floor (a tighter tolerance cannot be confirmed on it and turns adaptive into full search).
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
-TARGETS = {"partial_median": 0.05, "full_median": 0.02, "regret": 0.03, "partial_cost_share": 0.25}
+# What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
+MEASURING_CODE = [
+    f"tula_hpc/{name}.py" for name in ("profiling", "training", "strategies", "models", "data", "distributed", "launch")
+]
 MODES = ("partial", "adaptive", "full")
+RULED = tuple(f"{mode}/{rule}" for mode in ("partial", "adaptive") for rule in RULES)  # searches under one rule
+SEARCHES = RULED + ("full",)
 OBJECTIVES = ("time", "cost", "knee")
+# Step-time errors in multiples of the noise floor measured in the same run; the rest as fractions.
+TARGETS = {
+    "partial_median": 1.2,
+    "full_median": 1.0,
+    "time_regret": 0.03,
+    "cost_regret": 0.03,
+    "knee_regret": 0.03,
+    "partial_cost_share": 0.25,
+}
 # Costs are node-hours (the bench jobs' pricing), which read no memory.json; pricing.costs prices every
 # pricing model at once, so it gets a zero memory line for the one this bench does not use.
 NO_MEMORY = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 
 
+class StaleMeasurements(ValueError):
+    """Stored measurements were made by other measuring code or settings: re-analysing them judges other code."""
+
+
 def bench_jobs(launcher: str) -> dict[str, dict]:
-    jobs = {}
-    for model, side in MODELS.items():
-        jobs[model] = bench_job(
+    return {
+        model: bench_job(
             as_name=f"bench-{model}",
             launcher=launcher,
-            model={"name": model},
-            data={"name": "digits", "image_size": side},
+            model={"name": model, "kwargs": spec["kwargs"]},
+            data=spec["data"],
             search={
                 **MEASUREMENT,
                 "adaptive": ADAPTIVE,
@@ -77,7 +120,28 @@ def bench_jobs(launcher: str) -> dict[str, dict]:
             objective={"pricing": "node_hour"},
             resources={"time_min": 60},  # the whole pool is one job
         )
-    return jobs
+        for model, spec in MODELS.items()
+    }
+
+
+def measurement_digest(jobs: dict[str, dict]) -> str:
+    """The measuring code and what each job's profiles depend on (stage_settings "profile": model, data, step and
+    MEASUREMENT settings), with the launcher and the grid's bounds."""
+    from tula_hpc.config import stage_settings
+
+    settings = {m: {**stage_settings(job, "profile"), "launcher": job["launcher"]} for m, job in jobs.items()}
+    return files_digest(MEASURING_CODE, {"jobs": settings, "nodes": NODES, "per_device_batch": PER_DEVICE})
+
+
+def reusable(stored: dict, path: Path, digest: str) -> list[dict]:
+    """The stored measurements, if this code would have measured them."""
+    if stored.get("measurement_digest") != digest:
+        raise StaleMeasurements(
+            f"{path}: its measurements carry digest {stored.get('measurement_digest')}, this code measures with "
+            f"digest {digest} ({', '.join(MEASURING_CODE)} and each model's profile settings): they were made by "
+            f"other measuring code or settings; measure anew"
+        )
+    return stored["measurements"]
 
 
 def grid(job: dict, train_samples: int) -> list[dict]:
@@ -145,7 +209,7 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float
         rng.shuffle(order)
         schedule.append(order)
     os.environ.setdefault("TULA_COLLECTIVE_TIMEOUT_S", "3600")  # a rank may wait out a long one-rank measurement
-    job = next(iter(jobs.values()))
+    job = next(iter(jobs.values()))  # every job has the same launcher and resources
     spec = launch.LaunchSpec.for_job(job, nodes=NODES[-1])
     return launch.run(
         pool_worker,
@@ -187,11 +251,13 @@ def regrets(predicted: list[dict], measured: list[dict], objective: dict) -> dic
         best = select({"candidates": measured, "pricing": objective["pricing"]}, wanted)["chosen"]
         field = "cost" if goal == "cost" else "time_s"
         regret = truth[_key(chosen)][field] / best[field] - 1
-        found[goal] = abs(regret) if goal == "knee" else regret
+        found[f"{goal}_regret"] = abs(regret) if goal == "knee" else regret
     return found
 
 
-def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
+def evaluate_model(name: str, job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
+    """One model's raw figures, each labelled with where it comes from: step-time errors per search (SEARCHES),
+    one campaign (profiling cost, regrets) per search and round, and every measurement's distance from the truth."""
     from tula_hpc.layout import devices_per_node
     from tula_hpc.perfmodel import predict_candidates
     from tula_hpc.performance import adaptive_search, candidate_row, fit_profiles, model_params
@@ -199,13 +265,13 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
 
     devices, launcher = devices_per_node(job), job["launcher"]
 
-    def rows(configs: list[dict]) -> list[list[float]]:
-        return [candidate_row(c, devices, launcher) for c in configs]
+    def row(c: dict) -> list[float]:
+        return candidate_row(c, devices, launcher)
 
     rounds = sorted({r["round"] for r in records})
     by_round = {r: {_key(x): x for x in records if x["round"] == r} for r in rounds}
     settings = model_params(job)
-    search = job["search"]
+    adaptive_settings = job["search"]["adaptive"]
 
     def truth(c, excluded):
         """Median over the other rounds, of their quiet measurements when there are any."""
@@ -220,89 +286,261 @@ def evaluate_model(job: dict, candidates: list[dict], records: list[dict], train
         model = fit_profiles(elsewhere, **settings)
         return predict_candidates(model, candidates, job, train_samples, NO_MEMORY, steps, 1.0)
 
-    def cost(used, r) -> float:
-        return sum(by_round[r][_key(c)]["measure_wall_s"] * c["nodes"] for c in used)
+    def where(c: dict, r: int) -> dict:
+        return {"model": name, "round": r, "nodes": c["nodes"], "batch": c["batch"]}
 
-    modes: dict[str, dict] = {
-        m: {"errors": [], "costs": [], "profiled": [], **{goal: [] for goal in OBJECTIVES}} for m in MODES
-    }
+    errors: dict[str, list[dict]] = {search: [] for search in SEARCHES}
+    campaigns: dict[str, list[dict]] = {search: [] for search in SEARCHES}
     for current in rounds:
         profiles = by_round[current]
-        measure = lambda c, profiles=profiles: profiles[_key(c)]  # noqa: E731  (the round's measurement stands in for a profile job)
-        chosen = {mode: planned(mode, candidates, devices, launcher) for mode in MODES}
-        adaptive = adaptive_search(
-            candidates,
-            chosen["adaptive"],
-            measure,
-            lambda c: candidate_row(c, devices, launcher),
-            settings,
-            search["adaptive"]["tolerance"],
-            search["adaptive"]["max_profiles"],
-        )
-        chosen["adaptive"] = adaptive["profiled"]
-        fit_settings = {
-            "partial": settings,
-            "adaptive": {**settings, "discrepancy_per_octave": adaptive["discrepancy_per_octave"]},
-            "full": settings,
-        }
-        for mode in ("partial", "adaptive"):
-            model = fit_profiles([measure(c) for c in chosen[mode]], **settings)
-            unseen = [c for c in candidates if c not in chosen[mode]]
-            modes[mode]["errors"] += [_rel(p, truth(c, current)) for c, p in zip(unseen, model.predict(rows(unseen)))]
-        for held in candidates:
-            rest = [measure(c) for c in candidates if c is not held]
-            model = fit_profiles(rest, **settings)
-            step = model.predict(rows([held]))[0]
-            modes["full"]["errors"].append(_rel(step, truth(held, current)))
-        measured = measured_run(current)
-        for mode, used in chosen.items():
-            predicted = stage_prediction(job, [measure(c) for c in used], candidates, train_samples, fit_settings[mode])
-            for goal, regret in regrets(predicted, measured, job["objective"]).items():
-                modes[mode][goal].append(regret)
-            modes[mode]["costs"].append(cost(used, current))
-            modes[mode]["profiled"].append(len(used))
 
-    deviation = {
-        (r, _key(c)): _rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)) for r in rounds for c in candidates
-    }
-    noise = list(deviation.values())
-    quiet = [e for (r, k), e in deviation.items() if not disturbed(by_round[r][k])]
-    loud = [e for (r, k), e in deviation.items() if disturbed(by_round[r][k])]
-    full_cost = statistics.median(modes["full"]["costs"])
-    summary = {}
-    for mode, m in modes.items():
-        summary[mode] = {  # adaptive search that ended up profiling everything leaves nothing unseen to judge
-            "median_rel_error": statistics.median(m["errors"]) if m["errors"] else None,
-            "max_rel_error": max(m["errors"]) if m["errors"] else None,
-            "profiled_configs": statistics.median(m["profiled"]),
-            "profiling_cost_s": statistics.median(m["costs"]),
-            "profiling_cost_share_of_full": statistics.median(m["costs"]) / full_cost,
-            **{f"{goal}_regret": statistics.median(m[goal]) for goal in OBJECTIVES},
-            **{f"{goal}_regret_max": max(m[goal]) for goal in OBJECTIVES},
+        def measure(c: dict, profiles=profiles) -> dict:
+            """The round's measurement stands in for a profile job."""
+            return profiles[_key(c)]
+
+        used = {"full": planned("full", candidates, devices, launcher)}
+        fit_settings = {"full": settings}
+        for rule in RULES:
+            used[f"partial/{rule}"] = planned("partial", candidates, devices, launcher, second_batch=rule)
+            fit_settings[f"partial/{rule}"] = settings
+            adaptive = adaptive_search(
+                candidates,
+                planned("adaptive", candidates, devices, launcher, second_batch=rule),
+                measure,
+                row,
+                settings,
+                adaptive_settings["tolerance"],
+                adaptive_settings["max_profiles"],
+            )
+            used[f"adaptive/{rule}"] = adaptive["profiled"]
+            fit_settings[f"adaptive/{rule}"] = {
+                **settings,
+                "discrepancy_per_octave": adaptive["discrepancy_per_octave"],
+            }
+        for search, chosen in used.items():
+            if search == "full":  # leave-one-out
+                judged = candidates
+                steps = [
+                    fit_profiles([measure(c) for c in candidates if c is not held], **settings).predict([row(held)])[0]
+                    for held in candidates
+                ]
+            else:  # adaptive search that profiled everything leaves nothing unseen to judge
+                judged = [c for c in candidates if c not in chosen]
+                model = fit_profiles([measure(c) for c in chosen], **settings)
+                steps = model.predict([row(c) for c in judged]) if judged else []
+            errors[search] += [
+                {**where(c, current), "error": _rel(step, truth(c, current))} for c, step in zip(judged, steps)
+            ]
+        measured = measured_run(current)
+        full_cost = sum(measure(c)["measure_wall_s"] * c["nodes"] for c in candidates)
+        for search, chosen in used.items():
+            predicted = stage_prediction(
+                job, [measure(c) for c in chosen], candidates, train_samples, fit_settings[search]
+            )
+            cost = sum(measure(c)["measure_wall_s"] * c["nodes"] for c in chosen)
+            campaigns[search].append(
+                {
+                    "model": name,
+                    "round": current,
+                    "profiled": len(chosen),
+                    "cost_s": cost,
+                    "cost_share": cost / full_cost,
+                    **regrets(predicted, measured, job["objective"]),
+                }
+            )
+    noise = [
+        {
+            **where(c, r),
+            "error": _rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)),
+            "disturbed": disturbed(by_round[r][_key(c)]),
         }
-    noise_floor = statistics.median(noise)
-    for mode in summary.values():
-        mode["error_over_noise_floor"] = (
-            mode["median_rel_error"] / noise_floor if mode["median_rel_error"] is not None else None
-        )
+        for r in rounds
+        for c in candidates
+    ]
     return {
-        "noise_floor": noise_floor,
-        "noise_max": max(noise),
         "configs": len(candidates),
         "rounds": len(rounds),
+        "errors": errors,
+        "campaigns": campaigns,
+        "noise": noise,
+    }
+
+
+def largest(items: list[dict], key: str) -> dict | None:
+    """The largest `key` of `items`, with the model, round (and configuration) where it happened."""
+    if not items:
+        return None
+    top = max(items, key=lambda item: item[key])
+    return {"value": top[key], **{k: top[k] for k in ("model", "round", "nodes", "batch") if k in top}}
+
+
+def noise_summary(noise: list[dict]) -> dict:
+    quiet = [n["error"] for n in noise if not n["disturbed"]]
+    loud = [n["error"] for n in noise if n["disturbed"]]
+    return {
+        "noise_floor": statistics.median(n["error"] for n in noise),
+        "noise_max": largest(noise, "error"),
         # How far measurements the profiler saw as quiet, and those it saw disturbed, land from the truth.
         "noise_quiet": statistics.median(quiet) if quiet else None,
         "noise_disturbed": statistics.median(loud) if loud else None,
         "disturbed": len(loud),
-        "modes": summary,
     }
+
+
+def summarise(errors: list[dict], campaigns: list[dict], noise_floor: float) -> dict:
+    """Medians and maxima over all the errors and campaigns given (pooled over models and rounds)."""
+    values = [e["error"] for e in errors]
+    median = statistics.median(values) if values else None
+    return {
+        "median_rel_error": median,
+        "max_rel_error": largest(errors, "error"),
+        "error_over_noise_floor": None if median is None else median / noise_floor,
+        "profiled_configs": statistics.median(c["profiled"] for c in campaigns),
+        "profiling_cost_s": statistics.median(c["cost_s"] for c in campaigns),
+        "profiling_cost_share_of_full": statistics.median(c["cost_share"] for c in campaigns),
+        **{f"{goal}_regret": statistics.median(c[f"{goal}_regret"] for c in campaigns) for goal in OBJECTIVES},
+        **{f"{goal}_regret_max": largest(campaigns, f"{goal}_regret") for goal in OBJECTIVES},
+    }
+
+
+def rule_scores(raw: dict[str, dict], models: list[str]) -> dict[str, dict]:
+    """Per second-batch rule, partial search's pooled median error and profiling cost share on `models`."""
+    return {
+        rule: {
+            "median_rel_error": statistics.median(
+                e["error"] for m in models for e in raw[m]["errors"][f"partial/{rule}"]
+            ),
+            "profiling_cost_share_of_full": statistics.median(
+                c["cost_share"] for m in models for c in raw[m]["campaigns"][f"partial/{rule}"]
+            ),
+        }
+        for rule in RULES
+    }
+
+
+def best_rule(scores: dict[str, dict]) -> str:
+    """The lower median error; on a tie, the cheaper profiling."""
+    return min(scores, key=lambda r: (scores[r]["median_rel_error"], scores[r]["profiling_cost_share_of_full"]))
+
+
+def judged(overall: dict, noise_floor: float) -> dict[str, dict]:
+    """Every target with its figure and whether it is met: errors as ratios to the noise floor, the regret of
+    each objective as its worst mode's median."""
+    figures = {
+        "partial_median": overall["partial"]["median_rel_error"] / noise_floor,
+        "full_median": overall["full"]["median_rel_error"] / noise_floor,
+        **{f"{goal}_regret": max(overall[mode][f"{goal}_regret"] for mode in MODES) for goal in OBJECTIVES},
+        "partial_cost_share": overall["partial"]["profiling_cost_share_of_full"],
+    }
+    return {
+        name: {"figure": figure, "target": TARGETS[name], "met": bool(figure <= TARGETS[name])}
+        for name, figure in figures.items()
+    }
+
+
+def analyse(raw: dict[str, dict]) -> dict:
+    """Pooled figures; each model's partial and adaptive figures under the second-batch rule chosen on the others."""
+    models = list(raw)
+    rules = {m: best_rule(rule_scores(raw, [o for o in models if o != m])) for m in models}
+    searched = {
+        **{search: {m: search for m in models} for search in SEARCHES},
+        **{mode: {m: f"{mode}/{rules[m]}" for m in models} for mode in ("partial", "adaptive")},
+    }
+    noise = [n for m in models for n in raw[m]["noise"]]
+    noise_floor = statistics.median(n["error"] for n in noise)
+
+    def pooled(label: str, among: list[str], floor: float) -> dict:
+        return summarise(
+            [e for m in among for e in raw[m]["errors"][searched[label][m]]],
+            [c for m in among for c in raw[m]["campaigns"][searched[label][m]]],
+            floor,
+        )
+
+    overall = {label: pooled(label, models, noise_floor) for label in MODES + RULED}
+    per_model = {}
+    for m in models:
+        floor = statistics.median(n["error"] for n in raw[m]["noise"])
+        modes = {label: pooled(label, [m], floor) for label in MODES + RULED}
+        per_model[m] = {
+            "configs": raw[m]["configs"],
+            "rounds": raw[m]["rounds"],
+            **noise_summary(raw[m]["noise"]),
+            "second_batch": {
+                "rule": rules[m],
+                "on_other_models": rule_scores(raw, [o for o in models if o != m]),
+                "held_out_median_rel_error": modes["partial"]["median_rel_error"],
+                "held_out_max_rel_error": modes["partial"]["max_rel_error"],
+            },
+            "modes": modes,
+        }
+    on_all = rule_scores(raw, models)
+    return {
+        **noise_summary(noise),
+        "targets": judged(overall, noise_floor),
+        "second_batch": {"default": best_rule(on_all), "on_all_models": on_all, "per_model": rules},
+        "overall": overall,
+        "models": per_model,
+    }
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _at(worst: dict | None) -> str:
+    if worst is None:
+        return "-"
+    config = f" N={worst['nodes']} B={worst['batch']}" if "nodes" in worst else ""
+    return f"{worst['value']:.1%} ({worst['model']} round {worst['round']}{config})"
+
+
+def report(analysis: dict, disturbed_share: float) -> None:
+    print(
+        f"noise floor (median relative spread of repeated measurements, all models): {analysis['noise_floor']:.1%}, "
+        f"largest {_at(analysis['noise_max'])}; {disturbed_share:.0%} of the measurements stayed disturbed"
+    )
+    for m, r in analysis["models"].items():
+        print(
+            f"{m}: noise floor {r['noise_floor']:.1%} (quiet {_percent(r['noise_quiet'])}, {r['disturbed']} "
+            f"disturbed {_percent(r['noise_disturbed'])}); second batch '{r['second_batch']['rule']}' (chosen on "
+            f"the other models), held-out partial median {_percent(r['second_batch']['held_out_median_rel_error'])}"
+        )
+        for label, s in r["modes"].items():
+            print(f"  {label:16s} {_figures(s)}")
+    for label, s in analysis["overall"].items():
+        print(f"overall {label:16s} {_figures(s)}")
+    choice = analysis["second_batch"]
+    scores = ", ".join(
+        f"{rule}: median {s['median_rel_error']:.1%}, cost {s['profiling_cost_share_of_full']:.0%} of full"
+        for rule, s in choice["on_all_models"].items()
+    )
+    print(f"second batch on all models: {scores}; the default should be '{choice['default']}'")
+    for name, t in analysis["targets"].items():
+        shown = (
+            f"{t['figure']:.2f}x noise floor (target <= {t['target']}x)"
+            if name.endswith("_median")
+            else f"{t['figure']:.1%} (target <= {t['target']:.0%})"
+        )
+        print(f"target {name:18s} {'met' if t['met'] else 'NOT met'}: {shown}")
+
+
+def _figures(s: dict) -> str:
+    regret = " ".join(f"{g} {s[f'{g}_regret']:.1%} (max {_at(s[f'{g}_regret_max'])})" for g in OBJECTIVES)
+    over = "-" if s["error_over_noise_floor"] is None else f"{s['error_over_noise_floor']:.2f}"
+    return (
+        f"median {_percent(s['median_rel_error'])} ({over}x noise) max {_at(s['max_rel_error'])}  "
+        f"profiled {s['profiled_configs']:4.1f}  cost {s['profiling_cost_s']:6.1f} node-s "
+        f"({s['profiling_cost_share_of_full']:.0%} of full)  regret {regret}"
+    )
 
 
 def main() -> int:
     parser = bench_parser(__doc__, "perf_accuracy.json")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reuse", type=Path, help="re-analyse the measurements stored in an earlier result file")
+    parser.add_argument(
+        "--reuse", type=Path, help="re-analyse the measurements of an earlier result file made by this measuring code"
+    )
     parser.add_argument(
         "--launcher",
         choices=("local", "slurm"),
@@ -315,106 +553,63 @@ def main() -> int:
     from tula_hpc.data import load_splits
     from tula_hpc.files import read_json
 
-    reused = read_json(args.reuse) if args.reuse else None
-    launcher = reused["settings"].get("launcher", "local") if reused else args.launcher
+    stored = read_json(args.reuse) if args.reuse else None
+    launcher = stored["settings"]["launcher"] if stored else args.launcher
     out = args.out
     if launcher != "local" and out == parser.get_default("out"):
         out = RESULTS / f"perf_accuracy_{launcher}.json"
     jobs = bench_jobs(launcher)
-    train_samples = len(load_splits(next(iter(jobs.values()))["data"], 0).train)
-    grids = {m: grid(job, train_samples) for m, job in jobs.items()}
-    started = time.time()
-    if reused:
-        records, measure_wall = reused["measurements"], reused.get("measure_wall_s")
-    else:
+    digest = measurement_digest(jobs)
+    try:
+        records = reusable(stored, args.reuse, digest) if stored else None
+    except StaleMeasurements as err:
+        parser.error(str(err))
+    train_samples = {m: len(load_splits(job["data"], job["train"]["seed"]).train) for m, job in jobs.items()}
+    grids = {m: grid(jobs[m], train_samples[m]) for m in jobs}
+    if records is None:
+        started = time.time()
         records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
-        measure_wall = time.time() - started
-    results = {
-        m: evaluate_model(jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples) for m in jobs
+        measure_wall, measured_with = time.time() - started, None
+    else:  # re-analysis keeps the provenance of the run that measured; the header says what analysed them
+        measure_wall, measured_with = stored["measure_wall_s"], stored["measured_with"] or stored["provenance"]
+    raw = {
+        m: evaluate_model(m, jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples[m]) for m in jobs
     }
-
-    def across_models(mode: str, key: str) -> float | None:
-        values = [results[m]["modes"][mode][key] for m in results if results[m]["modes"][mode][key] is not None]
-        return statistics.median(values) if values else None
-
-    overall = {
-        mode: {
-            key: across_models(mode, key)
-            for key in ("median_rel_error", "max_rel_error", "profiling_cost_share_of_full")
-            + tuple(f"{goal}_regret" for goal in OBJECTIVES)
-        }
-        for mode in MODES
-    }
-    noise_floor = statistics.median(r["noise_floor"] for r in results.values())
-    met = {
-        "partial_median": bool(overall["partial"]["median_rel_error"] <= TARGETS["partial_median"]),
-        "full_median": bool(overall["full"]["median_rel_error"] <= TARGETS["full_median"]),
-        **{
-            f"{goal}_regret": bool(max(overall[m][f"{goal}_regret"] for m in MODES) <= TARGETS["regret"])
-            for goal in ("time", "cost")
-        },
-        "partial_cost_share": bool(overall["partial"]["profiling_cost_share_of_full"] <= TARGETS["partial_cost_share"]),
-    }
+    analysis = analyse(raw)
     settings = {
         "launcher": launcher,
         "models": MODELS,
+        "train_samples": train_samples,
         "nodes": NODES,
         "per_device_batch": PER_DEVICE,
-        "max_rounds": reused["settings"]["max_rounds"] if reused else args.rounds,
-        "seed": reused["settings"].get("seed") if reused else args.seed,
+        "max_rounds": stored["settings"]["max_rounds"] if stored else args.rounds,
+        "seed": stored["settings"]["seed"] if stored else args.seed,
         "budget_s": BUDGET_S,
         "measurement": MEASUREMENT,
         "adaptive": ADAPTIVE,
         "jobs": jobs,
     }
+    disturbed_share = sum(map(disturbed, records)) / len(records)
     figures = {
         "description": "step-time prediction error on configurations not used in the fit (full: leave-one-out), "
-        "and the regret of the select stage's choice, per search mode; medians over models of per-model figures",
+        "and the regret of the select stage's choice, per search mode; pooled over models, configurations and "
+        "rounds (medians, and maxima with where they happened); partial and adaptive under the second-batch rule "
+        "chosen on the other models",
         "machine": {
             "load_avg_at_end": os.getloadavg(),
             "median_interference": statistics.median(r.get("interference", 0.0) for r in records),
-            "disturbed_share": sum(map(disturbed, records)) / len(records),
+            "disturbed_share": disturbed_share,
         },
         "rounds": len({r["round"] for r in records}),
-        "targets": TARGETS,
-        "targets_met": met,
-        "noise_floor": noise_floor,
-        "overall": overall,
-        "models": results,
+        **analysis,
         "measure_wall_s": measure_wall,
-        "reanalysed": bool(reused),
-        # Re-analysis keeps where the measurements came from; the header says what analysed them.
-        "measured_with": reused.get("provenance") if reused else None,
+        "reanalysed": bool(stored),
+        "measured_with": measured_with,
+        "measurement_digest": digest,
         "measurements": records,
     }
     write_result(out, settings, figures)
-    print(
-        f"noise floor (median relative spread of repeated measurements): {noise_floor:.1%}; "
-        f"{figures['machine']['disturbed_share']:.0%} of the measurements stayed disturbed by other work"
-    )
-    for m, r in results.items():
-        disturbed_noise = "-" if r["noise_disturbed"] is None else f"{r['noise_disturbed']:.1%}"
-        print(
-            f"{m}: noise floor {r['noise_floor']:.1%} (quiet measurements {r['noise_quiet']:.1%}, "
-            f"{r['disturbed']} disturbed ones {disturbed_noise})"
-        )
-        for mode, s in r["modes"].items():
-            regret = " ".join(f"{goal} {s[f'{goal}_regret']:.1%}" for goal in OBJECTIVES)
-            if s["median_rel_error"] is None:
-                print(f"  {mode:8s} profiled every configuration in every round: no error to judge; regret {regret}")
-                continue
-            print(
-                f"  {mode:8s} median {s['median_rel_error']:6.1%} max {s['max_rel_error']:6.1%} "
-                f"({s['error_over_noise_floor']:.1f}x noise)  profiled {s['profiled_configs']:4.1f}  "
-                f"cost {s['profiling_cost_s']:6.1f} node-s ({s['profiling_cost_share_of_full']:.0%} of full)  "
-                f"regret {regret}"
-            )
-    for mode, s in overall.items():
-        print(
-            f"overall {mode:8s} "
-            + " ".join(f"{key} {'-' if value is None else f'{value:.1%}'}" for key, value in s.items())
-        )
-    print("targets met:", met)
+    report(analysis, disturbed_share)
     return 0
 
 

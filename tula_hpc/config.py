@@ -82,7 +82,7 @@ STAGE_SETTINGS = {
         "resources.memory_probe_batches",
         "search.nodes",
     ),
-    "plan": ("search.mode", "search.nodes", "search.batch", "resources.gpus_per_node"),
+    "plan": ("search.mode", "search.partial_second_batch", "search.nodes", "search.batch", "resources.gpus_per_node"),
     "profile": STEP_SETTINGS + MEASUREMENT_SETTINGS,
     "adapt": STEP_SETTINGS + MEASUREMENT_SETTINGS + FIT_SETTINGS + ("search.adaptive",),
     "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),

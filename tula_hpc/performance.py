@@ -1,6 +1,6 @@
 """The parallel performance model of paper Eq. 2, a scikit-learn estimator, and how profiles fit it.
 
-    t_step(N, b, h) = data(b) + compute(b, h) + e * sync(N, h)
+    t_step(N, b, h) = data(b) + (compute(b, h)^g + sync(N, h)^g)^(1/g)     overlap of Pollux, see below
     data(b)         = d0 + d1 * b                                  loading, linear in b
     compute(b, h)   = a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))    forward+backward+update (Eq. 2b)
     sync(N, h)      = intra(h) + inter(H),  H = N / h hosts         per collective (Eq. 2c), 0 on one rank
@@ -15,8 +15,15 @@ time there and may stay non-negative when compute grows faster than linearly: a 
 profiles of a convex curve crosses zero before b = 0), h the ranks sharing one host. On a cluster h is the
 devices per node and constant; with the local launcher all N "nodes" share this machine, and each rank
 computes slower the more ranks compete for its cores: the (h - 1) terms model that honestly instead of
-pooling one- and two-rank timings into one line. e is the share of sync not hidden behind backward
-(overlap = 1 - e; above 1 when the all-reduce threads also slow the compute they run beside).
+pooling one- and two-rank timings into one line.
+
+DDP all-reduces gradient buckets while backward still computes the rest, so the longer backward (the
+larger b) the more of sync it hides: a constant exposed share of sync over-predicts large-b, large-N
+steps. Pollux's smooth maximum (Qiao et al., OSDI 2021) follows it with one coefficient g (`overlap_gamma_`):
+g = 1 exposes all of sync (compute + sync, as Eq. 2 adds them), g -> infinity hides the shorter behind the
+longer (max), and in between the exposed part (the combination less compute) shrinks as compute outgrows
+sync. g may fall below 1 (to OVERLAP_GAMMA_BOUNDS[0]): on CPUs gloo's all-reduce threads slow the compute
+they run beside, so a step can cost more than compute + sync.
 
 Sync is hierarchical, as Horovod's hierarchical all-reduce runs it and as AdaptDL's goodput model keeps
 intra- and inter-node network terms apart (a hop over NVLink or shared memory and one over the network
@@ -29,13 +36,16 @@ among the N ranks.
 
 Every coefficient is non-negative. Fits minimise relative error (a 2 ms step matters as much as a 2 s
 one), down-weight outlying profiles when there are spare ones (Huber), and report which coefficients
-the profiles identify. Each kind of sync is fitted from the profiles that hold it: intra from syncs that
-stay on one host, inter from syncs that span hosts (less their intra part). With one size of a kind
-(one h, or one H) its latency and bandwidth are collinear, so latency is held at its prior and only
-bandwidth is fitted; a kind no profile holds keeps both priors (`sync_prior`, the job's
-search.sync_prior). A profiled candidate's t_step weighs its own measurement against the model by their
-errors (`measurement_weight`). Adaptive search (`adaptive_search`) grows the set of profiles until the
-model is sure enough.
+the profiles identify. Each part is fitted from the timings that hold it alone, so that none stands in for
+another: compute from the split steps' compute parts and the full steps on one rank (nothing to overlap),
+sync from the split steps' sync parts, and g, all that the overlapped multi-rank full steps are left to
+decide, from those; g says how the overlap grows with b only when they hold two per-device batches. Each
+kind of sync is fitted from the profiles that hold it: intra from syncs that stay on one host, inter from
+syncs that span hosts (less their intra part). With one size of a kind (one h, or one H) its latency and
+bandwidth are collinear, so latency is held at its prior and only bandwidth is fitted; a kind no profile
+holds keeps both priors (`sync_prior`, the job's search.sync_prior). A profiled candidate's t_step weighs
+its own measurement against the model by their errors (`measurement_weight`). Adaptive search
+(`adaptive_search`) grows the set of profiles until the model is sure enough.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import minimize_scalar, nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from .layout import ranks_per_host
@@ -51,7 +61,10 @@ from .layout import ranks_per_host
 HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01
 VALIDATIONS = 2
-COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_", "sync_exposed_")
+COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_")
+# The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
+# at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
+OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
 SYNC_KINDS = ("intra_node", "inter_node")
 SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
 # How notes name a kind's size, and why a kind is missing from the profiles.
@@ -94,6 +107,17 @@ def hierarchical_sync_features(ranks, ranks_per_host, grad_bytes: float, collect
     )
 
 
+def _huber(residual: np.ndarray) -> np.ndarray:
+    """Huber weights of residuals, their spread from the median absolute residual."""
+    spread = max(1.4826 * np.median(np.abs(residual)), MIN_ROBUST_SCALE)
+    return np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residual), 1e-12))
+
+
+def _robust_rounds(robust: bool, rows: int, coefficients: int) -> int:
+    """Huber re-weighting rounds: only with rows to spare, else every row is needed as it is."""
+    return 6 if robust and rows > coefficients + 1 else 1
+
+
 def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: bool, noise_prior: float):
     """Non-negative least squares on relative residuals; Huber re-weighting when rows are to spare.
 
@@ -102,18 +126,24 @@ def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: boo
     n, p = A.shape
     scale = np.sqrt(weight) / y
     huber = np.ones(n)
-    for _ in range(6 if robust and n > p + 1 else 1):
+    for _ in range(_robust_rounds(robust, n, p)):
         w = np.sqrt(huber) * scale
         coef, _ = nnls(A * w[:, None], y * w)
         residual = (A @ coef - y) / y
-        spread = max(1.4826 * np.median(np.abs(residual)), MIN_ROBUST_SCALE)
-        huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residual), 1e-12))
+        huber = _huber(residual)
     w = np.sqrt(huber) * scale
     noise = noise_prior**2
     if n > p:
         noise = max(noise, float(np.sum(huber * weight * residual**2) / (n - p)))
     scaled = A * w[:, None]
     return coef, noise * np.linalg.pinv(scaled.T @ scaled)
+
+
+def overlapped(compute, sync, gamma: float) -> np.ndarray:
+    """(compute^g + sync^g)^(1/g), scaled by the larger part so that neither underflows at large g."""
+    compute, sync = np.asarray(compute, float), np.asarray(sync, float)
+    larger = np.maximum(np.maximum(compute, sync), 1e-300)
+    return larger * ((compute / larger) ** gamma + (sync / larger) ** gamma) ** (1 / gamma)
 
 
 def _identified(A: np.ndarray) -> list[bool]:
@@ -150,13 +180,16 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.robust = robust
 
     # -- design -------------------------------------------------------------------------------------
-    def _all_compute_columns(self, batch, extra_ranks, sync) -> np.ndarray:
+    def _all_compute_columns(self, batch, extra_ranks) -> np.ndarray:
         """One column per COMPUTE_TERMS entry."""
         beyond = batch - self.batch_ref_
-        return np.column_stack([np.ones_like(batch), beyond, extra_ranks, extra_ranks * beyond, sync])
+        return np.column_stack([np.ones_like(batch), beyond, extra_ranks, extra_ranks * beyond])
 
-    def _compute_design(self, batch, extra_ranks, sync) -> np.ndarray:
-        return self._all_compute_columns(batch, extra_ranks, sync)[:, self.compute_columns_]
+    def _compute_design(self, batch, extra_ranks) -> np.ndarray:
+        return self._all_compute_columns(batch, extra_ranks)[:, self.compute_columns_]
+
+    def _compute(self, batch, extra_ranks) -> np.ndarray:
+        return self._all_compute_columns(batch, extra_ranks) @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
 
     def _sync_features(self, ranks, ranks_per_host) -> np.ndarray:
         return hierarchical_sync_features(ranks, ranks_per_host, self.grad_bytes, self.collective)
@@ -184,16 +217,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
         )
         self._fit_sync(ranks, per_host, sync_s, weight)
 
-        # Contention terms only when the profiles see more than one host load; exposure only with sync.
-        self.compute_columns_ = [0, 1] + ([2, 3] if len(set(per_host)) > 1 else []) + ([4] if (ranks > 1).any() else [])
-        design = self._compute_design(batch, per_host - 1, self._sync(ranks, per_host))
-        compute_rows = design.copy()
-        if 4 in self.compute_columns_:
-            compute_rows[:, -1] = 0.0  # the split step's compute part holds no sync
-        A = np.vstack([compute_rows, design])
-        target = np.concatenate([compute_s, y - self._data(batch)])
+        # Contention terms only when the profiles see more than one host load.
+        self.compute_columns_ = [0, 1] + ([2, 3] if len(set(per_host)) > 1 else [])
+        single = ranks == 1  # a full step on one rank is data + compute: nothing to overlap
+        rows = np.concatenate([np.arange(len(y)), np.flatnonzero(single)])
+        A = self._compute_design(batch[rows], per_host[rows] - 1)
+        target = np.concatenate([compute_s, y[single] - self._data(batch[single])])
         coef, self.compute_cov_ = _relative_nnls(
-            A, np.maximum(target, 1e-9), np.concatenate([weight, weight]), self.robust, self.noise_prior
+            A, np.maximum(target, 1e-9), weight[rows], self.robust, self.noise_prior
         )
         full = np.zeros(len(COMPUTE_TERMS))
         full[self.compute_columns_] = coef
@@ -207,9 +238,42 @@ class PerfModel(BaseEstimator, RegressorMixin):
                     f"{name} held at 0 by the non-negativity constraint: the profiles alone would make "
                     f"it negative (e.g. compute growing faster than linearly in b over this range)"
                 )
+        self._fit_overlap(X[~single], y[~single], weight[~single])
         residual = (self.predict(X) - y) / y
         self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
         return self
+
+    def _fit_overlap(self, X, y, weight) -> None:
+        """g from the multi-rank full steps, the rest of the model fixed (see the module's docstring)."""
+        self.overlap_gamma_ = 1.0
+        if not len(y):
+            return  # no sync profiled: g = 1, Eq. 2's sum, for whatever sync the priors predict
+        ranks, batch, per_host = X.T
+        data, compute, sync = self._data(batch), self._compute(batch, per_host - 1), self._sync(ranks, per_host)
+
+        def residual(log_gamma: float) -> np.ndarray:
+            return (data + overlapped(compute, sync, math.exp(log_gamma))) / y - 1
+
+        low, high = np.log(OVERLAP_GAMMA_BOUNDS)
+        huber = np.ones_like(y)
+        for _ in range(_robust_rounds(self.robust, len(y), 1)):
+            fitted = minimize_scalar(
+                lambda g, w=huber * weight: float(np.sum(w * residual(g) ** 2)), bounds=(low, high), method="bounded"
+            )
+            huber = _huber(residual(fitted.x))
+        self.overlap_gamma_ = float(math.exp(fitted.x))
+        batches = sorted(set(batch.astype(int)))
+        self.identified_["overlap_gamma"] = len(batches) >= 2
+        if len(batches) < 2:
+            self.notes_.append(
+                f"the multi-rank full steps hold one per-device batch (b = {batches[0]}): overlap_gamma fits them, "
+                f"but how the overlap grows with the batch is assumed by the form, not identified"
+            )
+        if min(abs(np.log(self.overlap_gamma_) - bound) for bound in (low, high)) < 1e-3:
+            self.notes_.append(
+                f"overlap_gamma held at its bound {self.overlap_gamma_:.2f}: the multi-rank full steps would push "
+                f"it further (far from the form of compute and sync they were split into)"
+            )
 
     def _fit_sync(self, ranks, per_host, sync_s, weight) -> None:
         """Intra terms from syncs on one host, then inter terms from syncs across hosts less their intra part;
@@ -220,7 +284,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         )
         self.identified_.update(dict.fromkeys(SYNC_TERMS, False))
         if not (ranks > 1).any():
-            return  # no sync profiled: it enters no prediction (its exposed share stays 0)
+            return  # no sync profiled: the priors stand
         features = self._sync_features(ranks, per_host)
         hosts = hosts_spanned(ranks, per_host)
         holds = {"intra_node": (ranks > 1) & (hosts == 1), "inter_node": hosts > 1}
@@ -259,16 +323,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def predict_parts(self, X) -> dict[str, np.ndarray]:
         X = np.asarray(X, float).reshape(-1, 3)
         ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
-        compute_only = self._all_compute_columns(batch, per_host - 1, np.zeros_like(batch))  # exposed sync below
-        compute = compute_only @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
-        sync = self._sync(ranks, per_host)
-        data = self._data(batch)
+        data, compute, sync = self._data(batch), self._compute(batch, per_host - 1), self._sync(ranks, per_host)
+        overlap = overlapped(compute, sync, self.overlap_gamma_)
         return {
             "data_s": data,
             "compute_s": compute,
             "sync_s": sync,
-            "exposed_sync_s": self.sync_exposed_ * sync,
-            "step_s": data + compute + self.sync_exposed_ * sync,
+            "exposed_sync_s": overlap - compute,
+            "step_s": data + overlap,
         }
 
     def predict(self, X) -> np.ndarray:
@@ -283,15 +345,28 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def predict_uncertainty(self, X) -> np.ndarray:
         """Relative standard deviation of the predicted step: fitted parameters plus model discrepancy."""
         X = np.asarray(X, float).reshape(-1, 3)
-        ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
+        batch, per_host = X[:, 1], X[:, 2]
         step = self.predict(X)
-        # The sync estimate enters as a regressor whose coefficient (the exposed share) the step times fit,
-        # so its own error is absorbed there and not added again.
-        g = self._compute_design(batch, per_host - 1, self._sync(ranks, per_host))
+        # g is fitted to the full steps with compute and sync fixed: its error (and sync's, which g absorbs on
+        # the profiles) is part of the model discrepancy.
+        c = self._compute_design(batch, per_host - 1)
         d = np.column_stack([np.ones_like(batch), batch])
-        variance = np.einsum("ij,jk,ik->i", g, self.compute_cov_, g) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
+        variance = np.einsum("ij,jk,ik->i", c, self.compute_cov_, c) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
         discrepancy = self.discrepancy_per_octave * self.octaves_to_profiled(X)
         return np.sqrt(variance / step**2 + discrepancy**2)
+
+    def exposed_sync_share(self) -> list[dict]:
+        """Exposed sync over sync at the largest profiled N, at its smallest and largest profiled per-device
+        batch: g in words (1 is no overlap, 0 full; it falls with b when g > 1). Empty without sync."""
+        largest = self.profiled_[self.profiled_[:, 0] == self.profiled_[:, 0].max()]
+        if largest[0, 0] == 1:
+            return []
+        ends = np.unique(largest[[np.argmin(largest[:, 1]), np.argmax(largest[:, 1])]], axis=0)
+        parts = self.predict_parts(ends)
+        return [
+            {"ranks": int(row[0]), "per_device_batch": int(row[1]), "share": float(exposed / sync)}
+            for row, exposed, sync in zip(ends, parts["exposed_sync_s"], parts["sync_s"])
+        ]
 
     def params(self) -> dict:
         return {
@@ -299,7 +374,8 @@ class PerfModel(BaseEstimator, RegressorMixin):
             "data_per_sample_s": float(self.data_coef_[1]),
             "batch_ref": self.batch_ref_,
             **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
-            "overlap": 1.0 - self.sync_exposed_,
+            "overlap_gamma": self.overlap_gamma_,
+            "exposed_sync_share": self.exposed_sync_share(),
             **{name: float(value) for name, value in zip(SYNC_TERMS, self.sync_coef_)},
             "rms_rel_error": self.rms_rel_error_,
             "discrepancy_per_octave": self.discrepancy_per_octave,

@@ -54,7 +54,7 @@ def plan(job: dict, memory_path: Path, out: Path) -> dict:
         "job": job["name"],
         "mode": mode,
         "candidates": grid,
-        "profile": search.planned(mode, grid, devices, job["launcher"]),
+        "profile": search.planned(mode, grid, devices, job["launcher"], job["search"]["partial_second_batch"]),
         "max_batch_per_device": memory["max_batch_per_device"],
         "dataset": memory["dataset"],
     }

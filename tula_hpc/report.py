@@ -254,6 +254,15 @@ def _sync_terms(params: dict, identified: dict) -> str:
     )
 
 
+def _overlap(params: dict) -> str:
+    """g, and what it means: the share of sync left exposed at the largest N's profiled batch extremes."""
+    shares = params["exposed_sync_share"]
+    where = ", ".join(f"{s['share']:.0%} at b = {s['per_device_batch']}" for s in shares)
+    return f"overlap g = {params['overlap_gamma']:.2f}" + (
+        f" (exposed share of sync at N = {shares[0]['ranks']}: {where})" if shares else ""
+    )
+
+
 def _model_section(plan: dict, perfmodel: dict) -> str:
     p, identified = perfmodel["params"], perfmodel["identified"]
     unidentified = [name for name, ok in identified.items() if not ok]
@@ -286,12 +295,14 @@ def _model_section(plan: dict, perfmodel: dict) -> str:
     return f"""## Performance model ({plan["mode"]} search, {len(perfmodel["profiled"])} of {
         len(plan["candidates"])
     } candidates profiled)
-t_step = data + compute + e x sync, with b the per-device batch and h the ranks per host:
+t_step = data + (compute^g + sync^g)^(1/g) (g = 1: sync adds to compute; larger g hides more of it behind compute),
+with b the per-device batch and h the ranks per host:
 - data = {p["data_intercept_s"] * 1e3:.3f} ms + {p["data_per_sample_s"] * 1e6:.2f} us x b
 - compute = {p["intercept_s"] * 1e3:.3f} ms + {p["per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}) + (h - 1) x ({
         p["contention_s"] * 1e3:.3f} ms + {p["contention_per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}))
 - sync ({perfmodel["collective"]}) = intra-node part among a host's h ranks + inter-node part among the hosts:
-  {_sync_terms(p, identified)}; exposed share e = {p["sync_exposed"]:.2f} (overlap {p["overlap"]:+.2f})
+  {_sync_terms(p, identified)}
+- {_overlap(p)}
 
 Not identified by these profiles: {", ".join(unidentified) if unidentified else "none"}.{notes}
 Fit error on the profiles (RMS) {p["rms_rel_error"]:.1%}; {quality}. A profiled candidate's step below counts its own

@@ -1,7 +1,8 @@
 """Search modes (paper III-A-2): which candidates are profiled, decided here and nowhere else.
 
-- partial: the fewest extreme configurations that identify every coefficient of the performance model
-  (`partial_set`): 3 to 5 of them, whatever the size of the grid. The fit reads their profiles.
+- partial: the fewest extreme configurations that identify every coefficient of the performance model,
+  the largest configuration among them by default (`partial_set`): 3 to 5 of them, whatever the size of
+  the grid. The fit reads their profiles.
 - full: every candidate. The fit reads their profiles.
 - adaptive: starts from partial; the `adapt` rule (profile stage, `--adaptive`) then adds the candidate
   the fitted model is least sure about until its uncertainty, calibrated on those very profiles, is
@@ -12,23 +13,24 @@ from __future__ import annotations
 
 import math
 
-from .layout import ranks_per_host
-
 MODES = ("partial", "full", "adaptive")
+SECOND_BATCHES = ("largest", "middle")
 
 
 def _unknown(mode: str) -> ValueError:
     return ValueError(f"unknown search mode {mode!r}; allowed: {', '.join(MODES)}")
 
 
-def planned(mode: str, grid: list[dict], devices_per_node: int, launcher: str) -> list[dict]:
+def planned(
+    mode: str, grid: list[dict], devices_per_node: int, launcher: str, second_batch: str = "largest"
+) -> list[dict]:
     """The candidates the plan profiles before the first fit."""
     if mode == "partial":
-        return partial_set(grid, devices_per_node, launcher)
+        return partial_set(grid, devices_per_node, launcher, second_batch)
     if mode == "full":
         return grid
     if mode == "adaptive":
-        return partial_set(grid, devices_per_node, launcher)
+        return partial_set(grid, devices_per_node, launcher, second_batch)
     raise _unknown(mode)
 
 
@@ -41,26 +43,31 @@ def adds_profiles(mode: str) -> bool:
     raise _unknown(mode)
 
 
-def partial_set(grid: list[dict], devices_per_node: int, launcher: str) -> list[dict]:
+def partial_set(grid: list[dict], devices_per_node: int, launcher: str, second_batch: str = "largest") -> list[dict]:
     """The fewest extreme candidates that identify every coefficient the grid can identify.
 
     Both batch extremes at the smallest N fit the compute line; the smallest batch at the largest N adds
-    sync and its overlap. When ranks share hosts differently across N (the local launcher), contention is
-    fitted too, from a second batch at the largest N: the one nearest the geometric middle of its range
-    (ties to the smaller). It identifies the per-sample contention as the largest batch would, at about
-    1/8 of the largest's cost on a doubling grid, and measured here it predicts the rest at least as well
-    (bench/perf_accuracy.py). A second size of the sync that N changes, at its smallest batch, separates its
-    latency from its bandwidth: the sync among all ranks on the local launcher (one host), among the hosts on a
-    cluster (within a node it is the same size at every N).
+    sync. A second batch at the largest N tells how the overlap grows with the batch (the performance
+    model's g) and, where ranks share hosts differently across N (the local launcher), the per-sample
+    contention: `second_batch` "largest" takes the largest one, the configuration the time objective
+    usually picks, so it is measured rather than extrapolated to; "middle" the one nearest the geometric
+    middle of its range (ties to the smaller), at a fraction of the largest's cost (about 1/8 for per-device
+    batches 8 to 512), leaving the largest configurations extrapolated. A second size of the sync that N
+    changes, at its smallest batch, separates its latency from its bandwidth: the sync among all ranks on
+    the local launcher (one host), among the hosts on a cluster (within a node it is the same size at every N).
     """
+    if second_batch not in SECOND_BATCHES:
+        raise ValueError(f"unknown second batch {second_batch!r}; allowed: {', '.join(SECOND_BATCHES)}")
     by_nodes: dict[int, list[dict]] = {}
     for c in sorted(grid, key=lambda c: (c["nodes"], c["batch"])):
         by_nodes.setdefault(c["nodes"], []).append(c)
     smallest, largest = min(by_nodes), max(by_nodes)
     chosen = [by_nodes[smallest][0], by_nodes[smallest][-1], by_nodes[largest][0]]
-    if ranks_per_host(launcher, smallest, devices_per_node) != ranks_per_host(launcher, largest, devices_per_node):
-        first, *rest = by_nodes[largest]
-        if rest:
+    first, *rest = by_nodes[largest]
+    if largest != smallest and rest:  # the largest N spans several ranks: it syncs
+        if second_batch == "largest":
+            chosen.append(rest[-1])
+        else:
             middle = (math.log2(first["per_device_batch"]) + math.log2(rest[-1]["per_device_batch"])) / 2
             chosen.append(min(rest, key=lambda c: abs(math.log2(c["per_device_batch"]) - middle)))
     multi_rank = [n for n in by_nodes if (n * devices_per_node if launcher == "local" else n) > 1]

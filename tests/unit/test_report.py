@@ -78,8 +78,11 @@ INPUTS = {
             "intra_node_seconds_per_byte": 1e-10,
             "inter_node_latency_s": 1.4e-5,
             "inter_node_seconds_per_byte": 8e-11,
-            "sync_exposed": 0.5,
-            "overlap": 0.1,
+            "overlap_gamma": 2.0,
+            "exposed_sync_share": [
+                {"ranks": 2, "per_device_batch": 32, "share": 0.8},
+                {"ranks": 2, "per_device_batch": 256, "share": 0.25},
+            ],
             "rms_rel_error": 0.02,
         },
         "identified": {
@@ -194,5 +197,6 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     # Which sync terms the profiles fitted and which are the job's priors.
     assert "intra-node 10.0 us per hop (fitted) + 0.100 s/GB moved (fitted)" in report
     assert "inter-node 14.0 us per hop (prior) + 0.080 s/GB moved (prior)" in report
+    assert "overlap g = 2.00 (exposed share of sync at N = 2: 80% at b = 32, 25% at b = 256)" in report
     # A caching allocator's reserved bytes size the batch: 21 MB + 31 kB x 512 reserved for 20 MB + 30 kB x 512.
     assert "36.9 MB reserved for 35.4 MB allocated at batch 512" in report

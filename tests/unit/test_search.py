@@ -6,36 +6,48 @@ import pytest
 from tula_hpc.layout import ranks_per_host
 from tula_hpc.performance import PerfModel, sync_features
 from tula_hpc.plan import candidate_grid
-from tula_hpc.search import MODES, adds_profiles, partial_set, planned
+from tula_hpc.search import MODES, SECOND_BATCHES, adds_profiles, partial_set, planned
 
 SEARCH = {"nodes": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
 
 
 def test_each_mode_plans_its_profiles_and_only_adaptive_adds_more():
     grid = candidate_grid(SEARCH, devices_per_node=1, max_batch_per_device=64, train_samples=10_000)
-    assert planned("full", grid, 1, "local") == grid
-    assert (
-        planned("partial", grid, 1, "local") == planned("adaptive", grid, 1, "local") == partial_set(grid, 1, "local")
-    )
+    assert planned("full", grid, 1, "local") == planned("full", grid, 1, "local", "middle") == grid
+    for second_batch in SECOND_BATCHES:
+        partial = partial_set(grid, 1, "local", second_batch)
+        assert planned("partial", grid, 1, "local", second_batch) == partial
+        assert planned("adaptive", grid, 1, "local", second_batch) == partial
     assert [adds_profiles(mode) for mode in MODES] == [False, False, True]
     for unknown in (lambda: planned("grid", grid, 1, "local"), lambda: adds_profiles("grid")):
         with pytest.raises(ValueError, match="unknown search mode 'grid'; allowed: partial, full, adaptive"):
             unknown()
+    with pytest.raises(ValueError, match="unknown second batch 'median'; allowed: largest, middle"):
+        partial_set(grid, 1, "local", "median")
 
 
-def test_partial_plans_the_extremes_and_a_second_multi_rank_size():
+def test_partial_plans_the_extremes_the_largest_configuration_and_a_second_multi_rank_size():
     grid = candidate_grid(SEARCH, devices_per_node=1, max_batch_per_device=64, train_samples=10_000)
-    # Smallest and largest batch at N=1; at N=4 the smallest and the one at the geometric middle of its range
-    # (per device 8..64: 16 and 32 tie, the cheaper wins); N=2's smallest batch separates latency from bandwidth.
-    assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, "local")] == [
+    # Smallest and largest batch at N=1; at N=4 the smallest and the largest, which the time objective usually
+    # picks; N=2's smallest batch separates latency from bandwidth. On a cluster (every node holds the same
+    # ranks) the same: the second batch at N=4 tells how the overlap grows with the batch there too.
+    for launcher in ("local", "slurm"):
+        assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, launcher)] == [
+            (1, 32),
+            (1, 64),
+            (4, 32),
+            (4, 256),
+            (2, 32),
+        ]
+    # middle: at N=4 the batch at the geometric middle of its range instead (per device 8..64: 16 and 32 tie,
+    # the cheaper wins).
+    assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, "slurm", "middle")] == [
         (1, 32),
         (1, 64),
         (4, 32),
         (4, 64),
         (2, 32),
     ]
-    # On a cluster every node holds the same ranks: no contention to fit, so no largest batch at N=4.
-    assert [(c["nodes"], c["batch"]) for c in partial_set(grid, 1, "slurm")] == [(1, 32), (1, 64), (4, 32), (2, 32)]
 
 
 def test_partial_on_one_node_count_has_no_duplicates():
@@ -49,12 +61,13 @@ def _identified(configs, devices, launcher):
     batch = np.array([c["per_device_batch"] for c in configs], float)
     hosts = np.array([ranks_per_host(launcher, c["nodes"], devices) for c in configs], float)
     sync = sync_features(ranks, 4e7, "ring") @ np.array([1e-4, 2e-10])
-    step = 1e-3 + 1e-4 * batch + (hosts - 1) * (5e-4 + 1e-5 * batch) + 0.5 * sync
+    compute = 1e-3 + 1e-4 * batch + (hosts - 1) * (5e-4 + 1e-5 * batch)
+    data = 1e-5 * batch + 1e-4
     model = PerfModel(grad_bytes=4e7).fit(
         np.column_stack([ranks, batch, hosts]),
-        step,
-        data_s=1e-5 * batch + 1e-4,
-        compute_s=step - 0.5 * sync,
+        data + np.hypot(compute, sync),  # the overlap's g = 2
+        data_s=data,
+        compute_s=compute,
         sync_s=sync,
     )
     return model.identified_
@@ -63,25 +76,29 @@ def _identified(configs, devices, launcher):
 CASES = [((1, 2), 1, "local"), ((1, 8), 1, "local"), ((2, 8), 1, "local"), ((1, 4), 4, "slurm"), ((1, 16), 1, "slurm")]
 
 
-def _partial(nodes, devices, launcher):
+def _partial(nodes, devices, launcher, second_batch="largest"):
     search = {"nodes": {"min": nodes[0], "max": nodes[1]}, "batch": {"min": 8 * devices, "max": "auto"}}
     grid = candidate_grid(search, devices, max_batch_per_device=512, train_samples=1_000_000)
-    return grid, partial_set(grid, devices, launcher)
+    return grid, partial_set(grid, devices, launcher, second_batch)
 
 
+@pytest.mark.parametrize("second_batch", SECOND_BATCHES)
 @pytest.mark.parametrize("nodes, devices, launcher", CASES)
-def test_partial_identifies_every_coefficient_the_full_grid_does(nodes, devices, launcher):
-    grid, chosen = _partial(nodes, devices, launcher)
+def test_partial_identifies_every_coefficient_the_full_grid_does(nodes, devices, launcher, second_batch):
+    grid, chosen = _partial(nodes, devices, launcher, second_batch)
     assert _identified(chosen, devices, launcher) == _identified(grid, devices, launcher)
 
 
-@pytest.mark.parametrize("nodes, devices, launcher", [c for c in CASES if c != ((1, 8), 1, "local")])
-def test_beyond_the_batch_extremes_no_partial_profile_is_spare(nodes, devices, launcher):
-    # The smallest and largest batch at the smallest N give the compute line its leverage; every other
-    # profile must be needed to identify something. Left out: N 1..8 locally, where the largest batch at
-    # N=8 is kept for leverage on contention although N=2 and N=8 at small batches identify it.
+@pytest.mark.parametrize("nodes, devices, launcher", CASES)
+def test_beyond_the_corners_no_partial_profile_is_spare(nodes, devices, launcher):
+    # The batch extremes at the smallest and the largest N give the fit its leverage (the compute line, and
+    # the overlap where sync is longest against compute and where it is shortest); every other profile must be
+    # needed to identify something.
     grid, chosen = _partial(nodes, devices, launcher)
+    corners = [c for c in chosen if c["nodes"] in (nodes[0], nodes[1])]
+    assert len(corners) == 4
     everything = _identified(grid, devices, launcher)
-    for member in chosen[2:]:
-        rest = [c for c in chosen if c is not member]
-        assert _identified(rest, devices, launcher) != everything, f"{member} is spare"
+    for member in chosen:
+        if member not in corners:
+            rest = [c for c in chosen if c is not member]
+            assert _identified(rest, devices, launcher) != everything, f"{member} is spare"
