@@ -46,17 +46,28 @@ lint: $(STAMP)
 bench-slurm: $(STAMP)
 	$(BIN)/python bench/slurm_overhead.py
 
-# bench/gpu_check.py: the figures only a GPU gives, into bench/results/gpu_check.json; without a GPU it says so
-# and exits 0. Where there is no .venv but a .whl folder (the GPU machine: its own python3 and torch, no network)
-# it runs on python3 with those wheels (scripts/gpu-check.sh); `make gpu-wheels` fetches them here.
-# Options through GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--sections memory".
-.PHONY: gpu-check gpu-wheels
-gpu-check:
-	@if [ ! -x $(BIN)/python ] && [ -d .whl ]; then bash scripts/gpu-check.sh $(GPU_CHECK_ARGS); \
-	else $(MAKE) -s --no-print-directory $(STAMP) && $(BIN)/python bench/gpu_check.py $(GPU_CHECK_ARGS); fi
+# GPU runs. Where there is no .venv but a .whl folder (the GPU machine: its own python3 and torch, no network) they
+# run on python3 with those wheels and the carried Fashion-MNIST (scripts/gpu-python.sh); `make gpu-wheels` and
+# `make gpu-data` put them here for a device call to carry (.whl and .data).
+# gpu-check: bench/gpu_check.py, the figures only a GPU gives, into bench/results/gpu_check.json; without a GPU it
+# says so and exits 0. Options through GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--sections memory".
+# gpu-generalization: bench/generalization_fmnist.py --scale gpu; options through GENERALIZATION_ARGS, e.g.
+# GENERALIZATION_ARGS="--minutes 7" to end a device call in time (its cells file continues the next).
+.PHONY: gpu-check gpu-generalization gpu-wheels gpu-data
+GPU_MACHINE := $(and $(wildcard .whl),$(if $(wildcard $(BIN)/python),,yes))
+GPU_PYTHON := $(if $(GPU_MACHINE),bash scripts/gpu-python.sh,$(BIN)/python)
+
+gpu-check: $(if $(GPU_MACHINE),,$(STAMP))
+	$(GPU_PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
+
+gpu-generalization: $(if $(GPU_MACHINE),,$(STAMP) data)
+	$(GPU_PYTHON) bench/generalization_fmnist.py --scale gpu $(GENERALIZATION_ARGS)
 
 gpu-wheels: $(STAMP)
 	$(BIN)/python scripts/gpu_wheels.py download
+
+gpu-data: data
+	mkdir -p .data/fashion-mnist && cp $(FASHION_MNIST_FILES) .data/fashion-mnist/
 
 # The Slurm tests start the cluster when it is not up, and then stop it (root needed); these targets are for people.
 slurm-up:

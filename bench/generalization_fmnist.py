@@ -24,8 +24,10 @@ and the data order for every strategy alike) with 95 % t intervals. If the chose
 Cells are cached in bench/results/generalization_fmnist_cells[-SCALE].jsonl under a key of every setting training
 and scoring depend on and a digest of the code training runs (TRAINING_CODE): a rerun after a change recomputes
 the cells the change touched and reuses the rest; a stopped bench continues where it stopped. Run it under
-`flock /tmp/tula-cpu.lock`. `--scale gpu` runs the same protocol at 28x28 with torchvision's resnet18, more
-epochs and more seeds, one rank per GPU (two when there are two).
+`flock /tmp/tula-cpu.lock`. `--scale gpu` (`make gpu-generalization`) runs the same protocol at 28x28 with
+torchvision's resnet18, more epochs and more seeds, in bf16, one rank per GPU (two when there are two).
+`--minutes M` starts no cell after M minutes, so that a time-limited call (a device call, an allocation) ends with
+its cells written; `--cells-at-once K` runs K cells side by side where the machine has room for them.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from common import REPO, RESULTS, WORK, bench_job, bench_parser, train_cell, trained_scores, write_result
@@ -72,16 +76,27 @@ SCALES = {
         "tuning_seeds": [100, 101],
         "test_seeds": [0, 1, 2, 3, 4],
         "gpus_per_node": 0,
+        "cpus_per_task": 1,
+        "precision": "fp32",
+        "cells_at_once": 1,  # 2 ranks of one core each take both cores here
     },
+    # Twice the epochs, a sixth test seed, bf16 autocast. One rank: NCCL gives a GPU to one rank alone. 296 cells
+    # of 12 epochs, more than one 30-minute device session holds: --minutes ends a call in time, its cells file
+    # comes back and is committed, and the next session continues from it. Cells one at a time: the residual
+    # network at B=4096 may take half an 80 GB card, and a cell that ran out of memory beside another would
+    # relaunch at a smaller per-device batch, a different BatchNorm batch.
     "gpu": {
         "image_size": 28,
-        "epochs": 30,
+        "epochs": 12,
         "models": {"bn_cnn": {"width": 32}, "torchvision.models:resnet18": {}},
         "large_batches": [1024, 2048, 4096],
         "tuning_batch": 2048,
-        "tuning_seeds": [100, 101, 102],
-        "test_seeds": [0, 1, 2, 3, 4, 5, 6, 7],
+        "tuning_seeds": [100, 101],
+        "test_seeds": [0, 1, 2, 3, 4, 5],
         "gpus_per_node": 1,
+        "cpus_per_task": 4,  # 3 loader workers: the GPU waits on the per-image augmentation otherwise
+        "precision": "bf16",
+        "cells_at_once": 1,
     },
 }
 # What a cell's result depends on besides its settings: the training loop, its strategies, data, models, scoring.
@@ -126,6 +141,7 @@ def _cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: st
         data={"name": "fashion_mnist", "root": None, "image_size": scale["image_size"], "augment": "standard"},
         train={
             "epochs": epochs,
+            "precision": scale["precision"],
             "strategy": strategy,
             "seed": seed,
             "lr_milestones": decays,
@@ -133,7 +149,7 @@ def _cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: st
             "polo": {"sync_epochs": decays[0], "averages_per_epoch": 4},
             **({section: settings} if section else {}),
         },
-        resources={"gpus_per_node": scale["gpus_per_node"], "cpus_per_task": 1},
+        resources={name: scale[name] for name in ("gpus_per_node", "cpus_per_task")},
     )
     return json.dumps(job)
 
@@ -216,6 +232,54 @@ def run_cell(cell: dict, scale_name: str, scratch: Path) -> dict:
         flush=True,
     )
     return record
+
+
+def planned_cells(cells_path: Path, scale_name: str, digest: str) -> tuple[list[dict], dict | None, list[dict]]:
+    """The records in `cells_path`, the choices its tuning cells made (None before the last is in), the plan."""
+    records = read_jsonl(cells_path) if cells_path.exists() else []
+    tuning_keys = {c["key"] for c in plan(scale_name, None, digest)}
+    chosen = choose([r for r in records if r["key"] in tuning_keys], SCALES[scale_name])
+    return records, chosen, plan(scale_name, chosen, digest)
+
+
+def run_cells(
+    pool: Executor,
+    workers: int,
+    cells_path: Path,
+    scale_name: str,
+    scratch: Path,
+    *,
+    max_cells: int | None = None,
+    deadline: float | None = None,
+    run=run_cell,
+) -> int:
+    """Run the planned cells not yet in `cells_path`, `workers` at once on `pool`, appending each record as it
+    finishes; the test cells are planned once the last tuning cell is in. No cell starts after `deadline`
+    (time.perf_counter()) or beyond `max_cells`; the cells running then finish. Returns how many ran."""
+    digest = code_digest()
+    running: dict[Future, str] = {}
+    started = ran = 0
+    while True:
+        records, chosen, cells = planned_cells(cells_path, scale_name, digest)
+        todo = [c for c in cells if c["key"] not in {r["key"] for r in records} | set(running.values())]
+        if started == 0:
+            print(f"{len(cells)} cells planned, {len(todo)} to run; choices: {chosen}", flush=True)
+        while (
+            todo
+            and len(running) < workers
+            and (max_cells is None or started < max_cells)
+            and (deadline is None or time.perf_counter() < deadline)
+        ):
+            cell = todo.pop(0)
+            running[pool.submit(run, cell, scale_name, scratch)] = cell["key"]
+            started += 1
+        if not running:
+            return ran
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in finished:
+            del running[future]
+            append_jsonl(cells_path, future.result())
+            ran += 1
 
 
 def interval(differences: list[float]) -> dict:
@@ -319,7 +383,9 @@ def headline(result: dict, records: list[dict], scale: dict, chosen: dict) -> di
 def main() -> None:
     parser = bench_parser(__doc__, "generalization_fmnist.json")
     parser.add_argument("--scale", choices=list(SCALES), default="cpu")
-    parser.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
+    parser.add_argument("--max-cells", type=int, default=None, help="start no more than this many cells")
+    parser.add_argument("--minutes", type=float, default=None, help="start no cell after this many minutes")
+    parser.add_argument("--cells-at-once", type=int, default=None, help="cells run side by side (default: the scale's)")
     parser.add_argument("--scratch", type=Path, default=WORK / "generalization_fmnist", help="the cells' runs")
     args = parser.parse_args()
     scale = SCALES[args.scale]
@@ -327,19 +393,14 @@ def main() -> None:
     cells_path = RESULTS / f"generalization_fmnist_cells{suffix}.jsonl"
     if args.scale != "cpu" and args.out == RESULTS / "generalization_fmnist.json":
         args.out = RESULTS / f"generalization_fmnist{suffix}.json"
-    digest, started, ran = code_digest(), time.perf_counter(), 0
-    tuning_keys = {c["key"] for c in plan(args.scale, None, digest)}
-    while True:  # one cell at a time, planned anew: the test cells follow once the tuning cells have chosen
-        records = read_jsonl(cells_path) if cells_path.exists() else []
-        chosen = choose([r for r in records if r["key"] in tuning_keys], scale)
-        cells = plan(args.scale, chosen, digest)
-        todo = [c for c in cells if c["key"] not in {r["key"] for r in records}]
-        if ran == 0:
-            print(f"{len(cells)} cells planned, {len(todo)} to run; choices: {chosen}", flush=True)
-        if not todo or (args.max_cells is not None and ran >= args.max_cells):
-            break
-        append_jsonl(cells_path, run_cell(todo[0], args.scale, args.scratch))
-        ran += 1
+    digest, started = code_digest(), time.perf_counter()
+    deadline = started + 60 * args.minutes if args.minutes is not None else None
+    workers = args.cells_at_once or scale["cells_at_once"]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:  # a fork can't use CUDA
+        ran = run_cells(
+            pool, workers, cells_path, args.scale, args.scratch, max_cells=args.max_cells, deadline=deadline
+        )
+    records, chosen, cells = planned_cells(cells_path, args.scale, digest)
     planned = {c["key"] for c in cells}
     current = [r for r in records if r["key"] in planned]
     figures: dict = {"choices": chosen, "cells_planned": len(cells), "cells_done": len(current)}

@@ -27,7 +27,7 @@ Without a GPU (and --device auto) it says so, measures nothing, writes nothing a
 written to bench/results/gpu_check.json. `--sections` runs some sections and keeps the others from an
 earlier run of the same code on the same device and scale (a device call runs at most 10 minutes).
 
-Run:  make gpu-check   (the GPU machine has no .venv: scripts/gpu-check.sh, python3 with the wheels of
+Run:  make gpu-check   (the GPU machine has no .venv: scripts/gpu-python.sh, python3 with the wheels of
       `make gpu-wheels`)
       .venv/bin/python bench/gpu_check.py --device cpu --scale quick --out /tmp/gpu_check.json
 Writes bench/results/gpu_check.json.

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,46 @@ def test_a_cell_key_follows_the_training_settings_and_the_code_but_not_the_searc
         )
         == 4
     )
+
+
+class FakeCells:
+    """run_cells' `run`: records the cells in the order they start with the cells running then, each scoring 0.8."""
+
+    def __init__(self):
+        self.lock, self.started, self.running, self.beside = threading.Lock(), [], [], []
+
+    def __call__(self, cell, scale_name, scratch):
+        with self.lock:
+            self.started.append(cell)
+            self.beside.append([c["phase"] for c in self.running])
+            self.running.append(cell)
+        time.sleep(0.002)
+        with self.lock:
+            self.running.remove(cell)
+        return {**cell, "test_accuracy": 0.8, "val_accuracy_precise_bn": 0.8, "steps": 78, "steps_per_epoch": 13}
+
+
+def test_the_runner_runs_each_planned_cell_once_side_by_side_and_the_test_cells_after_the_last_tuning_cell(tmp_path):
+    cells_path, run = tmp_path / "cells.jsonl", FakeCells()
+    with ThreadPoolExecutor(3) as pool:
+        ran = bench.run_cells(pool, 3, cells_path, "cpu", tmp_path, run=run)
+    records, chosen, cells = bench.planned_cells(cells_path, "cpu", bench.code_digest())
+    assert chosen is not None and ran == len(cells) == len(records)
+    assert sorted(r["key"] for r in records) == sorted(c["key"] for c in cells)
+    assert max(map(len, run.beside)) == 2  # two running beside a third
+    # No test cell starts before the last tuning cell has finished.
+    assert all("tuning" not in beside for cell, beside in zip(run.started, run.beside) if cell["phase"] == "test")
+    assert [c["phase"] for c in run.started].index("test") == len(bench.plan("cpu", None, bench.code_digest()))
+    # Nothing left: a rerun starts no cell.
+    with ThreadPoolExecutor(3) as pool:
+        assert bench.run_cells(pool, 3, cells_path, "cpu", tmp_path, run=run) == 0
+
+
+def test_the_runner_starts_no_cell_past_its_count_or_its_deadline_and_a_rerun_continues(tmp_path):
+    cells_path, run = tmp_path / "cells.jsonl", FakeCells()
+    with ThreadPoolExecutor(2) as pool:
+        assert bench.run_cells(pool, 2, cells_path, "cpu", tmp_path, max_cells=5, run=run) == 5
+        assert bench.run_cells(pool, 2, cells_path, "cpu", tmp_path, deadline=time.perf_counter() - 1, run=run) == 0
+        assert bench.run_cells(pool, 2, cells_path, "cpu", tmp_path, max_cells=4, run=run) == 4
+    keys = [c["key"] for c in run.started]
+    assert len(set(keys)) == 9 and keys == [c["key"] for c in bench.plan("cpu", None, bench.code_digest())[:9]]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# python3 with what the repository needs where there is no .venv: the GPU machine, whose python3 holds torch (the
+# image's build, never the lock's pin) but not Snakemake, submitit, kneed or jsonschema, and which reaches neither
+# a package index nor Debian's archive. The wheels `make gpu-wheels` put in .whl/ are installed into a folder on
+# PYTHONPATH with the repository (tula_hpc without an install), a `tula-hpc` command on PATH runs the stages for
+# Snakemake's rules, and Fashion-MNIST's files that `make gpu-data` put in .data/fashion-mnist/ go where Debian's
+# package puts them when they are not there yet. Arguments are python3's. Run by `make gpu-check` and
+# `make gpu-generalization`; also usable alone: bash scripts/gpu-python.sh bench/gpu_check.py --sections memory
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+python=$(command -v "${PYTHON:-python3}")
+site=${TULA_GPU_SITE:-/tmp/tula-gpu-site}
+wheels=${TULA_GPU_WHEELS:-.whl}
+carried_data=.data/fashion-mnist
+
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    "$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
+else
+    echo "gpu-python: no wheels in $wheels/ (make gpu-wheels, then carry .whl): using $python's own packages" >&2
+    mkdir -p "$site"
+fi
+export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$site/bin"
+printf '#!/bin/sh\nexec "%s" -m tula_hpc.cli "$@"\n' "$python" >"$site/bin/tula-hpc"
+chmod +x "$site/bin/tula-hpc"
+export PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
+# The carried packages' needs against what this Python has: warnings only, the image's versions being unknown here.
+"$python" scripts/gpu_wheels.py check --site "$site" || true
+
+if compgen -G "$carried_data/*.gz" >/dev/null; then
+    folder=$("$python" -c 'from tula_hpc.datacheck import FASHION_MNIST_FOLDER; print(FASHION_MNIST_FOLDER)')
+    if ! compgen -G "$folder/*.gz" >/dev/null; then
+        mkdir -p "$folder" && cp "$carried_data"/*.gz "$folder"/ && echo "gpu-python: Fashion-MNIST's files copied to $folder" >&2
+    fi
+fi
+exec "$python" "$@"
