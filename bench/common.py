@@ -94,11 +94,16 @@ def provenance() -> dict:
 
 
 def files_digest(paths: list[str], settings: object = None) -> str:
-    """A short hash of these repository files (paths relative to REPO) and `settings`: equal digests mean the same
-    code with the same settings, without relying on git."""
+    """A short hash of these repository files (paths relative to REPO; a folder stands for the files under it, caches
+    and bench/results left out) and `settings`: equal digests mean the same code with the same settings, without
+    relying on git."""
     digest = hashlib.sha256()
     for path in paths:
-        digest.update(path.encode() + b"\0" + (REPO / path).read_bytes() + b"\0")
+        top = REPO / path
+        for file in [top] if top.is_file() else sorted(top.rglob("*")):
+            relative = file.relative_to(REPO).as_posix()
+            if file.is_file() and "__pycache__" not in relative and not relative.startswith("bench/results"):
+                digest.update(relative.encode() + b"\0" + file.read_bytes() + b"\0")
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
 

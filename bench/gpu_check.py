@@ -35,7 +35,6 @@ Writes bench/results/gpu_check.json.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -48,7 +47,18 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-from common import DEFAULT_JOB, JOBS_FILE, REPO, WORK, bench_config, bench_job, bench_parser, merged, provenance
+from common import (
+    DEFAULT_JOB,
+    JOBS_FILE,
+    REPO,
+    WORK,
+    bench_config,
+    bench_job,
+    bench_parser,
+    files_digest,
+    merged,
+    provenance,
+)
 
 from tula_hpc.files import write_json
 
@@ -539,18 +549,6 @@ def dag_section(device: str, preset: dict, scratch: Path) -> dict:
 # --- the result file ----------------------------------------------------------------------------------
 
 
-def source_digest() -> str:
-    """sha256 of the code's files (SOURCES; results and caches left out): the code that measured, without git."""
-    digest = hashlib.sha256()
-    for top in SOURCES:
-        paths = [REPO / top] if (REPO / top).is_file() else sorted((REPO / top).rglob("*"))
-        for path in paths:
-            relative = path.relative_to(REPO).as_posix()
-            if path.is_file() and "__pycache__" not in relative and not relative.startswith("bench/results"):
-                digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
 def provenance_here() -> dict:
     """common.provenance, or where the tree has no .git (the GPU machine's copy) the same without git: the
     commit from TULA_GIT_COMMIT if the caller set it. The source digest identifies the code either way."""
@@ -571,7 +569,7 @@ def provenance_here() -> dict:
             "torch": version("torch"),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-    return {**found, "source_digest": source_digest()}
+    return {**found, "source_digest": files_digest(list(SOURCES))}
 
 
 def device_info(device: str) -> dict:

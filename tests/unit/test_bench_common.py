@@ -56,3 +56,19 @@ def test_a_result_file_starts_with_commit_processor_and_settings(tmp_path):
     assert len(result["provenance"]["git_commit"]) == 40
     assert result["provenance"]["processor"]
     assert result["settings"] == {"rounds": 3} and result["figure"] == 1.5
+
+
+def test_a_folder_digests_as_its_files_without_caches_or_results_and_any_change_shows(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    for name in ("code/a.py", "code/sub/b.py", "code/__pycache__/a.pyc", "bench/results/r.json", "bench/x.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    files = ["code/a.py", "code/sub/b.py"]
+    assert common.files_digest(["code"]) == common.files_digest(files)
+    before = common.files_digest(["code", "bench"], {"s": 1})
+    (tmp_path / "code/__pycache__/a.pyc").write_text("other")
+    (tmp_path / "bench/results/r.json").write_text("other")
+    assert common.files_digest(["code", "bench"], {"s": 1}) == before
+    assert common.files_digest(["code", "bench"], {"s": 2}) != before
+    (tmp_path / "code/sub/b.py").write_text("changed")
+    assert common.files_digest(["code", "bench"], {"s": 1}) != before
