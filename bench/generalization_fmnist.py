@@ -41,7 +41,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from common import REPO, RESULTS, WORK, bench_job, bench_parser, train_cell, trained_scores, write_result
+from common import RESULTS, WORK, bench_job, bench_parser, files_digest, train_cell, trained_scores, write_result
 from scipy import stats
 
 from tula_hpc.config import stage_settings
@@ -109,10 +109,7 @@ TRAINING_CODE = [
 
 
 def code_digest() -> str:
-    digest = hashlib.sha256()
-    for path in TRAINING_CODE:
-        digest.update(path.encode() + (REPO / path).read_bytes())
-    return digest.hexdigest()[:16]
+    return files_digest(TRAINING_CODE)
 
 
 def world_size(scale: dict) -> int:
