@@ -258,7 +258,8 @@ def run_cells(
     started = ran = 0
     while True:
         records, chosen, cells = planned_cells(cells_path, scale_name, digest)
-        todo = [c for c in cells if c["key"] not in {r["key"] for r in records} | set(running.values())]
+        done = {r["key"] for r in records} | set(running.values())
+        todo = [c for c in cells if c["key"] not in done]
         if started == 0:
             print(f"{len(cells)} cells planned, {len(todo)} to run; choices: {chosen}", flush=True)
         while (
