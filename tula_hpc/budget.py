@@ -9,7 +9,8 @@ the live tensors (exact only with a fixed mmap threshold, which slows CPU traini
 fails at batches the device could hold.
 
 Memory probing and training both run under it; torch is imported lazily so that the stages' drivers,
-which only size budgets, stay light.
+which only size budgets, stay light. What the device holds is counted here too: the model, the optimiser's state,
+the tensors a forward pass saves, what a CUDA out-of-memory error says was reserved, NCCL's buffers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import ctypes
 import functools
 import hashlib
 import logging
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from .layout import devices_per_node
@@ -27,6 +30,36 @@ OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
 # The torch.cuda counter of each figure a peak is read in (_DeviceMemory.peak).
 PEAK_COUNTS = {"allocated": "max_memory_allocated", "reserved": "max_memory_reserved"}
 CPU_BUDGET_SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_budget.cpp"
+# A size in a CUDA out-of-memory message, as c10's format_size writes it: "N bytes" up to 1 KiB, else two decimals
+# of KiB, MiB (up to 1 GiB) or GiB.
+SIZE_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+_SIZE = r"(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB)"
+# The parts of the caching allocator's message (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator::malloc)
+# that say what it reserved when it failed: "CUDA out of memory. Tried to allocate <size>. GPU <i> has a total
+# capacity of <size> of which <size> is free. [Including non-PyTorch memory, this process has <size> memory in use.
+# ][<size> allowed; ]Of the allocated memory <size> is allocated by PyTorch, [with <size> allocated in private pools
+# (e.g., CUDA Graphs), ]and <size> is reserved by PyTorch but unallocated. ...". "Of the allocated memory" counts
+# the private pools too, so its two figures add up to all the allocator reserved.
+CUDA_OOM_PARTS = (
+    rf"Tried to allocate {_SIZE}\.",
+    rf"Of the allocated memory {_SIZE} is allocated by PyTorch,",
+    rf"and {_SIZE} is reserved by PyTorch but unallocated\.",
+)
+# NCCL's buffers for one connection to a peer on one channel, at NCCL's defaults (NVIDIA/nccl src/init.cc
+# DEFAULT_*BUFFSIZE from src/include/device.h's constants; NCCL_BUFFSIZE in NCCL's environment-variable docs), each
+# overridden by its environment variable:
+#   Simple: NCCL_BUFFSIZE, "The default is 4194304 (4 MB)"                                        = 4,194,304
+#   LL:     NCCL_LL_LINES_PER_THREAD 8 x NCCL_LL_MAX_NTHREADS 512 x NCCL_STEPS 8 x 16-byte line  =   524,288
+#   LL128:  NCCL_LL128_ELEMS_PER_THREAD 120 x NCCL_LL128_MAX_NTHREADS 640 x NCCL_STEPS 8 x 8 bytes = 4,915,200
+NCCL_PROTOCOL_BUFFERS = {
+    "NCCL_BUFFSIZE": 4 * 2**20,
+    "NCCL_LL_BUFFSIZE": 8 * 512 * 8 * 16,
+    "NCCL_LL128_BUFFSIZE": 120 * 640 * 8 * 8,
+}
+NCCL_RING_PEERS = 2  # a rank of a ring receives from the rank before it and sends to the one after
+# Channels NCCL opens are chosen per topology (a couple on PCIe or one NIC, up to 32 on NVLink switches; the docs
+# allow NCCL_MIN_NCHANNELS up to 32 since NCCL 2.5): assumed the most unless NCCL_MAX_NCHANNELS bounds them.
+NCCL_CHANNELS = 32
 
 
 class DeviceBudgetError(RuntimeError):
@@ -137,15 +170,47 @@ class _DeviceMemory:
         free, total = torch.cuda.mem_get_info(device)
         return total - free - torch.cuda.memory_reserved(device)
 
+    def outside_allocator_with(self, device, collectives: bool) -> tuple[int, int]:
+        """(`outside_allocator`, of it NCCL's communicator's), with `collectives` once NCCL is set up on a GPU.
+
+        A one-rank group (as memory.trial_step forms one) runs an all_reduce, so that NCCL allocates its
+        communicator (with cudaMalloc, outside the allocator) before the reading; its part is the difference.
+        """
+        import torch
+        import torch.distributed as dist
+
+        from .distributed import backend_for
+
+        before = self.outside_allocator(device)
+        if device.type != "cuda" or not collectives:
+            return before, 0
+        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            dist.all_reduce(torch.ones(1, device=device))
+            torch.cuda.synchronize(device)
+            after = self.outside_allocator(device)
+        finally:
+            dist.destroy_process_group()
+        return after, after - before
+
     def card_bytes(self, device) -> int | None:
         """The card's memory, on a GPU."""
         import torch
 
         return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
-    def failed_at(self, device) -> int | None:
-        """Bytes the last refused allocation would have brought the device to: a lower bound of the need (CPU)."""
-        return None if device.type == "cuda" else self.resident + _cpu_allocator().tula_failed_at() - self.origin
+    def failed_at(self, device, err: BaseException) -> int:
+        """Bytes the allocation that failed with `err` would have brought the device to: a lower bound of the need.
+
+        The CPU allocator counts it. On a GPU the caching allocator's message says what it had reserved (the figure
+        its cap applies to) and the block it tried to add (`cuda_failed_at`); an error from elsewhere (cuBLAS, an
+        unfamiliar wording) leaves the most it reserved, which says only that the need is above it.
+        """
+        import torch
+
+        if device.type != "cuda":
+            return self.resident + _cpu_allocator().tula_failed_at() - self.origin
+        return cuda_failed_at(str(err)) or torch.cuda.max_memory_reserved(device)
 
     def reset_peak(self, device) -> None:
         import torch
@@ -157,6 +222,26 @@ class _DeviceMemory:
 
 
 device_memory = _DeviceMemory()
+
+
+def _size_bytes(number: str, unit: str) -> int:
+    return round(float(number) * SIZE_UNITS[unit])
+
+
+def cuda_failed_at(message: str) -> int | None:
+    """What the caching allocator had reserved when it failed plus the block it tried to reserve, from its
+    out-of-memory `message` (to format_size's two decimals); None if the message does not say."""
+    found = [re.search(part, message) for part in CUDA_OOM_PARTS]
+    if not all(found):
+        return None
+    return sum(_size_bytes(*match.groups()) for match in found)
+
+
+def nccl_ring_buffer_bytes(env: Mapping[str, str]) -> int:
+    """NCCL's buffers for a ring on every channel (NCCL_PROTOCOL_BUFFERS, NCCL_CHANNELS): device memory outside
+    the allocator that a one-rank probe cannot see, as its communicator has no peers."""
+    per_connection = sum(int(env.get(name, default)) for name, default in NCCL_PROTOCOL_BUFFERS.items())
+    return int(env.get("NCCL_MAX_NCHANNELS", NCCL_CHANNELS)) * NCCL_RING_PEERS * per_connection
 
 
 def budget_bytes(job: dict, device) -> int:
@@ -188,3 +273,48 @@ def usable_bytes(job: dict, budget: int) -> int:
 def model_bytes(model) -> int:
     """Parameters and buffers: what a built model holds on its device before any step."""
     return sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
+
+
+def storage_key(tensor) -> int:
+    """Where a tensor's memory is: tensors with one key share it (views, a parameter's .data)."""
+    return tensor.untyped_storage().data_ptr()
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """The tensors the optimiser keeps per parameter (momentum, Adam's moments), each storage once."""
+    tensors = [t for state in optimizer.state.values() for t in state.values() if hasattr(t, "untyped_storage")]
+    return sum({storage_key(t): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def derived_from_parameters(tensor) -> bool:
+    """Whether autograd derives `tensor` from parameters alone, step by one-input step (autocast's bf16 or fp16 copy
+    of a weight, views of it): memory that does not grow with the batch."""
+    node = tensor.grad_fn
+    while node is not None and len(node.next_functions) == 1:
+        node = node.next_functions[0][0]
+    return node is not None and hasattr(node, "variable")  # autograd's AccumulateGrad of a parameter
+
+
+def saved_tensor_bytes(model, loss_fn, x, y, precision) -> tuple[int, int]:
+    """Bytes of the tensors autograd saves for backward in a forward pass at the job's precision (parameters
+    and input excluded): (activations, autocast's copies of the weights)."""
+    import torch
+
+    skip = {storage_key(t) for t in [*model.parameters(), x]}
+    saved: dict[int, int] = {}
+    weight_copies: set[int] = set()
+
+    def see(tensor):
+        if storage_key(tensor) not in skip:
+            saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+            if derived_from_parameters(tensor):
+                weight_copies.add(storage_key(tensor))
+        return tensor
+
+    x = precision.inputs(x)
+    skip.add(storage_key(x))
+    with torch.autograd.graph.saved_tensors_hooks(see, lambda t: t), precision.autocast():
+        loss = loss_fn(model(x), y)
+    del loss
+    copies = sum(saved[key] for key in weight_copies)
+    return sum(saved.values()) - copies, copies

@@ -2,7 +2,8 @@
 
 The JSON Schema in workflow/schemas/jobs.schema.yaml is the single source of truth for keys, types
 and defaults; the Snakefile applies it with snakemake.utils.validate, stages run standalone apply it
-here. What a schema cannot say (min <= max, data on disk, models that build for the data) is checked below.
+here. What a schema cannot say (min <= max, data on disk, models that build for the data, a GPU job's needs) is
+checked below, and defaults that depend on other fields (search.sync_prior, by device) are filled in below.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import jsonschema
 import yaml
 
 from .datacheck import DataError, check_data
+from .devices import SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
+from .layout import ranks_per_host
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
 
@@ -33,6 +36,12 @@ MIN_IMAGE_SIZE = {
     "vgg11": 32,
     "alexnet": 63,
 }
+
+# Host memory (resources.mem_gb) each GPU rank needs of its own, GB: a floor, not an estimate. A CUDA context and
+# torch's CUDA libraries alone take about 2 GB of host RSS (pytorch/pytorch#113326: 2.0 GB peak RSS for one tensor
+# on a GPU, torch 2.2 with CUDA 11.8; #12873: 1.9 GB after one convolution), and 1 GB more for the data set, pinned
+# batches and loader workers; a large data set or many workers need more.
+HOST_GB_PER_GPU_RANK = 3
 
 # The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up, and that scale the rate linearly.
 WARMUP_RECIPES = frozenset({"lrs", "lars", "polo"})
@@ -161,7 +170,19 @@ def _explain(error: jsonschema.ValidationError) -> str:
     return f"{where}: {error.instance!r} is not valid; allowed: {description or error.message}"
 
 
-def _check_semantics(name: str, job: dict) -> None:
+def _fill_by_device(job: dict) -> None:
+    """search.sync_prior's figures the user left out, from the preset of the job's device (SYNC_PRIORS): a
+    schema default cannot depend on resources.gpus_per_node."""
+    prior = job["search"].setdefault("sync_prior", {})
+    for kind, terms in SYNC_PRIORS[sync_device(job["resources"]["gpus_per_node"])].items():
+        prior[kind] = {**terms, **prior.get(kind, {})}
+
+
+def _bandwidths(prior: dict) -> str:
+    return ", ".join(f"{kind} {terms['bandwidth_gb_s']:g} GB/s" for kind, terms in prior.items())
+
+
+def _check_semantics(name: str, job: dict, launcher: str) -> None:
     def fail(field: str, message: str) -> None:
         raise ConfigError(f"job '{name}': field '{field}': {message}")
 
@@ -234,6 +255,44 @@ def _check_semantics(name: str, job: dict) -> None:
             f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
             f"start local SGD; allowed: below {epochs}",
         )
+    gpus, mem_gb = job["resources"]["gpus_per_node"], job["resources"]["mem_gb"]
+    if gpus and mem_gb < gpus * HOST_GB_PER_GPU_RANK:
+        fail(
+            "resources.mem_gb",
+            f"{mem_gb} GB of host memory per node is shared by its {gpus} GPU ranks (resources.gpus_per_node), "
+            f"each of which needs at least {HOST_GB_PER_GPU_RANK} GB of its own (its CUDA context, torch's CUDA "
+            f"libraries, loader workers); allowed: at least {gpus * HOST_GB_PER_GPU_RANK}",
+        )
+    prior, cpu = job["search"]["sync_prior"], SYNC_PRIORS["cpu"]
+    if gpus and all(prior[kind]["bandwidth_gb_s"] <= cpu[kind]["bandwidth_gb_s"] for kind in cpu):
+        fail(
+            "search.sync_prior",
+            f"bandwidths of {_bandwidths(prior)} are gloo's on CPUs, but this job runs on GPUs "
+            f"(resources.gpus_per_node: {gpus}), whose NCCL sync they would predict about 100 times too slow; "
+            f"allowed: a bandwidth above gloo's ({_bandwidths(cpu)}) for at least one kind: leave "
+            f"search.sync_prior out for the GPU preset ({_bandwidths(SYNC_PRIORS['gpu'])}) or write your "
+            f"cluster's own figures",
+        )
+    if gpus and launcher == "local":
+        # Every node runs on this machine, so ask its CUDA now, before anything is submitted (torch, seconds to
+        # import, only here). On Slurm a login node has no GPU to ask: each rank checks its own (rank_gpu).
+        here, nodes = usable_gpus(), job["search"]["nodes"]["max"]
+        if not here:
+            fail(
+                "resources.gpus_per_node",
+                f"{gpus} GPU(s) per node on the local launcher, but CUDA is not usable on this machine "
+                f"({cuda_setup()}); allowed: 0 (CPU only), or run where CUDA works (a driver as new as the "
+                f"wheel's CUDA, CUDA_VISIBLE_DEVICES naming the GPUs) or on the slurm launcher",
+            )
+        ranks = ranks_per_host("local", nodes, gpus)
+        if ranks > here:
+            fail(
+                "search.nodes.max",
+                f"{nodes} nodes x {gpus} GPU(s) (resources.gpus_per_node) are {ranks} ranks, each needing "
+                f"a GPU of its own (NCCL refuses two ranks on one), but the local launcher runs every node on "
+                f"this machine, which has {here}; allowed: search.nodes.max x resources.gpus_per_node at most "
+                f"{here}",
+            )
 
 
 def validate_config(config: dict) -> dict:
@@ -252,7 +311,8 @@ def validate_config(config: dict) -> dict:
             f"field 'targets': {', '.join(map(repr, unknown))} name no job; allowed: {', '.join(config['jobs'])}"
         )
     for name, job in config["jobs"].items():
-        _check_semantics(name, job)
+        _fill_by_device(job)
+        _check_semantics(name, job, config["launcher"])
     return config
 
 

@@ -107,8 +107,10 @@ def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecuto
     executor = submitit.AutoExecutor(folder=folder, cluster=spec.launcher, slurm_max_num_timeout=spec.max_requeues)
     params: dict[str, Any] = dict(name=name, timeout_min=spec.time_min, cpus_per_task=spec.cpus_per_task)
     if spec.launcher == "local":
-        # submitit's local executor has no nodes: N nodes become N processes of one "node".
-        params.update(nodes=1, tasks_per_node=spec.world_size, gpus_per_node=spec.gpus_per_node)
+        # submitit's local executor has no nodes: N nodes become N processes of one "node", which sees the GPUs
+        # of them all (it makes GPUs 0 to gpus_per_node - 1 visible), one per rank.
+        gpus = spec.world_size if spec.gpus_per_node else 0
+        params.update(nodes=1, tasks_per_node=spec.world_size, gpus_per_node=gpus)
     else:
         slurm = spec.slurm
         extra = {}

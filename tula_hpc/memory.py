@@ -28,9 +28,13 @@ reserved one (DECIDING_FIGURE) sizes the largest batch; memory.json reports both
 memory that the allocator cannot have (the CUDA context, other processes) is measured and taken off the budget.
 On the CPU the budget allocator reserves exactly what it allocates, and both figures are one count.
 
+Collectives. NCCL's buffers are outside the allocator: on several GPUs a probe measures its one-rank communicator
+(`collective_library_bytes`, held outside the allocator), and a ring's buffers for its peers, which no one-rank group
+has, are reserved as NCCL's defaults size them (budget.nccl_ring_buffer_bytes), like DDP's buckets. None on the CPU.
+
 The stage. Every probe and trial runs in a fresh process (one probe's allocator and lazily built kernels
 must not leak into the next) under the device budget (budget.py). The model proposes the largest batch;
-at most two trials confirm or correct it, the second using what the first measured.
+at most MAX_VERIFICATION_TRIALS trials confirm or correct it, each using what the one before measured.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ from .budget import (
     device_memory,
     is_out_of_memory,
     model_bytes,
+    nccl_ring_buffer_bytes,
+    optimizer_state_bytes,
+    saved_tensor_bytes,
     usable_bytes,
 )
 from .files import write_json
@@ -70,7 +77,8 @@ STEP_KINDS = ("ordinary", "update")
 PARTS = tuple(f"{kind}/{phase}" for kind in STEP_KINDS for phase in PHASES)
 GROWING_SHARE = 0.75  # the largest probe's peak is at least this much batch-dependent memory
 MAX_PROBES = 6
-MAX_VERIFICATION_TRIALS = 2
+MAX_VERIFICATION_TRIALS = 3
+RETRY_STEP_DOWN = 0.1  # a retry after running out of memory is at least this share of that batch below it
 PROBES_AT_ONCE = 2  # on the CPU: the rule's threads (workflow/rules/memory.smk)
 # Each figure a peak is read in (budget.PEAK_COUNTS), and the key of a probe's peak per part in it.
 PART_PEAKS = {"allocated": "peaks", "reserved": "reserved_peaks"}
@@ -183,28 +191,44 @@ def ddp_bucket_bytes(job: dict, probes: list[dict]) -> int:
     return probes[0]["grad_bytes"] if runs_on_several_devices(job) else 0
 
 
+def collective_buffer_bytes(job: dict, device) -> int:
+    """NCCL's ring buffers for its peers on every rank of a multi-GPU run (none on the CPU, whose gloo keeps
+    its buffers in host memory outside the budget)."""
+    return nccl_ring_buffer_bytes(os.environ) if device.type == "cuda" and runs_on_several_devices(job) else 0
+
+
+def _largest_if_reached(model: StepMemoryModel, available: int, trial: dict, seen: float) -> int:
+    """The largest batch once the slope of the prediction at `trial`'s batch is rescaled to the `seen` bytes."""
+    intercept, slope = model.line_at(trial["batch"])
+    corrected = StepMemoryModel()
+    corrected.intercepts_ = model.intercepts_
+    corrected.slopes_ = model.slopes_ * ((seen - intercept) / (slope * trial["batch"]) if slope > 0 else 1.0)
+    return corrected.max_batch(available)
+
+
 def next_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: int) -> int | None:
     """The batch to try next when the step may use `available` bytes, or None when the trials settle it.
 
-    The first trial is the model's largest batch. A second one follows only if the first corrects the
-    model: the bytes it reached (its peak, or where it ran out of memory) rescale the slope of the
-    prediction at that batch, and the corrected largest batch is larger (it fit) or smaller (it did not),
-    never above a batch that failed. No trial exceeds `cap`: no device ever sees a larger batch.
+    The first trial is the model's largest batch; the bytes a trial reached (its peak, or where it ran out of
+    memory) rescale the slope of the prediction at its batch. After the first trial that fits, one more goes up
+    to the corrected largest batch. A retry after running out of memory is at least RETRY_STEP_DOWN below (the
+    bytes reported are a lower bound, often just above the budget: a sample less would fail too), that step alone
+    when they are unknown or not above `available`. No trial exceeds `cap` or a batch that failed, none falls to
+    one that fit, and at most MAX_VERIFICATION_TRIALS run.
     """
     if not trials:
         return min(model.max_batch(available), cap) or None
-    last = trials[-1]
-    if len(trials) >= MAX_VERIFICATION_TRIALS or (last["outcome"] == "fits" and last["batch"] >= cap):
+    last, fitted = trials[-1], [t["batch"] for t in trials if t["outcome"] == "fits"]
+    if len(trials) >= MAX_VERIFICATION_TRIALS or (last["outcome"] == "fits" and len(fitted) > 1):
         return None
-    seen = last[PEAK[DECIDING_FIGURE]] if last["outcome"] == "fits" else (last["failed_at_bytes"] or available + 1)
-    intercept, slope = model.line_at(last["batch"])
-    corrected = StepMemoryModel()
-    corrected.intercepts_ = model.intercepts_
-    corrected.slopes_ = model.slopes_ * ((seen - intercept) / (slope * last["batch"]) if slope > 0 else 1.0)
-    batch = corrected.max_batch(available)
     if last["outcome"] == "fits":
-        return min(batch, cap) if batch > last["batch"] else None
-    return min(batch, last["batch"] - 1) or None
+        batch = _largest_if_reached(model, available, last, last[PEAK[DECIDING_FIGURE]])
+    else:
+        batch, seen = int(last["batch"] * (1 - RETRY_STEP_DOWN)), last["failed_at_bytes"]
+        if seen is not None and seen > available:
+            batch = min(batch, _largest_if_reached(model, available, last, seen))
+    batch = min([batch, cap, *(t["batch"] - 1 for t in trials if t["outcome"] != "fits")])
+    return batch if batch > max(fitted, default=0) else None
 
 
 def settle(trials: list[dict], fallback: int) -> tuple[int, bool]:
@@ -214,17 +238,22 @@ def settle(trials: list[dict], fallback: int) -> tuple[int, bool]:
     return (max(fitted), True) if fitted else (fallback, False)
 
 
-def composition(model: StepMemoryModel, probe: dict, buckets: int) -> dict:
+def composition(model: StepMemoryModel, probe: dict, buckets: int, collective_buffers: int) -> dict:
     """What the peak near `probe`'s batch is made of: the measured parts of Eq. 3 and what they leave out."""
     intercept, slope = model.line_at(probe["batch"])
-    resident = probe["param_bytes"] + probe["buffer_bytes"] + probe["optimizer_bytes"]
+    fixed = {
+        "parameters_and_buffers": probe["param_bytes"] + probe["buffer_bytes"],
+        "optimizer_state": probe["optimizer_bytes"],
+        "workspace": probe["workspace_bytes"],
+        "autocast_weight_copies": probe["autocast_weight_bytes"],
+    }
     batch, activations = (probe[k] / probe["batch"] for k in ("batch_bytes", "activation_bytes"))
     return {
         "fixed_bytes": {
-            "parameters_and_buffers": probe["param_bytes"] + probe["buffer_bytes"],
-            "optimizer_state": probe["optimizer_bytes"],
+            **fixed,
             "ddp_buckets": buckets,
-            "gradients_and_workspace": intercept - resident,
+            "nccl_ring_buffers": collective_buffers,
+            "gradients_and_temporaries": intercept - sum(fixed.values()),
         },
         "per_sample_bytes": {
             "batch": batch,
@@ -238,10 +267,12 @@ def composition(model: StepMemoryModel, probe: dict, buckets: int) -> dict:
 
 
 def _device(job: dict):
+    """The probe's device: the node's first GPU on a GPU job (never the CPU in its stead: `rank_gpu`)."""
     import torch
 
-    use_gpu = job["resources"]["gpus_per_node"] > 0 and torch.cuda.is_available()
-    return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+    from .devices import rank_gpu
+
+    return torch.device("cuda", rank_gpu(0)) if job["resources"]["gpus_per_node"] > 0 else torch.device("cpu")
 
 
 def _build(job: dict):
@@ -305,30 +336,6 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[s
     return peaks
 
 
-def _saved_activation_bytes(model, loss_fn, x, y, precision) -> int:
-    """Bytes of the tensors autograd saves for backward in a forward pass at the job's precision (parameters
-    and input excluded)."""
-    import torch
-
-    def storage(tensor) -> int:
-        return tensor.untyped_storage().data_ptr()
-
-    skip = {storage(t) for t in [*model.parameters(), x]}
-    saved: dict[int, int] = {}
-
-    def see(tensor):
-        if storage(tensor) not in skip:
-            saved[storage(tensor)] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    x = precision.inputs(x)
-    skip.add(storage(x))
-    with torch.autograd.graph.saved_tensors_hooks(see, lambda t: t), precision.autocast():
-        loss = loss_fn(model(x), y)
-    del loss
-    return sum(saved.values())
-
-
 def measure_probe(job: dict, batch: int) -> dict:
     """One probe: the peak of every part of the steady steps at `batch` under the device budget, and
     the measured terms of Eq. 3 (parameters, gradients, optimiser state, saved activations, the batch)."""
@@ -343,19 +350,26 @@ def measure_probe(job: dict, batch: int) -> dict:
     params = list(model.parameters())
     resident, param_bytes = model_bytes(model), sum(p.nbytes for p in params)
     grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
-    optimizer_bytes = device_memory.in_use(device) - resident - grad_bytes  # read before the next batch exists
+    optimizer_bytes = optimizer_state_bytes(strategy.optimizer)
+    # What else the steps left on the device (cuBLAS's and cuDNN's workspaces), read before the next batch exists.
+    workspace_bytes = device_memory.in_use(device) - resident - grad_bytes - optimizer_bytes
     x, y = _collated_batch(splits, batch, device)
+    activation_bytes, autocast_weight_bytes = saved_tensor_bytes(model, loss_fn, x, y, strategy.precision)
+    outside, library = device_memory.outside_allocator_with(device, collectives=runs_on_several_devices(job))
     return {
         "batch": batch,
         "outcome": "measured",
         **peak_fields(peaks),
         "card_bytes": device_memory.card_bytes(device),
-        "outside_allocator_bytes": device_memory.outside_allocator(device),
+        "outside_allocator_bytes": outside,
+        "collective_library_bytes": library,
         "param_bytes": param_bytes,
         "buffer_bytes": resident - param_bytes,
         "grad_bytes": grad_bytes,
         "optimizer_bytes": optimizer_bytes,
-        "activation_bytes": _saved_activation_bytes(model, loss_fn, x, y, strategy.precision),
+        "workspace_bytes": workspace_bytes,
+        "activation_bytes": activation_bytes,
+        "autocast_weight_bytes": autocast_weight_bytes,
         "batch_bytes": x.nbytes + y.nbytes,
         "loader_prefetch_bytes": (x.nbytes + y.nbytes) * 2 * loader_workers(job),
     }
@@ -415,7 +429,7 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
         return {
             "batch": kwargs["batch"],
             "outcome": "out_of_memory",
-            "failed_at_bytes": device_memory.failed_at(_device(kwargs["job"])),
+            "failed_at_bytes": device_memory.failed_at(_device(kwargs["job"]), err),
             "error": str(err)[:500],
         }
 
@@ -443,11 +457,11 @@ def probe_worker(job: dict) -> dict:
     """Probes, then the verification trials at the usable budget (never above a batch that failed)."""
     from .data import load_splits
 
-    splits = load_splits(job["data"], job["train"]["seed"])
-    cap, budget = len(splits.train), budget_bytes(job, _device(job))
+    splits, device = load_splits(job["data"], job["train"]["seed"]), _device(job)
+    cap, budget, ring = len(splits.train), budget_bytes(job, device), collective_buffer_bytes(job, device)
     probes = run_probes(job, cap, budget)
     trials: list[dict] = []
-    ran, usable = measured(probes), room_for_steps(job, budget, probes)
+    ran, usable = measured(probes), room_for_steps(job, budget, probes) - ring  # a one-rank trial has no ring
     if len(ran) >= 2:
         model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
         failed = [p["batch"] - 1 for p in probes if p["outcome"] == "out_of_memory"]
@@ -459,16 +473,18 @@ def probe_worker(job: dict) -> dict:
     return {
         "probes": probes,
         "trials": trials,
+        "collective_buffer_bytes": ring,
         "device_memory_bytes": budget,
         "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
     }
 
 
-def fit_summary(model: StepMemoryModel, largest: int, ran: list[dict], buckets: int) -> dict:
-    """A figure's model near the largest batch, as memory.json reports it."""
+def fit_summary(model: StepMemoryModel, largest: int, ran: list[dict], unprobed: int) -> dict:
+    """A figure's model near the largest batch, as memory.json reports it, with the `unprobed` fixed bytes that
+    only a multi-device run holds (DDP's buckets, NCCL's ring)."""
     intercept, slope = model.line_at(largest)
     return {
-        "intercept_bytes": intercept + buckets,
+        "intercept_bytes": intercept + unprobed,
         "slope_bytes_per_sample": slope,
         "peak_part": PARTS[model.part_at(largest)],
         "departure": model.departure_,
@@ -501,12 +517,12 @@ def summarise(job: dict, measured_steps: dict) -> dict:
             + (f": it needs more than {smallest['failed_at_bytes']:,} bytes" if smallest.get("failed_at_bytes") else "")
             + "; the memory model needs steps at two batches",
         )
-    model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
+    model, buckets, ring = fit_probes(ran), ddp_bucket_bytes(job, ran), measured_steps["collective_buffer_bytes"]
     usable = room_for_steps(job, budget, probes)
-    available = usable - buckets
+    available = usable - buckets - ring
     proposed = model.max_batch(available)
     if proposed < 1:
-        needed = int(model.predict([1])[0] + buckets)
+        needed = int(model.predict([1])[0] + buckets + ring)
         raise _refuse(
             job,
             budget,
@@ -521,18 +537,20 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         "model": "phase_lines",
         "probes": probes,
         "decided_by": DECIDING_FIGURE,
-        "fit": fit_summary(model, largest, ran, buckets),
-        "fit_allocated": fit_summary(allocated, largest, ran, buckets),
-        "composition": composition(allocated, ran[-1], buckets),
+        "fit": fit_summary(model, largest, ran, buckets + ring),
+        "fit_allocated": fit_summary(allocated, largest, ran, buckets + ring),
+        "composition": composition(allocated, ran[-1], buckets, ring),
         "param_bytes": ran[0]["param_bytes"],
         "ddp_bucket_bytes": buckets,
+        "collective_buffer_bytes": ring,
         "device_memory_bytes": budget,
         "device_memory_source": budget_source(job),
         "headroom": job["resources"]["memory_headroom"],
         "usable_bytes": usable,
         "outside_allocator_bytes": max((p.get("outside_allocator_bytes", 0) for p in ran), default=0),
+        "collective_library_bytes": max((p.get("collective_library_bytes", 0) for p in ran), default=0),
         "predicted_max_batch": proposed,
-        "predicted_peak_bytes": int(model.predict([largest])[0] + buckets),
+        "predicted_peak_bytes": int(model.predict([largest])[0] + buckets + ring),
         "verification": measured_steps["trials"],
         "verified": verified,
         "max_batch_per_device": largest,

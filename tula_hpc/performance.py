@@ -56,6 +56,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar, nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 
+from .devices import SYNC_PRIORS
 from .layout import ranks_per_host
 
 HUBER_K = 1.5
@@ -71,11 +72,6 @@ SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency
 SYNC_KIND_TEXT = {
     "intra_node": ("{} ranks on one host", "no multi-rank profile stays on one host"),
     "inter_node": ("{} hosts", "no profile spans two hosts"),
-}
-# The schema's defaults (workflow/schemas/jobs.schema.yaml, search.sync_prior), for models fitted outside a job.
-DEFAULT_SYNC_PRIOR = {
-    "intra_node": {"latency_s": 5e-6, "bandwidth_gb_s": 100.0},
-    "inter_node": {"latency_s": 1.4e-5, "bandwidth_gb_s": 12.5},
 }
 
 
@@ -278,7 +274,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def _fit_sync(self, ranks, per_host, sync_s, weight) -> None:
         """Intra terms from syncs on one host, then inter terms from syncs across hosts less their intra part;
         terms the profiles cannot tell are held at the priors (see the module's docstring)."""
-        prior = self.sync_prior or DEFAULT_SYNC_PRIOR
+        prior = self.sync_prior or SYNC_PRIORS["gpu"]  # a model fitted outside a job: the GPU cluster's
         self.sync_coef_ = np.array(
             [v for kind in SYNC_KINDS for v in (prior[kind]["latency_s"], 1e-9 / prior[kind]["bandwidth_gb_s"])]
         )

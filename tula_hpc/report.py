@@ -25,6 +25,16 @@ from .stage import stage_main  # noqa: E402
 
 INPUTS = ("memory", "plan", "perfmodel", "selection", "summary", "evaluation")
 PLOTS = ("time", "cost", "accuracy", "training")
+# The fixed parts of the memory model (memory.json's composition), in words.
+FIXED_PARTS = {
+    "parameters_and_buffers": "parameters and buffers",
+    "optimizer_state": "optimiser state",
+    "workspace": "workspace kept (cuBLAS, cuDNN)",
+    "autocast_weight_copies": "autocast's weight copies",
+    "ddp_buckets": "DDP buckets",
+    "nccl_ring_buffers": "NCCL ring buffers (estimated)",
+    "gradients_and_temporaries": "gradients and temporaries",
+}
 
 
 def _link(target: Path, report: Path) -> str:
@@ -197,6 +207,12 @@ def _deciding_figure(memory: dict) -> str:
         f"{megabytes_at_batch(reserved):.1f} MB reserved for {megabytes_at_batch(allocated):.1f} MB allocated at "
         f"batch {batch}."
     )
+
+
+def _fixed(memory: dict) -> str:
+    """The intercept's make-up (memory.json's composition): what the device holds whatever the batch."""
+    parts = memory["composition"]["fixed_bytes"]
+    return ", ".join(f"{FIXED_PARTS[name]} {size / 1e6:.2f} MB" for name, size in parts.items())
 
 
 def _per_sample(memory: dict) -> str:
@@ -383,7 +399,8 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
 ## Memory model
 Peak device memory of a steady step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
 + {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
-it prices memory-based cost), of which per sample {_per_sample(memory)}. {_deciding_figure(memory)} Device memory {
+it prices memory-based cost), of which fixed {_fixed(memory)};
+per sample {_per_sample(memory)}. {_deciding_figure(memory)} Device memory {
         memory["device_memory_bytes"] / 1e9:.2f} GB ({memory["device_memory_source"]}) with {memory["headroom"]:.0%}
 headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
         "" if memory["verified"] else " (no trial step confirmed it)"
@@ -398,8 +415,10 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
                 ("peak allocated (B)", "peak_bytes", "d"),
                 ("peak reserved (B)", "reserved_peak_bytes", "d"),
                 ("saved activations (B)", "activation_bytes", "d"),
+                ("autocast weight copies (B)", "autocast_weight_bytes", "d"),
                 ("gradients (B)", "grad_bytes", "d"),
                 ("optimiser (B)", "optimizer_bytes", "d"),
+                ("workspace (B)", "workspace_bytes", "d"),
             ],
         )
     }

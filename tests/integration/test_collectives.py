@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tests.conftest import JOB, REPO, tiny_job_config
 from tests.integration.collective_workers import CollectiveSpy, served_device_types, spied_on_two_ranks
-from tula_hpc.config import job_settings, validate_config
+from tula_hpc.config import HOST_GB_PER_GPU_RANK, job_settings, validate_config
 from tula_hpc.evaluate import evaluate_worker
 from tula_hpc.profiling import profile_worker
 from tula_hpc.train import train_worker
@@ -40,6 +40,9 @@ def _job(**train) -> dict:
     job["train"]["ags"]["update_every_steps"] = 2
     job["search"].update(warmup_steps=1, steps=2, min_measure_s=0, max_attempts=1)
     job["resources"]["gpus_per_node"] = GPUS
+    if GPUS:  # one host's GPUs, one rank each, with the host memory each GPU rank needs
+        job["search"]["nodes"].update(min=1, max=1)
+        job["resources"]["mem_gb"] = GPUS * HOST_GB_PER_GPU_RANK
     return job_settings(validate_config(config), JOB)
 
 

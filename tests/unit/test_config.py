@@ -21,7 +21,7 @@ from tula_hpc.config import (
     validate_config,
 )
 from tula_hpc.datacheck import FASHION_MNIST_FOLDER
-from tula_hpc.performance import DEFAULT_SYNC_PRIOR
+from tula_hpc.devices import SYNC_PRIORS
 from tula_hpc.stage import load_job
 
 BAD_CASES = [
@@ -65,7 +65,7 @@ BAD_CASES = [
     ("nodes as list", lambda j: j["search"].update(nodes=[1, 2]), ["search.nodes", "object"]),
     (
         "no bandwidth",
-        lambda j: j["search"]["sync_prior"]["inter_node"].update(bandwidth_gb_s=0),
+        lambda j: j["search"].update(sync_prior={"inter_node": {"bandwidth_gb_s": 0}}),
         ["search.sync_prior.inter_node.bandwidth_gb_s", "12.5"],
     ),
 ]
@@ -89,12 +89,6 @@ def test_default_config_is_valid_and_filled_with_defaults():
     assert job["launcher"] == "local"
     assert job["resources"]["slurm"] == {}
     assert job["search"]["batch"] == {"min": 32, "max": 256}
-
-
-def test_sync_priors_left_out_are_the_schema_defaults_the_performance_model_also_uses():
-    config = job_config()
-    del config["jobs"]["digits-cnn"]["search"]["sync_prior"]
-    assert job_settings(validate_config(config), "digits-cnn")["search"]["sync_prior"] == DEFAULT_SYNC_PRIOR
 
 
 def test_profile_slurm_settings_are_overridden_per_job():
@@ -365,3 +359,141 @@ def test_targets_name_the_jobs_to_run_and_an_unknown_one_is_refused(tmp_path):
     (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"field 'targets': 'fashion' name no job; allowed: digits-cnn"):
         load_config([tmp_path / "jobs.yaml"])
+
+
+# --- what a GPU job needs (issue 24): sync priors by device, host memory, this machine's GPUs ---------------------
+
+
+def _gpu_config(launcher: str = "slurm", gpus: int = 1, **sections) -> dict:
+    """The default job on `gpus` GPUs per node with enough host memory, under `launcher`."""
+    resources = {"gpus_per_node": gpus, "mem_gb": 16 * gpus, **sections.pop("resources", {})}
+    return {**job_config(resources=resources, **sections), "launcher": launcher}
+
+
+def test_sync_priors_left_out_are_chosen_by_device_and_a_figure_written_replaces_its_presets():
+    """config/jobs.yaml writes none: a CPU job gets gloo's, a GPU job NCCL's, each from the one table."""
+    assert "sync_prior" not in job_config()["jobs"]["digits-cnn"]["search"]
+    assert default_job()["search"]["sync_prior"] == SYNC_PRIORS["cpu"]
+    gpu = job_settings(validate_config(_gpu_config()), "digits-cnn")
+    assert gpu["search"]["sync_prior"] == SYNC_PRIORS["gpu"]
+    mine = job_settings(
+        validate_config(_gpu_config(search={"sync_prior": {"inter_node": {"bandwidth_gb_s": 25}}})), "digits-cnn"
+    )["search"]["sync_prior"]
+    assert mine == {**SYNC_PRIORS["gpu"], "inter_node": {**SYNC_PRIORS["gpu"]["inter_node"], "bandwidth_gb_s": 25}}
+
+
+def test_the_snakefile_and_a_stage_see_the_same_filled_priors_and_fingerprint():
+    """The Snakefile validates with validate_config, then snakemake.utils.validate against the same schema (which
+    fills its own defaults); a stage loads the files through load_config. Rules and fingerprints agree."""
+    from snakemake.utils import validate
+
+    config = _gpu_config()
+    validate_config(config)
+    validate(config, str(REPO / "workflow" / "schemas" / "jobs.schema.yaml"))
+    snakefile_job = config["jobs"]["digits-cnn"]
+    stage_job = job_settings(validate_config(_gpu_config()), "digits-cnn")
+    assert stage_settings(snakefile_job, "fit_model")["search.sync_prior"] == SYNC_PRIORS["gpu"]
+    assert fingerprint(snakefile_job, "fit_model") == fingerprint(stage_job, "fit_model")
+    assert fingerprint(default_job(), "fit_model") != fingerprint(stage_job, "fit_model")
+
+
+@pytest.mark.parametrize(
+    "sync_prior",
+    [SYNC_PRIORS["cpu"], {"intra_node": {"bandwidth_gb_s": 0.5}, "inter_node": {"bandwidth_gb_s": 1}}],
+    ids=["the CPU preset", "bandwidths at gloo's level"],
+)
+def test_a_gpu_job_with_gloos_sync_priors_is_refused(sync_prior):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_gpu_config(search={"sync_prior": sync_prior}))
+    message = str(err.value)
+    assert message.startswith("job 'digits-cnn': field 'search.sync_prior': "), message
+    for fragment in ("gloo's", "resources.gpus_per_node: 1", "leave search.sync_prior out", "100 GB/s"):
+        assert fragment in message, message
+    # A slow network alone is a GPU cluster's own figure, and a CPU job may write gloo's.
+    validate_config(_gpu_config(search={"sync_prior": {"inter_node": {"bandwidth_gb_s": 0.125}}}))
+    validate_config(job_config(search={"sync_prior": SYNC_PRIORS["cpu"]}))
+
+
+def test_a_gpu_job_without_host_memory_for_each_rank_is_refused():
+    from tula_hpc.config import HOST_GB_PER_GPU_RANK
+
+    with pytest.raises(ConfigError) as err:
+        validate_config(_gpu_config(gpus=4, resources={"mem_gb": 4}))
+    message = str(err.value)
+    assert message.startswith("job 'digits-cnn': field 'resources.mem_gb': 4 GB"), message
+    assert "4 GPU ranks (resources.gpus_per_node)" in message
+    assert f"allowed: at least {4 * HOST_GB_PER_GPU_RANK}" in message
+    validate_config(_gpu_config(gpus=4, resources={"mem_gb": 4 * HOST_GB_PER_GPU_RANK}))
+    validate_config(job_config(resources={"mem_gb": 0.5}))  # CPU jobs: as before
+
+
+def _no_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+def _gpus_here(monkeypatch, count: int):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_a_local_gpu_job_is_refused_at_once_where_cuda_is_unusable(monkeypatch):
+    import socket
+
+    import torch
+
+    _no_cuda(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    with pytest.raises(ConfigError) as err:
+        validate_config(_gpu_config("local"))
+    message = str(err.value)
+    assert message.startswith("job 'digits-cnn': field 'resources.gpus_per_node': "), message
+    for fragment in (f"CUDA {torch.version.cuda}", "NVIDIA driver", "CUDA_VISIBLE_DEVICES='7'", socket.gethostname()):
+        assert fragment in message, message
+    assert "allowed: 0 (CPU only)" in message and "slurm launcher" in message
+
+
+def test_a_slurm_gpu_job_is_not_refused_for_the_login_nodes_lack_of_cuda(monkeypatch):
+    """The ranks check their own node's GPUs (distributed.init_distributed); validation asks no CUDA here."""
+    import tula_hpc.config as config_module
+
+    def ask(*_):
+        raise AssertionError("validation of a Slurm job asked this machine's CUDA")
+
+    monkeypatch.setattr(config_module, "usable_gpus", ask)
+    job = job_settings(validate_config(_gpu_config("slurm", gpus=4)), "digits-cnn")
+    assert job["resources"]["gpus_per_node"] == 4 and job["launcher"] == "slurm"
+
+
+def test_a_local_gpu_job_needing_more_gpus_than_this_machine_has_is_refused(monkeypatch):
+    """search.nodes.max 2 on one GPU would put the N=2 profile's two NCCL ranks on one card."""
+    _gpus_here(monkeypatch, 1)
+    with pytest.raises(ConfigError) as err:
+        validate_config(_gpu_config("local"))
+    message = str(err.value)
+    assert message.startswith("job 'digits-cnn': field 'search.nodes.max': 2 nodes x 1 GPU(s)"), message
+    assert "resources.gpus_per_node" in message and "which has 1" in message
+    assert "allowed: search.nodes.max x resources.gpus_per_node at most 1" in message
+    validate_config(_gpu_config("local", search={"nodes": {"min": 1, "max": 1}}))
+    _gpus_here(monkeypatch, 4)
+    validate_config(_gpu_config("local", gpus=2))
+    with pytest.raises(ConfigError, match="at most 4"):
+        validate_config(_gpu_config("local", gpus=4))
+
+
+def test_a_stage_stops_on_a_local_gpu_job_without_cuda_before_submitting(tmp_path):
+    """CUDA_VISIBLE_DEVICES naming no GPU makes CUDA unusable on any machine."""
+    config_path = tmp_path / "jobs.yaml"
+    config_path.write_text(yaml.safe_dump(_gpu_config("local")))
+    command = [sys.executable, "-m", "tula_hpc.memory", "--config", str(config_path), "--job", "digits-cnn"]
+    command += ["--launcher", "local", "--out", str(tmp_path / "memory.json")]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "job 'digits-cnn': field 'resources.gpus_per_node'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "CUDA_VISIBLE_DEVICES=''" in proc.stderr
+    assert not (tmp_path / "work").exists() and not (tmp_path / "memory.json").exists()

@@ -5,7 +5,7 @@ from tula_hpc.layout import devices_per_node, last_batch, ranks_per_host, steps_
 
 
 def test_a_node_runs_one_rank_per_gpu_or_one_cpu_rank():
-    assert devices_per_node(default_job(resources={"gpus_per_node": 4})) == 4
+    assert devices_per_node({"resources": {"gpus_per_node": 4}}) == 4  # a cluster's node (no GPU asked for here)
     assert devices_per_node(default_job(resources={"gpus_per_node": 0})) == 1
 
 

@@ -1,6 +1,7 @@
 """Stage probe_memory: one line per part of the steady steps and their envelope, the probes and trials that settle
 the largest per-device batch, memory.json; synthetic probes with known lines, then one real probe and trial."""
 
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,15 +13,18 @@ import yaml
 from sklearn.linear_model import LinearRegression
 
 from tests.conftest import default_job, job_config
+from tests.unit.test_budget import CUDA, GiB, MiB, cuda_out_of_memory_message
 from tula_hpc import memory
-from tula_hpc.budget import GB, budget_bytes
+from tula_hpc.budget import GB, budget_bytes, nccl_ring_buffer_bytes
 from tula_hpc.config import ConfigError, load_config
+from tula_hpc.devices import DeviceError
 from tula_hpc.memory import (
     GROWING_SHARE,
     MAX_PROBES,
     MAX_VERIFICATION_TRIALS,
     PARTS,
     StepMemoryModel,
+    collective_buffer_bytes,
     composition,
     fit_probes,
     measured,
@@ -37,6 +41,7 @@ from tula_hpc.stage import StageError
 # --- synthetic probes and trials --------------------------------------------------------------------
 
 PARAMS = 600_000  # parameters, their gradients and the optimiser's momentum: this many bytes each
+WORKSPACE = 100_000  # what else the steps keep on the device (cuBLAS's workspace)
 BATCH_BYTES_PER_SAMPLE = 8
 ACTIVATION_BYTES_PER_SAMPLE = 50
 
@@ -57,7 +62,9 @@ def probe(batch: int, parts: dict[str, tuple[float, float]]) -> dict:
         "buffer_bytes": 0,
         "grad_bytes": PARAMS,
         "optimizer_bytes": PARAMS,
+        "workspace_bytes": WORKSPACE,
         "activation_bytes": ACTIVATION_BYTES_PER_SAMPLE * batch,
+        "autocast_weight_bytes": 0,
         "batch_bytes": BATCH_BYTES_PER_SAMPLE * batch,
     }
 
@@ -67,7 +74,7 @@ def probes_at(batches: list[int], parts: dict[str, tuple[float, float]]) -> list
 
 
 def out_of_memory(batch: int, failed_at_bytes: float | None = None) -> dict:
-    """A probe or trial that ran out of memory (`failed_at_bytes` is None on a GPU)."""
+    """A probe or trial that ran out of memory (`failed_at_bytes` None: as recorded before GPUs said)."""
     return {"batch": batch, "outcome": "out_of_memory", "failed_at_bytes": failed_at_bytes, "error": "out of memory"}
 
 
@@ -226,11 +233,10 @@ def test_a_trial_that_confirms_the_model_settles_it():
     assert settle(trials, fallback=64) == (100, True)
 
 
-def test_a_trial_below_the_prediction_corrects_upwards_until_the_last_trial():
+def test_a_trial_below_the_prediction_corrects_upwards_once():
     trials = [fits(100, 1800)]  # the slope is 8, not 10
     assert next_trial(linear_model(), 2000, trials, ANY_CAP) == 125
-    trials.append(fits(125, 1900))  # less again: a third trial would go higher
-    assert len(trials) == MAX_VERIFICATION_TRIALS
+    trials.append(fits(125, 1900))  # less again: another trial would go higher, but one correction is enough
     assert next_trial(linear_model(), 2000, trials, ANY_CAP) is None
     assert settle(trials, fallback=64) == (125, True)
 
@@ -244,12 +250,73 @@ def test_no_trial_exceeds_the_training_set():
     "failed_at_bytes, retry",
     [
         (2250, 80),  # the slope is at least 12.5
-        (None, 99),  # a GPU does not say: just above the budget
-        (1500, 99),  # the correction would go higher: below the batch that failed
+        (2010, 90),  # just above the budget (the block that failed was small): 10 % down, not 1 sample
+        (None, 90),  # unknown: 10 % down
+        (1500, 90),  # the correction would go higher: 10 % down
     ],
 )
-def test_a_trial_out_of_memory_retries_below_it_from_the_bytes_it_reached(failed_at_bytes, retry):
+def test_a_trial_out_of_memory_retries_well_below_it(failed_at_bytes, retry):
     assert next_trial(linear_model(), 2000, [out_of_memory(100, failed_at_bytes)], ANY_CAP) == retry
+
+
+def test_after_running_out_of_memory_a_trial_that_fits_corrects_upwards_below_the_failure():
+    trials = [out_of_memory(100, 2250), fits(80, 1800)]  # 80 shows the slope is 10: 100 would fit, but failed
+    assert next_trial(linear_model(), 2000, trials, ANY_CAP) == 99
+    trials.append(fits(99, 1990))
+    assert len(trials) == MAX_VERIFICATION_TRIALS and next_trial(linear_model(), 2000, trials, ANY_CAP) is None
+    assert settle(trials, fallback=64) == (99, True)
+
+
+def test_trials_that_all_run_out_of_memory_go_on_down_until_the_last():
+    trials = [out_of_memory(100, 2010), out_of_memory(90, 2005)]
+    assert next_trial(linear_model(), 2000, trials, ANY_CAP) == 81
+    trials.append(out_of_memory(81, 2001))
+    assert next_trial(linear_model(), 2000, trials, ANY_CAP) is None
+
+
+def test_no_retry_falls_to_a_batch_that_fit():
+    assert next_trial(linear_model(), 2000, [fits(95, 1800), out_of_memory(100, 2010)], ANY_CAP) is None
+
+
+def format_size(size: int) -> str:
+    """A size as c10's format_size writes it in an out-of-memory message."""
+    if size <= 1024:
+        return f"{size} bytes"
+    unit = next(unit for unit in ("KiB", "MiB", "GiB") if unit == "GiB" or size <= 1024 * UNIT_BYTES[unit])
+    return f"{size / UNIT_BYTES[unit]:.2f} {unit}"
+
+
+UNIT_BYTES = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def test_gpu_trials_settle_near_the_cards_largest_batch(monkeypatch):
+    """A card whose step needs 2 GiB + 50 MiB a sample (in ten 5 MiB blocks a sample), sized by a model that expects
+    48 MiB: 20 GiB hold batch 368. The allocator fails at the first block beyond the cap; the retry goes 10 % down,
+    fits, and shows the slope. Without reading the error the retry was one sample down and failed too."""
+    need = lambda batch: 2 * GiB + 50 * MiB * batch  # noqa: E731
+
+    def trial_step(job, batch, budget, ddp):
+        if need(batch) <= budget:
+            return fits(batch, need(batch))
+        block = 5 * MiB * batch
+        reserved = 2 * GiB + block * ((budget - 2 * GiB) // block)
+        sizes = (format_size(block), format_size(reserved - 3 * MiB), format_size(3 * MiB))
+        raise torch.OutOfMemoryError(cuda_out_of_memory_message(*sizes, allowed=f"{format_size(budget)} allowed; "))
+
+    monkeypatch.setattr(memory, "trial_step", trial_step)
+    monkeypatch.setattr(memory, "_device", lambda job: CUDA)
+    model, available, trials = (
+        StepMemoryModel().fit([64, 128], [2 * GiB + 48 * MiB * b for b in (64, 128)]),
+        20 * GiB,
+        [],
+    )
+    while (batch := next_trial(model, available, trials, ANY_CAP)) is not None:
+        trials.append(
+            memory._answer_in_process("trial", dict(job=default_job(), batch=batch, budget=available, ddp=False))
+        )
+    assert [(t["batch"], t["outcome"]) for t in trials] == [(384, "out_of_memory"), (345, "fits"), (368, "fits")]
+    assert trials[0]["failed_at_bytes"] > available
+    assert settle(trials, fallback=128) == (368, True)
 
 
 def test_settle_keeps_the_largest_trial_that_fit_else_the_fallback_unverified():
@@ -276,13 +343,16 @@ def test_composition_splits_the_line_at_the_probes_batch(batch, intercept, slope
         "batch_bytes": BATCH_BYTES_PER_SAMPLE * batch,
         "activation_bytes": ACTIVATION_BYTES_PER_SAMPLE * batch,
     }
-    parts = composition(model, at_probe, buckets=300)
+    parts = composition(model, {**at_probe, "workspace_bytes": 200, "autocast_weight_bytes": 500}, 300, 400)
     assert parts["fixed_bytes"] == pytest.approx(
         {
             "parameters_and_buffers": 1100,
             "optimizer_state": 1000,
+            "workspace": 200,
+            "autocast_weight_copies": 500,
             "ddp_buckets": 300,
-            "gradients_and_workspace": intercept - 2100,
+            "nccl_ring_buffers": 400,
+            "gradients_and_temporaries": intercept - 2800,
         }
     )
     assert parts["per_sample_bytes"] == pytest.approx(
@@ -300,11 +370,13 @@ def test_composition_splits_the_line_at_the_probes_batch(batch, intercept, slope
 SUMMARY_PARTS = {**step_parts(2e6, 5e4), "update/update": (6e6, 1e3)}
 
 
-def summarise_with(job: dict, probes: list[dict], trials: list[dict], train: int = 100_000) -> dict:
-    """memory.json from these probes and trials, as a probe job on the CPU under the job's budget returns them."""
+def summarise_with(job: dict, probes: list[dict], trials: list[dict], train: int = 100_000, ring: int = 0) -> dict:
+    """memory.json from these probes and trials, as a probe job under the job's budget returns them (on the CPU,
+    or on GPUs whose NCCL rings reserve `ring` bytes)."""
     steps = {
         "probes": probes,
         "trials": trials,
+        "collective_buffer_bytes": ring,
         "device_memory_bytes": budget_bytes(job, torch.device("cpu")),
         "dataset": {"train": train, "val": 100, "test": 100},
     }
@@ -364,6 +436,26 @@ def test_memory_the_card_holds_outside_the_allocator_is_taken_off_the_budget():
     assert result["usable_bytes"] == 0.9 * (GB - 1e8) and result["outside_allocator_bytes"] == 1e8
     assert result["predicted_max_batch"] == int((0.9 * (GB - 1e8) - 2e6) // 5e4)
     assert memory.room_for_steps(job_with(0.5, nodes=1), int(0.5 * GB), probes) == 0.45 * GB  # the budget is less
+
+
+def test_nccls_ring_buffers_are_taken_off_the_budget_and_reported():
+    """On GPUs of a multi-device job NCCL's ring holds 50 MB beside DDP's buckets; its one-rank communicator, 30 MB,
+    was measured outside the allocator."""
+    probes = [
+        {**probe(b, SUMMARY_PARTS), "card_bytes": GB, "outside_allocator_bytes": 1e8, "collective_library_bytes": 3e7}
+        for b in (64, 128, 256)
+    ]
+    result = summarise_with(job_with(1.0, nodes=2), probes, [], ring=50_000_000)
+    assert result["collective_buffer_bytes"] == 50_000_000 and result["collective_library_bytes"] == 3e7
+    assert result["predicted_max_batch"] == int((0.9 * (GB - 1e8) - PARAMS - 5e7 - 2e6) // 5e4)
+    assert result["fit"]["intercept_bytes"] == pytest.approx(2e6 + PARAMS + 5e7)
+    assert result["composition"]["fixed_bytes"]["nccl_ring_buffers"] == 50_000_000
+
+
+def test_only_gpus_of_a_multi_device_job_reserve_nccls_ring():
+    assert collective_buffer_bytes(job_with(1.0, nodes=2), CUDA) == nccl_ring_buffer_bytes(os.environ) > 0
+    assert collective_buffer_bytes(job_with(1.0, nodes=1), CUDA) == 0
+    assert collective_buffer_bytes(job_with(1.0, nodes=2), torch.device("cpu")) == 0
 
 
 def test_without_a_trial_that_fit_the_largest_probe_under_the_usable_budget_stays_unverified():
@@ -442,6 +534,16 @@ def test_a_probe_measures_every_part_of_the_steady_steps(real_probe):
     assert min(real_probe["peaks"].values()) > real_probe["param_bytes"] + real_probe["optimizer_bytes"]
     assert real_probe["activation_bytes"] > 0
     assert real_probe["grad_bytes"] == real_probe["param_bytes"]
+    # SGD's momentum, counted from its tensors; fp32 makes no weight copies; the CPU has no NCCL.
+    assert real_probe["optimizer_bytes"] == real_probe["param_bytes"]
+    assert real_probe["autocast_weight_bytes"] == 0 and real_probe["collective_library_bytes"] == 0
+
+
+def test_a_bf16_probe_counts_autocasts_weight_copies_apart_from_the_activations(real_probe):
+    bf16 = run_in_fresh_process("measure", job=default_job(train={"precision": "bf16"}), batch=64)
+    assert 0 < bf16["autocast_weight_bytes"] <= bf16["param_bytes"] / 2  # bf16 copies of the weights, not biases
+    assert bf16["activation_bytes"] < real_probe["activation_bytes"]
+    assert bf16["optimizer_bytes"] == real_probe["optimizer_bytes"]
 
 
 def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(real_probe):
@@ -471,5 +573,18 @@ def test_probes_share_the_cpu_two_at_a_time_but_a_gpu_holds_one(monkeypatch, gpu
 
     monkeypatch.setattr(memory, "run_in_fresh_process", probe_slowly)
     monkeypatch.setattr(memory.os, "sched_getaffinity", lambda pid: {0, 1})
-    run_probes(default_job(resources={"gpus_per_node": gpus_per_node}), cap=1000, budget=10**9)
+    job = default_job()  # GPUs set after validation, which refuses them on the local launcher of a machine without
+    job["resources"]["gpus_per_node"] = gpus_per_node
+    run_probes(job, cap=1000, budget=10**9)
     assert max(most) == at_once
+
+
+def test_a_gpu_jobs_probe_never_runs_on_the_cpu_in_its_stead(monkeypatch):
+    """CUDA unusable where the probe runs: an error naming this host's CUDA, not a CPU-sized budget."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    job = default_job()
+    job["resources"]["gpus_per_node"] = 1
+    with pytest.raises(DeviceError, match="CUDA unusable"):
+        memory._device(job)
+    job["resources"]["gpus_per_node"] = 0
+    assert memory._device(job).type == "cpu"

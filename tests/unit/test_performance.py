@@ -310,3 +310,22 @@ def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
     assert len(curved["profiled"]) > len(straight["profiled"])
     assert curved["discrepancy_per_octave"] > straight["discrepancy_per_octave"]
     assert max(h["rel_error"] for h in curved["history"]) > 0.25  # it found where the straight line misses most
+
+
+def test_sync_no_profile_holds_is_predicted_at_the_prior_of_the_jobs_device():
+    """Profiles on one host leave inter-node sync to the prior: NCCL's for a GPU job, gloo's (about 100 times
+    slower) for a CPU job, each job's search.sync_prior filled by device; a model outside a job takes NCCL's."""
+    from tests.conftest import default_job, job_config
+    from tula_hpc.config import job_settings, validate_config
+    from tula_hpc.devices import SYNC_PRIORS
+    from tula_hpc.performance import model_params
+
+    gpu_config = {**job_config(resources={"gpus_per_node": 1, "mem_gb": 16}), "launcher": "slurm"}
+    jobs = {"cpu": default_job(), "gpu": job_settings(validate_config(gpu_config), "digits-cnn")}
+    profiles = synthetic(*grid_points(nodes=(1, 2, 4)))
+    for device, job in jobs.items():
+        model = fit(profiles, sync_prior=model_params(job)["sync_prior"])
+        inter = SYNC_PRIORS[device]["inter_node"]
+        assert model.sync_coef_[2:] == pytest.approx([inter["latency_s"], 1e-9 / inter["bandwidth_gb_s"]])
+    inter = SYNC_PRIORS["gpu"]["inter_node"]
+    assert fit(profiles).sync_coef_[2:] == pytest.approx([inter["latency_s"], 1e-9 / inter["bandwidth_gb_s"]])

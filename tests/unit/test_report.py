@@ -30,7 +30,18 @@ INPUTS = {
     "memory": {
         "fit": {"intercept_bytes": 2.1e7, "slope_bytes_per_sample": 3.1e4},
         "fit_allocated": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
-        "composition": {"per_sample_bytes": {"batch": 300.0, "saved_activations": 2e4, "temporaries": 9.7e3}},
+        "composition": {
+            "fixed_bytes": {
+                "parameters_and_buffers": 1e6,
+                "optimizer_state": 1e6,
+                "workspace": 4e6,
+                "autocast_weight_copies": 5e5,
+                "ddp_buckets": 1e6,
+                "nccl_ring_buffers": 0,
+                "gradients_and_temporaries": 1.35e7,
+            },
+            "per_sample_bytes": {"batch": 300.0, "saved_activations": 2e4, "temporaries": 9.7e3},
+        },
         "verified": True,
         "device_memory_bytes": 8e9,
         "device_memory_source": "resources.device_memory_gb: 8",
@@ -45,6 +56,8 @@ INPUTS = {
                 "activation_bytes": 30_000 * b,
                 "grad_bytes": 1_000_000,
                 "optimizer_bytes": 1_000_000,
+                "workspace_bytes": 4_000_000,
+                "autocast_weight_bytes": 500_000,
             }
             for b in (32, 64)
         ],
@@ -200,3 +213,11 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     assert "overlap g = 2.00 (exposed share of sync at N = 2: 80% at b = 32, 25% at b = 256)" in report
     # A caching allocator's reserved bytes size the batch: 21 MB + 31 kB x 512 reserved for 20 MB + 30 kB x 512.
     assert "36.9 MB reserved for 35.4 MB allocated at batch 512" in report
+    # The fixed memory by what holds it: cuBLAS's workspace is not optimiser state, autocast's weight copies are
+    # not activations.
+    assert (
+        "of which fixed parameters and buffers 1.00 MB, optimiser state 1.00 MB, workspace kept (cuBLAS, cuDNN) "
+        "4.00 MB, autocast's weight copies 0.50 MB, DDP buckets 1.00 MB, NCCL ring buffers (estimated) 0.00 MB, "
+        "gradients and temporaries 13.50 MB;\nper sample batch 0.30 kB" in report
+    )
+    assert "| 32 | measured | 20960000 | 21992000 | 960000 | 500000 | 1000000 | 1000000 | 4000000 |" in report

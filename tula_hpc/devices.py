@@ -1,0 +1,92 @@
+"""What running on GPUs rather than CPUs implies, decided here: whether this host's CUDA gives each rank a GPU
+of its own, and what sync costs where the profiles cannot tell (the presets of search.sync_prior).
+
+torch is imported only inside the functions that ask CUDA: config validation imports this module for every
+job, and only a GPU job on the local launcher (or a GPU rank) asks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+NVIDIA_DRIVER_VERSION = Path("/proc/driver/nvidia/version")  # written by the NVIDIA kernel module when loaded
+
+# search.sync_prior when a job writes none, by its device (see the performance module's docstring for the terms).
+# Whole figures are ints, as YAML reads them: results fingerprinted when jobs wrote these figures still match.
+SYNC_PRIORS = {
+    # NCCL on a GPU cluster. Latency: NCCL's own tuning model (src/graph/tuning.cc, ring, Simple protocol) counts
+    # 3.4 us per NVLink hop, 5.7 us per PCIe hop and 14 us per network hop. Bandwidth: NVLink class within a node,
+    # below the per-direction link rate a ring cannot exceed (V100 NVLink 2: 150 GB/s, A100 NVLink 3: 300 GB/s;
+    # PCIe-only nodes reach about 20); across nodes one 100 Gb/s NIC per node (EDR InfiniBand, 100 Gb Ethernet).
+    "gpu": {
+        "intra_node": {"latency_s": 5e-6, "bandwidth_gb_s": 100},
+        "inter_node": {"latency_s": 1.4e-5, "bandwidth_gb_s": 12.5},
+    },
+    # gloo on CPU hosts: tens of us per hop and about 1 GB/s through loopback TCP among one host's ranks, more
+    # latency over the network; orders of magnitude, which the profiles replace wherever they hold that sync.
+    "cpu": {
+        "intra_node": {"latency_s": 5e-5, "bandwidth_gb_s": 1},
+        "inter_node": {"latency_s": 1e-4, "bandwidth_gb_s": 1},
+    },
+}
+
+
+class DeviceError(RuntimeError):
+    """A GPU job cannot have a GPU of its own for each rank here; the message says what this host's CUDA is."""
+
+
+def sync_device(gpus_per_node: int) -> str:
+    """The SYNC_PRIORS preset of a job: NCCL's on GPUs, gloo's on CPUs."""
+    return "gpu" if gpus_per_node > 0 else "cpu"
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version, read where the driver states it."""
+    try:
+        text = NVIDIA_DRIVER_VERSION.read_text()
+    except OSError:
+        return "no NVIDIA driver found"
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d[\w.]*)", text)
+    return found.group(1) if found else text.strip().splitlines()[0]
+
+
+def cuda_setup() -> str:
+    """What decides whether torch's CUDA works on this host (a driver older than the wheel's CUDA, devices
+    hidden by CUDA_VISIBLE_DEVICES), for an error to name."""
+    import torch
+
+    wheel = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (
+        f"host {socket.gethostname()}: torch {torch.__version__} built for {wheel}, NVIDIA driver "
+        f"{driver_version()}, CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}"
+    )
+
+
+def usable_gpus() -> int:
+    """GPUs this process can use: none when CUDA is unusable here."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def rank_gpu(local_rank: int) -> int:
+    """The GPU of a rank: its node's `local_rank`-th. Never the CPU in its stead (a GPU job's profiles and
+    training would silently measure something else), nor a GPU another rank holds (NCCL refuses two ranks
+    on one GPU)."""
+    gpus = usable_gpus()
+    if not gpus:
+        raise DeviceError(
+            f"this GPU job's rank {local_rank} finds CUDA unusable ({cuda_setup()}); a driver older than the "
+            f"wheel's CUDA or a CUDA_VISIBLE_DEVICES that names no GPU does this: update the driver, install a "
+            f"torch wheel built for the driver's CUDA, or name the GPUs"
+        )
+    if local_rank >= gpus:
+        raise DeviceError(
+            f"local rank {local_rank} has no GPU of its own: {gpus} GPU(s) visible ({cuda_setup()}); "
+            f"a node runs at most one rank per GPU"
+        )
+    return local_rank
