@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -15,9 +16,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .budget import is_out_of_memory
+from .devices import rank_gpu
 from .files import read_json, write_json
 
+# How long a collective may wait for its peers before the group gives up (under NCCL, its watchdog then ends
+# the job): short, so that a rank that died or hangs is noticed soon.
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("TULA_COLLECTIVE_TIMEOUT_S", "120"))
+# How long the other ranks may wait for rank 0's work alone (writing a checkpoint to a slow file system):
+# longer than any collective should take, so they wait for it in `wait_for_main`, never in a collective.
+MAIN_ONLY_TIMEOUT_S = float(os.environ.get("TULA_MAIN_ONLY_TIMEOUT_S", "1800"))
 FAILED_RANK_EXIT = 3  # a rank ended the job step on purpose (see end_job_step)
 
 
@@ -47,9 +55,9 @@ def init_distributed(use_gpus: bool) -> Context:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if use_gpus and torch.cuda.is_available():
-        # One rank per GPU of its node; the local launcher's "nodes" share this machine's GPUs in turn.
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if use_gpus:
+        # One rank per GPU of its node (the local launcher's "nodes" each have GPUs of this machine's own).
+        device = torch.device("cuda", rank_gpu(local_rank))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -60,12 +68,34 @@ def init_distributed(use_gpus: bool) -> Context:
             world_size=world_size,
             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
+        _join_main_only_group()
     return Context(rank, world_size, local_rank, device)
 
 
+_main_only_group: dist.ProcessGroup | None = None
+
+
+def _join_main_only_group() -> None:
+    """A gloo group with MAIN_ONLY_TIMEOUT_S, made once with the default group (every rank makes it at once)."""
+    global _main_only_group
+    _main_only_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=MAIN_ONLY_TIMEOUT_S))
+
+
+def wait_for_main() -> None:
+    """Every rank waits here for rank 0's work alone (a checkpoint) before the next collective.
+
+    In a collective the waiting ranks would have COLLECTIVE_TIMEOUT_S, and under NCCL work enqueued that its
+    watchdog ends the job over; this is a CPU barrier on the long-timeout gloo group, with no NCCL work.
+    """
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier(group=_main_only_group)
+
+
 def shutdown() -> None:
+    global _main_only_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _main_only_group = None
 
 
 def seed_everything(seed: int) -> None:
@@ -91,3 +121,25 @@ def end_job_step(folder: str | Path, rank: int, note: dict) -> NoReturn:
 def failure_records(folder: str | Path) -> list[dict]:
     """What the ranks that ended a job step recorded, by rank."""
     return [read_json(path) for path in sorted(Path(folder).glob("rank*.json"))]
+
+
+@contextlib.contextmanager
+def out_of_memory_ends_job_step(failure_dir: str | None):
+    """A rank that runs out of memory inside records it in `failure_dir` and ends the job step (`end_job_step`);
+    without `failure_dir` (called in-process) the error is raised."""
+    try:
+        yield
+    except Exception as err:
+        if failure_dir and is_out_of_memory(err):
+            note = {"outcome": "out_of_memory", "error": str(err)[:500]}
+            end_job_step(failure_dir, int(os.environ.get("RANK", "0")), note)
+        raise
+
+
+def out_of_memory_record(folder: str | Path) -> dict | None:
+    """The record of a rank that ended the job step out of memory, with how long before the stage knew
+    (`noticed_after_s`); None if none did (the job failed otherwise)."""
+    record = next((r for r in failure_records(folder) if r["outcome"] == "out_of_memory"), None)
+    if record is not None:
+        record["noticed_after_s"] = round(time.time() - record.pop("recorded_at"), 1)
+    return record

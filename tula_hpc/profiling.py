@@ -2,7 +2,7 @@
 
 Steps are the job's own training step (training.py, with its strategy) and come in pairs. The first of
 a pair splits the work into data loading, forward+backward without gradient sync, an explicit
-all-reduce of the flattened gradients and the strategy's update, so the performance model can fit
+all-reduce of the gradients (in DDP's bucket size) and the strategy's update, so the performance model can fit
 compute and sync separately. The second is the step as training runs it (sync overlapped with
 backward): its time is the step time training will see. Per-step times are the maximum
 over ranks; the profile keeps medians, which one slow step does not move.
@@ -40,6 +40,7 @@ import re
 import socket
 import statistics
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -50,18 +51,19 @@ from torch import nn
 from . import launch
 from .config import fingerprint
 from .data import loader_options, make_loader
-from .distributed import Context, init_distributed, shutdown
+from .distributed import Context, init_distributed, out_of_memory_ends_job_step, out_of_memory_record, shutdown
 from .files import read_json, write_json
 from .layout import devices_per_node, ranks_per_host, steps_per_epoch
 from .performance import adaptive_search, candidate_row, model_params
 from .preemption import StopRequests
 from .stage import StageError, stage_main
 from .strategies import build_strategy
-from .training import accumulate_gradients, apply_update, build_for_job, loop_step, wrap_ddp
+from .training import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp
 
 PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
 MAX_STEPS = 200
 BACKOFF_S = 1.0
+BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb (25): the timed all-reduce's buckets are DDP's size
 
 
 def _batches(loader):
@@ -70,52 +72,31 @@ def _batches(loader):
         yield from loader
 
 
-class Clock:
-    """Marks on the host's clock: on the CPU the work is done when the call that does it returns."""
-
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def wait(self) -> None:
-        """Until the work queued so far is done (on the CPU it is)."""
-
-    def seconds(self, spans: list[tuple]) -> list[float]:
-        """The time of each (start mark, end mark), once the work before the last mark is done."""
-        return [end - start for start, end in spans]
-
-
-class CudaClock(Clock):
-    """Marks are CUDA events on the current stream, reached when the GPU has done the work queued before them."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def wait(self) -> None:
-        torch.cuda.synchronize(self.device)
-
-    def seconds(self, spans: list[tuple]) -> list[float]:
-        self.wait()
-        return [start.elapsed_time(end) / 1e3 for start, end in spans]
-
-
-def clock_for(device: torch.device) -> Clock:
-    return CudaClock(device) if device.type == "cuda" else Clock()
-
-
-def _all_reduce_gradients(model: nn.Module, world_size: int) -> None:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
+def _buckets(grads: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive gradients in groups of at most `cap_bytes` together; a larger gradient is a group alone."""
+    buckets: list[list[torch.Tensor]] = []
+    size = cap_bytes  # the first gradient opens a bucket
     for grad in grads:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
+        nbytes = grad.numel() * grad.element_size()
+        if size + nbytes > cap_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(grad)
+        size += nbytes
+    return buckets
+
+
+def _all_reduce_gradients(model: nn.Module, world_size: int, cap_bytes: int = BUCKET_CAP_BYTES) -> None:
+    """Average the gradients over the ranks, one all-reduce per bucket as DDP's: each bucket's gradients are
+    copied into one flat tensor of at most `cap_bytes` (a gradient alone in its bucket is reduced in place), so
+    the profile never holds a second copy of all gradients on the device, which training does not."""
+    for bucket in _buckets([p.grad for p in model.parameters() if p.grad is not None], cap_bytes):
+        flat = bucket[0] if len(bucket) == 1 else torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat)
+        flat /= world_size
+        if len(bucket) > 1:
+            for grad, part in zip(bucket, flat.split([g.numel() for g in bucket])):
+                grad.copy_(part.view_as(grad))
 
 
 def _peak_rss_bytes() -> int:
@@ -319,25 +300,49 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     }
 
 
-def profile_worker(job: dict, global_batch: int) -> dict | None:
+def profile_worker(job: dict, global_batch: int, failure_dir: str | None = None) -> dict | None:
+    """`measure` on every rank; a rank that runs out of memory records it in `failure_dir` and ends the job step."""
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
     try:
-        return measure(job, ctx, global_batch // ctx.world_size)
+        with out_of_memory_ends_job_step(failure_dir):
+            return measure(job, ctx, global_batch // ctx.world_size)
     finally:
         shutdown()
 
 
-def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path) -> dict:
-    """Run one profile job at (nodes, batch) and write its file atomically."""
+def _out_of_memory_error(
+    job: dict, nodes: int, batch: int, world_size: int, record: dict, max_per_device: int
+) -> StageError:
+    """A profile that ran out of memory: the memory model (memory.json, via the plan) sized the batch wrong."""
+    return StageError(
+        f"job '{job['name']}': the profile at nodes={nodes}, global batch {batch} ({batch // world_size} per device) "
+        f"ran out of memory on rank {record['rank']}, though the memory model (memory.json) allows up to "
+        f"{max_per_device} per device; rerun probe_memory (delete results/{job['name']}/memory.json) if the "
+        f"device, the model or the job's settings changed, raise resources.memory_headroom, or lower "
+        f"search.batch.max. Error: {record['error']}"
+    )
+
+
+def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path, max_per_device: int) -> dict:
+    """Run one profile job at (nodes, batch) and write its file atomically; `max_per_device` is memory.json's
+    largest batch per device, for the error when the profile runs out of memory."""
     spec = launch.LaunchSpec.for_job(job, nodes=nodes)
     started = time.perf_counter()
-    result = launch.run(
-        profile_worker,
-        dict(job=job, global_batch=batch),
-        spec,
-        Path(work_dir) / "profile" / f"N{nodes}_B{batch}",
-        name=f"{job['name']}-profile-N{nodes}-B{batch}",
-    )
+    folder = Path(work_dir) / "profile" / f"N{nodes}_B{batch}"
+    failure_dir = folder / "failures" / uuid.uuid4().hex[:12]
+    try:
+        result = launch.run(
+            profile_worker,
+            dict(job=job, global_batch=batch, failure_dir=str(failure_dir)),
+            spec,
+            folder,
+            name=f"{job['name']}-profile-N{nodes}-B{batch}",
+        )
+    except launch.JobFailed:
+        record = out_of_memory_record(failure_dir)
+        if record is None:
+            raise
+        raise _out_of_memory_error(job, nodes, batch, spec.world_size, record, max_per_device) from None
     result.update(
         nodes=nodes,
         launcher=spec.launcher,
@@ -350,10 +355,10 @@ def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path) ->
 
 
 def profile(job: dict, plan_path: Path, nodes: int, batch: int, out: Path, work_dir: Path) -> dict:
-    planned = read_json(plan_path)["profile"]
-    if not any(c["nodes"] == nodes and c["batch"] == batch for c in planned):
+    plan = read_json(plan_path)
+    if not any(c["nodes"] == nodes and c["batch"] == batch for c in plan["profile"]):
         raise StageError(f"job '{job['name']}': (nodes={nodes}, batch={batch}) is not in the plan {plan_path}")
-    return profile_one(job, nodes, batch, out, work_dir)
+    return profile_one(job, nodes, batch, out, work_dir, plan["max_batch_per_device"])
 
 
 def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
@@ -375,7 +380,7 @@ def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work
         kept = Path(work_dir) / "adaptive" / f"N{key[0]}_B{key[1]}.json"
         record = read_json(kept) if kept.exists() else None
         if record is None or record.get("fingerprint") != current:
-            record = profile_one(job, *key, kept, work_dir)
+            record = profile_one(job, *key, kept, work_dir, plan["max_batch_per_device"])
         added.append(record)
         return record
 

@@ -3,10 +3,16 @@ step where a signal asks the job to stop (preemption.py).
 
 Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up are
 training.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
-declared output, so Snakemake never deletes them); only rank 0 writes.
+declared output, so Snakemake never deletes them); only rank 0 writes, with every rank's RNG states, while
+the others wait for it outside any collective (distributed.wait_for_main: a checkpoint may outlast the
+collective timeout).
 
 Time. `train_time_s` is the time of the epochs the final model went through (steps and data loading,
-not validation or checkpoints): what the performance model predicts. Epochs or parts of epochs that a
+not validation or checkpoints): what the performance model predicts. On a GPU the steps are queued, not done,
+when the loop goes on: the clock that closes an epoch or a mid-epoch save is read once the device is done
+(training.clock_for), and at no other step, which would take away the overlap of host and device training has.
+Each epoch's `data_wait_s` (metrics.jsonl) is the part of it the loop waited for its loader, to set beside the
+profile's data part (which cannot overlap: profiling waits for every step). Epochs or parts of epochs that a
 kill, a preemption or running out of memory threw away are lost work; `train_time_with_lost_work_s`
 adds them, from a log rank 0 appends to every LOOP_LOG_EVERY_S seconds of the loop and on its way out.
 """
@@ -15,26 +21,26 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from . import launch
-from .budget import budget_bytes, budget_source, device_memory, is_out_of_memory, model_bytes
-from .checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from .budget import budget_bytes, budget_source, device_memory, model_bytes
+from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, own_rng_state, restore_rng, rng_states, save_checkpoint
 from .config import stage_settings
 from .data import loader_options, make_loader, start_epoch
-from .distributed import end_job_step, failure_records, init_distributed, shutdown
+from .distributed import init_distributed, out_of_memory_ends_job_step, out_of_memory_record, shutdown, wait_for_main
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
 from .preemption import StopRequests
 from .stage import StageError, stage_main
 from .strategies import build_strategy
-from .training import build_for_job, evaluate_accuracy, loop_step, wrap_ddp
+from .training import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
 
 LOOP_LOG_EVERY_S = 10.0
 
@@ -63,6 +69,75 @@ def loop_time_s(path: Path) -> float:
     return sum({r["session"]: r["loop_s"] for r in read_jsonl(path)}.values())
 
 
+@dataclass
+class Progress:
+    """Where the run stands, as its checkpoint keeps it: finished epochs, samples per rank into the next one,
+    steps, the finished epochs' time, and the open epoch's time and data wait so far (saved mid-epoch)."""
+
+    epoch: int = 0
+    samples_done: int = 0
+    step: int = 0
+    train_time: float = 0.0
+    open_epoch_time: float = 0.0
+    open_epoch_data_wait: float = 0.0
+    restarts: list[int] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+
+
+class TimedBatches:
+    """A loader's batches, adding up the seconds the loop's host thread waited inside its `__next__` (`waited`).
+
+    That is the loader's share of training's time: on a GPU its work overlaps the steps still queued on the
+    device, which profiling's data part (every step waited for) cannot show.
+    """
+
+    def __init__(self, loader):
+        self.loader, self.waited = loader, 0.0
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, None)
+            self.waited += time.perf_counter() - asked
+            if batch is None:
+                return
+            yield batch
+
+
+def _resume(path: Path, run: dict, model, strategy, ctx, steps_per_epoch: int, per_device: int) -> Progress | None:
+    """The checkpoint's progress, restored into the model, the optimiser and this rank's RNGs; None when there is
+    no checkpoint of this run. Returning drops the rest of it: it must not hold device memory."""
+    checkpoint = load_checkpoint(path)
+    if checkpoint is None or checkpoint["config"] != run:
+        if ctx.is_main and checkpoint is not None:
+            print(f"[train] ignoring checkpoint {path}: it belongs to a different configuration", flush=True)
+        return None
+    model.load_state_dict(checkpoint["model"])
+    epoch, samples_done, extra = checkpoint["epoch"], checkpoint["samples_in_epoch"], checkpoint["extra"]
+    # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
+    # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
+    step = epoch * steps_per_epoch + math.ceil(samples_done / per_device)
+    strategy.resume(checkpoint["optimizer"], step)
+    restore_rng(own_rng_state(checkpoint["rng"], ctx.rank, ctx.world_size))
+    if ctx.is_main:
+        print(
+            f"[train] resuming from checkpoint {path} at epoch {epoch} "
+            f"({samples_done} samples per rank into it), step {step}",
+            flush=True,
+        )
+    return Progress(
+        epoch,
+        samples_done,
+        step,
+        extra["train_time_s"],
+        extra["open_epoch_time_s"],
+        extra["open_epoch_data_wait_s"],
+        extra["restarts"] + [step],
+        extra["history"],
+    )
+
+
 def train_worker(
     job: dict,
     global_batch: int,
@@ -82,21 +157,17 @@ def train_worker(
     Without `failure_dir` (called in-process) the error is raised instead.
     """
     try:
-        return _train_attempt(
-            job,
-            global_batch,
-            checkpoint_path,
-            model_path,
-            metrics_path,
-            accumulation,
-            selected_batch or global_batch,
-            Path(loop_log_path) if loop_log_path else None,
-        )
-    except Exception as err:
-        if failure_dir and is_out_of_memory(err):
-            note = {"outcome": "out_of_memory", "error": str(err)[:500]}
-            end_job_step(failure_dir, int(os.environ.get("RANK", "0")), note)
-        raise
+        with out_of_memory_ends_job_step(failure_dir):
+            return _train_attempt(
+                job,
+                global_batch,
+                checkpoint_path,
+                model_path,
+                metrics_path,
+                accumulation,
+                selected_batch or global_batch,
+                Path(loop_log_path) if loop_log_path else None,
+            )
     finally:
         device_memory.lift()
 
@@ -119,37 +190,18 @@ def _train_attempt(
     steps_per_epoch = epoch_steps(len(splits.train), ctx.world_size, per_device)
     # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks below.
     strategy = build_strategy(net, job["train"], global_batch, steps_per_epoch)
-    run = {**stage_settings(job, "train"), "selected_batch": selected_batch}  # what a resumable checkpoint matches
+    # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older one
+    # is ignored with a line saying so, not misread).
+    run = {**stage_settings(job, "train"), "selected_batch": selected_batch, "format": CHECKPOINT_FORMAT}
 
-    epoch, samples_done, step, train_time, open_epoch_time = 0, 0, 0, 0.0, 0.0
-    resumed_from, restarts, history = None, [], []
-    checkpoint = load_checkpoint(Path(checkpoint_path))
-    if checkpoint is not None and checkpoint["config"] == run:
-        model.load_state_dict(checkpoint["model"])
-        epoch, samples_done = checkpoint["epoch"], checkpoint["samples_in_epoch"]
-        # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
-        # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
-        step = epoch * steps_per_epoch + math.ceil(samples_done / per_device)
-        strategy.resume(checkpoint["optimizer"], step)
-        restore_rng(checkpoint["rng"])
-        train_time, open_epoch_time = checkpoint["extra"]["train_time_s"], checkpoint["extra"]["open_epoch_time_s"]
-        resumed_from = {"epoch": epoch, "step": step}
-        restarts = checkpoint["extra"]["restarts"] + [step]
-        history = checkpoint["extra"]["history"]
-        if ctx.is_main:
-            print(
-                f"[train] resuming from checkpoint {checkpoint_path} at epoch {epoch} "
-                f"({samples_done} samples per rank into it), step {step}",
-                flush=True,
-            )
-    elif ctx.is_main and checkpoint is not None:
-        print(f"[train] ignoring checkpoint {checkpoint_path}: it belongs to a different configuration", flush=True)
+    resumed = _resume(Path(checkpoint_path), run, model, strategy, ctx, steps_per_epoch, per_device)
+    progress = resumed or Progress()
+    resumed_from = None if resumed is None else (resumed.epoch, resumed.step)
     if ctx.is_main:
         # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
-        write_jsonl(metrics_path, history)
-        if resumed_from is None and loop_log_path is not None:
+        write_jsonl(metrics_path, progress.history)
+        if resumed is None and loop_log_path is not None:
             write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
-    del checkpoint  # restored (the optimiser shares its state tensors): the rest must not hold device memory
 
     micro_batch = math.ceil(per_device / accumulation)
     options = loader_options(job, ctx.device)
@@ -162,87 +214,88 @@ def _train_attempt(
         shuffle=True,
         **options,
     )
+    batches, device = TimedBatches(loader), clock_for(ctx.device)
     loss_fn = nn.CrossEntropyLoss()
     epochs = job["train"]["epochs"]
     clock = LoopClock(loop_log_path if ctx.is_main else None)
 
-    def save(samples_in_epoch: int, epoch_time: float) -> None:
-        save_checkpoint(
-            Path(checkpoint_path),
-            model=model,
-            optimizer=strategy.optimizer,
-            epoch=epoch,
-            step=step,
-            config=run,
-            samples_in_epoch=samples_in_epoch,
-            extra={
-                "train_time_s": train_time,
-                "open_epoch_time_s": epoch_time,
-                "restarts": restarts,
-                "history": history,
-            },
-        )
+    def save(samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
+        """Every rank hands rank 0 its RNG states, rank 0 saves, and the others wait for it outside collectives."""
+        rng = rng_states(ctx.world_size)
+        if ctx.is_main:
+            save_checkpoint(
+                Path(checkpoint_path),
+                model=model,
+                optimizer=strategy.optimizer,
+                epoch=progress.epoch,
+                step=progress.step,
+                config=run,
+                rng=rng,
+                samples_in_epoch=samples_in_epoch,
+                extra={
+                    "train_time_s": progress.train_time,
+                    "open_epoch_time_s": epoch_time,
+                    "open_epoch_data_wait_s": data_wait,
+                    "restarts": progress.restarts,
+                    "history": progress.history,
+                },
+            )
+        wait_for_main()
 
     with StopRequests(ctx.world_size) as stop:
-        while epoch < epochs:
-            start_epoch(loader, epoch, samples_done)
-            batches_done = math.ceil(samples_done / per_device)
-            spent_before, started, stopping = clock.spent - open_epoch_time, time.perf_counter(), False
+        while progress.epoch < epochs:
+            start_epoch(loader, progress.epoch, progress.samples_done)
+            batches_done = math.ceil(progress.samples_done / per_device)
+            spent_before, started, stopping = clock.spent - progress.open_epoch_time, time.perf_counter(), False
+            batches.waited = progress.open_epoch_data_wait
             try:
-                for batch in loader:
+                for batch in batches:
                     loss, stopping = loop_step(net, strategy, loss_fn, batch, ctx.device, stop, accumulation)
-                    step, batches_done = step + 1, batches_done + 1
-                    now = time.perf_counter()
-                    clock.add(now - started)
-                    started = now
+                    progress.step, batches_done = progress.step + 1, batches_done + 1
                     # Asked to stop mid-epoch: save this step; after the epoch's last one, its own checkpoint does.
-                    if stopping and batches_done < steps_per_epoch:
-                        clock.add(0.0, force=True)
-                        if ctx.is_main:
-                            save(batches_done * per_device, clock.spent - spent_before)
+                    saving = stopping and batches_done < steps_per_epoch
+                    if saving:
+                        device.wait()  # the saved time includes the step's work still queued on the device
+                    now = time.perf_counter()
+                    clock.add(now - started, force=saving)
+                    started = now
+                    if saving:
+                        save(batches_done * per_device, clock.spent - spent_before, batches.waited)
                         stop.leave(ctx.rank)
+                device.wait()  # the epoch's time includes its last steps' work still queued on the device
             finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
                 clock.add(time.perf_counter() - started, force=True)
             strategy_metrics = strategy.end_epoch()
             epoch_time = clock.spent - spent_before
-            train_time += epoch_time
-            epoch, samples_done, open_epoch_time = epoch + 1, 0, 0.0
+            progress.train_time += epoch_time
+            progress.epoch, progress.samples_done = progress.epoch + 1, 0
+            progress.open_epoch_time = progress.open_epoch_data_wait = 0.0
             val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch, **options)
             record = {
-                "epoch": epoch,
-                "step": step,
+                "epoch": progress.epoch,
+                "step": progress.step,
                 "loss": float(loss),
                 "val_accuracy": val_accuracy,
                 "epoch_time_s": epoch_time,
+                "data_wait_s": batches.waited,
                 "lr": strategy.scheduler.get_last_lr()[0],
                 **strategy_metrics,
             }
-            history.append(record)
+            progress.history.append(record)
+            save(0, 0.0, 0.0)
             if ctx.is_main:
-                save(0, 0.0)
                 append_jsonl(metrics_path, record)
                 print(
-                    f"[train] epoch {epoch}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
-                    f"time {epoch_time:.2f}s",
+                    f"[train] epoch {progress.epoch}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
+                    f"time {epoch_time:.2f}s (data wait {batches.waited:.2f}s)",
                     flush=True,
                 )
-            if stopping and epoch < epochs:
+            if stopping and progress.epoch < epochs:
                 stop.leave(ctx.rank)
 
     summary = None
     if ctx.is_main:
-        with atomic_path(model_path) as tmp:
-            torch.save(
-                {
-                    "model": model.state_dict(),
-                    "model_name": job["model"]["name"],
-                    "model_kwargs": job["model"]["kwargs"],
-                    "num_classes": splits.num_classes,
-                    "in_channels": splits.in_channels,
-                    "image_size": job["data"]["image_size"],
-                },
-                tmp,
-            )
+        _save_model(Path(model_path), model, job, splits)
         summary = {
             "nodes": None,
             "global_batch": global_batch,
@@ -251,18 +304,34 @@ def _train_attempt(
             "accumulation": accumulation,
             "micro_batch": micro_batch,
             "epochs": epochs,
-            "steps": step,
+            "steps": progress.step,
             "steps_per_epoch": steps_per_epoch,
             "strategy": strategy.name,
             "train_samples": len(splits.train),
-            "train_time_s": train_time,
-            "resumed_from_epoch": None if resumed_from is None else resumed_from["epoch"],
-            "resumed_from_step": None if resumed_from is None else resumed_from["step"],
-            "restarts_at_steps": restarts,
-            "history": history,
+            "train_time_s": progress.train_time,
+            "resumed_from_epoch": None if resumed_from is None else resumed_from[0],
+            "resumed_from_step": None if resumed_from is None else resumed_from[1],
+            "restarts_at_steps": progress.restarts,
+            "history": progress.history,
         }
     shutdown()
     return summary
+
+
+def _save_model(path: Path, model: nn.Module, job: dict, splits) -> None:
+    """The final model with what evaluation needs to rebuild it."""
+    with atomic_path(path) as tmp:
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "model_name": job["model"]["name"],
+                "model_kwargs": job["model"]["kwargs"],
+                "num_classes": splits.num_classes,
+                "in_channels": splits.in_channels,
+                "image_size": job["data"]["image_size"],
+            },
+            tmp,
+        )
 
 
 def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world_size: int) -> tuple[int, int] | None:
@@ -345,10 +414,9 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
             )
         except launch.JobFailed:
             # A rank that ran out of memory recorded it and ended the job step; anything else is a failure.
-            result = next((r for r in failure_records(failure_dir) if r["outcome"] == "out_of_memory"), None)
+            result = out_of_memory_record(failure_dir)
             if result is None:
                 raise
-            result["noticed_after_s"] = round(time.time() - result.pop("recorded_at"), 1)
         attempt.update(
             outcome=result.get("outcome", "completed"),
             **{k: result[k] for k in ("rank", "error", "noticed_after_s") if k in result},

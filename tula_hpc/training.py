@@ -4,11 +4,14 @@ Training runs it for real, profiling times it (so the performance model predicts
 memory probing measures its peak (so the memory model sizes what training allocates), and evaluation
 scores the trained model the way training scores validation. The step runs at the strategy's precision
 (strategies.Precision: autocast, fp16's loss scaling, memory format), so all three measure the same step.
+Its clocks (`clock_for`) too: kernels run asynchronously on a GPU, so a host clock read before the device is
+done would miss the work still queued.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +21,45 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data import load_splits, make_eval_loader
 from .distributed import Context, seed_everything
 from .models import build_model
+
+
+class Clock:
+    """Marks on the host's clock: on the CPU the work is done when the call that does it returns."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def wait(self) -> None:
+        """Until the work queued so far is done (on the CPU it is)."""
+
+    def seconds(self, spans: list[tuple]) -> list[float]:
+        """The time of each (start mark, end mark), once the work before the last mark is done."""
+        return [end - start for start, end in spans]
+
+
+class CudaClock(Clock):
+    """Marks are CUDA events on the current stream, reached when the GPU has done the work queued before them."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wait(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def seconds(self, spans: list[tuple]) -> list[float]:
+        self.wait()
+        return [start.elapsed_time(end) / 1e3 for start, end in spans]
+
+
+def clock_for(device: torch.device) -> Clock:
+    """The step's clock on `device`; its `wait` is how a stage waits for the device before it reads a host clock
+    (profiling's steps, training's epochs)."""
+    return CudaClock(device) if device.type == "cuda" else Clock()
 
 
 def build_for_job(job: dict, ctx: Context):

@@ -1,8 +1,18 @@
-"""Process groups that serve every tensor a rank hands them."""
+"""Process groups that serve every tensor a rank hands them; their timeouts; a rank that runs out of memory."""
 
+import os
+
+import pytest
 import torch
 
-from tula_hpc.distributed import backend_for
+from tula_hpc.distributed import (
+    COLLECTIVE_TIMEOUT_S,
+    MAIN_ONLY_TIMEOUT_S,
+    backend_for,
+    out_of_memory_ends_job_step,
+    out_of_memory_record,
+    wait_for_main,
+)
 
 
 def test_a_gpu_rank_joins_a_group_that_serves_its_cpu_tensors_too():
@@ -13,3 +23,112 @@ def test_a_gpu_rank_joins_a_group_that_serves_its_cpu_tensors_too():
 
 def test_a_cpu_rank_joins_gloo():
     assert backend_for(torch.device("cpu")) == "gloo"
+
+
+# --- a GPU job's rank takes a GPU of its own or stops (issue 24) -----------------------------------------------
+
+
+def _rank(monkeypatch, local_rank: int, gpus: int | None) -> list:
+    """One rank's environment on a host with `gpus` GPUs (None: CUDA unusable); the devices it selects."""
+    import tula_hpc.distributed as distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus is not None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus or 0)
+    selected = []
+    monkeypatch.setattr(distributed.torch.cuda, "set_device", selected.append)
+    return selected
+
+
+def test_a_gpu_rank_never_falls_back_to_the_cpu(monkeypatch, tmp_path):
+    """A driver older than the wheel's CUDA, or a CUDA_VISIBLE_DEVICES mistake: the rank stops and says why."""
+    import socket
+
+    import tula_hpc.devices as devices
+    from tula_hpc.distributed import init_distributed
+
+    selected = _rank(monkeypatch, 0, None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0000")
+    monkeypatch.setattr(devices, "NVIDIA_DRIVER_VERSION", tmp_path / "absent")
+    with pytest.raises(devices.DeviceError) as err:
+        init_distributed(use_gpus=True)
+    message = str(err.value)
+    for fragment in (
+        f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)",
+        "NVIDIA driver no NVIDIA driver found",
+        "CUDA_VISIBLE_DEVICES='GPU-0000'",
+        f"host {socket.gethostname()}",
+    ):
+        assert fragment in message, message
+    assert selected == []
+    assert init_distributed(use_gpus=False).device == torch.device("cpu")
+
+
+def test_a_rank_without_a_gpu_of_its_own_stops_instead_of_sharing_one(monkeypatch):
+    """Two NCCL ranks on one GPU are refused by NCCL; each rank of a node takes the GPU of its local rank."""
+    from tula_hpc.devices import DeviceError
+    from tula_hpc.distributed import init_distributed
+
+    selected = _rank(monkeypatch, 1, 1)
+    with pytest.raises(DeviceError, match="local rank 1 has no GPU of its own: 1 GPU"):
+        init_distributed(use_gpus=True)
+    assert selected == []
+    selected = _rank(monkeypatch, 1, 2)
+    assert init_distributed(use_gpus=True).device == torch.device("cuda", 1) and selected == [torch.device("cuda", 1)]
+
+
+@pytest.mark.parametrize(
+    "text, version",
+    [
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n", "535.104.05"),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.14  Release Build\n", "550.54.14"),
+    ],
+)
+def test_the_drivers_version_is_read_from_its_proc_file(monkeypatch, tmp_path, text, version):
+    import tula_hpc.devices as devices
+
+    (tmp_path / "version").write_text(text + "GCC version:  gcc version 12.2.0\n")
+    monkeypatch.setattr(devices, "NVIDIA_DRIVER_VERSION", tmp_path / "version")
+    assert devices.driver_version() == version
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "visible"), [(2, 1, "0,1"), (2, 2, "0,1,2,3"), (2, 0, "")])
+def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gpus, visible):
+    """submitit's local executor makes GPUs 0 to gpus_per_node - 1 visible to all its processes: the N "nodes"
+    it runs need the GPUs of them all, or ranks beyond the first node's find none."""
+    from tula_hpc import launch
+
+    executor = launch._executor(launch.LaunchSpec("local", nodes=nodes, gpus_per_node=gpus), tmp_path, "train")
+    shown = executor._executor.parameters["gpus_per_node"]
+    assert ",".join(map(str, range(shown))) == visible
+
+
+class _RankEnded(Exception):
+    """os._exit, as end_job_step ends the rank, without ending pytest."""
+
+
+def _end_rank(code):
+    raise _RankEnded(code)
+
+
+def test_a_rank_out_of_memory_records_it_for_the_stage_and_any_other_error_is_raised(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "_exit", _end_rank)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(_RankEnded), out_of_memory_ends_job_step(str(tmp_path)):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    record = out_of_memory_record(tmp_path)
+    assert record["rank"] == 1 and record["outcome"] == "out_of_memory" and 0 <= record["noticed_after_s"] < 5
+    assert "recorded_at" not in record and "Tried to allocate" in record["error"]
+
+    with pytest.raises(ValueError), out_of_memory_ends_job_step(str(tmp_path / "other")):
+        raise ValueError("not memory")
+    with pytest.raises(torch.OutOfMemoryError), out_of_memory_ends_job_step(None):  # in-process: raised
+        raise torch.OutOfMemoryError("out of memory")
+    assert out_of_memory_record(tmp_path / "other") is None
+
+
+def test_waiting_for_rank_0_alone_has_a_timeout_of_its_own():
+    assert MAIN_ONLY_TIMEOUT_S == 1800 > COLLECTIVE_TIMEOUT_S == 120
+    wait_for_main()  # one process: nobody to wait for

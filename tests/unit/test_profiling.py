@@ -10,10 +10,11 @@ import time
 import pytest
 import torch
 
-from tests.conftest import default_job
-from tula_hpc import profiling
+from tests.conftest import default_job, run_on_two_ranks
+from tula_hpc import profiling, training
 from tula_hpc.distributed import Context
 from tula_hpc.profiling import measure
+from tula_hpc.stage import StageError
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def synchronizes(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
-    monkeypatch.setattr(profiling, "clock_for", profiling.CudaClock)
+    monkeypatch.setattr(profiling, "clock_for", training.CudaClock)
     return calls
 
 
@@ -65,7 +66,7 @@ def synchronizes(monkeypatch):
 def clock(request):
     if request.param == "cuda":
         request.getfixturevalue("synchronizes")
-    return profiling.clock_for(torch.device(request.param))
+    return training.clock_for(torch.device(request.param))
 
 
 def test_the_parts_between_consecutive_marks_add_up_to_the_step(clock):
@@ -124,3 +125,99 @@ def test_cpu_of_processes_the_rank_started_is_its_own_not_interference():
     child.start()
     child.join()
     assert profiling._own_cpu_s() - before >= 0.5
+
+
+def _model_with_gradients(seed: int) -> torch.nn.Module:
+    """Gradients of 864 B (a channels_last conv), 4 kB (a linear layer) and fewer bytes (biases, a small layer)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 8), torch.nn.Linear(8, 2)
+    ).to(memory_format=torch.channels_last)
+    model(torch.randn(4, 3, 6, 6).to(memory_format=torch.channels_last)).sum().backward()
+    return model
+
+
+def test_the_timed_all_reduce_copies_at_most_a_bucket_and_averages_every_gradient(monkeypatch):
+    """No flat copy of all gradients: each all-reduced tensor is a gradient itself or a copy of at most the cap.
+    Two ranks with the same gradients (all_reduce sums them) must end with those gradients."""
+    model = _model_with_gradients(0)
+    grads = {p.grad.data_ptr(): p.grad.clone() for p in model.parameters()}
+    reduced = []
+
+    def all_reduce_of_two_equal_ranks(tensor):
+        reduced.append((tensor.data_ptr() in grads, tensor.numel() * tensor.element_size()))
+        tensor.mul_(2)
+
+    monkeypatch.setattr(profiling.dist, "all_reduce", all_reduce_of_two_equal_ranks)
+    profiling._all_reduce_gradients(model, world_size=2, cap_bytes=2048)
+    assert all(in_place or size <= 2048 for in_place, size in reduced)
+    assert any(in_place for in_place, _ in reduced) and any(not in_place for in_place, _ in reduced)
+    assert sum(size for _, size in reduced) == sum(g.numel() * 4 for g in grads.values())
+    for p in model.parameters():
+        assert torch.equal(p.grad, grads[p.grad.data_ptr()])
+    assert profiling.BUCKET_CAP_BYTES == 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+def _all_reduce_in_buckets(rank: int, outdir: str) -> None:
+    model = _model_with_gradients(rank)
+    profiling._all_reduce_gradients(model, world_size=2, cap_bytes=2048)
+    torch.save([p.grad for p in model.parameters()], f"{outdir}/rank{rank}.pt")
+
+
+def test_two_ranks_end_with_the_mean_of_their_gradients(tmp_path):
+    run_on_two_ranks(_all_reduce_in_buckets, str(tmp_path))
+    expected = [
+        (a.grad + b.grad) / 2
+        for a, b in zip(_model_with_gradients(0).parameters(), _model_with_gradients(1).parameters())
+    ]
+    for rank in (0, 1):
+        for got, want in zip(torch.load(tmp_path / f"rank{rank}.pt"), expected):
+            torch.testing.assert_close(got, want)
+
+
+class _RankEnded(Exception):
+    """os._exit, as end_job_step ends the rank, without ending pytest."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), RuntimeError("CUDA out of memory.")],
+)
+def test_a_profile_that_runs_out_of_memory_is_a_clear_stage_error(job, tmp_path, monkeypatch, error):
+    """The failing rank records it and ends the job step; the stage names the job, the configuration, the memory
+    model's largest batch and what to do, however the backend ended the other ranks."""
+
+    def measure_out_of_memory(*args, **kwargs):
+        raise error
+
+    def end_rank(code):
+        raise _RankEnded(code)
+
+    def run_one_rank(fn, kwargs, spec, folder, name):
+        with pytest.raises(_RankEnded):
+            fn(**kwargs)
+        raise profiling.launch.JobFailed(f"{name}: a rank exited with code 3")
+
+    monkeypatch.setattr(profiling, "measure", measure_out_of_memory)
+    monkeypatch.setattr(os, "_exit", end_rank)
+    monkeypatch.setattr(profiling.launch, "run", run_one_rank)
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"profile": [{"nodes": 1, "batch": 64}], "max_batch_per_device": 48}')
+    with pytest.raises(StageError) as failure:
+        profiling.profile(job, plan, 1, 64, tmp_path / "N1_B64.json", tmp_path / "work")
+    message = str(failure.value)
+    assert "job 'digits-cnn': the profile at nodes=1, global batch 64 (64 per device) ran out of memory" in message
+    assert "allows up to 48 per device" in message and "out of memory" in message.split("Error: ")[1]
+    assert all(advice in message for advice in ("probe_memory", "resources.memory_headroom", "search.batch.max"))
+    assert not (tmp_path / "N1_B64.json").exists()
+
+
+def test_a_profile_that_fails_otherwise_is_not_taken_for_running_out_of_memory(job, tmp_path, monkeypatch):
+    def run_failing(fn, kwargs, spec, folder, name):
+        raise profiling.launch.JobFailed(f"{name}: node lost")
+
+    monkeypatch.setattr(profiling.launch, "run", run_failing)
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"profile": [{"nodes": 1, "batch": 64}], "max_batch_per_device": 48}')
+    with pytest.raises(profiling.launch.JobFailed, match="node lost"):
+        profiling.profile(job, plan, 1, 64, tmp_path / "N1_B64.json", tmp_path / "work")

@@ -4,6 +4,7 @@ import copy
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.report import strategy_section
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
-from tula_hpc.train import LoopClock, _next_attempt, after_out_of_memory, loop_time_s, train_worker
+from tula_hpc.train import LoopClock, TimedBatches, _next_attempt, after_out_of_memory, loop_time_s, train_worker
 
 
 def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
@@ -149,3 +150,56 @@ def test_loop_time_counts_every_session_kept_or_lost(tmp_path, monkeypatch):
     first.add(0.5)  # the kill comes before the next log line: at most one interval is lost to the log
     assert loop_time_s(log) == 7.0 + 1.0
     assert loop_time_s(tmp_path / "missing.jsonl") == 0.0
+
+
+def test_the_epoch_clock_waits_for_the_device_at_epoch_ends_and_mid_epoch_saves_not_every_step(tmp_path, monkeypatch):
+    """A stand-in CUDA device (its synchronize recorded): kernels still queued when the loop's last step returns
+    are the epoch's time, so the clock that closes an epoch or a mid-epoch save waits for them first; a wait at
+    every step would take away the overlap of host and device that training really has."""
+    job = default_job(train=dict(strategy="lrs", epochs=2, warmup_epochs=1, lr_milestones=[]))
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: events.append(("wait", device)))
+    monkeypatch.setattr(train_module, "clock_for", training_module.CudaClock)
+    add = LoopClock.add
+
+    def read(clock, seconds, force=False):
+        events.append(("read", force))
+        add(clock, seconds, force)
+
+    monkeypatch.setattr(LoopClock, "add", read)
+    step, calls = training_module.training_step, []
+
+    def requeue_signal_during_step_12(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:
+            os.kill(os.getpid(), REQUEUE_SIGNAL)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training_module, "training_step", requeue_signal_during_step_12)
+    with pytest.raises(Preempted):
+        _run_training(job, tmp_path, batch=128)  # 10 steps an epoch; stops mid-epoch 2, after step 13
+
+    waits = [i for i, event in enumerate(events) if event[0] == "wait"]
+    assert [events[i] for i in waits] == [("wait", torch.device("cpu"))] * 2  # epoch 1's end, step 13's save
+    assert all(events[i + 1] == ("read", True) for i in waits)  # each followed at once by the closing reading
+    assert sum(event == ("read", False) for event in events) == 10 + 2  # the other steps read without waiting
+
+
+def test_the_time_the_loop_waited_for_its_loader_is_counted_per_epoch(tmp_path):
+    def slow_loader():
+        for batch in range(3):
+            time.sleep(0.05)
+            yield batch
+
+    batches = TimedBatches(type("Loader", (), {"__iter__": lambda self: slow_loader()})())
+    seen = []
+    for batch in batches:
+        seen.append(batch)
+        time.sleep(0.1)  # the step: not the loader's time
+    assert seen == [0, 1, 2] and 0.15 <= batches.waited < 0.25
+
+    job = default_job(train=dict(strategy="lrs", epochs=2, warmup_epochs=1, lr_milestones=[]))
+    summary, _ = _run_training(job, tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["data_wait_s"] for r in summary["history"]] == [r["data_wait_s"] for r in records]
+    assert all(0 < r["data_wait_s"] < r["epoch_time_s"] for r in records)

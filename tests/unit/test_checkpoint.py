@@ -1,0 +1,50 @@
+"""Checkpoints keep every rank's RNG states, and each rank restores its own."""
+
+import random
+
+import numpy as np
+import torch
+
+from tests.conftest import run_on_two_ranks
+from tula_hpc.checkpoint import own_rng_state, restore_rng, rng_state, rng_states
+
+
+def test_each_rank_takes_its_own_states_and_rank_0s_when_the_world_size_changed(capsys):
+    states = [{"rank": 0}, {"rank": 1}]
+    assert [own_rng_state(states, rank, world_size=2) for rank in (0, 1)] == states
+    assert capsys.readouterr().out == ""
+    assert [own_rng_state(states, rank, world_size=4) for rank in range(4)] == [states[0]] * 4
+    assert own_rng_state(states, 0, world_size=1) == states[0]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "[checkpoint] saved by 2 ranks, resumed by 4: every rank restores rank 0's RNG states",
+        "[checkpoint] saved by 2 ranks, resumed by 1: every rank restores rank 0's RNG states",
+    ]  # one line a resume, from rank 0
+
+
+def test_a_restored_state_replays_the_same_draws():
+    torch.manual_seed(3)
+    saved = rng_states(world_size=1)
+    drawn = (random.random(), np.random.rand(), torch.rand(2))
+    restore_rng(own_rng_state(saved, 0, world_size=1))
+    assert (random.random(), np.random.rand()) == drawn[:2] and torch.equal(torch.rand(2), drawn[2])
+
+
+def _gather_seeded_states(rank: int, outdir: str) -> None:
+    torch.manual_seed(rank)
+    random.seed(rank)
+    states = rng_states(world_size=2)
+    if rank == 0:
+        torch.save(states, f"{outdir}/states.pt")
+    else:
+        assert states is None
+
+
+def test_rank_0_gathers_every_ranks_states_by_rank(tmp_path):
+    run_on_two_ranks(_gather_seeded_states, str(tmp_path))
+    states = torch.load(tmp_path / "states.pt", weights_only=False)
+    for rank in (0, 1):
+        torch.manual_seed(rank)
+        random.seed(rank)
+        assert torch.equal(states[rank]["torch"], rng_state()["torch"])
+        assert states[rank]["python"] == random.getstate()
