@@ -221,6 +221,36 @@ def _per_sample(memory: dict) -> str:
     return ", ".join(f"{name.replace('_', ' ')} {size / 1e3:.2f} kB" for name, size in parts.items())
 
 
+def _loading(selection: dict, summary: dict) -> str:
+    """Training's wait for its loader beside the profiles' data part: the profiles synchronise every step, so
+    their loading cannot overlap the device's work, while training's can (on a GPU); the gap shows how much."""
+    waited = sum(r.get("data_wait_s", 0.0) for r in summary["history"])
+    chosen = selection["chosen"]
+    return (
+        f"Data loading: training waited {waited:.2f} s for its loader ({waited / summary['train_time_s']:.1%} of "
+        f"the steps' time); the profiles' synchronised steps load for {chosen['data_s'] / chosen['step_s']:.1%} of "
+        f"a step at this configuration."
+    )
+
+
+def _device_memory(memory: dict, summary: dict) -> str:
+    """The device as training found it against the memory model at the batch each device computed at once."""
+    fit, micro_batch = memory["fit"], summary["micro_batch"]
+    predicted = fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * micro_batch
+    text = (
+        f"Training's peak device memory {summary['peak_reserved_bytes'] / 1e6:.2f} MB (reserved) against "
+        f"{predicted / 1e6:.2f} MB the memory model predicts at {micro_batch} samples per device at once."
+    )
+    if summary["outside_allocator_bytes"]:
+        assumed = memory["outside_allocator_bytes"] + memory["collective_buffer_bytes"]
+        outside = summary["outside_allocator_bytes"]
+        text += (
+            f" Held outside the allocator (CUDA context, NCCL's communicators) {outside / 1e6:.1f} MB in training, "
+            f"against {assumed / 1e6:.1f} MB the probes measured and reserved for NCCL's ring."
+        )
+    return text
+
+
 def _restarts(steps: list[int], steps_per_epoch: int) -> str:
     """Where training resumed from a checkpoint, as epoch and step within it (a preemption saves mid-epoch)."""
     if not steps:
@@ -394,6 +424,8 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
         summary["wall_time_s"]:.1f} s over {summary["epochs"]} epochs
 ({summary["steps"]} steps){_restarts(restarts, summary["steps_per_epoch"])}.
 {_attempts(summary)}
+{_loading(selection, summary)} {_device_memory(memory, summary)}
+
 ![predicted vs measured]({links["accuracy"]})
 
 ## Memory model

@@ -313,6 +313,11 @@ def _train_attempt(
             "resumed_from_step": None if resumed_from is None else resumed_from[1],
             "restarts_at_steps": progress.restarts,
             "history": progress.history,
+            # The device as training found it, for the report to hold against the memory model: the peak the
+            # allocator reserved, and what it does not hold (CUDA context, NCCL's communicators) with every
+            # process group formed. Nothing outside the allocator on the CPU.
+            "peak_reserved_bytes": device_memory.peak(ctx.device, "reserved"),
+            "outside_allocator_bytes": device_memory.outside_allocator(ctx.device),
         }
     shutdown()
     return summary

@@ -15,6 +15,7 @@ def _candidate(nodes: int, batch: int) -> dict:
         "nodes": nodes,
         "batch": batch,
         "per_device_batch": batch // nodes,
+        "data_s": 0.2 * step,
         "step_s": step,
         "rel_uncertainty": 0.05,
         "time_s": time,
@@ -46,6 +47,8 @@ INPUTS = {
         "device_memory_bytes": 8e9,
         "device_memory_source": "resources.device_memory_gb: 8",
         "headroom": 0.1,
+        "outside_allocator_bytes": 5e8,
+        "collective_buffer_bytes": 6e8,
         "max_batch_per_device": 512,
         "probes": [
             {
@@ -129,6 +132,9 @@ INPUTS = {
         "wall_time_s": 12.0,
         "steps": 20,
         "steps_per_epoch": 10,
+        "micro_batch": 32,
+        "peak_reserved_bytes": 22_500_000,
+        "outside_allocator_bytes": 1_234_000_000,
         "attempts": [
             {
                 "global_batch": 128,
@@ -148,6 +154,7 @@ INPUTS = {
                 "epoch": e,
                 "loss": 1.0 / e,
                 "val_accuracy": 0.4 * e,
+                "data_wait_s": 0.45,
                 "ags": {
                     "steps": 10,
                     "scaled_steps": 5,
@@ -220,4 +227,10 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
         "4.00 MB, autocast's weight copies 0.50 MB, DDP buckets 1.00 MB, NCCL ring buffers (estimated) 0.00 MB, "
         "gradients and temporaries 13.50 MB;\nper sample batch 0.30 kB" in report
     )
+    # Training's loading and device memory held against what the profiles and the memory model said.
+    assert "training waited 0.90 s for its loader (10.0% of the steps' time)" in report
+    assert "load for 20.0% of a step at this configuration" in report
+    assert "Training's peak device memory 22.50 MB (reserved) against 21.99 MB" in report
+    assert "at 32 samples per device at once" in report
+    assert "(CUDA context, NCCL's communicators) 1234.0 MB in training, against 1100.0 MB" in report
     assert "| 32 | measured | 20960000 | 21992000 | 960000 | 500000 | 1000000 | 1000000 | 4000000 |" in report
