@@ -18,11 +18,13 @@ CHECKPOINT_FORMAT = 2
 
 
 def rng_state() -> dict:
+    """This process's generators; of CUDA's only its own GPU's (the current device), and only where it already uses
+    CUDA: asking every visible GPU would make a CUDA context on each of them, from every rank (CPU jobs too)."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
     }
 
 
@@ -57,8 +59,8 @@ def restore_rng(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_checkpoint(

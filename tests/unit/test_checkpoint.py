@@ -48,3 +48,18 @@ def test_rank_0_gathers_every_ranks_states_by_rank(tmp_path):
         random.seed(rank)
         assert torch.equal(states[rank]["torch"], rng_state()["torch"])
         assert states[rank]["python"] == random.getstate()
+
+
+def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
+    """One GPU's state, the current device's: never every visible GPU's (a CUDA context on each), never CUDA's
+    on a process that does not use it."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert rng_state()["cuda"] is None
+    own, restored = torch.tensor([7], dtype=torch.uint8), []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": own)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    state = rng_state()
+    assert state["cuda"] is own
+    restore_rng(state)
+    assert restored == [own]
