@@ -158,78 +158,159 @@ def train_worker(
     """
     try:
         with out_of_memory_ends_job_step(failure_dir):
-            return _train_attempt(
+            trainer = Trainer(
                 job,
                 global_batch,
-                checkpoint_path,
-                model_path,
-                metrics_path,
+                Path(checkpoint_path),
+                Path(metrics_path),
                 accumulation,
                 selected_batch or global_batch,
-                Path(loop_log_path) if loop_log_path else None,
             )
+            summary = trainer.train(Path(model_path), Path(loop_log_path) if loop_log_path else None)
+            shutdown()  # not on an error: a rank that fails ends the job step at once (end_job_step), peers and all
+            return summary
     finally:
         device_memory.lift()
 
 
-def _train_attempt(
-    job: dict,
-    global_batch: int,
-    checkpoint_path: str,
-    model_path: str,
-    metrics_path: str,
-    accumulation: int,
-    selected_batch: int,
-    loop_log_path: Path | None,
-) -> dict | None:
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
-    per_device = global_batch // ctx.world_size
-    splits, model = build_for_job(job, ctx)
-    device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(model), job)
-    net = wrap_ddp(model, ctx)
-    steps_per_epoch = epoch_steps(len(splits.train), ctx.world_size, per_device)
-    # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks below.
-    strategy = build_strategy(net, job["train"], global_batch, steps_per_epoch)
-    # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older one
-    # is ignored with a line saying so, not misread).
-    run = {**stage_settings(job, "train"), "selected_batch": selected_batch, "format": CHECKPOINT_FORMAT}
+class Trainer:
+    """One training attempt on this rank: set up (model, strategy, loader, resumed from the checkpoint), then
+    `train`, which hands each piece to a method: the epoch's steps, the epoch's end, the checkpoint, the summary."""
 
-    resumed = _resume(Path(checkpoint_path), run, model, strategy, ctx, steps_per_epoch, per_device)
-    progress = resumed or Progress()
-    resumed_from = None if resumed is None else (resumed.epoch, resumed.step)
-    if ctx.is_main:
-        # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
-        write_jsonl(metrics_path, progress.history)
-        if resumed is None and loop_log_path is not None:
-            write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
+    def __init__(
+        self,
+        job: dict,
+        global_batch: int,
+        checkpoint_path: Path,
+        metrics_path: Path,
+        accumulation: int,
+        selected_batch: int,
+    ):
+        self.job, self.global_batch, self.accumulation = job, global_batch, accumulation
+        self.checkpoint_path, self.metrics_path = checkpoint_path, metrics_path
+        self.ctx = ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+        self.per_device = global_batch // ctx.world_size
+        self.splits, self.model = build_for_job(job, ctx)
+        device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(self.model), job)
+        self.net = wrap_ddp(self.model, ctx)
+        self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
+        # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks around the step.
+        self.strategy = build_strategy(self.net, job["train"], global_batch, self.steps_per_epoch)
+        # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older
+        # one is ignored with a line saying so, not misread).
+        self.run = {**stage_settings(job, "train"), "selected_batch": selected_batch, "format": CHECKPOINT_FORMAT}
+        resumed = _resume(
+            checkpoint_path, self.run, self.model, self.strategy, ctx, self.steps_per_epoch, self.per_device
+        )
+        self.progress = resumed or Progress()
+        self.resumed_from = None if resumed is None else (resumed.epoch, resumed.step)
+        self.micro_batch = math.ceil(self.per_device / accumulation)
+        self.loader_options = loader_options(job, ctx.device)
+        self.loader = make_loader(
+            self.splits.train,
+            self.per_device,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=job["train"]["seed"],
+            shuffle=True,
+            **self.loader_options,
+        )
+        self.batches, self.device = TimedBatches(self.loader), clock_for(ctx.device)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.epochs = job["train"]["epochs"]
 
-    micro_batch = math.ceil(per_device / accumulation)
-    options = loader_options(job, ctx.device)
-    loader = make_loader(
-        splits.train,
-        per_device,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        seed=job["train"]["seed"],
-        shuffle=True,
-        **options,
-    )
-    batches, device = TimedBatches(loader), clock_for(ctx.device)
-    loss_fn = nn.CrossEntropyLoss()
-    epochs = job["train"]["epochs"]
-    clock = LoopClock(loop_log_path if ctx.is_main else None)
-
-    def save(samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
-        """Every rank hands rank 0 its RNG states, rank 0 saves, and the others wait for it outside collectives."""
-        rng = rng_states(ctx.world_size)
+    def train(self, model_path: Path, loop_log_path: Path | None) -> dict | None:
+        """Every epoch left, each checkpointed; the final model and the summary (rank 0's; None elsewhere)."""
+        ctx, progress = self.ctx, self.progress
         if ctx.is_main:
+            # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
+            write_jsonl(self.metrics_path, progress.history)
+            if self.resumed_from is None and loop_log_path is not None:
+                write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
+        self.clock = LoopClock(loop_log_path if ctx.is_main else None)
+        with StopRequests(ctx.world_size) as stop:
+            while progress.epoch < self.epochs:
+                loss, epoch_time, stopping = self.run_epoch(stop)
+                self.end_epoch(loss, epoch_time)
+                if stopping and progress.epoch < self.epochs:
+                    stop.leave(ctx.rank)
+        if not ctx.is_main:
+            return None
+        _save_model(model_path, self.model, self.job, self.splits)
+        return self.summary()
+
+    def run_epoch(self, stop) -> tuple[torch.Tensor, float, bool]:
+        """The open epoch's steps: (last loss, the epoch's time, whether a rank was asked to stop).
+
+        Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
+        own checkpoint does it. The time of a step's work still queued on the device counts (`device.wait`).
+        """
+        progress, clock, per_device = self.progress, self.clock, self.per_device
+        start_epoch(self.loader, progress.epoch, progress.samples_done)
+        batches_done = math.ceil(progress.samples_done / per_device)
+        spent_before, started, stopping = clock.spent - progress.open_epoch_time, time.perf_counter(), False
+        self.batches.waited = progress.open_epoch_data_wait
+        try:
+            for batch in self.batches:
+                loss, stopping = loop_step(
+                    self.net, self.strategy, self.loss_fn, batch, self.ctx.device, stop, self.accumulation
+                )
+                progress.step, batches_done = progress.step + 1, batches_done + 1
+                saving = stopping and batches_done < self.steps_per_epoch
+                if saving:
+                    self.device.wait()
+                now = time.perf_counter()
+                clock.add(now - started, force=saving)
+                started = now
+                if saving:
+                    self.save(batches_done * per_device, clock.spent - spent_before, self.batches.waited)
+                    stop.leave(self.ctx.rank)
+            self.device.wait()
+        finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
+            clock.add(time.perf_counter() - started, force=True)
+        return loss, clock.spent - spent_before, stopping
+
+    def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
+        """The strategy's epoch end, validation, the epoch's record and its checkpoint."""
+        progress = self.progress
+        strategy_metrics = self.strategy.end_epoch()
+        progress.train_time += epoch_time
+        progress.epoch, progress.samples_done = progress.epoch + 1, 0
+        progress.open_epoch_time = progress.open_epoch_data_wait = 0.0
+        val_accuracy = evaluate_accuracy(
+            self.net, self.splits.val, self.ctx, batch_size=self.micro_batch, **self.loader_options
+        )
+        record = {
+            "epoch": progress.epoch,
+            "step": progress.step,
+            "loss": float(loss),
+            "val_accuracy": val_accuracy,
+            "epoch_time_s": epoch_time,
+            "data_wait_s": self.batches.waited,
+            "lr": self.strategy.scheduler.get_last_lr()[0],
+            **strategy_metrics,
+        }
+        progress.history.append(record)
+        self.save(0, 0.0, 0.0)
+        if self.ctx.is_main:
+            append_jsonl(self.metrics_path, record)
+            print(
+                f"[train] epoch {progress.epoch}/{self.epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
+                f"time {epoch_time:.2f}s (data wait {self.batches.waited:.2f}s)",
+                flush=True,
+            )
+
+    def save(self, samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
+        """Every rank hands rank 0 its RNG states, rank 0 saves, and the others wait for it outside collectives."""
+        rng, progress = rng_states(self.ctx.world_size), self.progress
+        if self.ctx.is_main:
             save_checkpoint(
-                Path(checkpoint_path),
-                model=model,
-                optimizer=strategy.optimizer,
+                self.checkpoint_path,
+                model=self.model,
+                optimizer=self.strategy.optimizer,
                 epoch=progress.epoch,
                 step=progress.step,
-                config=run,
+                config=self.run,
                 rng=rng,
                 samples_in_epoch=samples_in_epoch,
                 extra={
@@ -242,85 +323,31 @@ def _train_attempt(
             )
         wait_for_main()
 
-    with StopRequests(ctx.world_size) as stop:
-        while progress.epoch < epochs:
-            start_epoch(loader, progress.epoch, progress.samples_done)
-            batches_done = math.ceil(progress.samples_done / per_device)
-            spent_before, started, stopping = clock.spent - progress.open_epoch_time, time.perf_counter(), False
-            batches.waited = progress.open_epoch_data_wait
-            try:
-                for batch in batches:
-                    loss, stopping = loop_step(net, strategy, loss_fn, batch, ctx.device, stop, accumulation)
-                    progress.step, batches_done = progress.step + 1, batches_done + 1
-                    # Asked to stop mid-epoch: save this step; after the epoch's last one, its own checkpoint does.
-                    saving = stopping and batches_done < steps_per_epoch
-                    if saving:
-                        device.wait()  # the saved time includes the step's work still queued on the device
-                    now = time.perf_counter()
-                    clock.add(now - started, force=saving)
-                    started = now
-                    if saving:
-                        save(batches_done * per_device, clock.spent - spent_before, batches.waited)
-                        stop.leave(ctx.rank)
-                device.wait()  # the epoch's time includes its last steps' work still queued on the device
-            finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
-                clock.add(time.perf_counter() - started, force=True)
-            strategy_metrics = strategy.end_epoch()
-            epoch_time = clock.spent - spent_before
-            progress.train_time += epoch_time
-            progress.epoch, progress.samples_done = progress.epoch + 1, 0
-            progress.open_epoch_time = progress.open_epoch_data_wait = 0.0
-            val_accuracy = evaluate_accuracy(net, splits.val, ctx, batch_size=micro_batch, **options)
-            record = {
-                "epoch": progress.epoch,
-                "step": progress.step,
-                "loss": float(loss),
-                "val_accuracy": val_accuracy,
-                "epoch_time_s": epoch_time,
-                "data_wait_s": batches.waited,
-                "lr": strategy.scheduler.get_last_lr()[0],
-                **strategy_metrics,
-            }
-            progress.history.append(record)
-            save(0, 0.0, 0.0)
-            if ctx.is_main:
-                append_jsonl(metrics_path, record)
-                print(
-                    f"[train] epoch {progress.epoch}/{epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
-                    f"time {epoch_time:.2f}s (data wait {batches.waited:.2f}s)",
-                    flush=True,
-                )
-            if stopping and progress.epoch < epochs:
-                stop.leave(ctx.rank)
-
-    summary = None
-    if ctx.is_main:
-        _save_model(Path(model_path), model, job, splits)
-        summary = {
+    def summary(self) -> dict:
+        progress, device = self.progress, self.ctx.device
+        return {
             "nodes": None,
-            "global_batch": global_batch,
-            "per_device_batch": per_device,
-            "world_size": ctx.world_size,
-            "accumulation": accumulation,
-            "micro_batch": micro_batch,
-            "epochs": epochs,
+            "global_batch": self.global_batch,
+            "per_device_batch": self.per_device,
+            "world_size": self.ctx.world_size,
+            "accumulation": self.accumulation,
+            "micro_batch": self.micro_batch,
+            "epochs": self.epochs,
             "steps": progress.step,
-            "steps_per_epoch": steps_per_epoch,
-            "strategy": strategy.name,
-            "train_samples": len(splits.train),
+            "steps_per_epoch": self.steps_per_epoch,
+            "strategy": self.strategy.name,
+            "train_samples": len(self.splits.train),
             "train_time_s": progress.train_time,
-            "resumed_from_epoch": None if resumed_from is None else resumed_from[0],
-            "resumed_from_step": None if resumed_from is None else resumed_from[1],
+            "resumed_from_epoch": None if self.resumed_from is None else self.resumed_from[0],
+            "resumed_from_step": None if self.resumed_from is None else self.resumed_from[1],
             "restarts_at_steps": progress.restarts,
             "history": progress.history,
             # The device as training found it, for the report to hold against the memory model: the peak the
             # allocator reserved, and what it does not hold (CUDA context, NCCL's communicators) with every
             # process group formed. Nothing outside the allocator on the CPU.
-            "peak_reserved_bytes": device_memory.peak(ctx.device, "reserved"),
-            "outside_allocator_bytes": device_memory.outside_allocator(ctx.device),
+            "peak_reserved_bytes": device_memory.peak(device, "reserved"),
+            "outside_allocator_bytes": device_memory.outside_allocator(device),
         }
-    shutdown()
-    return summary
 
 
 def _save_model(path: Path, model: nn.Module, job: dict, splits) -> None:
