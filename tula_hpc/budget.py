@@ -179,12 +179,12 @@ class _DeviceMemory:
         import torch
         import torch.distributed as dist
 
-        from .distributed import backend_for
+        from .devices import join_one_rank_group
 
         before = self.outside_allocator(device)
         if device.type != "cuda" or not collectives:
             return before, 0
-        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+        join_one_rank_group(device)
         try:
             dist.all_reduce(torch.ones(1, device=device))
             torch.cuda.synchronize(device)

@@ -38,6 +38,23 @@ class DeviceError(RuntimeError):
     """A GPU job cannot have a GPU of its own for each rank here; the message says what this host's CUDA is."""
 
 
+def backend_for(device) -> str:
+    """A process group that serves every tensor a rank hands it: NCCL for the GPU's, gloo for the CPU's.
+
+    Not NCCL alone on GPUs: small bookkeeping collectives (profiling's interference, object gathers) hold CPU
+    tensors, which a NCCL-only group has no backend for.
+    """
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def join_one_rank_group(device) -> None:
+    """A process group of this process alone, as a rank on `device` has one: what DDP's buckets and NCCL's
+    communicator need to exist in a probe that runs without peers."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+
+
 def sync_device(gpus_per_node: int) -> str:
     """The SYNC_PRIORS preset of a job: NCCL's on GPUs, gloo's on CPUs."""
     return "gpu" if gpus_per_node > 0 else "cpu"

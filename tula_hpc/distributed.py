@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .budget import is_out_of_memory
-from .devices import rank_gpu
+from .devices import backend_for, rank_gpu
 from .files import read_json, write_json
 
 # How long a collective may wait for its peers before the group gives up (under NCCL, its watchdog then ends
@@ -39,15 +39,6 @@ class Context:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def backend_for(device: torch.device) -> str:
-    """A process group that serves every tensor a rank hands it: NCCL for the GPU's, gloo for the CPU's.
-
-    Not NCCL alone on GPUs: small bookkeeping collectives (profiling's interference, object gathers) hold CPU
-    tensors, which a NCCL-only group has no backend for.
-    """
-    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
 def init_distributed(use_gpus: bool) -> Context:

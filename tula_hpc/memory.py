@@ -377,10 +377,9 @@ def measure_probe(job: dict, batch: int) -> dict:
 
 def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
     """The steady steps at `batch` with the device limited to `budget`, as training runs them."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .distributed import backend_for
+    from .devices import join_one_rank_group
     from .strategies import build_strategy
 
     splits, model, loss_fn = _build(job)
@@ -388,7 +387,7 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
     device_memory.limit(device, budget, model_bytes(model), job)
     net = model
     if ddp:  # a one-rank group gives the model DDP's gradient buckets, which every rank holds
-        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+        join_one_rank_group(device)
         net = DDP(model)
     strategy = build_strategy(net, job["train"], batch, 1)
     peaks = steady_steps(net, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)

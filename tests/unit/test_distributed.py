@@ -8,22 +8,10 @@ import torch
 from tula_hpc.distributed import (
     COLLECTIVE_TIMEOUT_S,
     MAIN_ONLY_TIMEOUT_S,
-    backend_for,
     out_of_memory_ends_job_step,
     out_of_memory_record,
     wait_for_main,
 )
-
-
-def test_a_gpu_rank_joins_a_group_that_serves_its_cpu_tensors_too():
-    """NCCL serves CUDA tensors only; profiling's bookkeeping collectives hold CPU tensors, which go to gloo."""
-    mapping = dict(pair.split(":") for pair in backend_for(torch.device("cuda", 0)).split(","))
-    assert mapping == {"cpu": "gloo", "cuda": "nccl"}
-
-
-def test_a_cpu_rank_joins_gloo():
-    assert backend_for(torch.device("cpu")) == "gloo"
-
 
 # --- a GPU job's rank takes a GPU of its own or stops (issue 24) -----------------------------------------------
 
@@ -77,32 +65,6 @@ def test_a_rank_without_a_gpu_of_its_own_stops_instead_of_sharing_one(monkeypatc
     assert selected == []
     selected = _rank(monkeypatch, 1, 2)
     assert init_distributed(use_gpus=True).device == torch.device("cuda", 1) and selected == [torch.device("cuda", 1)]
-
-
-@pytest.mark.parametrize(
-    "text, version",
-    [
-        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n", "535.104.05"),
-        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.14  Release Build\n", "550.54.14"),
-    ],
-)
-def test_the_drivers_version_is_read_from_its_proc_file(monkeypatch, tmp_path, text, version):
-    import tula_hpc.devices as devices
-
-    (tmp_path / "version").write_text(text + "GCC version:  gcc version 12.2.0\n")
-    monkeypatch.setattr(devices, "NVIDIA_DRIVER_VERSION", tmp_path / "version")
-    assert devices.driver_version() == version
-
-
-@pytest.mark.parametrize(("nodes", "gpus", "visible"), [(2, 1, "0,1"), (2, 2, "0,1,2,3"), (2, 0, "")])
-def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gpus, visible):
-    """submitit's local executor makes GPUs 0 to gpus_per_node - 1 visible to all its processes: the N "nodes"
-    it runs need the GPUs of them all, or ranks beyond the first node's find none."""
-    from tula_hpc import launch
-
-    executor = launch._executor(launch.LaunchSpec("local", nodes=nodes, gpus_per_node=gpus), tmp_path, "train")
-    shown = executor._executor.parameters["gpus_per_node"]
-    assert ",".join(map(str, range(shown))) == visible
 
 
 class _RankEnded(Exception):

@@ -150,3 +150,12 @@ def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
     lines = submitted.read_text().splitlines()
     assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
     assert "#SBATCH --nodes=2" in lines and job.num_tasks == 4
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "visible"), [(2, 1, "0,1"), (2, 2, "0,1,2,3"), (2, 0, "")])
+def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gpus, visible):
+    """submitit's local executor makes GPUs 0 to gpus_per_node - 1 visible to all its processes: the N "nodes"
+    it runs need the GPUs of them all, or ranks beyond the first node's find none."""
+    executor = launch._executor(launch.LaunchSpec("local", nodes=nodes, gpus_per_node=gpus), tmp_path, "train")
+    shown = executor._executor.parameters["gpus_per_node"]
+    assert ",".join(map(str, range(shown))) == visible
