@@ -51,9 +51,14 @@ bench-slurm: $(STAMP)
 # `make gpu-data` put them here for a device call to carry (.whl and .data).
 # gpu-check: bench/gpu_check.py, the figures only a GPU gives, into bench/results/gpu_check.json; without a GPU it
 # says so and exits 0. Options through GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--sections memory".
+# Sections accumulate in that file across runs: a device call of GPU_CHECK_ARGS="--sections memory training" and
+# one of "--sections oom steptime dag" leave one file. The GPU machine's copy has no .git: name the commit with
+# TULA_GIT_COMMIT=<sha> make gpu-check.
 # gpu-generalization: bench/generalization_fmnist.py --scale gpu; options through GENERALIZATION_ARGS, e.g.
 # GENERALIZATION_ARGS="--minutes 7" to end a device call in time (its cells file continues the next).
-.PHONY: gpu-check gpu-generalization gpu-wheels gpu-data
+# gpu-dry-run: the GPU machine's procedure rehearsed here (scripts/gpu_dry_run.sh): gpu-wheels, the size a call
+# carries, a fresh venv with the image's packages alone installing the wheels offline, the check on the CPU.
+.PHONY: gpu-check gpu-generalization gpu-wheels gpu-data gpu-dry-run
 GPU_MACHINE := $(and $(wildcard .whl),$(if $(wildcard $(BIN)/python),,yes))
 GPU_PYTHON := $(if $(GPU_MACHINE),bash scripts/gpu-python.sh,$(BIN)/python)
 
@@ -65,6 +70,9 @@ gpu-generalization: $(if $(GPU_MACHINE),,$(STAMP) data)
 
 gpu-wheels: $(STAMP)
 	$(BIN)/python scripts/gpu_wheels.py download
+
+gpu-dry-run: $(STAMP)
+	bash scripts/gpu_dry_run.sh
 
 gpu-data: data
 	mkdir -p .data/fashion-mnist && cp $(FASHION_MNIST_FILES) .data/fashion-mnist/

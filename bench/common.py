@@ -15,10 +15,13 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import time
 from importlib.metadata import version
 from pathlib import Path
+
+import yaml
 
 from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
 from tula_hpc.files import write_json
@@ -40,7 +43,10 @@ def merged(base: dict, changes: dict) -> dict:
 
 @functools.cache
 def _jobs_file() -> dict:
-    return load_config([JOBS_FILE])
+    """config/jobs.yaml as written (checked first): defaults are filled after a bench's changes, so that those that
+    depend on another field (search.sync_prior on resources.gpus_per_node) follow the bench's value of it."""
+    load_config([JOBS_FILE])
+    return yaml.safe_load(JOBS_FILE.read_text())
 
 
 def bench_config(name: str = DEFAULT_JOB, *, as_name: str | None = None, launcher: str = "local", **sections) -> dict:
@@ -119,6 +125,27 @@ def bench_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / result_name, help="result file (default %(default)s)")
     return parser
+
+
+def verdict(figure: float | None, target: float) -> dict:
+    """A target as met or not, with its figure (a figure that could not be measured meets nothing)."""
+    figure = None if figure is None else float(figure)
+    return {"met": figure is not None and figure <= target, "figure": figure, "target": target}
+
+
+def error_summary(errors: dict[str, float | None]) -> dict:
+    """Median and largest |relative error| over labelled errors (None: not measured, left out), and the label of the
+    largest."""
+    errors = {label: error for label, error in errors.items() if error is not None}
+    if not errors:
+        return {"count": 0, "median_rel_error": None, "max_rel_error": None, "worst": None}
+    worst = max(errors, key=lambda label: abs(errors[label]))
+    return {
+        "count": len(errors),
+        "median_rel_error": float(statistics.median(abs(e) for e in errors.values())),
+        "max_rel_error": float(abs(errors[worst])),
+        "worst": worst,
+    }
 
 
 def train_cell(job: dict, global_batch: int, run_dir: Path, world: int, name: str) -> dict:

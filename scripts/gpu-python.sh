@@ -5,7 +5,8 @@
 # PYTHONPATH with the repository (tula_hpc without an install), a `tula-hpc` command on PATH runs the stages for
 # Snakemake's rules, and Fashion-MNIST's files that `make gpu-data` put in .data/fashion-mnist/ go where Debian's
 # package puts them when they are not there yet. Arguments are python3's. Run by `make gpu-check` and
-# `make gpu-generalization`; also usable alone: bash scripts/gpu-python.sh bench/gpu_check.py --sections memory
+# `make gpu-generalization`, and here by `make gpu-dry-run` (PYTHON: a venv standing in for the image, TULA_GPU_WHEELS:
+# wheels for its CPython); also usable alone: bash scripts/gpu-python.sh bench/gpu_check.py --sections memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD

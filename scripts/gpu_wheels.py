@@ -9,6 +9,12 @@
   check     (there, scripts/gpu-python.sh, after installing the wheels): the carried packages' requirements
             against the versions this Python has. The image's versions are not known here, so this is where a
             mismatch shows; it warns and never fails.
+  image     (here, scripts/gpu_dry_run.sh) a folder of links to this Python's installs of the image's packages
+            (torch, numpy, ...): on a fresh venv's path it stands in for the GPU image.
+  size      what a device call carries: the working tree, .whl and .data, against its 64 MiB.
+
+--python and --wheels download and verify the same pins for another CPython into another folder: the dry run's
+interpreter here is 3.11, which cannot load the 3.12 set's compiled wheels.
 
 torch and torchvision are never carried: the check runs on the image's own build (pyproject.toml's ranges
 allow it; envs/requirements.txt's exact pins are for the .venv only).
@@ -27,13 +33,15 @@ from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 IMAGE_PACKAGES = Path(__file__).resolve().parent / "gpu-image-packages.txt"
 # A device call carries 64 MiB in all: the working tree, Fashion-MNIST's 29.5 MiB in .data (make gpu-data) and these.
+CARRY_BYTES = 64 * 2**20
 MAX_BYTES = 32 * 2**20
 # Carried although the image has it: pydantic (snakemake's sqlmodel) imports names from typing_extensions that a
 # torch image may predate, and a newer typing_extensions keeps every older name.
@@ -51,6 +59,13 @@ TARGET = {
 }
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64")
 PLATFORMS += ("manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
+
+
+def use(python: str, wheels: Path) -> None:
+    """Download and verify for CPython `python` into `wheels` instead (markers, tags and pip's target follow)."""
+    global WHEELS
+    WHEELS = wheels.resolve()
+    TARGET.update(python_version=python, python_full_version=f"{python}.0")
 
 
 def image_packages() -> set[str]:
@@ -138,7 +153,8 @@ def pip_download(specs: list[str]) -> None:
     """Wheels for the target Python; a release published only as source is built here, if it is pure Python."""
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
-    cmd += ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", *platforms]
+    python = TARGET["python_version"]
+    cmd += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", *platforms]
     if subprocess.run([*cmd, "-d", str(WHEELS), *specs], capture_output=True).returncode == 0:
         return
     for spec in specs:
@@ -149,7 +165,7 @@ def pip_download(specs: list[str]) -> None:
         subprocess.run([*wheel, "--no-binary=:all:", "-w", str(WHEELS), spec], check=True)
         built = set(WHEELS.glob("*.whl")) - before
         if not all(path.name.endswith("-none-any.whl") for path in built):
-            raise SystemExit(f"{spec} has no wheel for CPython 3.12 and builds only for this machine: {built}")
+            raise SystemExit(f"{spec} has no wheel for CPython {python} and builds only for this machine: {built}")
         print(f"built {', '.join(path.name for path in built)} from its source release", flush=True)
 
 
@@ -177,15 +193,56 @@ def verify() -> None:
     image, have = image_packages(), carried()
     missing, problems, on_image = unmet(have, image)
     problems += [f"{r} is neither carried nor on the image" for r in missing]
+    problems += [f"{name}: no tag of CPython {TARGET['python_version']} on x86_64 Linux" for name in unsupported(have)]
     size = sum(path.stat().st_size for *_, path in have.values())
     if size > MAX_BYTES:
         problems.append(f"{size / 2**20:.1f} MiB of wheels: more than {MAX_BYTES / 2**20:.0f} MiB")
     if problems:
         raise SystemExit("gpu wheels incomplete:\n  " + "\n  ".join(problems))
     print(
-        f"{len(have)} wheels, {size / 2**20:.1f} MiB in {WHEELS}: every requirement is met by them or by the image "
+        f"{len(have)} wheels for CPython {TARGET['python_version']}, {size / 2**20:.1f} MiB in {WHEELS}: every "
+        "requirement is met by them or by the image "
         f"({', '.join(sorted(on_image))}; the image's versions are checked there: scripts/gpu_wheels.py check)"
     )
+
+
+def unsupported(have: dict) -> list[str]:
+    """Carried wheels that the target CPython on PLATFORMS cannot install (a wheel built here for this Python)."""
+    version = tuple(int(part) for part in TARGET["python_version"].split("."))
+    accepted = {*cpython_tags(version, platforms=PLATFORMS), *compatible_tags(version, platforms=PLATFORMS)}
+    return [path.name for *_, path in have.values() if not parse_wheel_filename(path.name)[3] & accepted]
+
+
+def image(folder: Path) -> None:
+    """Links to this Python's installs of the image's packages, each top-level file or folder of each of them."""
+    wanted = image_packages()
+    folder.mkdir(parents=True, exist_ok=True)
+    for dist in importlib.metadata.distributions():
+        if canonicalize_name(dist.metadata["Name"]) not in wanted:
+            continue
+        for top in {Path(file).parts[0] for file in dist.files or []} - {"..", "__pycache__"}:
+            source, link = Path(dist.locate_file(top)), folder / top
+            if source.exists() and not link.exists():
+                link.symlink_to(source)
+
+
+def carried_size() -> None:
+    """The bytes a device call carries: tracked and untracked-not-ignored files, then .whl and .data."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    tree = sum((REPO / name.decode()).stat().st_size for name in listed if name and (REPO / name.decode()).is_file())
+    parts = {"working tree": tree}
+    for folder in (".whl", ".data"):
+        parts[folder] = sum(path.stat().st_size for path in (REPO / folder).rglob("*") if path.is_file())
+    total = sum(parts.values())
+    shown = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in parts.items())
+    print(f"a device call carries {total / 2**20:.1f} MiB of {CARRY_BYTES / 2**20:.0f} MiB: {shown}")
+    if total > CARRY_BYTES:
+        raise SystemExit("more than a device call carries")
 
 
 def check(site: Path) -> None:
@@ -209,15 +266,15 @@ def check(site: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("download", "verify", "check"))
+    parser.add_argument("action", choices=("download", "verify", "check", "image", "size"))
     parser.add_argument("--site", type=Path, help="check: the folder the wheels were installed into")
+    parser.add_argument("--into", type=Path, help="image: the folder of links")
+    parser.add_argument("--python", default=TARGET["python_version"], help="download, verify: for this CPython")
+    parser.add_argument("--wheels", type=Path, default=WHEELS, help="download, verify: into this folder")
     args = parser.parse_args()
-    if args.action == "check":
-        check(args.site)
-    elif args.action == "download":
-        download()
-    else:
-        verify()
+    use(args.python, args.wheels)
+    actions = {"check": lambda: check(args.site), "image": lambda: image(args.into), "size": carried_size}
+    actions.get(args.action, {"download": download, "verify": verify}.get(args.action))()
 
 
 if __name__ == "__main__":

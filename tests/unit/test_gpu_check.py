@@ -1,5 +1,6 @@
-"""bench/gpu_check.py: says so without a GPU and writes nothing; its verdicts, summaries and result file on known
-numbers. The whole check on the CPU: tests/integration/test_gpu_check.py."""
+"""bench/gpu_check.py (and its sections, bench/gpu_memory.py and bench/gpu_steps.py): says so without a GPU and writes
+nothing; its verdicts, summaries and the result file that accumulates sections across runs, on known numbers. The whole
+check on the CPU: tests/integration/test_gpu_check.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
-import gpu_check  # noqa: E402  (bench scripts import their siblings as top-level modules)
+import common  # noqa: E402  (bench scripts import their siblings as top-level modules)
+import gpu_check  # noqa: E402
+import gpu_memory  # noqa: E402
+import gpu_steps  # noqa: E402
 
 DEFAULT_OUT = BENCH / "results" / "gpu_check.json"
 
@@ -61,25 +65,25 @@ def test_the_command_line_without_a_gpu_exits_0(tmp_path):
     "figure, target, met", [(0.02, 0.03, True), (0.03, 0.03, True), (0.031, 0.03, False), (None, 0.03, False)]
 )
 def test_a_verdict_is_met_or_not_with_its_figure(figure, target, met):
-    assert gpu_check.verdict(figure, target) == {"met": met, "figure": figure, "target": target}
+    assert common.verdict(figure, target) == {"met": met, "figure": figure, "target": target}
 
 
 def test_a_verdict_on_numpy_figures_is_plain_json():
-    found = gpu_check.verdict(np.float64(0.01), 0.02)
+    found = common.verdict(np.float64(0.01), 0.02)
     assert type(found["met"]) is bool and type(found["figure"]) is float
     json.dumps(found)
 
 
 def test_error_summary_takes_magnitudes_and_names_the_worst():
-    summary = gpu_check.error_summary({"b=512": 0.01, "b=1024": -0.05, "b=2048": 0.02})
+    summary = common.error_summary({"b=512": 0.01, "b=1024": -0.05, "b=2048": 0.02})
     assert summary == {"count": 3, "median_rel_error": 0.02, "max_rel_error": 0.05, "worst": "b=1024"}
-    assert gpu_check.error_summary({}) == {"count": 0, "median_rel_error": None, "max_rel_error": None, "worst": None}
+    assert common.error_summary({}) == {"count": 0, "median_rel_error": None, "max_rel_error": None, "worst": None}
 
 
 def test_spread_runs_on_a_log_scale_to_the_top():
-    assert gpu_check.spread(512, 8192, 5) == [512, 1024, 2048, 4096, 8192]
-    assert gpu_check.spread(257, 260, 5) == [257, 258, 259, 260]  # fewer where the range holds fewer
-    assert gpu_check.spread(512, 300, 5) == [300] and gpu_check.spread(5, 0, 5) == []
+    assert gpu_memory.spread(512, 8192, 5) == [512, 1024, 2048, 4096, 8192]
+    assert gpu_memory.spread(257, 260, 5) == [257, 258, 259, 260]  # fewer where the range holds fewer
+    assert gpu_memory.spread(512, 300, 5) == [300] and gpu_memory.spread(5, 0, 5) == []
 
 
 def test_all_verdicts_name_their_section():
@@ -90,7 +94,7 @@ def test_all_verdicts_name_their_section():
 def test_the_index_cap_keeps_every_activation_below_2_to_the_31_elements():
     job = {"model": {"name": "tiny_cnn"}, "data": {"image_size": 32}}
     # tiny_cnn's largest output is its second convolution's, 64 x 32 x 32 per image.
-    assert gpu_check.index_cap(job, SimpleNamespace(num_classes=10, in_channels=1)) == (2**31 - 1) // (64 * 32 * 32)
+    assert gpu_memory.index_cap(job, SimpleNamespace(num_classes=10, in_channels=1)) == (2**31 - 1) // (64 * 32 * 32)
 
 
 def _profile(round_: int, batch: int, scale: float = 1.0, interference: float = 0.0) -> dict:
@@ -125,7 +129,7 @@ BATCHES = (16, 32, 64, 128)
 
 def test_steps_on_exact_lines_repeated_alike_have_no_noise_and_no_leave_one_out_error():
     records = [_profile(r, b) for r in range(3) for b in BATCHES]
-    figures = gpu_check.step_time_figures(records, SETTINGS)
+    figures = gpu_steps.step_time_figures(records, SETTINGS)
     assert figures["noise_floor"] == 0.0 and figures["rounds"] == 3
     assert figures["loo"]["count"] == 3 * len(BATCHES) and figures["loo"]["max_rel_error"] < 1e-3
     assert set(figures["per_batch"]) == {str(b) for b in BATCHES}
@@ -135,27 +139,70 @@ def test_noise_and_leave_one_out_error_are_judged_against_the_other_rounds():
     """As bench/perf_accuracy.py: truth is the median of the other rounds, of their quiet ones when there are any."""
     records = [_profile(0, b) for b in BATCHES] + [_profile(1, b, scale=1.1) for b in BATCHES]
     records += [_profile(2, b, scale=5.0, interference=0.5) for b in BATCHES]  # disturbed: never the truth
-    figures = gpu_check.step_time_figures(records, SETTINGS)
+    figures = gpu_steps.step_time_figures(records, SETTINGS)
     # Round 0 against round 1 (1.1x): 1/1.1 - 1; round 1 against round 0: +10 %; round 2 against both: 5/1.05 - 1.
     assert figures["noise_floor"] == pytest.approx(0.1)
     assert figures["noise_max"] == pytest.approx(5 / 1.05 - 1)
     assert figures["per_batch"]["16"]["loo_rel_error"] == pytest.approx(0.1, abs=1e-3)
 
 
-def test_sections_of_an_earlier_run_are_kept_only_for_the_same_code_device_and_scale(tmp_path):
+STAMP = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "git_commit": "f00d", "source_digest": "abc"}
+
+
+def test_an_earlier_section_of_other_code_device_torch_or_scale_is_kept_marked_stale(tmp_path):
     path = tmp_path / "gpu_check.json"
-    device = {"name": "NVIDIA H100 80GB HBM3"}
-    earlier = {
-        "provenance": {"source_digest": "abc"},
-        "device": device,
-        "settings": {"scale": "gpu"},
-        "sections": {"memory": {"m": 1}, "dag": {"d": 1}},
+    now = {**STAMP, "scale": "gpu"}
+    sections = {
+        "memory": {"m": 1, "stamp": now},
+        "dag": {"d": 1, "stamp": {**now, "source_digest": "old"}, "stale": {"torch": "an older mark, replaced"}},
+        "steptime": {"s": 1, "stamp": {**now, "git_commit": "beef"}},  # the commit alone is stamped, not compared
+        "gone": {"g": 1, "stamp": now},  # a section this code no longer has
     }
-    path.write_text(json.dumps(earlier))
-    assert gpu_check.kept_sections(path, device, "gpu", "abc", ["dag"]) == {"memory": {"m": 1}}
-    assert gpu_check.kept_sections(path, device, "gpu", "other code", ["dag"]) == {}
-    assert gpu_check.kept_sections(path, device, "quick", "abc", ["dag"]) == {}
-    assert gpu_check.kept_sections(tmp_path / "none.json", device, "gpu", "abc", ["dag"]) == {}
+    path.write_text(json.dumps({"sections": sections}))
+    kept = gpu_check.earlier_sections(path, now)
+    assert kept["memory"] == sections["memory"] and kept["steptime"] == sections["steptime"] and "gone" not in kept
+    assert kept["dag"]["stale"] == {"source_digest": {"then": "old", "now": "abc"}} and kept["dag"]["d"] == 1
+    other = gpu_check.earlier_sections(path, {**now, "device": "NVIDIA H200", "scale": "quick"})
+    assert set(other["memory"]["stale"]) == {"device", "scale"}
+    assert gpu_check.earlier_sections(tmp_path / "none.json", now) == {}
+
+
+def test_only_fresh_sections_judge_and_the_check_is_complete_when_every_section_is_fresh():
+    info, found = {"name": STAMP["device"], "type": "cuda", "torch": STAMP["torch"]}, {"source_digest": "abc"}
+    fresh = {name: {"verdicts": {"ok": {"met": True}}} for name in gpu_check.SECTIONS}
+    document = gpu_check.result_document(fresh, info, found, "gpu")
+    assert document["complete"] and document["all_met"] and document["targets_judged"]
+    assert list(document["sections"]) == list(gpu_check.SECTIONS)
+    stale = {**fresh, "dag": {"verdicts": {"ok": {"met": True}}, "stale": {"source_digest": {}}}}
+    document = gpu_check.result_document(stale, info, found, "gpu")
+    assert "dag.ok" not in document["verdicts"] and document["missing_or_stale"] == ["dag"]
+    assert not document["complete"] and not document["all_met"]
+
+
+def test_sections_run_apart_accumulate_in_one_file_each_stamped(tmp_path, monkeypatch):
+    """A check split over device calls: --sections memory, then --sections steptime, leave both in the file."""
+    for name in gpu_check.SECTIONS:
+        monkeypatch.setitem(gpu_check.SECTIONS, name, lambda device, preset, scratch, name=name: {"figure": name})
+    out, work = tmp_path / "gpu_check.json", tmp_path / "work"
+    for name in ("memory", "steptime"):
+        assert gpu_check.main(["--device", "cpu", "--out", str(out), "--work-dir", str(work), "--sections", name]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["sections"]) == ["memory", "steptime"]
+    assert {s["figure"] for s in result["sections"].values()} == {"memory", "steptime"}
+    for section in result["sections"].values():
+        assert set(section["stamp"]) == {"device", "torch", "git_commit", "source_digest", "scale"}
+        assert section["stamp"]["torch"] == torch.__version__ and "stale" not in section
+    assert not result["complete"] and set(result["missing_or_stale"]) == {"training", "oom", "dag"}
+
+
+def test_error_summary_leaves_out_what_was_not_measured():
+    assert common.error_summary({"a": 0.1, "b": None})["count"] == 1
+
+
+def test_a_proposal_the_training_set_caps_is_sized_again_at_half_the_training_set():
+    job = {"resources": {"memory_headroom": 0.1}}
+    proposal = {"fit": {"intercept_bytes": 1e6, "slope_bytes_per_sample": 1e3}, "dataset": {"train": 1001}}
+    assert gpu_memory.memory_limited_budget(job, proposal) == pytest.approx((1e6 + 500 * 1e3) / 0.9 / 1e9)
 
 
 def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_code(monkeypatch):

@@ -6,6 +6,7 @@ import importlib.util
 import zipfile
 from pathlib import Path
 
+import numpy as np
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -53,3 +54,24 @@ def test_every_requirement_must_be_carried_at_a_matching_version_or_be_on_the_im
     assert mismatched == ["snakemake needs dpath<3, carried dpath 3.0.0"]
     missing, _, _ = gpu_wheels.unmet(have, image=set())
     assert [str(r) for r in missing] == ["pyyaml"]
+
+
+def test_a_wheel_compiled_for_another_python_is_refused(monkeypatch):
+    have = {
+        "pure": (Version("1"), [], Path("pure-1.0-py3-none-any.whl")),
+        "ours": (Version("1"), [], Path("ours-1.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")),
+        "here": (Version("1"), [], Path("here-1.0-cp311-cp311-manylinux_2_17_x86_64.whl")),
+        "mac": (Version("1"), [], Path("mac-1.0-cp312-cp312-macosx_11_0_arm64.whl")),
+    }
+    monkeypatch.setitem(gpu_wheels.TARGET, "python_version", "3.12")
+    assert gpu_wheels.unsupported(have) == ["here-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", have["mac"][2].name]
+    monkeypatch.setitem(gpu_wheels.TARGET, "python_version", "3.11")
+    assert "here-1.0-cp311-cp311-manylinux_2_17_x86_64.whl" not in gpu_wheels.unsupported(have)
+
+
+def test_the_image_stand_in_links_this_pythons_installs_of_the_images_packages_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_wheels, "image_packages", lambda: {"numpy"})
+    gpu_wheels.image(tmp_path / "image")
+    links = {path.name for path in (tmp_path / "image").iterdir()}
+    assert "numpy" in links and not any(name.startswith(("snakemake", "submitit")) for name in links)
+    assert (tmp_path / "image" / "numpy").resolve() == Path(np.__file__).resolve().parent
