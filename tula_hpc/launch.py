@@ -259,6 +259,23 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
     return results[0]
 
 
+def run_or_out_of_memory(
+    fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str
+) -> tuple[Any, dict | None]:
+    """`run` a worker that takes `failure_dir` (distributed.out_of_memory_ends_job_step): (rank 0's result, None),
+    or (None, the record of the rank that ran out of memory and ended the job step). Any other failure is raised."""
+    from .distributed import out_of_memory_record
+
+    failure_dir = Path(stage_dir) / "failures" / uuid.uuid4().hex[:12]
+    try:
+        return run(fn, {**kwargs, "failure_dir": str(failure_dir)}, spec, stage_dir, name), None
+    except JobFailed:
+        record = out_of_memory_record(failure_dir)
+        if record is None:
+            raise
+        return None, record
+
+
 def _failed(job: submitit.Job, spec: LaunchSpec, name: str, state: str, detail: str) -> JobFailed:
     where = f"{name}: {spec.launcher} job {job.job_id} ended {state}; read {job.paths.stderr}"
     return JobFailed(f"{where}\n{_stderr_tail(job)}\n{detail}")

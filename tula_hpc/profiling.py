@@ -40,7 +40,6 @@ import re
 import socket
 import statistics
 import time
-import uuid
 from pathlib import Path
 
 import psutil
@@ -51,7 +50,7 @@ from torch import nn
 from . import launch
 from .config import fingerprint
 from .data import loader_options, make_loader
-from .distributed import Context, init_distributed, out_of_memory_ends_job_step, out_of_memory_record, shutdown
+from .distributed import Context, init_distributed, out_of_memory_ends_job_step, shutdown
 from .files import read_json, write_json
 from .layout import devices_per_node, ranks_per_host, steps_per_epoch
 from .performance import adaptive_search, candidate_row, model_params
@@ -329,20 +328,15 @@ def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path, ma
     spec = launch.LaunchSpec.for_job(job, nodes=nodes)
     started = time.perf_counter()
     folder = Path(work_dir) / "profile" / f"N{nodes}_B{batch}"
-    failure_dir = folder / "failures" / uuid.uuid4().hex[:12]
-    try:
-        result = launch.run(
-            profile_worker,
-            dict(job=job, global_batch=batch, failure_dir=str(failure_dir)),
-            spec,
-            folder,
-            name=f"{job['name']}-profile-N{nodes}-B{batch}",
-        )
-    except launch.JobFailed:
-        record = out_of_memory_record(failure_dir)
-        if record is None:
-            raise
-        raise _out_of_memory_error(job, nodes, batch, spec.world_size, record, max_per_device) from None
+    result, out_of_memory = launch.run_or_out_of_memory(
+        profile_worker,
+        dict(job=job, global_batch=batch),
+        spec,
+        folder,
+        name=f"{job['name']}-profile-N{nodes}-B{batch}",
+    )
+    if out_of_memory is not None:
+        raise _out_of_memory_error(job, nodes, batch, spec.world_size, out_of_memory, max_per_device)
     result.update(
         nodes=nodes,
         launcher=spec.launcher,

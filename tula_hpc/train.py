@@ -34,7 +34,7 @@ from .budget import budget_bytes, budget_source, device_memory, model_bytes
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, own_rng_state, restore_rng, rng_states, save_checkpoint
 from .config import stage_settings
 from .data import loader_options, make_loader, start_epoch
-from .distributed import init_distributed, out_of_memory_ends_job_step, out_of_memory_record, shutdown, wait_for_main
+from .distributed import init_distributed, out_of_memory_ends_job_step, shutdown, wait_for_main
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
 from .preemption import StopRequests
@@ -425,30 +425,23 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
         }
         attempts.append(attempt)
         write_json(log_path, {"selected": selected, "attempts": attempts})
-        failure_dir = stage_dir / "failures" / uuid.uuid4().hex[:12]
-        try:
-            result = launch.run(
-                train_worker,
-                dict(
-                    job=job,
-                    global_batch=global_batch,
-                    checkpoint_path=str(stage_dir / "checkpoint.pt"),
-                    model_path=str(Path(model_path).resolve()),
-                    metrics_path=str(stage_dir / "metrics.jsonl"),
-                    accumulation=accumulation,
-                    selected_batch=chosen["batch"],
-                    failure_dir=str(failure_dir),
-                    loop_log_path=str(stage_dir / "loop_time.jsonl"),
-                ),
-                spec,
-                stage_dir,
-                name=f"{job['name']}-train",
-            )
-        except launch.JobFailed:
-            # A rank that ran out of memory recorded it and ended the job step; anything else is a failure.
-            result = out_of_memory_record(failure_dir)
-            if result is None:
-                raise
+        result, out_of_memory = launch.run_or_out_of_memory(
+            train_worker,
+            dict(
+                job=job,
+                global_batch=global_batch,
+                checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                model_path=str(Path(model_path).resolve()),
+                metrics_path=str(stage_dir / "metrics.jsonl"),
+                accumulation=accumulation,
+                selected_batch=chosen["batch"],
+                loop_log_path=str(stage_dir / "loop_time.jsonl"),
+            ),
+            spec,
+            stage_dir,
+            name=f"{job['name']}-train",
+        )
+        result = result if out_of_memory is None else out_of_memory
         attempt.update(
             outcome=result.get("outcome", "completed"),
             **{k: result[k] for k in ("rank", "error", "noticed_after_s") if k in result},

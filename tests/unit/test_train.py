@@ -29,6 +29,19 @@ def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
     return summary, torch.load(paths["model_path"], weights_only=False)["model"]
 
 
+def _requeue_signal_during_step(monkeypatch, number: int) -> None:
+    """The requeue signal arrives while training's `number`-th step runs, as Slurm's warning would."""
+    step, calls = training_module.training_step, []
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == number:
+            os.kill(os.getpid(), REQUEUE_SIGNAL)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training_module, "training_step", signalled)
+
+
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
     job = default_job(train=dict(strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2}))
@@ -86,15 +99,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
     job = default_job(train=dict(strategy=name, epochs=3, warmup_epochs=1, lr_milestones=[2]))
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
 
-    step, calls = training_module.training_step, []
-
-    def requeue_signal_during_step_12(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 12:
-            os.kill(os.getpid(), REQUEUE_SIGNAL)
-        return step(*args, **kwargs)
-
-    monkeypatch.setattr(training_module, "training_step", requeue_signal_during_step_12)
+    _requeue_signal_during_step(monkeypatch, 12)
     with pytest.raises(Preempted):
         _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
     monkeypatch.undo()
@@ -167,15 +172,7 @@ def test_the_epoch_clock_waits_for_the_device_at_epoch_ends_and_mid_epoch_saves_
         add(clock, seconds, force)
 
     monkeypatch.setattr(LoopClock, "add", read)
-    step, calls = training_module.training_step, []
-
-    def requeue_signal_during_step_12(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 12:
-            os.kill(os.getpid(), REQUEUE_SIGNAL)
-        return step(*args, **kwargs)
-
-    monkeypatch.setattr(training_module, "training_step", requeue_signal_during_step_12)
+    _requeue_signal_during_step(monkeypatch, 12)
     with pytest.raises(Preempted):
         _run_training(job, tmp_path, batch=128)  # 10 steps an epoch; stops mid-epoch 2, after step 13
 
