@@ -65,7 +65,7 @@ def driver_version() -> str:
     try:
         text = NVIDIA_DRIVER_VERSION.read_text()
     except OSError:
-        return "no NVIDIA driver found"
+        return "not found"
     found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d[\w.]*)", text)
     return found.group(1) if found else text.strip().splitlines()[0]
 

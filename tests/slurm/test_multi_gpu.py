@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.slurm.workers import report_ranks
+from tests.slurm.workers import gpu_rank_on_a_node_without_cuda, report_ranks
 from tula_hpc import launch
 from tula_hpc.files import read_json
 
@@ -58,3 +58,14 @@ def test_two_gpus_per_node_run_two_ranks_per_node_one_per_gpu(slurm_cluster, tmp
     assert ended == "COMPLETED"
     tres = wait_for(lambda: "gres/gpu" in _alloc_tres(job_id) and _alloc_tres(job_id), 30, "sacct's AllocTRES")
     assert "gres/gpu=4" in tres.split(","), tres
+
+
+def test_a_gpu_job_on_a_node_without_usable_cuda_stops_there_and_says_why(slurm_cluster, tmp_path):
+    """Checked where the job runs (a login node has no GPU to ask): the rank names its host, the wheel's CUDA and
+    the driver, and never computes on the CPU in the GPU's stead."""
+    spec = launch.LaunchSpec(launcher="slurm", nodes=1, gpus_per_node=1, mem_gb=2, time_min=5)
+    with pytest.raises(launch.JobFailed) as failed:
+        launch.run(gpu_rank_on_a_node_without_cuda, {}, spec, tmp_path, name="no-cuda")
+    message = str(failed.value)
+    assert "DeviceError" in message and "finds CUDA unusable (host node1: torch" in message
+    assert "NVIDIA driver not found" in message

@@ -49,8 +49,11 @@ def paced_tiny_cnn(num_classes: int, in_channels: int, image_size: int, seconds_
 
 
 def report_ranks() -> list[dict]:
-    """Every rank's placement and device after one all_reduce: launch.run returns only rank 0's result."""
-    ctx = init_distributed(use_gpus=True)
+    """Every rank's placement and device after one all_reduce: launch.run returns only rank 0's result.
+
+    The ranks use their GPUs where CUDA works; on stand-in GPUs they compute on the CPU (a GPU job would stop:
+    `gpu_rank_on_a_node_without_cuda`)."""
+    ctx = init_distributed(use_gpus=torch.cuda.is_available())
     total = torch.tensor([float(ctx.rank + 1)], device=ctx.device)
     dist.all_reduce(total)
     mine = {
@@ -68,3 +71,8 @@ def report_ranks() -> list[dict]:
     dist.all_gather_object(everyone, mine)
     shutdown()
     return everyone
+
+
+def gpu_rank_on_a_node_without_cuda() -> None:
+    """A GPU job's rank where CUDA is unusable: it must stop on its node, naming the host and the CUDA there."""
+    init_distributed(use_gpus=True)

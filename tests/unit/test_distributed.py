@@ -45,7 +45,7 @@ def test_a_gpu_rank_never_falls_back_to_the_cpu(monkeypatch, tmp_path):
     message = str(err.value)
     for fragment in (
         f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)",
-        "NVIDIA driver no NVIDIA driver found",
+        "NVIDIA driver not found",
         "CUDA_VISIBLE_DEVICES='GPU-0000'",
         f"host {socket.gethostname()}",
     ):
