@@ -255,6 +255,16 @@ def _check_semantics(name: str, job: dict, launcher: str) -> None:
             f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
             f"start local SGD; allowed: below {epochs}",
         )
+    _check_gpu_job(name, job, launcher)
+
+
+def _check_gpu_job(name: str, job: dict, launcher: str) -> None:
+    """What a GPU job needs that a CPU job does not: host memory per GPU rank, NCCL's sync priors, and on the local
+    launcher a usable GPU of its own for every rank."""
+
+    def fail(field: str, message: str) -> None:
+        raise ConfigError(f"job '{name}': field '{field}': {message}")
+
     gpus, mem_gb = job["resources"]["gpus_per_node"], job["resources"]["mem_gb"]
     if gpus and mem_gb < gpus * HOST_GB_PER_GPU_RANK:
         fail(
