@@ -255,16 +255,12 @@ def _check_semantics(name: str, job: dict, launcher: str) -> None:
             f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
             f"start local SGD; allowed: below {epochs}",
         )
-    _check_gpu_job(name, job, launcher)
+    _check_gpu_job(job, launcher, fail)
 
 
-def _check_gpu_job(name: str, job: dict, launcher: str) -> None:
+def _check_gpu_job(job: dict, launcher: str, fail) -> None:
     """What a GPU job needs that a CPU job does not: host memory per GPU rank, NCCL's sync priors, and on the local
-    launcher a usable GPU of its own for every rank."""
-
-    def fail(field: str, message: str) -> None:
-        raise ConfigError(f"job '{name}': field '{field}': {message}")
-
+    launcher a usable GPU of its own for every rank (`fail`: _check_semantics' error for a field)."""
     gpus, mem_gb = job["resources"]["gpus_per_node"], job["resources"]["mem_gb"]
     if gpus and mem_gb < gpus * HOST_GB_PER_GPU_RANK:
         fail(

@@ -224,7 +224,7 @@ def _per_sample(memory: dict) -> str:
 def _loading(selection: dict, summary: dict) -> str:
     """Training's wait for its loader beside the profiles' data part: the profiles synchronise every step, so
     their loading cannot overlap the device's work, while training's can (on a GPU); the gap shows how much."""
-    waited = sum(r.get("data_wait_s", 0.0) for r in summary["history"])
+    waited = sum(r["data_wait_s"] for r in summary["history"])
     chosen = selection["chosen"]
     return (
         f"Data loading: training waited {waited:.2f} s for its loader ({waited / summary['train_time_s']:.1%} of "

@@ -215,7 +215,7 @@ class Trainer:
             shuffle=True,
             **self.loader_options,
         )
-        self.batches, self.device = TimedBatches(self.loader), clock_for(ctx.device)
+        self.batches, self.device_clock = TimedBatches(self.loader), clock_for(ctx.device)
         self.loss_fn = nn.CrossEntropyLoss()
         self.epochs = job["train"]["epochs"]
 
@@ -258,14 +258,14 @@ class Trainer:
                 progress.step, batches_done = progress.step + 1, batches_done + 1
                 saving = stopping and batches_done < self.steps_per_epoch
                 if saving:
-                    self.device.wait()
+                    self.device_clock.wait()
                 now = time.perf_counter()
                 clock.add(now - started, force=saving)
                 started = now
                 if saving:
                     self.save(batches_done * per_device, clock.spent - spent_before, self.batches.waited)
                     stop.leave(self.ctx.rank)
-            self.device.wait()
+            self.device_clock.wait()
         finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
             clock.add(time.perf_counter() - started, force=True)
         return loss, clock.spent - spent_before, stopping
