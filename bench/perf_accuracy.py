@@ -260,8 +260,8 @@ def evaluate_model(name: str, job: dict, candidates: list[dict], records: list[d
     one campaign (profiling cost, regrets) per search and round, and every measurement's distance from the truth."""
     from tula_hpc.layout import devices_per_node
     from tula_hpc.perfmodel import predict_candidates
-    from tula_hpc.performance import adaptive_search, candidate_row, fit_profiles, model_params
-    from tula_hpc.search import planned
+    from tula_hpc.performance import candidate_row, fit_profiles, model_params
+    from tula_hpc.search import adaptive_search, planned
 
     devices, launcher = devices_per_node(job), job["launcher"]
 

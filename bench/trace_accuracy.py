@@ -12,7 +12,7 @@ g GPUs: placements.csv rows whose digits are all g, and scalability.csv rows wit
   ({"nodes", "batch", "per_device_batch"}), none above the training set (the plan's rule). They are built here,
   not by candidate_grid: its grid doubles N and B from their minima, and the traces hold N in {1, 2, 3, 4, 6, 8,
   12, 16} and per-device batches a factor sqrt(2) apart (32, 45, 64, 91, ...), which it cannot express;
-- which candidates are profiled: search.planned (partial, full) and performance.adaptive_search (adaptive), the
+- which candidates are profiled: search.planned (partial, full) and search.adaptive_search (adaptive), the
   job's own settings (partial_second_batch, adaptive tolerance);
 - a "profile" is read from the trace row instead of measured (`trace_profile`), with the keys profiling writes;
 - fit, predict, T and cost: perfmodel.fit_and_predict; choice: selection.select. No second implementation.
@@ -207,8 +207,8 @@ def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[d
 def searched(job: dict, candidates: list[dict], measure) -> dict[str, tuple[list[dict], dict, dict | None]]:
     """Per mode: the candidates it profiles, the fit settings, and adaptive search's record (search.py decides)."""
     from tula_hpc.layout import devices_per_node
-    from tula_hpc.performance import adaptive_search, candidate_row, model_params
-    from tula_hpc.search import planned
+    from tula_hpc.performance import candidate_row, model_params
+    from tula_hpc.search import adaptive_search, planned
 
     devices, launcher, search = devices_per_node(job), job["launcher"], job["search"]
     settings = model_params(job)

@@ -44,8 +44,7 @@ kind of sync is fitted from the profiles that hold it: intra from syncs that sta
 syncs that span hosts (less their intra part). With one size of a kind (one h, or one H) its latency and
 bandwidth are collinear, so latency is held at its prior and only bandwidth is fitted; a kind no profile
 holds keeps both priors (`sync_prior`, the job's search.sync_prior). A profiled candidate's t_step weighs
-its own measurement against the model by their errors (`measurement_weight`). Adaptive search
-(`adaptive_search`) grows the set of profiles until the model is sure enough.
+its own measurement against the model by their errors (`measurement_weight`).
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ from .layout import ranks_per_host
 
 HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01
-VALIDATIONS = 2
 COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_")
 # The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
 # at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
@@ -469,83 +467,3 @@ def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, int], float], 
         if (ranks, batch) in measured:
             steps[i] += weight * (measured[(ranks, batch)] - steps[i])
     return steps
-
-
-def discrepancy_estimate(history: list[dict], prior: float) -> float:
-    """Model error per octave from each adaptive step's out-of-sample error, shrunk toward the prior.
-
-    The prior counts as one observation, so a single lucky prediction cannot end the search.
-    """
-    ratios = [h["rel_error"] / h["octaves"] for h in history if h["octaves"] > 0]
-    return math.sqrt((prior**2 + sum(r**2 for r in ratios)) / (1 + len(ratios)))
-
-
-def adaptive_search(
-    candidates: list[dict],
-    initial: list[dict],
-    measure,
-    row_of,
-    settings: dict,
-    tolerance: float,
-    max_profiles: int | None = None,
-) -> dict:
-    """Profile `initial`, then keep adding the candidate with the largest predicted uncertainty.
-
-    Before each new profile joins the fit, the current model predicts it: that out-of-sample error
-    calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops
-    when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
-    profiles, each the least certain candidate of its turn, were all predicted within `tolerance` (on a
-    machine noisier than the tolerance the uncertainty itself never gets there); at `max_profiles`; or
-    when nothing is left. `measure(candidate)` returns a profile record; `row_of(candidate)` its
-    input row (`candidate_row`).
-    """
-    profiled = [dict(c) for c in initial]
-    profiles = [measure(c) for c in profiled]
-    history: list[dict] = []
-    prior = settings["discrepancy_per_octave"]
-    discrepancy = prior
-    while True:
-        model = fit_profiles(profiles, **{**settings, "discrepancy_per_octave": discrepancy})
-        remaining = [c for c in candidates if c not in profiled]
-        if not remaining:
-            stopped = "every candidate profiled"
-            break
-        if max_profiles is not None and len(profiles) >= max_profiles:
-            stopped = f"reached max_profiles ({max_profiles})"
-            break
-        X = np.array([row_of(c) for c in remaining], float)
-        uncertainty = model.predict_uncertainty(X)
-        worst = int(np.argmax(uncertainty))
-        if history and uncertainty[worst] <= tolerance:  # an uncertainty no profile has tested yet is only the prior
-            stopped = f"largest predicted uncertainty {uncertainty[worst]:.1%} <= tolerance {tolerance:.1%}"
-            break
-        recent = history[-VALIDATIONS:]
-        if len(recent) == VALIDATIONS and all(h["rel_error"] <= tolerance for h in recent):
-            stopped = f"the last {VALIDATIONS} profiles were predicted within tolerance {tolerance:.1%}"
-            break
-        candidate = remaining[worst]
-        predicted = float(model.predict(X[worst : worst + 1])[0])
-        octaves = float(model.octaves_to_profiled(X[worst : worst + 1])[0])
-        profile = measure(candidate)
-        measured = profile["median"]["step_s"]
-        history.append(
-            {
-                "nodes": candidate["nodes"],
-                "batch": candidate["batch"],
-                "uncertainty": float(uncertainty[worst]),
-                "predicted_step_s": predicted,
-                "measured_step_s": measured,
-                "rel_error": abs(predicted / measured - 1),
-                "octaves": octaves,
-            }
-        )
-        discrepancy = discrepancy_estimate(history, prior)
-        profiled.append(candidate)
-        profiles.append(profile)
-    return {
-        "profiled": profiled,
-        "profiles": profiles,
-        "history": history,
-        "discrepancy_per_octave": discrepancy,
-        "stopped": stopped,
-    }

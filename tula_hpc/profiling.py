@@ -53,8 +53,9 @@ from .data import loader_options, make_loader
 from .distributed import Context, init_distributed, out_of_memory_ends_job_step, shutdown
 from .files import read_json, write_json
 from .layout import devices_per_node, ranks_per_host, steps_per_epoch
-from .performance import adaptive_search, candidate_row, model_params
+from .performance import candidate_row, model_params
 from .preemption import StopRequests
+from .search import adaptive_search
 from .stage import StageError, stage_main
 from .strategies import build_strategy
 from .training import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp

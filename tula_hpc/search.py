@@ -4,7 +4,7 @@
   the largest configuration among them by default (`partial_set`): 3 to 5 of them, whatever the size of
   the grid. The fit reads their profiles.
 - full: every candidate. The fit reads their profiles.
-- adaptive: starts from partial; the `adapt` rule (profile stage, `--adaptive`) then adds the candidate
+- adaptive (`adaptive_search`): starts from partial; the `adapt` rule (profile stage, `--adaptive`) then adds the candidate
   the fitted model is least sure about until its uncertainty, calibrated on those very profiles, is
   small. The fit reads the partial profiles and adaptive.json, which holds the profiles it added.
 """
@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from .performance import fit_profiles
+
 MODES = ("partial", "full", "adaptive")
 SECOND_BATCHES = ("largest", "middle")
+# Adaptive search stops on predictions only after this many profiles it added were predicted (never on one).
+VALIDATIONS = 2
 
 
 def _unknown(mode: str) -> ValueError:
@@ -75,3 +81,83 @@ def partial_set(grid: list[dict], devices_per_node: int, launcher: str, second_b
         second = min(n for n in multi_rank if n not in (smallest, largest))
         chosen.append(by_nodes[second][0])
     return [c for i, c in enumerate(chosen) if c not in chosen[:i]]
+
+
+def discrepancy_estimate(history: list[dict], prior: float) -> float:
+    """Model error per octave from each adaptive step's out-of-sample error, shrunk toward the prior.
+
+    The prior counts as one observation, so a single lucky prediction cannot end the search.
+    """
+    ratios = [h["rel_error"] / h["octaves"] for h in history if h["octaves"] > 0]
+    return math.sqrt((prior**2 + sum(r**2 for r in ratios)) / (1 + len(ratios)))
+
+
+def adaptive_search(
+    candidates: list[dict],
+    initial: list[dict],
+    measure,
+    row_of,
+    settings: dict,
+    tolerance: float,
+    max_profiles: int | None = None,
+) -> dict:
+    """Profile `initial`, then keep adding the candidate with the largest predicted uncertainty.
+
+    Before each new profile joins the fit, the current model predicts it: that out-of-sample error
+    calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops
+    when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
+    profiles, each the least certain candidate of its turn, were all predicted within `tolerance` (on a
+    machine noisier than the tolerance the uncertainty itself never gets there); at `max_profiles`; or
+    when nothing is left. `measure(candidate)` returns a profile record; `row_of(candidate)` its
+    input row (`candidate_row`).
+    """
+    profiled = [dict(c) for c in initial]
+    profiles = [measure(c) for c in profiled]
+    history: list[dict] = []
+    prior = settings["discrepancy_per_octave"]
+    discrepancy = prior
+    while True:
+        model = fit_profiles(profiles, **{**settings, "discrepancy_per_octave": discrepancy})
+        remaining = [c for c in candidates if c not in profiled]
+        if not remaining:
+            stopped = "every candidate profiled"
+            break
+        if max_profiles is not None and len(profiles) >= max_profiles:
+            stopped = f"reached max_profiles ({max_profiles})"
+            break
+        X = np.array([row_of(c) for c in remaining], float)
+        uncertainty = model.predict_uncertainty(X)
+        worst = int(np.argmax(uncertainty))
+        if history and uncertainty[worst] <= tolerance:  # an uncertainty no profile has tested yet is only the prior
+            stopped = f"largest predicted uncertainty {uncertainty[worst]:.1%} <= tolerance {tolerance:.1%}"
+            break
+        recent = history[-VALIDATIONS:]
+        if len(recent) == VALIDATIONS and all(h["rel_error"] <= tolerance for h in recent):
+            stopped = f"the last {VALIDATIONS} profiles were predicted within tolerance {tolerance:.1%}"
+            break
+        candidate = remaining[worst]
+        predicted = float(model.predict(X[worst : worst + 1])[0])
+        octaves = float(model.octaves_to_profiled(X[worst : worst + 1])[0])
+        profile = measure(candidate)
+        measured = profile["median"]["step_s"]
+        history.append(
+            {
+                "nodes": candidate["nodes"],
+                "batch": candidate["batch"],
+                "uncertainty": float(uncertainty[worst]),
+                "predicted_step_s": predicted,
+                "measured_step_s": measured,
+                "rel_error": abs(predicted / measured - 1),
+                "octaves": octaves,
+            }
+        )
+        discrepancy = discrepancy_estimate(history, prior)
+        profiled.append(candidate)
+        profiles.append(profile)
+    return {
+        "profiled": profiled,
+        "profiles": profiles,
+        "history": history,
+        "discrepancy_per_octave": discrepancy,
+        "stopped": stopped,
+    }

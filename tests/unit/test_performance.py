@@ -7,7 +7,6 @@ from tula_hpc.performance import (
     OVERLAP_GAMMA_BOUNDS,
     SYNC_TERMS,
     PerfModel,
-    adaptive_search,
     candidate_row,
     hierarchical_sync_features,
     measurement_weight,
@@ -278,38 +277,6 @@ def test_measurement_weight_is_inverse_variance_of_model_error_against_profile_n
     assert measurement_weight([0.06, 0.08], noise=0.05) == pytest.approx(0.005 / (0.005 + 0.0025))
     assert measurement_weight([], noise=0.05) == 0.0  # no spare profiles: the model passes through them anyway
     assert measurement_weight([0.0, 0.0], noise=0.05) == 0.0  # an exact model needs no measurement
-
-
-def _adaptive(curvature, tolerance=0.05):
-    grid = [
-        c
-        for c in candidate_grid({"nodes": {"min": 1, "max": 2}, "batch": {"min": 8, "max": 1024}}, 1, 512, 100_000)
-        if c["per_device_batch"] >= 8
-    ]
-    settings = {
-        "collective": "ring",
-        "sync_prior": {**PRIOR, "intra_node": {"latency_s": TRUE["sync"][0], "bandwidth_gb_s": 50.0}},
-        "noise_prior": 0.01,
-        "discrepancy_per_octave": 0.02,
-    }
-    measure = lambda c: profile_record(c["nodes"], c["per_device_batch"], curvature=curvature)  # noqa: E731
-    return grid, adaptive_search(
-        grid, partial_set(grid, 1, "local"), measure, lambda c: candidate_row(c, 1, "local"), settings, tolerance
-    )
-
-
-def test_adaptive_search_stops_early_when_new_profiles_confirm_the_model():
-    grid, result = _adaptive(curvature=0.0)
-    assert len(result["profiled"]) < len(grid)
-    assert all(h["rel_error"] < 0.01 for h in result["history"])
-
-
-def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
-    grid, straight = _adaptive(curvature=0.0)
-    _, curved = _adaptive(curvature=3e-7)  # compute bends upward: a straight line misses the middle by 30 %
-    assert len(curved["profiled"]) > len(straight["profiled"])
-    assert curved["discrepancy_per_octave"] > straight["discrepancy_per_octave"]
-    assert max(h["rel_error"] for h in curved["history"]) > 0.25  # it found where the straight line misses most
 
 
 def test_sync_no_profile_holds_is_predicted_at_the_prior_of_the_jobs_device():

@@ -1,12 +1,14 @@
-"""Search modes: which candidates each profiles, and partial search's extremes identifying the model."""
+"""Search modes: which candidates each profiles, partial search's extremes identifying the model, and adaptive
+search on synthetic timings."""
 
 import numpy as np
 import pytest
 
+from tests.unit.test_performance import PRIOR, TRUE, profile_record
 from tula_hpc.layout import ranks_per_host
-from tula_hpc.performance import PerfModel, sync_features
+from tula_hpc.performance import PerfModel, candidate_row, sync_features
 from tula_hpc.plan import candidate_grid
-from tula_hpc.search import MODES, SECOND_BATCHES, adds_profiles, partial_set, planned
+from tula_hpc.search import MODES, SECOND_BATCHES, adaptive_search, adds_profiles, partial_set, planned
 
 SEARCH = {"nodes": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
 
@@ -102,3 +104,35 @@ def test_beyond_the_corners_no_partial_profile_is_spare(nodes, devices, launcher
         if member not in corners:
             rest = [c for c in chosen if c is not member]
             assert _identified(rest, devices, launcher) != everything, f"{member} is spare"
+
+
+def _adaptive(curvature, tolerance=0.05):
+    grid = [
+        c
+        for c in candidate_grid({"nodes": {"min": 1, "max": 2}, "batch": {"min": 8, "max": 1024}}, 1, 512, 100_000)
+        if c["per_device_batch"] >= 8
+    ]
+    settings = {
+        "collective": "ring",
+        "sync_prior": {**PRIOR, "intra_node": {"latency_s": TRUE["sync"][0], "bandwidth_gb_s": 50.0}},
+        "noise_prior": 0.01,
+        "discrepancy_per_octave": 0.02,
+    }
+    measure = lambda c: profile_record(c["nodes"], c["per_device_batch"], curvature=curvature)  # noqa: E731
+    return grid, adaptive_search(
+        grid, partial_set(grid, 1, "local"), measure, lambda c: candidate_row(c, 1, "local"), settings, tolerance
+    )
+
+
+def test_adaptive_search_stops_early_when_new_profiles_confirm_the_model():
+    grid, result = _adaptive(curvature=0.0)
+    assert len(result["profiled"]) < len(grid)
+    assert all(h["rel_error"] < 0.01 for h in result["history"])
+
+
+def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
+    grid, straight = _adaptive(curvature=0.0)
+    _, curved = _adaptive(curvature=3e-7)  # compute bends upward: a straight line misses the middle by 30 %
+    assert len(curved["profiled"]) > len(straight["profiled"])
+    assert curved["discrepancy_per_octave"] > straight["discrepancy_per_octave"]
+    assert max(h["rel_error"] for h in curved["history"]) > 0.25  # it found where the straight line misses most
