@@ -4,9 +4,9 @@
   the largest configuration among them by default (`partial_set`): 3 to 5 of them, whatever the size of
   the grid. The fit reads their profiles.
 - full: every candidate. The fit reads their profiles.
-- adaptive (`adaptive_search`): starts from partial; the `adapt` rule (profile stage, `--adaptive`) then adds the candidate
-  the fitted model is least sure about until its uncertainty, calibrated on those very profiles, is
-  small. The fit reads the partial profiles and adaptive.json, which holds the profiles it added.
+- adaptive (`adaptive_search`): starts from partial; the `adapt` rule (profile stage, `--adaptive`) then
+  adds the candidate the fitted model is least sure about until its uncertainty, calibrated on those very
+  profiles, is small. The fit reads the partial profiles and adaptive.json, which holds the profiles it added.
 """
 
 from __future__ import annotations
