@@ -277,7 +277,7 @@ def replay(trace: dict, g: int, mapping: str = SYNC_MAPPINGS[0]) -> dict:
         ]
         result["modes"][mode] = {
             "profiled": [{"nodes": c["nodes"], "batch": c["batch"]} for c in profiled],
-            "params": model.params(),
+            "params": model.coefficients(),
             "notes": model.notes_,
             "leave_one_out": loo,
             "measurement_weight": weight,

@@ -138,7 +138,7 @@ def fit_model(
     result = {
         "job": job["name"],
         "collective": model.collective,
-        "params": model.params(),
+        "params": model.coefficients(),
         "identified": model.identified_,
         "notes": model.notes_ + disturbed,
         "grad_bytes": model.grad_bytes,

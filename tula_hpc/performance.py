@@ -50,10 +50,13 @@ its own measurement against the model by their errors (`measurement_weight`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy.optimize import minimize_scalar, nnls
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import BaseEstimator, RegressorMixin, clone
+from sklearn.exceptions import FitFailedWarning
+from sklearn.model_selection import LeaveOneOut, cross_validate
 from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 
 from .devices import SYNC_PRIORS
@@ -67,6 +70,7 @@ COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_p
 OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
 # g of a latent sync that the profiles hold at one per-device batch only (then g and sync are confounded).
 LATENT_GAMMA_PRIOR = 2.0
+KINK_MIN_BATCHES = 3
 SYNC_KINDS = ("intra_node", "inter_node")
 SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
 # How notes name a kind's size, and why a kind is missing from the profiles.
@@ -250,7 +254,9 @@ class PerfModel(BaseEstimator, RegressorMixin):
         return self._all_compute_columns(batch, extra_ranks)[:, self.compute_columns_]
 
     def _compute(self, batch, extra_ranks) -> np.ndarray:
-        return self._all_compute_columns(batch, extra_ranks) @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
+        line = self._all_compute_columns(batch, extra_ranks) @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
+        knots, ratios = self.compute_kinks_
+        return line * np.interp(np.log2(np.asarray(batch, float)), knots, ratios)
 
     def _sync_features(self, ranks, ranks_per_host) -> np.ndarray:
         return hierarchical_sync_features(ranks, ranks_per_host, self.grad_bytes, self.collective)
@@ -317,6 +323,13 @@ class PerfModel(BaseEstimator, RegressorMixin):
         full[self.compute_columns_] = coef
         for name, value in zip(COMPUTE_TERMS, full):
             setattr(self, name, float(value))
+        self.compute_kinks_ = (np.zeros(1), np.ones(1))
+        batches = batch[rows]
+        if len(set(batches)) >= KINK_MIN_BATCHES:
+            line = self._compute(batches, per_host[rows] - 1)
+            knots = np.unique(batches)
+            ratios = [np.median(np.maximum(target, 1e-9)[batches == b] / line[batches == b]) for b in knots]
+            self.compute_kinks_ = (np.log2(knots), np.array(ratios))
         for j, ok, value in zip(self.compute_columns_, _identified(A), coef):
             name = COMPUTE_TERMS[j].rstrip("_")
             self.identified_[name] = bool(ok)
@@ -452,8 +465,16 @@ class PerfModel(BaseEstimator, RegressorMixin):
             )
 
     # -- prediction ---------------------------------------------------------------------------------
+    def _rows(self, X) -> np.ndarray:
+        """Validated input rows of a fitted model; a single row may come as a flat list."""
+        check_is_fitted(self, "profiled_")
+        X = check_array(np.asarray(X, float).reshape(-1, 3) if np.ndim(X) == 1 else X, dtype=float)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} columns; expected 3: ranks, per_device_batch, ranks_per_host")
+        return X
+
     def predict_parts(self, X) -> dict[str, np.ndarray]:
-        X = np.asarray(X, float).reshape(-1, 3)
+        X = self._rows(X)
         ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
         data, compute, sync = self._data(batch), self._compute(batch, per_host - 1), self._sync(ranks, per_host)
         overlap = overlapped(compute, sync, self.overlap_gamma_)
@@ -470,13 +491,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
 
     def octaves_to_profiled(self, X) -> np.ndarray:
         """Distance in octaves of (b, N) from each row to the nearest profiled configuration."""
-        X = np.log2(np.asarray(X, float).reshape(-1, 3)[:, :2])
+        X = np.log2(self._rows(X)[:, :2])
         seen = np.log2(self.profiled_[:, :2])
         return np.sqrt(((X[:, None, :] - seen[None, :, :]) ** 2).sum(-1)).min(axis=1)
 
     def predict_uncertainty(self, X) -> np.ndarray:
-        """Relative standard deviation of the predicted step: fitted parameters plus model discrepancy."""
-        X = np.asarray(X, float).reshape(-1, 3)
+        """Relative standard deviation of the predicted step against a measurement of it: the fitted compute and
+        data parameters, the measurement's own noise (noise_prior), and the model's discrepancy per octave."""
+        X = self._rows(X)
         batch, per_host = X[:, 1], X[:, 2]
         step = self.predict(X)
         # g is fitted to the full steps with compute and sync fixed: its error (and sync's, which g absorbs on
@@ -485,7 +507,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         d = np.column_stack([np.ones_like(batch), batch])
         variance = np.einsum("ij,jk,ik->i", c, self.compute_cov_, c) + np.einsum("ij,jk,ik->i", d, self.data_cov_, d)
         discrepancy = self.discrepancy_per_octave * self.octaves_to_profiled(X)
-        return np.sqrt(variance / step**2 + discrepancy**2)
+        return np.sqrt(variance / step**2 + self.noise_prior**2 + discrepancy**2)
 
     def exposed_sync_share(self) -> list[dict]:
         """Exposed sync over sync at the largest profiled N, at its smallest and largest profiled per-device
@@ -500,7 +522,8 @@ class PerfModel(BaseEstimator, RegressorMixin):
             for row, exposed, sync in zip(ends, parts["exposed_sync_s"], parts["sync_s"])
         ]
 
-    def params(self) -> dict:
+    def coefficients(self) -> dict:
+        """The fitted terms by name, as perfmodel.json records them (not get_params: those are the settings)."""
         return {
             "data_intercept_s": float(self.data_coef_[0]),
             "data_per_sample_s": float(self.data_coef_[1]),
@@ -511,6 +534,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
             **{name: float(value) for name, value in zip(SYNC_TERMS, self.sync_coef_)},
             "rms_rel_error": self.rms_rel_error_,
             "discrepancy_per_octave": self.discrepancy_per_octave,
+            "sync_fit": self.sync_fit_,
         }
 
 
@@ -551,10 +575,21 @@ def fit_profiles(profiles: list[dict], interference_tolerance: float = 0.1, **mo
     land several times farther from the truth than quiet ones, so they weigh as much less: half at the
     tolerance, a tenth at three times it. This matters only where profiles are to spare.
     """
-    X = [profile_row(p) for p in profiles]
+    model, X, y, fit_params = _fit_inputs(profiles, interference_tolerance, **model_params)
+    return model.fit(X, y, **fit_params)
+
+
+def _fit_inputs(profiles: list[dict], interference_tolerance: float = 0.1, **model_params):
+    """The unfitted model, X, y and fit's metadata (split parts, weights) of profile records."""
+    X = np.array([profile_row(p) for p in profiles], float)
     weight = [1.0 / (1.0 + (p.get("interference", 0.0) / interference_tolerance) ** 2) for p in profiles]
-    return PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params).fit(
-        X, [p["median"]["step_s"] for p in profiles], **profile_parts(profiles), sample_weight=weight
+    fit_params = {name: np.asarray(v, float) for name, v in profile_parts(profiles).items()}
+    model = PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params)
+    return (
+        model,
+        X,
+        np.array([p["median"]["step_s"] for p in profiles]),
+        {**fit_params, "sample_weight": np.array(weight)},
     )
 
 
@@ -572,18 +607,27 @@ def profile_parts(profiles: list[dict]) -> dict[str, list[float]]:
     return parts
 
 
+def _held_out_error(model: PerfModel, X, y) -> float:
+    return float(abs(model.predict(X)[0] / y[0] - 1))
+
+
 def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
-    """Relative step-time error on each profile left out, where the rest still identify the model."""
-    identified = fit_profiles(profiles, **model_params).identified_
-    errors = []
-    for i, held in enumerate(profiles):
-        rest = profiles[:i] + profiles[i + 1 :]
-        model = fit_profiles(rest, **model_params)
-        if model.identified_ != identified:
-            continue
-        x = [profile_row(held)]
-        errors.append(float(abs(model.predict(x)[0] / held["median"]["step_s"] - 1)))
-    return errors
+    """Relative step-time error on each profile left out, where the rest still identify the model the same way
+    (scikit-learn's LeaveOneOut; a fold whose rest cannot be fitted at all counts as not identifying it)."""
+    if len(profiles) < 2:
+        return []
+    model, X, y, fit_params = _fit_inputs(profiles, **model_params)
+    identified = clone(model).fit(X, y, **fit_params).identified_
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FitFailedWarning)
+        folds = cross_validate(
+            model, X, y, cv=LeaveOneOut(), params=fit_params, scoring=_held_out_error, return_estimator=True
+        )
+    return [
+        float(error)
+        for error, fitted in zip(folds["test_score"], folds["estimator"])
+        if getattr(fitted, "identified_", None) == identified
+    ]
 
 
 def measurement_weight(out_of_sample: list[float], noise: float) -> float:

@@ -104,8 +104,8 @@ def adaptive_search(
     """Profile `initial`, then keep adding the candidate with the largest predicted uncertainty.
 
     Before each new profile joins the fit, the current model predicts it: that out-of-sample error
-    calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops
-    when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
+    calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops,
+    once VALIDATIONS profiles were added, when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
     profiles, each the least certain candidate of its turn, were all predicted within `tolerance` (on a
     machine noisier than the tolerance the uncertainty itself never gets there); at `max_profiles`; or
     when nothing is left. `measure(candidate)` returns a profile record; `row_of(candidate)` its
@@ -128,7 +128,9 @@ def adaptive_search(
         X = np.array([row_of(c) for c in remaining], float)
         uncertainty = model.predict_uncertainty(X)
         worst = int(np.argmax(uncertainty))
-        if history and uncertainty[worst] <= tolerance:  # an uncertainty no profile has tested yet is only the prior
+        # An uncertainty fewer than VALIDATIONS added profiles have tested is mostly the prior: one lucky
+        # prediction would end the search on it.
+        if len(history) >= VALIDATIONS and uncertainty[worst] <= tolerance:
             stopped = f"largest predicted uncertainty {uncertainty[worst]:.1%} <= tolerance {tolerance:.1%}"
             break
         recent = history[-VALIDATIONS:]

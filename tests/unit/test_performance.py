@@ -134,8 +134,8 @@ def test_the_exposed_share_of_sync_falls_with_the_batch_when_sync_overlaps_and_r
     share = overlap["exposed_sync_s"] / overlap["sync_s"]
     assert share[0] < 1 and np.all(np.diff(share) < 0)
     # params() names it at the largest profiled N's smallest and largest batch
-    assert [(s["ranks"], s["per_device_batch"]) for s in model.params()["exposed_sync_share"]] == [(4, 8), (4, 64)]
-    assert [s["share"] for s in model.params()["exposed_sync_share"]] == pytest.approx(list(share[:2]))
+    assert [(s["ranks"], s["per_device_batch"]) for s in model.coefficients()["exposed_sync_share"]] == [(4, 8), (4, 64)]
+    assert [s["share"] for s in model.coefficients()["exposed_sync_share"]] == pytest.approx(list(share[:2]))
     contended = fit(synthetic(*OVERLAP_PROFILES, gamma=0.7)).predict_parts(batches)
     share = contended["exposed_sync_s"] / contended["sync_s"]
     assert share[0] > 1 and np.all(np.diff(share) > 0)
@@ -193,7 +193,7 @@ def _both_kinds(**kw):
 def test_profiles_on_one_host_and_across_hosts_recover_all_four_sync_terms():
     model = fit(_both_kinds(), sync_prior=PRIOR)
     np.testing.assert_allclose(model.sync_coef_, TRUE["sync"], rtol=1e-6)
-    assert [model.params()[name] for name in SYNC_TERMS] == pytest.approx(list(TRUE["sync"]), rel=1e-6)
+    assert [model.coefficients()[name] for name in SYNC_TERMS] == pytest.approx(list(TRUE["sync"]), rel=1e-6)
     assert all(model.identified_[name] for name in SYNC_TERMS)
     assert not model.notes_
     noisy = fit(_both_kinds(noise=0.01, seed=3), sync_prior=PRIOR)
@@ -203,8 +203,8 @@ def test_profiles_on_one_host_and_across_hosts_recover_all_four_sync_terms():
 def test_profiles_on_one_host_fit_intra_terms_and_hold_inter_terms_at_the_priors():
     model = fit(synthetic(*grid_points(nodes=(1, 2, 4))), sync_prior=PRIOR)
     np.testing.assert_allclose(model.sync_coef_[:2], TRUE["sync"][:2], rtol=1e-6)
-    assert model.params()["inter_node_latency_s"] == 5e-5
-    assert model.params()["inter_node_seconds_per_byte"] == pytest.approx(1 / 10e9)
+    assert model.coefficients()["inter_node_latency_s"] == 5e-5
+    assert model.coefficients()["inter_node_seconds_per_byte"] == pytest.approx(1 / 10e9)
     assert model.identified_["intra_node_latency_s"] and model.identified_["intra_node_seconds_per_byte"]
     assert not model.identified_["inter_node_latency_s"] and not model.identified_["inter_node_seconds_per_byte"]
     assert model.notes_ == [
@@ -243,7 +243,7 @@ def test_coefficients_are_never_negative():
     model = PerfModel(grad_bytes=1e6).fit(X, y, data_s=y / 10, compute_s=y, sync_s=[0, 0, 0.001, 0.001])
     assert (
         min(
-            model.params()[k]
+            model.coefficients()[k]
             for k in (
                 "intercept_s",
                 "per_sample_s",
