@@ -105,11 +105,11 @@ def adaptive_search(
 
     Before each new profile joins the fit, the current model predicts it: that out-of-sample error
     calibrates the model's discrepancy per octave, so the uncertainty is measured, not assumed. Stops,
-    once VALIDATIONS profiles were added, when every unprofiled candidate's uncertainty is within `tolerance`; or when the last VALIDATIONS
-    profiles, each the least certain candidate of its turn, were all predicted within `tolerance` (on a
-    machine noisier than the tolerance the uncertainty itself never gets there); at `max_profiles`; or
-    when nothing is left. `measure(candidate)` returns a profile record; `row_of(candidate)` its
-    input row (`candidate_row`).
+    once VALIDATIONS profiles were added, when every unprofiled candidate's uncertainty is within
+    `tolerance`; or when the last VALIDATIONS profiles, each the least certain candidate of its turn, were
+    all predicted within `tolerance` (on a machine noisier than the tolerance the uncertainty itself never
+    gets there); at `max_profiles`; or when nothing is left. `measure(candidate)` returns a profile record;
+    `row_of(candidate)` its input row (`candidate_row`).
     """
     profiled = [dict(c) for c in initial]
     profiles = [measure(c) for c in profiled]

@@ -133,9 +133,10 @@ def test_the_exposed_share_of_sync_falls_with_the_batch_when_sync_overlaps_and_r
     overlap = model.predict_parts(batches)
     share = overlap["exposed_sync_s"] / overlap["sync_s"]
     assert share[0] < 1 and np.all(np.diff(share) < 0)
-    # params() names it at the largest profiled N's smallest and largest batch
-    assert [(s["ranks"], s["per_device_batch"]) for s in model.coefficients()["exposed_sync_share"]] == [(4, 8), (4, 64)]
-    assert [s["share"] for s in model.coefficients()["exposed_sync_share"]] == pytest.approx(list(share[:2]))
+    # coefficients() names it at the largest profiled N's smallest and largest batch
+    shares = model.coefficients()["exposed_sync_share"]
+    assert [(s["ranks"], s["per_device_batch"]) for s in shares] == [(4, 8), (4, 64)]
+    assert [s["share"] for s in shares] == pytest.approx(list(share[:2]))
     contended = fit(synthetic(*OVERLAP_PROFILES, gamma=0.7)).predict_parts(batches)
     share = contended["exposed_sync_s"] / contended["sync_s"]
     assert share[0] > 1 and np.all(np.diff(share) > 0)
