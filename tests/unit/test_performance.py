@@ -297,3 +297,71 @@ def test_sync_no_profile_holds_is_predicted_at_the_prior_of_the_jobs_device():
         assert model.sync_coef_[2:] == pytest.approx([inter["latency_s"], 1e-9 / inter["bandwidth_gb_s"]])
     inter = SYNC_PRIORS["gpu"]["inter_node"]
     assert fit(profiles).sync_coef_[2:] == pytest.approx([inter["latency_s"], 1e-9 / inter["bandwidth_gb_s"]])
+
+
+def test_latent_sync_and_overlap_are_recovered_from_full_steps_alone():
+    """Profiles of the overlapped step alone (no sync part): sync's terms and g come from how much of sync the
+    multi-rank steps leave exposed; hosts of 4 ranks, 2 to 16 of them, as on a GPU cluster."""
+    nodes, batches = np.meshgrid([1, 2, 4, 8, 16], [8, 32, 128, 512])
+    ranks, batch_column = 4 * nodes.ravel(), batches.ravel()
+    d = synthetic(ranks, batch_column, per_host=np.full(ranks.shape, 4))
+    model = PerfModel(grad_bytes=GRAD_BYTES, sync_prior=PRIOR, robust=False).fit(
+        d["X"], d["y"], data_s=d["data_s"], compute_s=d["compute_s"]
+    )
+    assert model.sync_fit_ == "latent"
+    assert model.overlap_gamma_ == pytest.approx(TRUE["gamma"], rel=1e-3)
+    # one host size (4): intra latency held at its prior, so its bandwidth absorbs the difference
+    assert model.sync_coef_[2:] == pytest.approx(TRUE["sync"][2:], rel=0.05)
+    np.testing.assert_allclose(model.predict(d["X"]), d["y"], rtol=0.01)
+    assert not model.identified_["intra_node_latency_s"] and model.identified_["inter_node_latency_s"]
+
+
+def test_split_parts_fit_split_and_a_missing_sync_part_makes_it_latent():
+    d = synthetic(*grid_points())
+    assert fit(d).sync_fit_ == "split"
+    assert fit(d).coefficients()["sync_fit"] == "split"
+    latent = PerfModel(grad_bytes=GRAD_BYTES).fit(d["X"], d["y"], data_s=d["data_s"], compute_s=d["compute_s"])
+    assert latent.coefficients()["sync_fit"] == "latent"
+
+
+def test_compute_follows_a_kink_the_profiles_show():
+    """Three or more profiled batches on one rank: compute passes through each, not one line across a kink."""
+    batch = np.array([8, 16, 32, 64, 128, 256])
+    compute = np.where(batch < 64, 1e-2, 1e-2 + 3e-4 * (batch - 32))  # flat, then linear
+    X = np.column_stack([np.ones(6), batch, np.ones(6)])
+    model = PerfModel(grad_bytes=GRAD_BYTES, robust=False).fit(X, compute, data_s=np.zeros(6), compute_s=compute)
+    np.testing.assert_allclose(model.predict(X), compute, rtol=1e-6)
+    line = PerfModel(grad_bytes=GRAD_BYTES, robust=False).fit(X[[0, -1]], compute[[0, -1]], compute_s=compute[[0, -1]])
+    assert abs(line.predict(X[2:3])[0] / compute[2] - 1) > 0.2  # two batches: one line, which misses the kink
+
+
+def test_an_unfitted_or_misshapen_input_is_refused():
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        PerfModel().predict([[1, 8, 1]])
+    model = fit(synthetic(*grid_points()))
+    with pytest.raises(ValueError, match="expected 3: ranks, per_device_batch, ranks_per_host"):
+        model.predict([[1, 8]])
+    with pytest.raises(ValueError, match="expected 3"):
+        PerfModel().fit([[1, 8]], [0.1])
+
+
+def test_leave_one_out_predicts_each_profile_from_the_others():
+    from tula_hpc.performance import fit_profiles, leave_one_out, profile_row
+
+    ranks, batch = grid_points(nodes=(1, 2, 4), batches=(8, 32, 128, 512))
+    profiles = [profile_record(int(r), int(b), seed=i, noise=0.03) for i, (r, b) in enumerate(zip(ranks, batch))]
+    settings = {"sync_prior": PRIOR, "noise_prior": 0.01}
+    errors = leave_one_out(profiles, **settings)
+    by_hand = []
+    for i, held in enumerate(profiles):
+        model = fit_profiles(profiles[:i] + profiles[i + 1 :], **settings)
+        by_hand.append(abs(model.predict([profile_row(held)])[0] / held["median"]["step_s"] - 1))
+    assert errors == pytest.approx(by_hand)
+    assert 0 < np.median(errors) < 0.1
+
+
+def test_uncertainty_never_falls_below_the_measurement_noise():
+    model = fit(synthetic(*grid_points()), noise_prior=0.03)
+    assert model.predict_uncertainty(model.profiled_).min() >= 0.03

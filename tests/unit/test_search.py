@@ -8,7 +8,7 @@ from tests.unit.test_performance import PRIOR, TRUE, profile_record
 from tula_hpc.layout import ranks_per_host
 from tula_hpc.performance import PerfModel, candidate_row, sync_features
 from tula_hpc.plan import candidate_grid
-from tula_hpc.search import MODES, SECOND_BATCHES, adaptive_search, adds_profiles, partial_set, planned
+from tula_hpc.search import MODES, SECOND_BATCHES, VALIDATIONS, adaptive_search, adds_profiles, partial_set, planned
 
 SEARCH = {"nodes": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
 
@@ -128,6 +128,8 @@ def test_adaptive_search_stops_early_when_new_profiles_confirm_the_model():
     grid, result = _adaptive(curvature=0.0)
     assert len(result["profiled"]) < len(grid)
     assert all(h["rel_error"] < 0.01 for h in result["history"])
+    # however sure the model is of the rest, it stops only after VALIDATIONS profiles it added were predicted
+    assert len(result["history"]) == VALIDATIONS
 
 
 def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
