@@ -25,9 +25,11 @@ largest sync_time traced at that N (and g), where backward hides least: a stand-
 leaving the overlap g to say how the exposed part shrinks as the batch grows. Neither is the split the profile
 stage measures (sync alone after a barrier), which the traces do not hold.
 
-Truth: T = epochs x steps per epoch (layout.steps_per_epoch of train_samples, N x g ranks, b) x step_time, an
-epoch's last, smaller step counted whole (the trace has no step at its batch; predict_candidates counts it
-smaller, which favours large B where an epoch has few steps); cost by node-hours (pricing.costs).
+Truth: T = epochs x ((steps per epoch - 1) x step_time + the last step's time), steps per epoch as
+layout.steps_per_epoch cuts train_samples over N x g ranks at b, the last, smaller step (layout.last_batch) timed
+by the trace at that N linearly between its traced batches (`traced_step`), as predict_candidates counts it (an
+epoch of few large steps would otherwise be charged a whole step for a sliver of data); cost by node-hours
+(pricing.costs).
 Figures, pooled over models and g:
 - partial_*: |predicted / true step - 1| on the candidates partial search did not profile, the largest named;
 - full_loo_median_error: performance.leave_one_out over all candidates (as fit_and_predict computes it);
@@ -161,18 +163,38 @@ def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float],
     }
 
 
+def traced_step(steps: dict, nodes: int, b: int) -> float:
+    """The trace's step at N nodes and per-device batch b: traced, or linear in b between the traced batches at
+    that N (beyond them, along the nearest two): for an epoch's last, smaller step, which no trace row holds."""
+    if (nodes, b) in steps:
+        return steps[(nodes, b)]
+    batches = sorted(k for n, k in steps if n == nodes)
+    low, high = (
+        batches[:2]
+        if b < batches[0]
+        else batches[-2:]
+        if b > batches[-1]
+        else next((x, y) for x, y in zip(batches, batches[1:]) if x <= b <= y)
+    )
+    slope = (steps[(nodes, high)] - steps[(nodes, low)]) / (high - low)
+    return max(steps[(nodes, low)] + slope * (b - low), 0.0)
+
+
 def true_candidates(job: dict, candidates: list[dict], steps: dict, train_samples: int) -> list[dict]:
-    """Candidates with their true T and cost: T = epochs x steps per epoch x traced step."""
-    from tula_hpc.layout import devices_per_node, steps_per_epoch
+    """Candidates with their true T and cost: T = epochs x (the traced step for every step of an epoch but the
+    last, and the trace at the last one's smaller batch for it), as predict_candidates counts an epoch."""
+    from tula_hpc.layout import devices_per_node, last_batch, steps_per_epoch
     from tula_hpc.pricing import costs
 
     devices, objective = devices_per_node(job), job["objective"]
     rows = []
     for c in candidates:
         ranks, b = c["nodes"] * devices, c["per_device_batch"]
-        total = job["train"]["epochs"] * steps_per_epoch(train_samples, ranks, b) * steps[(c["nodes"], b)]
+        step = steps[(c["nodes"], b)]
+        last = traced_step(steps, c["nodes"], last_batch(train_samples, ranks, b))
+        total = job["train"]["epochs"] * ((steps_per_epoch(train_samples, ranks, b) - 1) * step + last)
         price = costs(total, c["nodes"], ranks, b, objective, NO_MEMORY, None)
-        rows.append({**c, "step_s": steps[(c["nodes"], b)], "time_s": total, "cost": price[objective["pricing"]]})
+        rows.append({**c, "step_s": step, "time_s": total, "cost": price[objective["pricing"]]})
         rows[-1]["rel_uncertainty"] = 0.0
     return rows
 

@@ -2,7 +2,7 @@
 
     t_step(N, b, h) = data(b) + (compute(b, h)^g + sync(N, h)^g)^(1/g)     overlap of Pollux, see below
     data(b)         = d0 + d1 * b                                  loading, linear in b
-    compute(b, h)   = a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))    forward+backward+update (Eq. 2b)
+    compute(b, h)   = (a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))) * k(b)   forward+backward+update (Eq. 2b)
     sync(N, h)      = intra(h) + inter(H),  H = N / h hosts         per collective (Eq. 2c), 0 on one rank
         each part   = alpha * hops(n) + beta * bytes(n) of the collective among its n peers, with its own
                       alpha (seconds per hop) and beta (seconds per byte): intra among the h ranks of a host,
@@ -15,7 +15,9 @@ time there and may stay non-negative when compute grows faster than linearly: a 
 profiles of a convex curve crosses zero before b = 0), h the ranks sharing one host. On a cluster h is the
 devices per node and constant; with the local launcher all N "nodes" share this machine, and each rank
 computes slower the more ranks compete for its cores: the (h - 1) terms model that honestly instead of
-pooling one- and two-rank timings into one line.
+pooling one- and two-rank timings into one line. k(b) is 1 unless the profiles hold compute at
+KINK_MIN_BATCHES or more batches: then it passes the line through each profiled batch's measured compute and
+interpolates between them in log b (GPU kernels change with the batch: kinks one line would cut across).
 
 DDP all-reduces gradient buckets while backward still computes the rest, so the longer backward (the
 larger b) the more of sync it hides: a constant exposed share of sync over-predicts large-b, large-N
@@ -24,15 +26,6 @@ g = 1 exposes all of sync (compute + sync, as Eq. 2 adds them), g -> infinity hi
 longer (max), and in between the exposed part (the combination less compute) shrinks as compute outgrows
 sync. g may fall below 1 (to OVERLAP_GAMMA_BOUNDS[0]): on CPUs gloo's all-reduce threads slow the compute
 they run beside, so a step can cost more than compute + sync.
-
-Sync is hierarchical, as Horovod's hierarchical all-reduce runs it and as AdaptDL's goodput model keeps
-intra- and inter-node network terms apart (a hop over NVLink or shared memory and one over the network
-differ by an order of magnitude): a ring reduce-scatters among each host's h ranks, all-reduces the
-shards across the H hosts, and all-gathers them back, so the host part costs a ring all-reduce among h
-and the network part one among H; the h shards cross the network side by side, so inter beta is per
-byte of a host's whole network (all its NICs). A parameter server likewise reduces each host's ranks to
-one, then serves the hosts. On one host (the local launcher) inter is 0 and sync is the flat collective
-among the N ranks.
 
 Every coefficient is non-negative. Fits minimise relative error (a 2 ms step matters as much as a 2 s
 one), down-weight outlying profiles when there are spare ones (Huber), and report which coefficients
@@ -45,6 +38,8 @@ syncs that span hosts (less their intra part). With one size of a kind (one h, o
 bandwidth are collinear, so latency is held at its prior and only bandwidth is fitted; a kind no profile
 holds keeps both priors (`sync_prior`, the job's search.sync_prior). A profiled candidate's t_step weighs
 its own measurement against the model by their errors (`measurement_weight`).
+
+How sync is laid out over hosts, how it overlaps compute, and its latent fit: collective_cost.py.
 """
 
 from __future__ import annotations
@@ -59,15 +54,21 @@ from sklearn.exceptions import FitFailedWarning
 from sklearn.model_selection import LeaveOneOut, cross_validate
 from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 
+from .collective_cost import (
+    OVERLAP_GAMMA_BOUNDS,
+    fit_latent_sync,
+    hierarchical_sync_features,
+    hosts_spanned,
+    identified_columns,
+    identified_subset,
+    overlapped,
+)
 from .devices import SYNC_PRIORS
 from .layout import ranks_per_host
 
 HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01
 COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_per_sample_s_")
-# The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
-# at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
-OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
 # g of a latent sync that the profiles hold at one per-device batch only (then g and sync are confounded).
 LATENT_GAMMA_PRIOR = 2.0
 KINK_MIN_BATCHES = 3
@@ -78,34 +79,6 @@ SYNC_KIND_TEXT = {
     "intra_node": ("{} ranks on one host", "no multi-rank profile stays on one host"),
     "inter_node": ("{} hosts", "no profile spans two hosts"),
 }
-
-
-def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
-    """Columns (hops, bytes moved per peer) of the collective among `ranks` peers; both zero on one."""
-    ranks = np.asarray(ranks, float)
-    multi = (ranks > 1).astype(float)
-    if collective == "ring":
-        return np.column_stack([2 * (ranks - 1), 2 * (ranks - 1) / ranks * grad_bytes])
-    if collective == "parameter_server":
-        return np.column_stack([2 * multi, 2 * ranks * grad_bytes * multi])
-    raise ValueError(f"unknown collective '{collective}'; allowed: ring, parameter_server")
-
-
-def hosts_spanned(ranks, ranks_per_host) -> np.ndarray:
-    """Hosts a sync of `ranks` ranks crosses, `ranks_per_host` on each."""
-    return np.maximum(1.0, np.round(np.asarray(ranks, float) / np.asarray(ranks_per_host, float)))
-
-
-def hierarchical_sync_features(ranks, ranks_per_host, grad_bytes: float, collective: str) -> np.ndarray:
-    """Columns (intra hops, intra bytes, inter hops, inter bytes): the collective among each host's ranks,
-    then among the hosts spanned (see the module's docstring)."""
-    per_host = np.asarray(ranks_per_host, float)
-    return np.hstack(
-        [
-            sync_features(per_host, grad_bytes, collective),
-            sync_features(hosts_spanned(ranks, per_host), grad_bytes, collective),
-        ]
-    )
 
 
 def _huber(residual: np.ndarray) -> np.ndarray:
@@ -138,86 +111,6 @@ def _relative_nnls(A: np.ndarray, y: np.ndarray, weight: np.ndarray, robust: boo
         noise = max(noise, float(np.sum(huber * weight * residual**2) / (n - p)))
     scaled = A * w[:, None]
     return coef, noise * np.linalg.pinv(scaled.T @ scaled)
-
-
-def overlapped(compute, sync, gamma: float) -> np.ndarray:
-    """(compute^g + sync^g)^(1/g), scaled by the larger part so that neither underflows at large g."""
-    compute, sync = np.asarray(compute, float), np.asarray(sync, float)
-    larger = np.maximum(np.maximum(compute, sync), 1e-300)
-    return larger * ((compute / larger) ** gamma + (sync / larger) ** gamma) ** (1 / gamma)
-
-
-def _identified(A: np.ndarray) -> list[bool]:
-    """Column j is identified when dropping it lowers the rank (no other column can stand in for it)."""
-    if A.size == 0:
-        return []
-    norm = A / np.maximum(np.abs(A).max(axis=0), 1e-300)
-    rank = np.linalg.matrix_rank(norm)
-    return [np.linalg.matrix_rank(np.delete(norm, j, axis=1)) < rank for j in range(A.shape[1])]
-
-
-def _identified_subset(features: np.ndarray, wanted: list[int], room: int) -> list[int]:
-    """The wanted sync columns the rows identify, latencies given up first (they are held at their priors), at
-    most `room` of them."""
-    chosen = list(wanted)
-    for j in sorted(wanted, key=lambda j: (j % 2, j)):  # latency columns (even) before bandwidth columns
-        ok = _identified(features[:, chosen]) if chosen else []
-        if len(chosen) <= room and all(ok):
-            break
-        chosen.remove(j)
-    return chosen
-
-
-def fit_latent_sync(data, compute, features, y, weight, prior, free, gamma=None, robust=True, noise_prior=0.03):
-    """Sync coefficients (columns `free` of `prior` fitted, the rest held) and g (fitted unless given) that make
-    data + overlapped(compute, features @ coef, g) meet the steps y in relative error.
-
-    Each fitted coefficient is its prior times exp(u): positive, and on one scale whatever its units. Started from
-    the sync each step implies at g = 1 and at g = 4 (a start at the prior alone would sit where sync hides
-    wholly behind compute and the steps say nothing about it); the better of the two ends wins.
-    """
-    from scipy.optimize import least_squares
-
-    free = list(free)
-    low, high = np.log(OVERLAP_GAMMA_BOUNDS)
-    spare = len(y) - len(free) - (gamma is None)
-    loss = "soft_l1" if robust and spare > 1 else "linear"
-    scale = np.sqrt(weight)
-
-    def unpack(u):
-        coef = prior.copy()
-        coef[free] = prior[free] * np.exp(u[: len(free)])
-        return coef, (math.exp(u[-1]) if gamma is None else gamma)
-
-    def residual(u):
-        coef, g = unpack(u)
-        return scale * ((data + overlapped(compute, features @ coef, g)) / y - 1)
-
-    best = None
-    for start in ((1.0,), (4.0,)) if gamma is None else ((gamma,),):
-        g0 = start[0]
-        overlap = np.maximum(y - data, 1e-12)
-        exposed = overlap > compute * (1 + 1e-3)
-        u0 = np.zeros(len(free) + (gamma is None))
-        if exposed.any() and free:
-            implied = (overlap[exposed] ** g0 - compute[exposed] ** g0) ** (1 / g0)
-            held = features[exposed] @ np.where(np.isin(np.arange(len(prior)), free), 0.0, prior)
-            coef, _ = nnls(features[exposed][:, free] / implied[:, None], np.maximum(implied - held, 1e-12) / implied)
-            u0[: len(free)] = np.log(np.maximum(coef, prior[free] * 1e-6) / prior[free])
-        if gamma is None:
-            u0[-1] = math.log(g0)
-        bounds = (
-            np.r_[np.full(len(free), -30.0), [low] * (gamma is None)],
-            np.r_[np.full(len(free), 30.0), [high] * (gamma is None)],
-        )
-        if not len(u0):
-            return prior.copy(), gamma
-        found = least_squares(
-            residual, u0, bounds=bounds, loss=loss, f_scale=HUBER_K * max(noise_prior, MIN_ROBUST_SCALE)
-        )
-        if best is None or found.cost < best.cost:
-            best = found
-    return unpack(best.x)
 
 
 class PerfModel(BaseEstimator, RegressorMixin):
@@ -330,7 +223,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
             knots = np.unique(batches)
             ratios = [np.median(np.maximum(target, 1e-9)[batches == b] / line[batches == b]) for b in knots]
             self.compute_kinks_ = (np.log2(knots), np.array(ratios))
-        for j, ok, value in zip(self.compute_columns_, _identified(A), coef):
+        for j, ok, value in zip(self.compute_columns_, identified_columns(A), coef):
             name = COMPUTE_TERMS[j].rstrip("_")
             self.identified_[name] = bool(ok)
             if ok and value == 0.0:
@@ -442,7 +335,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
                 self._note_latency_held(k, kind, sizes[0])
         features = self._sync_features(ranks, per_host)
         gamma_free = len(set(batch)) >= 2
-        free = _identified_subset(features, free, len(y) - gamma_free)
+        free = identified_subset(features, free, len(y) - gamma_free)
         coef, gamma = fit_latent_sync(
             self._data(batch),
             self._compute(batch, per_host - 1),
@@ -453,7 +346,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
             free,
             LATENT_GAMMA_PRIOR if not gamma_free else None,
             self.robust,
-            self.noise_prior,
+            HUBER_K * max(self.noise_prior, MIN_ROBUST_SCALE),
         )
         self.sync_coef_, self.overlap_gamma_ = coef, gamma
         self.identified_.update({SYNC_TERMS[j]: True for j in free})

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from tests.unit.test_performance import PRIOR, TRUE, profile_record
+from tula_hpc.collective_cost import sync_features
 from tula_hpc.layout import ranks_per_host
-from tula_hpc.performance import PerfModel, candidate_row, sync_features
+from tula_hpc.performance import PerfModel, candidate_row
 from tula_hpc.plan import candidate_grid
 from tula_hpc.search import MODES, SECOND_BATCHES, VALIDATIONS, adaptive_search, adds_profiles, partial_set, planned
 

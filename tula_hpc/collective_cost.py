@@ -1,0 +1,136 @@
+"""What a gradient sync costs and how much of it a step shows: the collective's terms laid out over hosts, its
+overlap with compute, and its fit where only the overlapped step is measured (the performance model's sync).
+
+Sync is hierarchical, as Horovod's hierarchical all-reduce runs it and as AdaptDL's goodput model keeps
+intra- and inter-node network terms apart (a hop over NVLink or shared memory and one over the network
+differ by an order of magnitude): a ring reduce-scatters among each host's h ranks, all-reduces the
+shards across the H hosts, and all-gathers them back, so the host part costs a ring all-reduce among h
+and the network part one among H; the h shards cross the network side by side, so inter beta is per
+byte of a host's whole network (all its NICs). A parameter server likewise reduces each host's ranks to
+one, then serves the hosts. On one host (the local launcher) inter is 0 and sync is the flat collective
+among the N ranks.
+
+Latent sync (`sync_fit_` "latent"): where profiles hold the full, overlapped step without a sync part (published
+GPU traces; a GPU cluster, where stopping at a barrier to time the all-reduce alone perturbs the overlap it is
+meant to inform), sync's terms and g are fitted together to the multi-rank full steps, compute and data fixed
+(`fit_latent_sync`), as Pollux fits its own model: a step shows sync only through the part of it compute leaves
+exposed. Each kind's terms are fitted where rows hold that kind at enough sizes and the rank of their columns
+allows, latency given up to its prior first; g is held at LATENT_GAMMA_PRIOR when the steps hold one batch.
+The loss is Cauchy's (with rows to spare): published step times hold single outliers (a 2-node sync slower
+than a 4-node one) that a Huber loss still lets pull every term.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+# The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
+# at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
+OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
+
+
+def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
+    """Columns (hops, bytes moved per peer) of the collective among `ranks` peers; both zero on one."""
+    ranks = np.asarray(ranks, float)
+    multi = (ranks > 1).astype(float)
+    if collective == "ring":
+        return np.column_stack([2 * (ranks - 1), 2 * (ranks - 1) / ranks * grad_bytes])
+    if collective == "parameter_server":
+        return np.column_stack([2 * multi, 2 * ranks * grad_bytes * multi])
+    raise ValueError(f"unknown collective '{collective}'; allowed: ring, parameter_server")
+
+
+def hosts_spanned(ranks, ranks_per_host) -> np.ndarray:
+    """Hosts a sync of `ranks` ranks crosses, `ranks_per_host` on each."""
+    return np.maximum(1.0, np.round(np.asarray(ranks, float) / np.asarray(ranks_per_host, float)))
+
+
+def hierarchical_sync_features(ranks, ranks_per_host, grad_bytes: float, collective: str) -> np.ndarray:
+    """Columns (intra hops, intra bytes, inter hops, inter bytes): the collective among each host's ranks,
+    then among the hosts spanned (see the module's docstring)."""
+    per_host = np.asarray(ranks_per_host, float)
+    return np.hstack(
+        [
+            sync_features(per_host, grad_bytes, collective),
+            sync_features(hosts_spanned(ranks, per_host), grad_bytes, collective),
+        ]
+    )
+
+
+def overlapped(compute, sync, gamma: float) -> np.ndarray:
+    """(compute^g + sync^g)^(1/g), scaled by the larger part so that neither underflows at large g."""
+    compute, sync = np.asarray(compute, float), np.asarray(sync, float)
+    larger = np.maximum(np.maximum(compute, sync), 1e-300)
+    return larger * ((compute / larger) ** gamma + (sync / larger) ** gamma) ** (1 / gamma)
+
+
+def identified_columns(A: np.ndarray) -> list[bool]:
+    """Column j is identified when dropping it lowers the rank (no other column can stand in for it)."""
+    if A.size == 0:
+        return []
+    norm = A / np.maximum(np.abs(A).max(axis=0), 1e-300)
+    rank = np.linalg.matrix_rank(norm)
+    return [np.linalg.matrix_rank(np.delete(norm, j, axis=1)) < rank for j in range(A.shape[1])]
+
+
+def identified_subset(features: np.ndarray, wanted: list[int], room: int) -> list[int]:
+    """The wanted sync columns the rows identify, latencies given up first (they are held at their priors), at
+    most `room` of them."""
+    chosen = list(wanted)
+    for j in sorted(wanted, key=lambda j: (j % 2, j)):  # latency columns (even) before bandwidth columns
+        ok = identified_columns(features[:, chosen]) if chosen else []
+        if len(chosen) <= room and all(ok):
+            break
+        chosen.remove(j)
+    return chosen
+
+
+def fit_latent_sync(data, compute, features, y, weight, prior, free, gamma=None, robust=True, f_scale=0.05):
+    """Sync coefficients (columns `free` of `prior` fitted, the rest held) and g (fitted unless given) that make
+    data + overlapped(compute, features @ coef, g) meet the steps y in relative error.
+
+    Each fitted coefficient is its prior times exp(u): positive, and on one scale whatever its units. Started from
+    the sync each step implies at g = 1 and at g = 4 (a start at the prior alone would sit where sync hides
+    wholly behind compute and the steps say nothing about it); the better of the two ends wins.
+    """
+    free = list(free)
+    low, high = np.log(OVERLAP_GAMMA_BOUNDS)
+    spare = len(y) - len(free) - (gamma is None)
+    loss = "cauchy" if robust and spare > 1 else "linear"
+    scale = np.sqrt(weight)
+
+    def unpack(u):
+        coef = prior.copy()
+        coef[free] = prior[free] * np.exp(u[: len(free)])
+        return coef, (math.exp(u[-1]) if gamma is None else gamma)
+
+    def residual(u):
+        coef, g = unpack(u)
+        return scale * ((data + overlapped(compute, features @ coef, g)) / y - 1)
+
+    best = None
+    for start in ((1.0,), (4.0,)) if gamma is None else ((gamma,),):
+        g0 = start[0]
+        overlap = np.maximum(y - data, 1e-12)
+        exposed = overlap > compute * (1 + 1e-3)
+        u0 = np.zeros(len(free) + (gamma is None))
+        if exposed.any() and free:
+            implied = (overlap[exposed] ** g0 - compute[exposed] ** g0) ** (1 / g0)
+            held = features[exposed] @ np.where(np.isin(np.arange(len(prior)), free), 0.0, prior)
+            coef, _ = nnls(features[exposed][:, free] / implied[:, None], np.maximum(implied - held, 1e-12) / implied)
+            u0[: len(free)] = np.log(np.maximum(coef, prior[free] * 1e-6) / prior[free])
+        if gamma is None:
+            u0[-1] = math.log(g0)
+        bounds = (
+            np.r_[np.full(len(free), -30.0), [low] * (gamma is None)],
+            np.r_[np.full(len(free), 30.0), [high] * (gamma is None)],
+        )
+        if not len(u0):
+            return prior.copy(), gamma
+        found = least_squares(residual, u0, bounds=bounds, loss=loss, f_scale=f_scale)
+        if best is None or found.cost < best.cost:
+            best = found
+    return unpack(best.x)
