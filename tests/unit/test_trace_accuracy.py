@@ -61,8 +61,9 @@ def test_sync_mappings_split_the_step(tmp_path):
     exposed = bench.sync_split(points, "exposed")[(2, 32)]
     assert exposed == pytest.approx((compute_s(32) + sync_s(2), compute_s(32), sync_s(2)))
     assert bench.sync_split(points, "largest")[(2, 32)][2] == pytest.approx(sync_s(2))
+    assert bench.sync_split(points, "latent")[(2, 32)] == pytest.approx(exposed[:2] + (None,))  # no sync part
     with pytest.raises(ValueError, match="sync mapping"):
-        bench.sync_split(points, "latent")
+        bench.sync_split(points, "whole")
 
 
 def test_exact_trace_replays_without_error(tmp_path):
@@ -94,3 +95,11 @@ def test_exact_trace_replays_without_error(tmp_path):
     assert case["candidates"] == len(NODES) * len(BATCHES)
     assert case["modes"]["partial"]["params"]["overlap_gamma"] == pytest.approx(1.0, rel=1e-2)
     assert result["roughness"]["count"] == len(NODES) * (len(BATCHES) - 2)
+
+
+def test_an_epochs_last_smaller_step_is_timed_by_the_trace_between_its_batches():
+    steps = {(2, 16): 1.0, (2, 32): 2.0, (2, 64): 3.0}
+    assert bench.traced_step(steps, 2, 32) == 2.0
+    assert bench.traced_step(steps, 2, 48) == pytest.approx(2.5)
+    assert bench.traced_step(steps, 2, 8) == pytest.approx(0.5)  # below the traced batches: along the first two
+    assert bench.traced_step(steps, 2, 96) == pytest.approx(4.0)
