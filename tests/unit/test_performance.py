@@ -324,15 +324,21 @@ def test_split_parts_fit_split_and_a_missing_sync_part_makes_it_latent():
     assert latent.coefficients()["sync_fit"] == "latent"
 
 
-def test_compute_follows_a_kink_the_profiles_show():
-    """Three or more profiled batches on one rank: compute passes through each, not one line across a kink."""
-    batch = np.array([8, 16, 32, 64, 128, 256])
-    compute = np.where(batch < 64, 1e-2, 1e-2 + 3e-4 * (batch - 32))  # flat, then linear
-    X = np.column_stack([np.ones(6), batch, np.ones(6)])
-    model = PerfModel(grad_bytes=GRAD_BYTES, robust=False).fit(X, compute, data_s=np.zeros(6), compute_s=compute)
-    np.testing.assert_allclose(model.predict(X), compute, rtol=1e-6)
-    line = PerfModel(grad_bytes=GRAD_BYTES, robust=False).fit(X[[0, -1]], compute[[0, -1]], compute_s=compute[[0, -1]])
-    assert abs(line.predict(X[2:3])[0] / compute[2] - 1) > 0.2  # two batches: one line, which misses the kink
+def test_compute_follows_a_kink_the_profiles_show_and_not_noise():
+    """Three or more profiled batches on one rank: compute passes through each where its neighbours predict each
+    better than one line does (a kink), and stays one line where they do not (noise)."""
+    batch = np.array([8, 16, 32, 64, 128, 256, 512, 1024])
+    compute = 0.01 + 1e-5 * batch + 3e-4 * np.maximum(batch - 64, 0)  # a kink at 64
+    X = np.column_stack([np.ones(8), batch, np.ones(8)])
+
+    def fitted(rows, steps):
+        return PerfModel(grad_bytes=GRAD_BYTES, robust=False).fit(X[rows], steps[rows], compute_s=steps[rows])
+
+    np.testing.assert_allclose(fitted(slice(None), compute).predict(X), compute, rtol=1e-6)
+    line = fitted([0, -1], compute)  # two batches: one line, which misses the kink by 150 %
+    assert abs(line.predict(X[3:4])[0] / compute[3] - 1) > 1.0
+    noisy = 0.01 + 1e-4 * batch * (1 + 0.1 * np.array([1, -1, 1, -1, 1, -1, 1, -1]))  # a line and 10 % noise
+    assert fitted(slice(None), noisy).compute_kinks_[1].tolist() == [1.0]
 
 
 def test_an_unfitted_or_misshapen_input_is_refused():
