@@ -77,6 +77,8 @@ KINK_MIN_BATCHES = 3
 # chosen on both benches at once, the CPU's (10 % noise: 0.7 keeps its figures as they were, 1.0 lost 0.8 points
 # of full search's median) and the GPU traces' (full search's leave-one-out median 5.3 % without kinks, 5.0 %).
 KINK_MARGIN = 0.7
+# How sync is fitted: "auto" splits where the profiles hold sync parts, else latent (see the module's docstring).
+SYNC_FITS = ("auto", "split", "latent")
 SYNC_KINDS = ("intra_node", "inter_node")
 SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
 # How notes name a kind's size, and why a kind is missing from the profiles.
@@ -145,6 +147,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         noise_prior: float = 0.03,
         discrepancy_per_octave: float = 0.02,
         robust: bool = True,
+        sync_fit: str = "auto",
     ):
         self.grad_bytes = grad_bytes
         self.collective = collective
@@ -152,6 +155,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.noise_prior = noise_prior
         self.discrepancy_per_octave = discrepancy_per_octave
         self.robust = robust
+        self.sync_fit = sync_fit
 
     # -- design -------------------------------------------------------------------------------------
     def _all_compute_columns(self, batch, extra_ranks) -> np.ndarray:
@@ -180,9 +184,9 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def fit(self, X, y, *, data_s=None, compute_s=None, sync_s=None, sample_weight=None) -> PerfModel:
         """Fit to measured full steps y; the split parts (data, compute, sync) of the same profiles are metadata.
 
-        Without sync_s (profiles that hold the overlapped step alone) sync is latent: fitted with g to the
-        multi-rank full steps (`sync_fit_` "latent"), as Pollux fits it; with sync_s, each part from its own
-        timings ("split"). Without data_s loading is taken as 0 (a step time that excludes it).
+        Without sync_s (profiles that hold the overlapped step alone), or with sync_fit "latent", sync is latent:
+        fitted with g to the multi-rank full steps (`sync_fit_` "latent"), as Pollux fits it; with sync_s, each
+        part from its own timings ("split"). Without data_s loading is taken as 0 (a step time that excludes it).
         """
         X, y = check_X_y(X, y, dtype=float, y_numeric=True)
         if X.shape[1] != 3:
@@ -195,7 +199,11 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.batch_ref_ = float(batch.min())
         self.identified_ = {}
         self.notes_ = []
-        self.sync_fit_ = "split" if sync_s is not None else "latent"
+        if self.sync_fit not in SYNC_FITS:
+            raise ValueError(f"unknown sync_fit {self.sync_fit!r}; allowed: {', '.join(SYNC_FITS)}")
+        if self.sync_fit == "split" and sync_s is None:
+            raise ValueError("sync_fit 'split' needs sync_s, the profiles' sync parts; 'latent' fits without them")
+        self.sync_fit_ = "split" if sync_s is not None and self.sync_fit != "latent" else "latent"
 
         data_design = np.column_stack([np.ones_like(batch), batch])
         self.data_coef_, self.data_cov_ = _relative_nnls(

@@ -371,3 +371,13 @@ def test_leave_one_out_predicts_each_profile_from_the_others():
 def test_uncertainty_never_falls_below_the_measurement_noise():
     model = fit(synthetic(*grid_points()), noise_prior=0.03)
     assert model.predict_uncertainty(model.profiled_).min() >= 0.03
+
+
+def test_sync_fit_latent_sets_measured_sync_parts_aside_and_split_needs_them():
+    d = synthetic(*grid_points())
+    parts = {k: d[k] for k in ("data_s", "compute_s", "sync_s")}
+    assert PerfModel(grad_bytes=GRAD_BYTES, sync_fit="latent").fit(d["X"], d["y"], **parts).sync_fit_ == "latent"
+    with pytest.raises(ValueError, match="sync_fit 'split' needs sync_s"):
+        PerfModel(grad_bytes=GRAD_BYTES, sync_fit="split").fit(d["X"], d["y"], compute_s=d["compute_s"])
+    with pytest.raises(ValueError, match="unknown sync_fit 'hidden'; allowed: auto, split, latent"):
+        PerfModel(sync_fit="hidden").fit(d["X"], d["y"], **parts)
