@@ -58,7 +58,7 @@ from tula_hpc.files import write_json
 TRACES = REPO / "bench" / "data" / "pollux"
 MODES = ("partial", "full", "adaptive")
 MAX_NODES = (None, 4, 8)
-SYNC_MAPPINGS = ("exposed", "largest")  # see the module's docstring; the first is the default
+SYNC_MAPPINGS = ("latent", "exposed", "largest")  # see the module's docstring; the first is the default
 # Node-hour pricing reads no memory.json; pricing.costs prices every pricing model at once (as perf_accuracy.py).
 NO_MEMORY = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 # Issue 25's targets: errors and regrets at most, knee share at least, coverage within a band.
@@ -131,7 +131,7 @@ def sync_split(points: dict, mapping: str) -> dict[tuple[int, int], tuple[float,
     for (nodes, _), (_, sync) in points.items():
         largest[nodes] = max(largest.get(nodes, 0.0), sync)
     return {
-        (nodes, b): (step, step - sync, sync if mapping == "exposed" else largest[nodes])
+        (nodes, b): (step, step - sync, {"latent": None, "exposed": sync, "largest": largest[nodes]}[mapping])
         for (nodes, b), (step, sync) in points.items()
     }
 
@@ -142,7 +142,9 @@ def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float],
 
     devices, nodes, b = devices_per_node(job), candidate["nodes"], candidate["per_device_batch"]
     step, compute, sync = split
-    parts = {"data_s": 0.0, "compute_s": compute, "sync_s": sync, "update_s": 0.0, "step_s": step}
+    parts = {"data_s": 0.0, "compute_s": compute, "update_s": 0.0, "step_s": step}
+    if sync is not None:
+        parts["sync_s"] = sync
     return {
         "nodes": nodes,
         "world_size": nodes * devices,

@@ -54,6 +54,7 @@ import math
 import numpy as np
 from scipy.optimize import minimize_scalar, nnls
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 
 from .devices import SYNC_PRIORS
 from .layout import ranks_per_host
@@ -64,6 +65,8 @@ COMPUTE_TERMS = ("intercept_s_", "per_sample_s_", "contention_s_", "contention_p
 # The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
 # at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
 OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
+# g of a latent sync that the profiles hold at one per-device batch only (then g and sync are confounded).
+LATENT_GAMMA_PRIOR = 2.0
 SYNC_KINDS = ("intra_node", "inter_node")
 SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
 # How notes name a kind's size, and why a kind is missing from the profiles.
@@ -149,6 +152,70 @@ def _identified(A: np.ndarray) -> list[bool]:
     return [np.linalg.matrix_rank(np.delete(norm, j, axis=1)) < rank for j in range(A.shape[1])]
 
 
+def _identified_subset(features: np.ndarray, wanted: list[int], room: int) -> list[int]:
+    """The wanted sync columns the rows identify, latencies given up first (they are held at their priors), at
+    most `room` of them."""
+    chosen = list(wanted)
+    for j in sorted(wanted, key=lambda j: (j % 2, j)):  # latency columns (even) before bandwidth columns
+        ok = _identified(features[:, chosen]) if chosen else []
+        if len(chosen) <= room and all(ok):
+            break
+        chosen.remove(j)
+    return chosen
+
+
+def fit_latent_sync(data, compute, features, y, weight, prior, free, gamma=None, robust=True, noise_prior=0.03):
+    """Sync coefficients (columns `free` of `prior` fitted, the rest held) and g (fitted unless given) that make
+    data + overlapped(compute, features @ coef, g) meet the steps y in relative error.
+
+    Each fitted coefficient is its prior times exp(u): positive, and on one scale whatever its units. Started from
+    the sync each step implies at g = 1 and at g = 4 (a start at the prior alone would sit where sync hides
+    wholly behind compute and the steps say nothing about it); the better of the two ends wins.
+    """
+    from scipy.optimize import least_squares
+
+    free = list(free)
+    low, high = np.log(OVERLAP_GAMMA_BOUNDS)
+    spare = len(y) - len(free) - (gamma is None)
+    loss = "soft_l1" if robust and spare > 1 else "linear"
+    scale = np.sqrt(weight)
+
+    def unpack(u):
+        coef = prior.copy()
+        coef[free] = prior[free] * np.exp(u[: len(free)])
+        return coef, (math.exp(u[-1]) if gamma is None else gamma)
+
+    def residual(u):
+        coef, g = unpack(u)
+        return scale * ((data + overlapped(compute, features @ coef, g)) / y - 1)
+
+    best = None
+    for start in ((1.0,), (4.0,)) if gamma is None else ((gamma,),):
+        g0 = start[0]
+        overlap = np.maximum(y - data, 1e-12)
+        exposed = overlap > compute * (1 + 1e-3)
+        u0 = np.zeros(len(free) + (gamma is None))
+        if exposed.any() and free:
+            implied = (overlap[exposed] ** g0 - compute[exposed] ** g0) ** (1 / g0)
+            held = features[exposed] @ np.where(np.isin(np.arange(len(prior)), free), 0.0, prior)
+            coef, _ = nnls(features[exposed][:, free] / implied[:, None], np.maximum(implied - held, 1e-12) / implied)
+            u0[: len(free)] = np.log(np.maximum(coef, prior[free] * 1e-6) / prior[free])
+        if gamma is None:
+            u0[-1] = math.log(g0)
+        bounds = (
+            np.r_[np.full(len(free), -30.0), [low] * (gamma is None)],
+            np.r_[np.full(len(free), 30.0), [high] * (gamma is None)],
+        )
+        if not len(u0):
+            return prior.copy(), gamma
+        found = least_squares(
+            residual, u0, bounds=bounds, loss=loss, f_scale=HUBER_K * max(noise_prior, MIN_ROBUST_SCALE)
+        )
+        if best is None or found.cost < best.cost:
+            best = found
+    return unpack(best.x)
+
+
 class PerfModel(BaseEstimator, RegressorMixin):
     """Step time of DDP training from X = [[ranks, per_device_batch, ranks_per_host], ...].
 
@@ -195,28 +262,54 @@ class PerfModel(BaseEstimator, RegressorMixin):
         return self.data_coef_[0] + self.data_coef_[1] * np.asarray(batch, float)
 
     # -- fitting ------------------------------------------------------------------------------------
-    def fit(self, X, y, *, data_s, compute_s, sync_s, sample_weight=None) -> PerfModel:
-        X = np.asarray(X, float)
+    def fit(self, X, y, *, data_s=None, compute_s=None, sync_s=None, sample_weight=None) -> PerfModel:
+        """Fit to measured full steps y; the split parts (data, compute, sync) of the same profiles are metadata.
+
+        Without sync_s (profiles that hold the overlapped step alone) sync is latent: fitted with g to the
+        multi-rank full steps (`sync_fit_` "latent"), as Pollux fits it; with sync_s, each part from its own
+        timings ("split"). Without data_s loading is taken as 0 (a step time that excludes it).
+        """
+        X, y = check_X_y(X, y, dtype=float, y_numeric=True)
+        if X.shape[1] != 3:
+            raise ValueError(f"X has {X.shape[1]} columns; expected 3: ranks, per_device_batch, ranks_per_host")
+        self.n_features_in_ = 3
         ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
-        y, data_s, compute_s, sync_s = (np.asarray(v, float) for v in (y, data_s, compute_s, sync_s))
         weight = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
+        data_s = np.zeros_like(y) if data_s is None else np.asarray(data_s, float)
         self.profiled_ = X.copy()
         self.batch_ref_ = float(batch.min())
         self.identified_ = {}
         self.notes_ = []
+        self.sync_fit_ = "split" if sync_s is not None else "latent"
 
         data_design = np.column_stack([np.ones_like(batch), batch])
         self.data_coef_, self.data_cov_ = _relative_nnls(
             data_design, np.maximum(data_s, 1e-9), weight, self.robust, self.noise_prior
         )
-        self._fit_sync(ranks, per_host, sync_s, weight)
+        self._fit_compute(X, y, compute_s, weight)
+        single = ranks == 1
+        if self.sync_fit_ == "split":
+            self._fit_sync(ranks, per_host, np.asarray(sync_s, float), weight)
+            self._fit_overlap(X[~single], y[~single], weight[~single])
+        else:
+            self._fit_latent_sync(X[~single], y[~single], weight[~single])
+        residual = (self.predict(X) - y) / y
+        self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
+        return self
 
-        # Contention terms only when the profiles see more than one host load.
+    def _fit_compute(self, X, y, compute_s, weight) -> None:
+        """Compute from the measured compute parts (when given) and the full steps on one rank (nothing to
+        overlap there); contention terms only when the profiles see more than one host load."""
+        batch, per_host = X[:, 1], X[:, 2]
+        single = X[:, 0] == 1
         self.compute_columns_ = [0, 1] + ([2, 3] if len(set(per_host)) > 1 else [])
-        single = ranks == 1  # a full step on one rank is data + compute: nothing to overlap
-        rows = np.concatenate([np.arange(len(y)), np.flatnonzero(single)])
+        parts = np.arange(len(y)) if compute_s is not None else np.array([], int)
+        rows = np.concatenate([parts, np.flatnonzero(single)])
+        if not len(rows):
+            raise ValueError("no compute to fit: give compute_s, or profile one configuration on a single rank")
+        measured = np.asarray(compute_s, float) if compute_s is not None else np.array([])
         A = self._compute_design(batch[rows], per_host[rows] - 1)
-        target = np.concatenate([compute_s, y[single] - self._data(batch[single])])
+        target = np.concatenate([measured, y[single] - self._data(batch[single])])
         coef, self.compute_cov_ = _relative_nnls(
             A, np.maximum(target, 1e-9), weight[rows], self.robust, self.noise_prior
         )
@@ -232,10 +325,6 @@ class PerfModel(BaseEstimator, RegressorMixin):
                     f"{name} held at 0 by the non-negativity constraint: the profiles alone would make "
                     f"it negative (e.g. compute growing faster than linearly in b over this range)"
                 )
-        self._fit_overlap(X[~single], y[~single], weight[~single])
-        residual = (self.predict(X) - y) / y
-        self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
-        return self
 
     def _fit_overlap(self, X, y, weight) -> None:
         """g from the multi-rank full steps, the rest of the model fixed (see the module's docstring)."""
@@ -269,48 +358,97 @@ class PerfModel(BaseEstimator, RegressorMixin):
                 f"it further (far from the form of compute and sync they were split into)"
             )
 
-    def _fit_sync(self, ranks, per_host, sync_s, weight) -> None:
-        """Intra terms from syncs on one host, then inter terms from syncs across hosts less their intra part;
-        terms the profiles cannot tell are held at the priors (see the module's docstring)."""
+    def _hold_sync_at_prior(self) -> None:
         prior = self.sync_prior or SYNC_PRIORS["gpu"]  # a model fitted outside a job: the GPU cluster's
         self.sync_coef_ = np.array(
             [v for kind in SYNC_KINDS for v in (prior[kind]["latency_s"], 1e-9 / prior[kind]["bandwidth_gb_s"])]
         )
         self.identified_.update(dict.fromkeys(SYNC_TERMS, False))
-        if not (ranks > 1).any():
-            return  # no sync profiled: the priors stand
-        features = self._sync_features(ranks, per_host)
+
+    def _sync_kinds(self, ranks, per_host):
+        """Per sync kind: its columns, the rows holding it, and the sizes (ranks per host, or hosts) they hold;
+        a kind no row holds is noted as held at its priors and left out."""
         hosts = hosts_spanned(ranks, per_host)
         holds = {"intra_node": (ranks > 1) & (hosts == 1), "inter_node": hosts > 1}
         size = {"intra_node": per_host, "inter_node": hosts}
+        if self.sync_fit_ == "latent":  # a latent sync is the whole of it: intra counts wherever a host has peers
+            holds["intra_node"] = (ranks > 1) & (per_host > 1)
         for k, kind in enumerate(SYNC_KINDS):
-            rows, (size_text, absent) = holds[kind], SYNC_KIND_TEXT[kind]
-            cols = [2 * k, 2 * k + 1]
-            label = kind.replace("_", "-")
-            latency, per_byte = self.sync_coef_[cols]
+            cols, rows = [2 * k, 2 * k + 1], holds[kind]
             if not rows.any():
+                latency, per_byte = self.sync_coef_[cols]
                 self.notes_.append(
-                    f"{label} latency and bandwidth held at the priors {latency * 1e6:.1f} us per hop, "
-                    f"{1e-9 / per_byte:.1f} GB/s: {absent}"
+                    f"{kind.replace('_', '-')} latency and bandwidth held at the priors {latency * 1e6:.1f} us per "
+                    f"hop, {1e-9 / per_byte:.1f} GB/s: {SYNC_KIND_TEXT[kind][1]}"
                 )
                 continue
+            yield k, kind, cols, rows, sorted(set(size[kind][rows].astype(int)))
+
+    def _note_latency_held(self, k: int, kind: str, size: int) -> None:
+        label = kind.replace("_", "-")
+        self.notes_.append(
+            f"one {label} sync size profiled ({SYNC_KIND_TEXT[kind][0].format(size)}): latency and bandwidth "
+            f"are collinear, {label} latency held at the prior {self.sync_coef_[2 * k] * 1e6:.1f} us per hop"
+        )
+
+    def _fit_sync(self, ranks, per_host, sync_s, weight) -> None:
+        """Intra terms from syncs on one host, then inter terms from syncs across hosts less their intra part;
+        terms the profiles cannot tell are held at the priors (see the module's docstring)."""
+        self._hold_sync_at_prior()
+        if not (ranks > 1).any():
+            return  # no sync profiled: the priors stand
+        features = self._sync_features(ranks, per_host)
+        for k, kind, cols, rows, sizes in self._sync_kinds(ranks, per_host):
             others = self.sync_coef_.copy()
             others[cols] = 0.0
             measured = np.maximum(sync_s[rows] - features[rows] @ others, 1e-9)
             design = features[rows][:, cols]
-            sizes = sorted(set(size[kind][rows].astype(int)))
             if len(sizes) >= 2:
                 self.sync_coef_[cols], _ = _relative_nnls(design, measured, weight[rows], self.robust, self.noise_prior)
                 self.identified_.update(dict.fromkeys(SYNC_TERMS[2 * k : 2 * k + 2], True))
                 continue
             # One size of this kind: hops and bytes move together, so latency comes from the prior.
-            rest = np.maximum(measured - latency * design[:, 0], 1e-9)
+            rest = np.maximum(measured - self.sync_coef_[cols[0]] * design[:, 0], 1e-9)
             coef, _ = _relative_nnls(design[:, 1:], rest, weight[rows], self.robust, self.noise_prior)
             self.sync_coef_[cols[1]] = coef[0]
             self.identified_[SYNC_TERMS[2 * k + 1]] = True
+            self._note_latency_held(k, kind, sizes[0])
+
+    def _fit_latent_sync(self, X, y, weight) -> None:
+        """Sync's terms and g together from the multi-rank full steps, compute and data fixed: the steps say
+        how much sync costs only through how much of it stays exposed (see `fit_latent_sync`)."""
+        self._hold_sync_at_prior()
+        self.overlap_gamma_ = 1.0
+        if not len(y):
+            return
+        ranks, batch, per_host = X.T
+        free = []
+        for k, kind, cols, _, sizes in self._sync_kinds(ranks, per_host):
+            free += cols if len(sizes) >= 2 else cols[1:]
+            if len(sizes) < 2:
+                self._note_latency_held(k, kind, sizes[0])
+        features = self._sync_features(ranks, per_host)
+        gamma_free = len(set(batch)) >= 2
+        free = _identified_subset(features, free, len(y) - gamma_free)
+        coef, gamma = fit_latent_sync(
+            self._data(batch),
+            self._compute(batch, per_host - 1),
+            features,
+            y,
+            weight,
+            self.sync_coef_,
+            free,
+            LATENT_GAMMA_PRIOR if not gamma_free else None,
+            self.robust,
+            self.noise_prior,
+        )
+        self.sync_coef_, self.overlap_gamma_ = coef, gamma
+        self.identified_.update({SYNC_TERMS[j]: True for j in free})
+        self.identified_["overlap_gamma"] = gamma_free
+        if not gamma_free:
             self.notes_.append(
-                f"one {label} sync size profiled ({size_text.format(sizes[0])}): latency and bandwidth are "
-                f"collinear, {label} latency held at the prior {latency * 1e6:.1f} us per hop"
+                f"the multi-rank full steps hold one per-device batch: overlap_gamma held at its prior "
+                f"{LATENT_GAMMA_PRIOR:g}, sync fitted at it"
             )
 
     # -- prediction ---------------------------------------------------------------------------------
@@ -387,7 +525,8 @@ def profile_row(profile: dict) -> list[float]:
 
 
 def candidate_row(candidate: dict, devices_per_node: int, launcher: str) -> list[float]:
-    """The input row of a plan's candidate {"nodes", "per_device_batch", ...} under this launcher."""
+    """The input row of a plan's candidate {"nodes", "per_device_batch", ...} under this launcher, with
+    `devices_per_node` the candidate's own (layout.candidate_devices: GPUs per node is a choice too)."""
     nodes = candidate["nodes"]
     return model_row(
         nodes * devices_per_node, candidate["per_device_batch"], ranks_per_host(launcher, nodes, devices_per_node)
@@ -414,16 +553,24 @@ def fit_profiles(profiles: list[dict], interference_tolerance: float = 0.1, **mo
     tolerance, a tenth at three times it. This matters only where profiles are to spare.
     """
     X = [profile_row(p) for p in profiles]
-    med = [p["median"] for p in profiles]
     weight = [1.0 / (1.0 + (p.get("interference", 0.0) / interference_tolerance) ** 2) for p in profiles]
     return PerfModel(grad_bytes=profiles[0]["grad_bytes"], **model_params).fit(
-        X,
-        [m["step_s"] for m in med],
-        data_s=[m["data_s"] for m in med],
-        compute_s=[m["compute_s"] + m["update_s"] for m in med],
-        sync_s=[m["sync_s"] for m in med],
-        sample_weight=weight,
+        X, [p["median"]["step_s"] for p in profiles], **profile_parts(profiles), sample_weight=weight
     )
+
+
+def profile_parts(profiles: list[dict]) -> dict[str, list[float]]:
+    """The split parts every profile holds, as PerfModel.fit takes them: a profile of the overlapped step alone
+    (no sync_s) makes sync latent."""
+    med = [p["median"] for p in profiles]
+    parts = {}
+    if all("data_s" in m for m in med):
+        parts["data_s"] = [m["data_s"] for m in med]
+    if all("compute_s" in m for m in med):
+        parts["compute_s"] = [m["compute_s"] + m.get("update_s", 0.0) for m in med]
+    if all("sync_s" in m for m in med):
+        parts["sync_s"] = [m["sync_s"] for m in med]
+    return parts
 
 
 def leave_one_out(profiles: list[dict], **model_params) -> list[float]:
@@ -454,16 +601,17 @@ def measurement_weight(out_of_sample: list[float], noise: float) -> float:
     return model_variance / (model_variance + noise**2)
 
 
-def measured_steps(profiles: list[dict]) -> dict[tuple[int, int], float]:
-    """(ranks, per-device batch) -> measured median step of each profile, as `estimate_steps` takes them."""
-    return {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
+def measured_steps(profiles: list[dict]) -> dict[tuple[int, ...], float]:
+    """Model row (ranks, per-device batch, ranks per host) -> measured median step of each profile, as
+    `estimate_steps` takes them: 2 nodes x 2 GPUs and 4 nodes x 1 GPU share ranks and batch, not the row."""
+    return {tuple(map(int, profile_row(p))): p["median"]["step_s"] for p in profiles}
 
 
-def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, int], float], weight: float) -> np.ndarray:
-    """Step times for rows X: the model's, moved by `weight` toward the measurement where (ranks, b) was profiled."""
+def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, ...], float], weight: float) -> np.ndarray:
+    """Step times for rows X: the model's, moved by `weight` toward the measurement where the row was profiled."""
     X = np.asarray(X, float).reshape(-1, 3)
     steps = model.predict(X)
-    for i, (ranks, batch) in enumerate(X[:, :2].astype(int)):
-        if (ranks, batch) in measured:
-            steps[i] += weight * (measured[(ranks, batch)] - steps[i])
+    for i, row in enumerate(map(tuple, X.astype(int).tolist())):
+        if row in measured:
+            steps[i] += weight * (measured[row] - steps[i])
     return steps
