@@ -91,7 +91,14 @@ STAGE_SETTINGS = {
         "resources.memory_probe_batches",
         "search.nodes",
     ),
-    "plan": ("search.mode", "search.partial_second_batch", "search.nodes", "search.batch", "resources.gpus_per_node"),
+    "plan": (
+        "search.mode",
+        "search.partial_second_batch",
+        "search.nodes",
+        "search.gpus_per_node",
+        "search.batch",
+        "resources.gpus_per_node",
+    ),
     "profile": STEP_SETTINGS + MEASUREMENT_SETTINGS,
     "adapt": STEP_SETTINGS + MEASUREMENT_SETTINGS + FIT_SETTINGS + ("search.adaptive",),
     "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
@@ -171,8 +178,10 @@ def _explain(error: jsonschema.ValidationError) -> str:
 
 
 def _fill_by_device(job: dict) -> None:
-    """search.sync_prior's figures the user left out, from the preset of the job's device (SYNC_PRIORS): a
-    schema default cannot depend on resources.gpus_per_node."""
+    """search.sync_prior's figures the user left out, from the preset of the job's device (SYNC_PRIORS), and
+    search.gpus_per_node's ends, the node's own GPUs: a schema default cannot depend on resources.gpus_per_node."""
+    gpus = job["resources"]["gpus_per_node"]
+    job["search"]["gpus_per_node"] = {"min": gpus, "max": gpus, **job["search"].get("gpus_per_node", {})}
     prior = job["search"].setdefault("sync_prior", {})
     for kind, terms in SYNC_PRIORS[sync_device(job["resources"]["gpus_per_node"])].items():
         prior[kind] = {**terms, **prior.get(kind, {})}
@@ -255,7 +264,26 @@ def _check_semantics(name: str, job: dict, launcher: str) -> None:
             f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
             f"start local SGD; allowed: below {epochs}",
         )
+    _check_gpus_per_node(job, fail)
     _check_gpu_job(job, launcher, fail)
+
+
+def _check_gpus_per_node(job: dict, fail) -> None:
+    """search.gpus_per_node within the node: Slurm is asked for resources.gpus_per_node at most, and a CPU job has
+    no GPUs to choose from (`fail`: _check_semantics' error for a field)."""
+    shape, gpus = job["search"]["gpus_per_node"], job["resources"]["gpus_per_node"]
+    if not gpus and (shape["min"], shape["max"]) != (0, 0):
+        fail(
+            "search.gpus_per_node",
+            f"{{min: {shape['min']}, max: {shape['max']}}} on a CPU job (resources.gpus_per_node: 0, one process "
+            f"per node); allowed: {{min: 0, max: 0}}, or leave it out",
+        )
+    if gpus and not 1 <= shape["min"] <= shape["max"] <= gpus:
+        fail(
+            "search.gpus_per_node",
+            f"{{min: {shape['min']}, max: {shape['max']}}} does not fit the node's {gpus} GPU(s) "
+            f"(resources.gpus_per_node); allowed: 1 <= min <= max <= {gpus}",
+        )
 
 
 def _check_gpu_job(job: dict, launcher: str, fail) -> None:

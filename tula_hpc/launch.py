@@ -61,13 +61,17 @@ class LaunchSpec:
     max_requeues: int = 3
 
     @classmethod
-    def for_job(cls, job: dict, nodes: int = 1, one_device: bool = False) -> LaunchSpec:
-        """The job's resources on `nodes` nodes; `one_device`: at most one GPU each (probing, evaluation)."""
+    def for_job(
+        cls, job: dict, nodes: int = 1, one_device: bool = False, gpus_per_node: int | None = None
+    ) -> LaunchSpec:
+        """The job's resources on `nodes` nodes of `gpus_per_node` GPUs each (a candidate's own; None: the node's,
+        resources.gpus_per_node); `one_device`: at most one GPU each (probing, evaluation)."""
         res = job["resources"]
+        gpus = res["gpus_per_node"] if gpus_per_node is None else gpus_per_node
         return cls(
             launcher=job["launcher"],
             nodes=nodes,
-            gpus_per_node=min(res["gpus_per_node"], 1) if one_device else res["gpus_per_node"],
+            gpus_per_node=min(gpus, 1) if one_device else gpus,
             cpus_per_task=res["cpus_per_task"],
             mem_gb=res["mem_gb"],
             time_min=res["time_min"],

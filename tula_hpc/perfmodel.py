@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .files import read_json, write_json
-from .layout import devices_per_node, last_batch, steps_per_epoch
+from .layout import candidate_devices, last_batch, steps_per_epoch
 from .performance import (
     PerfModel,
     candidate_row,
@@ -33,13 +33,12 @@ def predict_candidates(
     job: dict,
     train_samples: int,
     memory: dict,
-    measured: dict[tuple[int, int], float] | None = None,
+    measured: dict[tuple[int, ...], float] | None = None,
     weight: float = 0.0,
 ) -> list[dict]:
-    """T and cost of every candidate; a profiled one's step is its measurement weighed with the model's
-    (`measured`: (ranks, per-device batch) -> measured step, `weight`: see `measurement_weight`)."""
+    """T and cost of every candidate, each on its own GPUs per node; a profiled one's step is its measurement
+    weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`)."""
     measured = measured or {}
-    devices = devices_per_node(job)
     objective, epochs = job["objective"], job["train"]["epochs"]
     partition = job["resources"]["slurm"].get("partition")
     if objective["pricing"] == "service_units" and charge_factor(objective, partition) is None:
@@ -47,7 +46,7 @@ def predict_candidates(
             f"job '{job['name']}': field 'objective.charge_factors': no factor for partition "
             f"'{partition}' and no 'default'; allowed: add '{partition}: <SU per node-hour>' or 'default'"
         )
-    X = np.array([candidate_row(c, devices, job["launcher"]) for c in candidates], float)
+    X = np.array([candidate_row(c, candidate_devices(c, job), job["launcher"]) for c in candidates], float)
     parts = model.predict_parts(X)
     steps = estimate_steps(model, X, measured, weight)
     uncertainty = model.predict_uncertainty(X)
@@ -55,7 +54,7 @@ def predict_candidates(
     last = X.copy()
     last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
     last_step = model.predict(last) * steps / parts["step_s"]  # the last, smaller step moves by the same factor
-    profiled = {tuple(row) for row in model.profiled_[:, :2]}
+    profiled = {tuple(row) for row in model.profiled_.astype(int).tolist()}
     rows = []
     for i, c in enumerate(candidates):
         ranks = int(X[i, 0])
@@ -69,7 +68,7 @@ def predict_candidates(
                 **c,
                 "ranks": ranks,
                 "ranks_per_host": int(X[i, 2]),
-                "profiled": (ranks, c["per_device_batch"]) in profiled,
+                "profiled": tuple(X[i].astype(int).tolist()) in profiled,
                 **{part: float(values[i]) for part, values in parts.items()},
                 "model_step_s": float(parts["step_s"][i]),
                 "step_s": step,

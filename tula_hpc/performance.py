@@ -467,7 +467,8 @@ def profile_row(profile: dict) -> list[float]:
 
 
 def candidate_row(candidate: dict, devices_per_node: int, launcher: str) -> list[float]:
-    """The input row of a plan's candidate {"nodes", "per_device_batch", ...} under this launcher."""
+    """The input row of a plan's candidate {"nodes", "per_device_batch", ...} under this launcher, with
+    `devices_per_node` the candidate's own (layout.candidate_devices: GPUs per node is a choice too)."""
     nodes = candidate["nodes"]
     return model_row(
         nodes * devices_per_node, candidate["per_device_batch"], ranks_per_host(launcher, nodes, devices_per_node)
@@ -562,16 +563,17 @@ def measurement_weight(out_of_sample: list[float], noise: float) -> float:
     return model_variance / (model_variance + noise**2)
 
 
-def measured_steps(profiles: list[dict]) -> dict[tuple[int, int], float]:
-    """(ranks, per-device batch) -> measured median step of each profile, as `estimate_steps` takes them."""
-    return {(p["world_size"], p["per_device_batch"]): p["median"]["step_s"] for p in profiles}
+def measured_steps(profiles: list[dict]) -> dict[tuple[int, ...], float]:
+    """Model row (ranks, per-device batch, ranks per host) -> measured median step of each profile, as
+    `estimate_steps` takes them: 2 nodes x 2 GPUs and 4 nodes x 1 GPU share ranks and batch, not the row."""
+    return {tuple(map(int, profile_row(p))): p["median"]["step_s"] for p in profiles}
 
 
-def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, int], float], weight: float) -> np.ndarray:
-    """Step times for rows X: the model's, moved by `weight` toward the measurement where (ranks, b) was profiled."""
+def estimate_steps(model: PerfModel, X, measured: dict[tuple[int, ...], float], weight: float) -> np.ndarray:
+    """Step times for rows X: the model's, moved by `weight` toward the measurement where the row was profiled."""
     X = np.asarray(X, float).reshape(-1, 3)
     steps = model.predict(X)
-    for i, (ranks, batch) in enumerate(X[:, :2].astype(int)):
-        if (ranks, batch) in measured:
-            steps[i] += weight * (measured[(ranks, batch)] - steps[i])
+    for i, row in enumerate(map(tuple, X.astype(int).tolist())):
+        if row in measured:
+            steps[i] += weight * (measured[row] - steps[i])
     return steps

@@ -1,8 +1,10 @@
-"""Stage `plan`: the candidate grid of (nodes N, global batch B) and which candidates to profile first.
+"""Stage `plan`: the candidate grid of (nodes N, GPUs per node g, global batch B) and which candidates to profile
+first.
 
-Candidates: N a power of two times the minimum, up to the maximum; B a power of two times the minimum
-batch, up to the maximum (or N x the largest per-device batch from memory.json when `auto`), never above
-the training set; B must split evenly over the N x devices ranks and fit in a device.
+Candidates: N a power of two times the minimum, up to the maximum; g likewise, and its maximum (the node's GPUs
+unless search.gpus_per_node narrows them; 0 on CPU jobs, one rank per node); B a power of two times the minimum
+batch, up to the maximum (or the ranks x the largest per-device batch from memory.json when `auto`), never above
+the training set; B must split evenly over the N x g ranks and fit in a device.
 
 Which of them to profile before the model is fitted is the search mode's (search.py).
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from . import search
 from .files import read_json, write_json
-from .layout import devices_per_node
+from .layout import candidate_devices, devices_per_node
 from .stage import StageError, stage_main
 
 
@@ -26,30 +28,46 @@ def _doublings(low: int, high: int) -> list[int]:
     return values
 
 
+def gpu_counts(search: dict, devices_per_node: int) -> list[int]:
+    """GPUs per node the grid holds: doublings of search.gpus_per_node's min, and its max; 0 alone on a CPU job.
+    A search without the field (one built outside a job's config) holds the job's `devices_per_node` alone."""
+    shape = search.get("gpus_per_node", {"min": devices_per_node, "max": devices_per_node})
+    if shape["max"] == 0:
+        return [0]
+    counts = _doublings(shape["min"], shape["max"])
+    return counts if counts[-1] == shape["max"] else counts + [shape["max"]]
+
+
 def candidate_grid(search: dict, devices_per_node: int, max_batch_per_device: int, train_samples: int) -> list[dict]:
     grid = []
     for nodes in _doublings(search["nodes"]["min"], search["nodes"]["max"]):
-        ranks = nodes * devices_per_node
-        memory_cap = ranks * max_batch_per_device
-        batch_max = memory_cap if search["batch"]["max"] == "auto" else min(search["batch"]["max"], memory_cap)
-        for batch in _doublings(search["batch"]["min"], min(batch_max, train_samples)):
-            if batch % ranks == 0:
-                grid.append({"nodes": nodes, "batch": batch, "per_device_batch": batch // ranks})
+        for gpus in gpu_counts(search, devices_per_node):
+            ranks = nodes * max(1, gpus)
+            memory_cap = ranks * max_batch_per_device
+            batch_max = memory_cap if search["batch"]["max"] == "auto" else min(search["batch"]["max"], memory_cap)
+            for batch in _doublings(search["batch"]["min"], min(batch_max, train_samples)):
+                if batch % ranks == 0:
+                    grid.append(
+                        {"nodes": nodes, "gpus_per_node": gpus, "batch": batch, "per_device_batch": batch // ranks}
+                    )
     return grid
 
 
 def plan(job: dict, memory_path: Path, out: Path) -> dict:
     memory = read_json(memory_path)
-    devices = devices_per_node(job)
-    grid = candidate_grid(job["search"], devices, memory["max_batch_per_device"], memory["dataset"]["train"])
+    grid = candidate_grid(
+        job["search"], devices_per_node(job), memory["max_batch_per_device"], memory["dataset"]["train"]
+    )
     if not grid:
         raise StageError(
-            f"job '{job['name']}': fields 'search.nodes'/'search.batch': no (nodes, batch) candidate fits: "
-            f"batches must be multiples of nodes x devices, at most {memory['max_batch_per_device']} per device "
-            f"(memory.json) and at most "
+            f"job '{job['name']}': fields 'search.nodes'/'search.gpus_per_node'/'search.batch': no (nodes, batch) "
+            f"candidate fits: batches must be multiples of nodes x GPUs per node, at most "
+            f"{memory['max_batch_per_device']} per device (memory.json) and at most "
             f"{memory['dataset']['train']} (the training set)"
         )
     mode = job["search"]["mode"]
+    # Devices per node of a grid with one such value (a grid of several: partial_set reads each candidate's).
+    devices = candidate_devices(grid[0], job)
     result = {
         "job": job["name"],
         "mode": mode,

@@ -1,4 +1,4 @@
-"""Stage `profile`: a few real DDP training steps at one (nodes, global batch), timed part by part.
+"""Stage `profile`: a few real DDP training steps at one (nodes, GPUs per node, global batch), timed part by part.
 
 Steps are the job's own training step (training.py, with its strategy) and come in pairs. The first of
 a pair splits the work into data loading, forward+backward without gradient sync, an explicit
@@ -52,7 +52,7 @@ from .config import fingerprint
 from .data import loader_options, make_loader
 from .distributed import Context, init_distributed, out_of_memory_ends_job_step, shutdown
 from .files import read_json, write_json
-from .layout import devices_per_node, ranks_per_host, steps_per_epoch
+from .layout import candidate_devices, profile_name, ranks_per_host, steps_per_epoch
 from .performance import candidate_row, model_params
 from .preemption import StopRequests
 from .search import adaptive_search
@@ -323,23 +323,25 @@ def _out_of_memory_error(
     )
 
 
-def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path, max_per_device: int) -> dict:
-    """Run one profile job at (nodes, batch) and write its file atomically; `max_per_device` is memory.json's
-    largest batch per device, for the error when the profile runs out of memory."""
-    spec = launch.LaunchSpec.for_job(job, nodes=nodes)
+def profile_one(job: dict, candidate: dict, out: Path, work_dir: Path, max_per_device: int) -> dict:
+    """Run one profile job at a plan candidate's (nodes, GPUs per node, batch) and write its file atomically;
+    `max_per_device` is memory.json's largest batch per device, for the error when the profile runs out of memory."""
+    nodes, batch = candidate["nodes"], candidate["batch"]
+    spec = launch.LaunchSpec.for_job(job, nodes=nodes, gpus_per_node=candidate.get("gpus_per_node"))
     started = time.perf_counter()
-    folder = Path(work_dir) / "profile" / f"N{nodes}_B{batch}"
+    name = profile_name(candidate, job)
     result, out_of_memory = launch.run_or_out_of_memory(
         profile_worker,
         dict(job=job, global_batch=batch),
         spec,
-        folder,
-        name=f"{job['name']}-profile-N{nodes}-B{batch}",
+        Path(work_dir) / "profile" / name,
+        name=f"{job['name']}-profile-{name.replace('_', '-')}",
     )
     if out_of_memory is not None:
         raise _out_of_memory_error(job, nodes, batch, spec.world_size, out_of_memory, max_per_device)
     result.update(
         nodes=nodes,
+        gpus_per_node=spec.gpus_per_node,
         launcher=spec.launcher,
         ranks_per_host=ranks_per_host(spec.launcher, nodes, spec.tasks_per_node),
         job_wall_s=time.perf_counter() - started,
@@ -349,11 +351,18 @@ def profile_one(job: dict, nodes: int, batch: int, out: Path, work_dir: Path, ma
     return result
 
 
-def profile(job: dict, plan_path: Path, nodes: int, batch: int, out: Path, work_dir: Path) -> dict:
+def profile(
+    job: dict, plan_path: Path, nodes: int, batch: int, out: Path, work_dir: Path, gpus_per_node: int | None = None
+) -> dict:
+    """Profile one planned candidate; `gpus_per_node` None: the node's own (resources.gpus_per_node)."""
     plan = read_json(plan_path)
-    if not any(c["nodes"] == nodes and c["batch"] == batch for c in plan["profile"]):
-        raise StageError(f"job '{job['name']}': (nodes={nodes}, batch={batch}) is not in the plan {plan_path}")
-    return profile_one(job, nodes, batch, out, work_dir, plan["max_batch_per_device"])
+    gpus = job["resources"]["gpus_per_node"] if gpus_per_node is None else gpus_per_node
+    candidate = {"nodes": nodes, "gpus_per_node": gpus, "batch": batch}
+    if not any(profile_name(c, job) == profile_name(candidate, job) for c in plan["profile"]):
+        raise StageError(
+            f"job '{job['name']}': (nodes={nodes}, gpus_per_node={gpus}, batch={batch}) is not in the plan {plan_path}"
+        )
+    return profile_one(job, candidate, out, work_dir, plan["max_batch_per_device"])
 
 
 def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
@@ -364,27 +373,28 @@ def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work
     a kept profile made under the same settings is read back instead of measured again.
     """
     plan = read_json(plan_path)
-    planned = {(p["nodes"], p["global_batch"]): p for p in map(read_json, profile_paths)}
+    # A record names the configuration it measured (one made before GPUs per node was recorded ran the node's own).
+    planned = {profile_name({**p, "batch": p["global_batch"]}, job): p for p in map(read_json, profile_paths)}
     current = fingerprint(job, "profile")
     added: list[dict] = []
 
     def measure_candidate(candidate: dict) -> dict:
-        key = (candidate["nodes"], candidate["batch"])
-        if key in planned:
-            return planned[key]
-        kept = Path(work_dir) / "adaptive" / f"N{key[0]}_B{key[1]}.json"
+        name = profile_name(candidate, job)
+        if name in planned:
+            return planned[name]
+        kept = Path(work_dir) / "adaptive" / f"{name}.json"
         record = read_json(kept) if kept.exists() else None
         if record is None or record.get("fingerprint") != current:
-            record = profile_one(job, *key, kept, work_dir, plan["max_batch_per_device"])
+            record = profile_one(job, candidate, kept, work_dir, plan["max_batch_per_device"])
         added.append(record)
         return record
 
-    devices, search = devices_per_node(job), job["search"]
+    search = job["search"]
     result = adaptive_search(
         plan["candidates"],
         plan["profile"],
         measure_candidate,
-        lambda c: candidate_row(c, devices, job["launcher"]),
+        lambda c: candidate_row(c, candidate_devices(c, job), job["launcher"]),
         model_params(job),
         search["adaptive"]["tolerance"],
         search["adaptive"]["max_profiles"],
@@ -408,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--nodes", type=int, help="nodes of the one configuration to profile")
         parser.add_argument("--batch", type=int, help="global batch of the one configuration to profile")
         parser.add_argument(
+            "--gpus-per-node", type=int, help="GPUs per node of that configuration (default: resources.gpus_per_node)"
+        )
+        parser.add_argument(
             "--adaptive",
             action="store_true",
             help="adaptive search instead of one configuration: --out is then adaptive.json",
@@ -417,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             "--out",
             required=True,
             type=Path,
-            help="results/{job}/profile/N{n}_B{b}.json, or results/{job}/adaptive.json with --adaptive",
+            help="results/{job}/profile/N{n}_B{b}.json (N{n}_G{g}_B{b}.json at other GPUs per node than "
+            "resources.gpus_per_node), or results/{job}/adaptive.json with --adaptive",
         )
 
     def run(job: dict, args: argparse.Namespace):
@@ -425,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             return adapt(job, args.plan, args.profiles or [], args.out, args.work_dir)
         if args.nodes is None or args.batch is None:
             raise StageError("profile needs --nodes and --batch (or --adaptive)")
-        return profile(job, args.plan, args.nodes, args.batch, args.out, args.work_dir)
+        return profile(job, args.plan, args.nodes, args.batch, args.out, args.work_dir, args.gpus_per_node)
 
     return stage_main("profile", add_args, run, argv)
 

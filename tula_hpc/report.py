@@ -1,7 +1,7 @@
 """Stage `report`: results/{job}/report.md and its plots, from every file the earlier stages wrote.
 
-Plots: time vs global batch per node count (profiled points, fitted curves with their uncertainty, both
-knees, the choice), the cost surface over (N, B), predicted vs measured step times, and the training curves.
+Plots: time vs global batch per node shape (N nodes x g GPUs; profiled points, fitted curves with their uncertainty,
+both knees, the choice), the cost surface over (N x g, B), predicted vs measured step times, and the training curves.
 Every file read and written is named on the command line, so the rule declares exactly what the stage touches.
 """
 
@@ -20,11 +20,20 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from .files import atomic_path, read_json, write_text  # noqa: E402
+from .layout import node_shape  # noqa: E402
 from .performance import SYNC_KINDS  # noqa: E402
 from .stage import stage_main  # noqa: E402
 
 INPUTS = ("memory", "plan", "perfmodel", "selection", "summary", "evaluation")
 PLOTS = ("time", "cost", "accuracy", "training")
+GPUS_COLUMN = [("GPUs/node", "gpus_per_node", "d")]  # "-" for a plan made before GPUs per node was a choice
+RUNNER_UP_COLUMNS = [
+    ("runner-up N", "nodes", "d"),
+    *GPUS_COLUMN,
+    ("B", "batch", "d"),
+    ("T (s)", "time_s", ".2f"),
+    ("cost", "cost", ".5g"),
+]
 # The fixed parts of the memory model (memory.json's composition), in words.
 FIXED_PARTS = {
     "parameters_and_buffers": "parameters and buffers",
@@ -49,10 +58,15 @@ def _save(fig, out: Path) -> None:
     plt.close(fig)
 
 
-def _rows_by_nodes(candidates: list[dict]) -> dict[int, list[dict]]:
-    rows: dict[int, list[dict]] = {}
-    for c in sorted(candidates, key=lambda c: (c["nodes"], c["batch"])):
-        rows.setdefault(c["nodes"], []).append(c)
+def _shape(candidate: dict) -> tuple:
+    """A candidate's node shape (nodes, GPUs per node): 4 x 1 and 2 x 2 share ranks but not the machines."""
+    return candidate["nodes"], candidate.get("gpus_per_node")
+
+
+def _rows_by_shape(candidates: list[dict]) -> dict[tuple, list[dict]]:
+    rows: dict[tuple, list[dict]] = {}
+    for c in sorted(candidates, key=lambda c: (*_shape(c), c["batch"])):
+        rows.setdefault(_shape(c), []).append(c)
     return rows
 
 
@@ -67,10 +81,10 @@ def _log_axis(ax, which: str, scale: float = 1.0) -> None:
 
 def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
-    rows = _rows_by_nodes(perfmodel["candidates"])
-    for nodes, row in rows.items():
+    for row in _rows_by_shape(perfmodel["candidates"]).values():
+        shape = node_shape(row[0], "N={}")
         (line,) = ax.plot(
-            [c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"estimated, N={nodes}"
+            [c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"estimated, {shape}"
         )
         ax.fill_between(
             [c["batch"] for c in row],
@@ -81,15 +95,17 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
             linewidth=0,
         )
         # A profile's T: the candidate's predicted T scaled by how its measured step compares with the prediction.
-        predicted = {c["batch"]: c["time_s"] / c["step_s"] for c in row}
-        measured = [p for p in perfmodel["profiled"] if p["nodes"] == nodes]
+        # The per-device batch tells the GPUs per node apart at the same N and B.
+        predicted = {(c["nodes"], c["batch"], c["per_device_batch"]): c["time_s"] / c["step_s"] for c in row}
+        at = [(p, (p["nodes"], p["batch"], p["per_device_batch"])) for p in perfmodel["profiled"]]
+        measured = [(p, key) for p, key in at if key in predicted]
         ax.scatter(
-            [p["batch"] for p in measured],
-            [p["measured_step_s"] * predicted[p["batch"]] for p in measured],
+            [p["batch"] for p, _ in measured],
+            [p["measured_step_s"] * predicted[key] for p, key in measured],
             marker="x",
             s=60,
             color=line.get_color(),
-            label=f"profiled, N={nodes}",
+            label=f"profiled, {shape}",
         )
     knees = selection["knees"]
     if knees["kneedle"] is not None:
@@ -103,7 +119,7 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
         facecolors="none",
         edgecolors="red",
         linewidths=2,
-        label=f"chosen: N={chosen['nodes']}, B={chosen['batch']}",
+        label=f"chosen: {node_shape(chosen, 'N={}')}, B={chosen['batch']}",
         zorder=5,
     )
     ax.set(
@@ -118,7 +134,7 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
 
 
 def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
-    rows = _rows_by_nodes(perfmodel["candidates"])
+    rows = _rows_by_shape(perfmodel["candidates"])
     batches = sorted({c["batch"] for c in perfmodel["candidates"]})
     grid = [[math.nan] * len(batches) for _ in rows]
     for i, row in enumerate(rows.values()):
@@ -142,7 +158,7 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
     chosen = selection["chosen"]
     ax.add_patch(
         plt.Rectangle(
-            (batches.index(chosen["batch"]) - 0.5, list(rows).index(chosen["nodes"]) - 0.5),
+            (batches.index(chosen["batch"]) - 0.5, list(rows).index(_shape(chosen)) - 0.5),
             1,
             1,
             fill=False,
@@ -151,9 +167,11 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
         )
     )
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
-    ax.set_yticks(range(len(rows)), [str(n) for n in rows])
+    ax.set_yticks(range(len(rows)), [node_shape(row[0], "{}") for row in rows.values()])
     ax.set(
-        xlabel="global batch B", ylabel="nodes N", title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen"
+        xlabel="global batch B",
+        ylabel="nodes N (x GPUs per node)",
+        title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen",
     )
     fig.colorbar(image, ax=ax, label="cost")
     _save(fig, out)
@@ -383,13 +401,13 @@ def render(
     evaluation: dict,
 ) -> str:
     chosen = selection["chosen"]
-    candidates = sorted(perfmodel["candidates"], key=lambda c: (c["nodes"], c["batch"]))
+    candidates = [c for row in _rows_by_shape(perfmodel["candidates"]).values() for c in row]
     restarts = summary["restarts_at_steps"]
     knees = selection["knees"]
     return f"""# tula-hpc report: {job}
 
 ## Choice
-**{chosen["nodes"]} node(s), global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
+**{node_shape(chosen)}, global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
 minimise **{selection["objective"]}** ({selection["pricing"]} pricing). Predicted training time {chosen["time_s"]:.2f} s
 (+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
 Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
@@ -399,12 +417,7 @@ knee objective used the {selection.get("knee_used", selection["knee_method"])} k
         selection["knee_method"]
     }`).
 
-{
-        _table(
-            selection["runners_up"],
-            [("runner-up N", "nodes", "d"), ("B", "batch", "d"), ("T (s)", "time_s", ".2f"), ("cost", "cost", ".5g")],
-        )
-    }
+{_table(selection["runners_up"], RUNNER_UP_COLUMNS)}
 ![time vs batch]({links["time"]})
 
 ![cost surface]({links["cost"]})
@@ -461,6 +474,7 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
             candidates,
             [
                 ("N", "nodes", "d"),
+                *GPUS_COLUMN,
                 ("B", "batch", "d"),
                 ("b/device", "per_device_batch", "d"),
                 ("step (s)", "step_s", ".5f"),

@@ -1,8 +1,8 @@
 """Search modes (paper III-A-2): which candidates are profiled, decided here and nowhere else.
 
 - partial: the fewest extreme configurations that identify every coefficient of the performance model,
-  the largest configuration among them by default (`partial_set`): 3 to 5 of them, whatever the size of
-  the grid. The fit reads their profiles.
+  the largest configuration among them by default (`partial_set`): 3 to 5 of them (6 over several GPUs per
+  node), whatever the size of the grid. The fit reads their profiles.
 - full: every candidate. The fit reads their profiles.
 - adaptive (`adaptive_search`): starts from partial; the `adapt` rule (profile stage, `--adaptive`) then
   adds the candidate the fitted model is least sure about until its uncertainty, calibrated on those very
@@ -61,26 +61,63 @@ def partial_set(grid: list[dict], devices_per_node: int, launcher: str, second_b
     batches 8 to 512), leaving the largest configurations extrapolated. A second size of the sync that N
     changes, at its smallest batch, separates its latency from its bandwidth: the sync among all ranks on
     the local launcher (one host), among the hosts on a cluster (within a node it is the same size at every N).
+    A grid of several GPUs per node is `_node_shapes_set`'s.
     """
     if second_batch not in SECOND_BATCHES:
         raise ValueError(f"unknown second batch {second_batch!r}; allowed: {', '.join(SECOND_BATCHES)}")
+    if len({c.get("gpus_per_node") for c in grid}) > 1:
+        return _node_shapes_set(grid, second_batch)
     by_nodes: dict[int, list[dict]] = {}
     for c in sorted(grid, key=lambda c: (c["nodes"], c["batch"])):
         by_nodes.setdefault(c["nodes"], []).append(c)
     smallest, largest = min(by_nodes), max(by_nodes)
     chosen = [by_nodes[smallest][0], by_nodes[smallest][-1], by_nodes[largest][0]]
-    first, *rest = by_nodes[largest]
-    if largest != smallest and rest:  # the largest N spans several ranks: it syncs
-        if second_batch == "largest":
-            chosen.append(rest[-1])
-        else:
-            middle = (math.log2(first["per_device_batch"]) + math.log2(rest[-1]["per_device_batch"])) / 2
-            chosen.append(min(rest, key=lambda c: abs(math.log2(c["per_device_batch"]) - middle)))
+    if largest != smallest and len(by_nodes[largest]) > 1:  # the largest N spans several ranks: it syncs
+        chosen.append(_second_batch(by_nodes[largest], second_batch))
     multi_rank = [n for n in by_nodes if (n * devices_per_node if launcher == "local" else n) > 1]
     if len({n for n in (smallest, largest) if n in multi_rank}) < 2 and len(multi_rank) >= 2:
         second = min(n for n in multi_rank if n not in (smallest, largest))
         chosen.append(by_nodes[second][0])
+    return _distinct(chosen)
+
+
+def _second_batch(row: list[dict], second_batch: str) -> dict:
+    """The batch beyond a row's smallest that tells how the overlap grows with it (see `partial_set`)."""
+    first, *rest = row
+    if second_batch == "largest":
+        return rest[-1]
+    middle = (math.log2(first["per_device_batch"]) + math.log2(rest[-1]["per_device_batch"])) / 2
+    return min(rest, key=lambda c: abs(math.log2(c["per_device_batch"]) - middle))
+
+
+def _distinct(chosen: list[dict]) -> list[dict]:
+    """Each pick once, in order: on a small grid several extremes are the same candidate."""
     return [c for i, c in enumerate(chosen) if c not in chosen[:i]]
+
+
+def _node_shapes_set(grid: list[dict], second_batch: str) -> list[dict]:
+    """Partial search over node shapes (several GPUs per node g): each term of the model from the profiles that hold it.
+
+    Compute from the smallest node at the fewest GPUs (one rank where the grid has it), at both batch extremes;
+    intra-node sync from the smallest node at the most GPUs, whose ranks share one host; inter-node sync at two
+    host counts, the largest N and the smallest N of at least 2, at the most GPUs (a second size of it separates
+    latency from bandwidth); the overlap's growth with the batch from a second batch at the largest N. Each at its
+    smallest batch unless said otherwise; a shape the grid lacks (no batch splits evenly over its ranks) is skipped.
+    """
+    rows: dict[tuple[int, int], list[dict]] = {}
+    for c in sorted(grid, key=lambda c: (c["nodes"], c["gpus_per_node"], c["batch"])):
+        rows.setdefault((c["nodes"], c["gpus_per_node"]), []).append(c)
+    fewest, most = min(g for _, g in rows), max(g for _, g in rows)
+    nodes_at = {g: sorted(n for n, h in rows if h == g) for g in (fewest, most)}
+    compute = rows[(nodes_at[fewest][0], fewest)]
+    chosen = [compute[0], compute[-1], rows[(nodes_at[most][0], most)][0]]
+    spanning = [n for n in nodes_at[most] if n >= 2]
+    if spanning:
+        largest = rows[(spanning[-1], most)]
+        chosen += [largest[0], rows[(spanning[0], most)][0]]
+        if len(largest) > 1:
+            chosen.append(_second_batch(largest, second_batch))
+    return _distinct(chosen)
 
 
 def discrepancy_estimate(history: list[dict], prior: float) -> float:

@@ -1,5 +1,7 @@
 """Stage `select`: the feasible configuration that minimises time, cost, or sits at the knee of time vs batch.
 
+A configuration is a node shape (N nodes of g GPUs each; 4 x 1 and 2 x 2 are different ones) and a global batch.
+
 Constraints (all optional): at most `max_nodes` nodes, a global batch of at most `max_batch`, predicted
 time T within `deadline_s` and cost C within `budget`. When no candidate meets them the stage fails with
 the closest candidates and which constraint each breaks, by how much.
@@ -18,9 +20,12 @@ from pathlib import Path
 from kneed import KneeLocator
 
 from .files import read_json, write_json
+from .layout import node_shape
 from .stage import StageError, stage_main
 
 RUNNERS_UP = 5
+# What selection.json keeps of each runner-up; gpus_per_node where the plan made it a choice.
+RUNNER_UP_FIELDS = ("nodes", "gpus_per_node", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")
 CLOSEST_SHOWN = 3
 # constraint key -> (candidate field, unit shown in messages)
 CONSTRAINTS = {
@@ -36,6 +41,7 @@ class InfeasibleError(StageError):
 
 
 def best_time_per_batch(candidates: list[dict]) -> list[dict]:
+    """The fastest candidate at each global batch, whatever its node shape: the curve both knees read."""
     best: dict[int, dict] = {}
     for c in candidates:
         if c["batch"] not in best or c["time_s"] < best[c["batch"]]["time_s"]:
@@ -75,7 +81,7 @@ def _describe(candidate: dict, objective: dict) -> str:
     for key, excess in violations(candidate, objective).items():
         field, unit = CONSTRAINTS[key]
         parts.append(f"{field} {candidate[field]:.6g}{unit} > {key} {objective[key]:.6g}{unit} (+{excess:.0%})")
-    return f"N={candidate['nodes']}, B={candidate['batch']}: " + "; ".join(parts)
+    return f"{node_shape(candidate, 'N={}')}, B={candidate['batch']}: " + "; ".join(parts)
 
 
 def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> list[dict]:
@@ -117,14 +123,11 @@ def select(perfmodel: dict, objective: dict) -> dict:
         "chosen": ranked[0],
         "knees": knees,
         "knee_used": knee_used,
-        "runners_up": [
-            {k: c[k] for k in ("nodes", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")}
-            for c in ranked[1 : 1 + RUNNERS_UP]
-        ],
+        "runners_up": [{k: c[k] for k in RUNNER_UP_FIELDS if k in c} for c in ranked[1 : 1 + RUNNERS_UP]],
         "constraints": {key: objective.get(key) for key in CONSTRAINTS},
         "feasible": len(feasible),
         "candidates": len(candidates),
-        "best_time_curve": [{"batch": c["batch"], "nodes": c["nodes"], "time_s": c["time_s"]} for c in curve],
+        "best_time_curve": [{k: c[k] for k in ("batch", "nodes", "gpus_per_node", "time_s") if k in c} for c in curve],
     }
 
 

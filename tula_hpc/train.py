@@ -1,5 +1,5 @@
-"""Stage `train`: DDP training at the selected (nodes, global batch), checkpointed every epoch and at the
-step where a signal asks the job to stop (preemption.py).
+"""Stage `train`: DDP training at the selected (nodes, GPUs per node, global batch), checkpointed every epoch and
+at the step where a signal asks the job to stop (preemption.py).
 
 Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up are
 training.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
@@ -408,9 +408,10 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
     """
     chosen = read_json(selection_path)["chosen"]
     stage_dir = Path(work_dir) / "train"
-    spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"])
+    spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
     started = time.time()
-    log_path, selected = stage_dir / "attempts.json", {"nodes": chosen["nodes"], "batch": chosen["batch"]}
+    selected = {key: chosen[key] for key in ("nodes", "gpus_per_node", "batch") if key in chosen}
+    log_path = stage_dir / "attempts.json"
     log = read_json(log_path) if log_path.exists() else {}
     attempts = log["attempts"] if log.get("selected") == selected else []
     while True:
@@ -457,6 +458,7 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
     summary = {
         **result,
         "nodes": chosen["nodes"],
+        "gpus_per_node": spec.gpus_per_node,
         "train_time_with_lost_work_s": loop_time_s(stage_dir / "loop_time.jsonl"),
         "wall_time_s": time.time() - started,
         "attempts": attempts,

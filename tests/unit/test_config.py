@@ -497,3 +497,38 @@ def test_a_stage_stops_on_a_local_gpu_job_without_cuda_before_submitting(tmp_pat
     assert "job 'digits-cnn': field 'resources.gpus_per_node'" in proc.stderr and "Traceback" not in proc.stderr
     assert "CUDA_VISIBLE_DEVICES=''" in proc.stderr
     assert not (tmp_path / "work").exists() and not (tmp_path / "memory.json").exists()
+
+
+# --- GPUs per node as a choice (issue 25) -------------------------------------------------------------------------
+
+
+def test_gpus_per_node_defaults_to_the_nodes_own_and_a_half_given_range_fills_the_other_end():
+    assert default_job()["search"]["gpus_per_node"] == {"min": 0, "max": 0}  # CPU jobs: one process per node
+    job = job_settings(validate_config(_gpu_config(gpus=4)), "digits-cnn")
+    assert job["search"]["gpus_per_node"] == {"min": 4, "max": 4}
+    job = job_settings(validate_config(_gpu_config(gpus=4, search={"gpus_per_node": {"min": 1}})), "digits-cnn")
+    assert job["search"]["gpus_per_node"] == {"min": 1, "max": 4}
+    assert stage_settings(job, "plan")["search.gpus_per_node"] == {"min": 1, "max": 4}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "shape", "allowed"),
+    [
+        (4, {"min": 0, "max": 2}, "allowed: 1 <= min <= max <= 4"),
+        (4, {"min": 1, "max": 8}, "allowed: 1 <= min <= max <= 4"),
+        (4, {"min": 3, "max": 2}, "allowed: 1 <= min <= max <= 4"),
+        (0, {"min": 1, "max": 2}, "allowed: {min: 0, max: 0}, or leave it out"),
+    ],
+    ids=["no GPU on a GPU job", "more than the node has", "min above max", "GPUs on a CPU job"],
+)
+def test_gpus_per_node_outside_the_node_is_refused(gpus, shape, allowed):
+    config = (
+        _gpu_config(gpus=gpus, search={"gpus_per_node": shape}) if gpus else job_config(search={"gpus_per_node": shape})
+    )
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    message = str(err.value)
+    assert message.startswith(
+        f"job 'digits-cnn': field 'search.gpus_per_node': {{min: {shape['min']}, max: {shape['max']}}}"
+    ), message
+    assert allowed in message and "resources.gpus_per_node" in message, message

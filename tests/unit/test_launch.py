@@ -126,6 +126,17 @@ def test_one_device_keeps_at_most_one_gpu_per_node():
     assert launch.LaunchSpec.for_job(cpu_job, one_device=True).gpus_per_node == 0
 
 
+def test_a_candidates_own_gpus_per_node_sets_the_ranks_on_each_node():
+    """A node shape of 2 GPUs on nodes of 4 (search.gpus_per_node): Slurm is asked for 2 tasks and 2 GPUs each."""
+    job = {
+        "launcher": "slurm",
+        "resources": {"gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 32, "time_min": 60, "max_requeues": 3},
+    }
+    spec = launch.LaunchSpec.for_job(job, nodes=2, gpus_per_node=2)
+    assert (spec.gpus_per_node, spec.tasks_per_node, spec.world_size) == (2, 2, 4)
+    assert launch.LaunchSpec.for_job(job, nodes=2, gpus_per_node=2, one_device=True).world_size == 2
+
+
 @pytest.mark.parametrize("tasks", [1, 3])
 def test_rank_logs_are_read_through_submitits_tasks(tmp_path, capsys, tasks):
     job = submitit.SlurmJob(folder=tmp_path, job_id="42", tasks=range(tasks))

@@ -1,7 +1,15 @@
 """How ranks and samples are laid out: hosts shared, steps per epoch."""
 
 from tests.conftest import default_job
-from tula_hpc.layout import devices_per_node, last_batch, ranks_per_host, steps_per_epoch
+from tula_hpc.layout import (
+    candidate_devices,
+    devices_per_node,
+    last_batch,
+    node_shape,
+    profile_name,
+    ranks_per_host,
+    steps_per_epoch,
+)
 
 
 def test_a_node_runs_one_rank_per_gpu_or_one_cpu_rank():
@@ -19,3 +27,14 @@ def test_steps_per_epoch_follow_distributed_sampler_and_the_last_step_takes_the_
     assert steps_per_epoch(1000, 2, 30) == 17 and last_batch(1000, 2, 30) == 20
     # 1001 samples: DistributedSampler pads each rank's share to 501.
     assert steps_per_epoch(1001, 2, 501) == 1 and last_batch(1001, 2, 501) == 501
+
+
+def test_a_candidate_runs_on_its_own_gpus_per_node_and_profiles_at_another_get_their_own_name():
+    job = {"resources": {"gpus_per_node": 4}}
+    assert candidate_devices({"nodes": 2, "gpus_per_node": 2}, job) == 2
+    assert candidate_devices({"nodes": 2}, job) == 4  # a plan made before GPUs per node was a choice
+    assert candidate_devices({"nodes": 2, "gpus_per_node": 0}, {"resources": {"gpus_per_node": 0}}) == 1
+    assert profile_name({"nodes": 2, "gpus_per_node": 4, "batch": 64}, job) == "N2_B64"  # as before
+    assert profile_name({"nodes": 2, "gpus_per_node": 2, "batch": 64}, job) == "N2_G2_B64"
+    assert node_shape({"nodes": 2, "gpus_per_node": 2}) == "2 node(s) x 2 GPU(s)"
+    assert node_shape({"nodes": 2, "gpus_per_node": 0}, "N={}") == "N=2"

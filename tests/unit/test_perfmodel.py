@@ -42,7 +42,7 @@ def test_a_profiled_candidate_moves_toward_its_measurement_and_an_unprofiled_one
     model = fit(synthetic([1, 1, 2, 2], [10, 40, 10, 40]))
     X = [[2, 20, 2], [1, 10, 1]]
     predicted = model.predict(X)
-    measured = {(2, 20): predicted[0] * 1.4}
+    measured = {(2, 20, 2): predicted[0] * 1.4}  # keyed by the whole model row
     steps = estimate_steps(model, X, measured, weight=0.75)
     assert steps[0] == pytest.approx(predicted[0] * (1 + 0.75 * 0.4))
     assert steps[1] == predicted[1]
@@ -64,3 +64,19 @@ def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
         StageError, match="job 'digits-cnn': field 'objective.charge_factors': no factor for partition 'gpu'"
     ):
         predict_candidates(model, [{"nodes": 1, "batch": 10, "per_device_batch": 10}], job, 1000, memory={})
+
+
+def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_apart():
+    """2 nodes x 2 GPUs and 4 nodes x 1 GPU: 4 ranks at 16 per device both, but 2 and 1 ranks per host."""
+    from tula_hpc.performance import measured_steps
+
+    model = fit(synthetic([1, 1, 4, 4], [10, 40, 16, 40], per_host=[1, 1, 2, 2]))
+    shapes = [{"nodes": n, "gpus_per_node": g, "batch": 64, "per_device_batch": 16} for n, g in ((2, 2), (4, 1))]
+    profile = {"world_size": 4, "per_device_batch": 16, "ranks_per_host": 2, "median": {"step_s": 1.0}}
+    assert measured_steps([profile]) == {(4, 16, 2): 1.0}
+    job = {**_job(), "launcher": "slurm"}
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
+    rows = predict_candidates(model, shapes, job, 1000, memory, measured_steps([profile]), 0.5)
+    assert [(r["ranks"], r["ranks_per_host"], r["profiled"]) for r in rows] == [(4, 2, True), (4, 1, False)]
+    assert rows[0]["step_s"] == pytest.approx((rows[0]["model_step_s"] + 1.0) / 2)
+    assert rows[1]["step_s"] == rows[1]["model_step_s"] != rows[0]["model_step_s"]

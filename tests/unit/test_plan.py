@@ -17,3 +17,24 @@ def test_grid_respects_explicit_max_devices_and_training_set():
     grid = candidate_grid(search, devices_per_node=4, max_batch_per_device=1000, train_samples=300)
     assert [c["batch"] for c in grid] == [16, 32, 64, 128, 256]
     assert [c["per_device_batch"] for c in grid] == [2, 4, 8, 16, 32]
+
+
+def test_grid_varies_gpus_per_node_over_doublings_and_the_maximum():
+    search = {"nodes": {"min": 1, "max": 2}, "gpus_per_node": {"min": 1, "max": 3}, "batch": {"min": 48, "max": "auto"}}
+    grid = candidate_grid(search, devices_per_node=4, max_batch_per_device=64, train_samples=10_000)
+    assert sorted({c["gpus_per_node"] for c in grid}) == [1, 2, 3]
+    for c in grid:  # B splits over the N x g ranks and fits a device
+        assert c["per_device_batch"] * c["nodes"] * c["gpus_per_node"] == c["batch"] and c["per_device_batch"] <= 64
+    # 1 node x 2 GPUs and 2 nodes x 1 GPU: the same ranks and batches, different candidates.
+    shapes = {(c["nodes"], c["gpus_per_node"]) for c in grid if c["batch"] == 96}
+    assert shapes == {(1, 2), (1, 3), (2, 1), (2, 2), (2, 3)}
+    assert max(c["batch"] for c in grid if c["nodes"] == 2 and c["gpus_per_node"] == 3) == 384
+
+
+def test_a_cpu_grid_marks_every_candidate_with_no_gpu():
+    search = {**SEARCH, "gpus_per_node": {"min": 0, "max": 0}}
+    grid = candidate_grid(search, devices_per_node=1, max_batch_per_device=64, train_samples=10_000)
+    assert {c["gpus_per_node"] for c in grid} == {0}
+    assert {(c["nodes"], c["batch"]) for c in grid} == {
+        (c["nodes"], c["batch"]) for c in candidate_grid(SEARCH, 1, 64, 10_000)
+    }

@@ -1,5 +1,6 @@
 """Stage profile: real training steps timed part by part, on a quiet machine."""
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -9,8 +10,9 @@ import time
 
 import pytest
 import torch
+import yaml
 
-from tests.conftest import default_job, run_on_two_ranks
+from tests.conftest import default_job, job_config, run_on_two_ranks
 from tula_hpc import profiling, training
 from tula_hpc.distributed import Context
 from tula_hpc.profiling import measure
@@ -221,3 +223,62 @@ def test_a_profile_that_fails_otherwise_is_not_taken_for_running_out_of_memory(j
     plan.write_text('{"profile": [{"nodes": 1, "batch": 64}], "max_batch_per_device": 48}')
     with pytest.raises(profiling.launch.JobFailed, match="node lost"):
         profiling.profile(job, plan, 1, 64, tmp_path / "N1_B64.json", tmp_path / "work")
+
+
+@pytest.fixture
+def gpu_job(job):
+    """The default job on Slurm nodes of 4 GPUs, each candidate choosing how many of them to use."""
+    job["launcher"], job["resources"]["gpus_per_node"] = "slurm", 4
+    return job
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Profile jobs as launched (spec, folder, name), each returning a record of the ranks it ran."""
+    runs = []
+
+    def run(fn, kwargs, spec, folder, name):
+        runs.append((spec, folder, name))
+        return {"world_size": spec.world_size, "global_batch": kwargs["global_batch"]}, None
+
+    monkeypatch.setattr(profiling.launch, "run_or_out_of_memory", run)
+    return runs
+
+
+def _plan(path, candidates):
+    path.write_text(json.dumps({"candidates": candidates, "profile": candidates[:1], "max_batch_per_device": 64}))
+    return path
+
+
+def test_a_profile_at_other_gpus_per_node_launches_that_many_ranks_and_records_them(gpu_job, launched, tmp_path):
+    plan = _plan(tmp_path / "plan.json", [{"nodes": 2, "gpus_per_node": 2, "batch": 64}])
+    config = tmp_path / "jobs.yaml"
+    config.write_text(yaml.safe_dump(job_config(resources={"gpus_per_node": 4, "mem_gb": 16})))
+    out = tmp_path / "N2_G2_B64.json"
+    argv = ["--config", str(config), "--job", "digits-cnn", "--launcher", "slurm", "--work-dir", str(tmp_path)]
+    argv += ["--plan", str(plan), "--nodes", "2", "--gpus-per-node", "2", "--batch", "64", "--out", str(out)]
+    assert profiling.main(argv) == 0
+    [(spec, folder, name)] = launched
+    assert (spec.nodes, spec.tasks_per_node, spec.world_size) == (2, 2, 4)
+    assert folder.name == "N2_G2_B64" and name == "digits-cnn-profile-N2-G2-B64"
+    assert json.loads(out.read_text())["gpus_per_node"] == 2
+    with pytest.raises(StageError, match=r"\(nodes=2, gpus_per_node=4, batch=64\) is not in the plan"):
+        profiling.profile(gpu_job, plan, 2, 64, tmp_path / "N2_B64.json", tmp_path / "work")
+
+
+def test_adaptive_search_keeps_each_node_shape_under_its_own_name(gpu_job, launched, tmp_path, monkeypatch):
+    candidates = [{"nodes": 2, "gpus_per_node": g, "batch": 64, "per_device_batch": 64 // (2 * g)} for g in (4, 2)]
+    plan = _plan(tmp_path / "plan.json", candidates)
+    planned = tmp_path / "N2_B64.json"
+    planned.write_text(json.dumps({"nodes": 2, "gpus_per_node": 4, "global_batch": 64, "world_size": 8}))
+
+    def search(grid, initial, measure, row_of, *settings):
+        profiles = [measure(c) for c in grid]
+        assert [row_of(c) for c in grid] == [[8, 8, 4], [4, 16, 2]]
+        return {"profiled": grid, "profiles": profiles, "history": [], "discrepancy_per_octave": 0.02, "stopped": "-"}
+
+    monkeypatch.setattr(profiling, "adaptive_search", search)
+    manifest = profiling.adapt(gpu_job, plan, [planned], tmp_path / "adaptive.json", tmp_path / "work")
+    assert [(spec.nodes, spec.tasks_per_node) for spec, _, _ in launched] == [(2, 2)]  # the planned one is read
+    assert (tmp_path / "work" / "adaptive" / "N2_G2_B64.json").exists()
+    assert [record["gpus_per_node"] for record in manifest["added"]] == [2]

@@ -75,6 +75,7 @@ INPUTS = {
             {
                 "nodes": c["nodes"],
                 "batch": c["batch"],
+                "per_device_batch": c["per_device_batch"],  # as fit_model writes it
                 "measured_step_s": c["step_s"] * 1.02,
                 "predicted_step_s": c["step_s"],
                 "step_iqr_over_median": 0.03,
@@ -234,3 +235,26 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     assert "at 32 samples per device at once" in report
     assert "(CUDA context, NCCL's communicators) 1234.0 MB in training, against 1100.0 MB" in report
     assert "| 32 | measured | 20960000 | 21992000 | 960000 | 500000 | 1000000 | 1000000 | 4000000 |" in report
+
+
+def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_nodes_apart(tmp_path):
+    """Two GPUs per node beside one at the same N: each its own row, curve and cost cell."""
+    shaped = [{**c, "gpus_per_node": 1} for c in CANDIDATES]
+    shaped += [{**c, "gpus_per_node": 2, "per_device_batch": c["per_device_batch"] // 2} for c in CANDIDATES]
+    chosen = shaped[-2]  # 2 nodes x 2 GPUs, batch 128
+    inputs = {
+        **INPUTS,
+        "perfmodel": {**INPUTS["perfmodel"], "candidates": shaped},
+        "selection": {**INPUTS["selection"], "chosen": chosen, "runners_up": shaped[:1]},
+    }
+    args = ["--config", str(REPO / "config" / "jobs.yaml"), "--job", "digits-cnn"]
+    for name, content in inputs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(content))
+        args += [f"--{name}", str(tmp_path / f"{name}.json")]
+    for flag, name in {"--out": "report.md", **PLOTS}.items():
+        args += [flag, str(tmp_path / name)]
+    assert main(args) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "**2 node(s) x 2 GPU(s), global batch 128** (32 per device)" in report
+    assert "| runner-up N | GPUs/node | B |" in report and "| 1 | 1 | 64 |" in report
+    assert "| 2 | 2 | 128 | 32 |" in report and "| 2 | 1 | 128 | 64 |" in report  # every candidate, shapes apart

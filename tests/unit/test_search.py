@@ -139,3 +139,49 @@ def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
     assert len(curved["profiled"]) > len(straight["profiled"])
     assert curved["discrepancy_per_octave"] > straight["discrepancy_per_octave"]
     assert max(h["rel_error"] for h in curved["history"]) > 0.25  # it found where the straight line misses most
+
+
+# --- node shapes: several GPUs per node (issue 25) -----------------------------------------------------------------
+
+SHAPES = {"nodes": {"min": 1, "max": 4}, "gpus_per_node": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
+
+
+def _shapes_identified(configs) -> dict:
+    """Which coefficients profiles at `configs` (a cluster's, each on its own GPUs per node) identify."""
+    from tests.unit.test_performance import fit, synthetic
+
+    ranks, batch, per_host = zip(*(candidate_row(c, c["gpus_per_node"], "slurm") for c in configs))
+    return fit(synthetic(ranks, batch, per_host)).identified_
+
+
+def test_partial_over_node_shapes_profiles_each_term_where_it_is_alone():
+    grid = candidate_grid(SHAPES, devices_per_node=4, max_batch_per_device=64, train_samples=10_000)
+    chosen = partial_set(grid, 4, "slurm")
+    # Compute on one rank at both batch extremes; intra-node sync on one node of 4 GPUs; inter-node sync at 4 and at
+    # 2 hosts of 4 GPUs; how the overlap grows with the batch at the largest configuration.
+    assert [(c["nodes"], c["gpus_per_node"], c["batch"]) for c in chosen] == [
+        (1, 1, 32),
+        (1, 1, 64),
+        (1, 4, 32),
+        (4, 4, 32),
+        (2, 4, 32),
+        (4, 4, 1024),
+    ]
+    assert partial_set(grid, 4, "slurm", "middle")[-1] == {
+        "nodes": 4,
+        "gpus_per_node": 4,
+        "batch": 128,
+        "per_device_batch": 8,
+    }
+    # Everything the whole grid identifies but intra-node latency: one size of intra-node sync (4 ranks on a host),
+    # so its latency is held at the prior, as on a grid of one node shape.
+    partial, full = _shapes_identified(chosen), _shapes_identified(grid)
+    assert {name for name, ok in full.items() if ok != partial[name]} == {"intra_node_latency_s"}
+
+
+def test_one_node_shape_is_searched_as_before():
+    one = {**SEARCH, "gpus_per_node": {"min": 2, "max": 2}}
+    shaped = candidate_grid(one, devices_per_node=4, max_batch_per_device=64, train_samples=10_000)
+    plain = candidate_grid(SEARCH, devices_per_node=2, max_batch_per_device=64, train_samples=10_000)
+    for launcher in ("local", "slurm"):
+        assert partial_set(shaped, 2, launcher) == partial_set(plain, 2, launcher)

@@ -125,3 +125,18 @@ def test_infeasible_constraints_name_the_closest_candidates_and_what_each_breaks
     assert "N=4, B=2048: time_s 4.19531 s > deadline_s 3 s (+40%); cost 16.7812 > budget 5 (+236%)" in message
     assert message.count("N=") == 3
     assert not (tmp_path / "selection.json").exists()
+
+
+def test_node_shapes_sharing_nodes_and_batch_are_told_apart():
+    """2 nodes x 2 GPUs and 2 nodes x 1 GPU at B=256: different candidates, chosen and shown by their shape."""
+    shapes = [
+        {**candidate(2, 256, 4.0, 8.0), "gpus_per_node": 2, "per_device_batch": 64},
+        {**candidate(2, 256, 6.0, 12.0), "gpus_per_node": 1},
+        {**candidate(1, 256, 9.0, 9.0), "gpus_per_node": 2, "per_device_batch": 128},
+    ]
+    result = select(perfmodel(shapes), objective())
+    assert (result["chosen"]["nodes"], result["chosen"]["gpus_per_node"]) == (2, 2)
+    assert [(r["nodes"], r["gpus_per_node"]) for r in result["runners_up"]] == [(2, 1), (1, 2)]
+    assert result["best_time_curve"] == [{"batch": 256, "nodes": 2, "gpus_per_node": 2, "time_s": 4.0}]
+    with pytest.raises(InfeasibleError, match=r"N=2 x 2 GPU\(s\), B=256: time_s 4 s > deadline_s 1 s"):
+        select(perfmodel(shapes), objective(deadline_s=1.0))

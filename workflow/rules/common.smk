@@ -7,6 +7,7 @@ from snakemake.utils import validate
 
 from tula_hpc import search
 from tula_hpc.config import ConfigError, stage_settings, validate_config
+from tula_hpc.layout import profile_name
 
 # Clear, per-field messages first; then Snakemake's own validation against the same schema.
 try:
@@ -32,6 +33,7 @@ os.environ.update(
 wildcard_constraints:
     job="|".join(JOBS),
     nodes=r"\d+",
+    gpus=r"(_G\d+)?",  # a profile's GPUs per node, where they are not the job's own (tula_hpc.layout.profile_name)
     batch=r"\d+",
 
 
@@ -45,7 +47,8 @@ def planned_profiles(wildcards):
     plan_file = checkpoints.plan.get(job=wildcards.job).output[0]
     with open(plan_file) as handle:
         planned = json.load(handle)["profile"]
-    return [f"results/{wildcards.job}/profile/N{c['nodes']}_B{c['batch']}.json" for c in planned]
+    job = config["jobs"][wildcards.job]
+    return [f"results/{wildcards.job}/profile/{profile_name(c, job)}.json" for c in planned]
 
 
 def adaptive_manifest(wildcards):

@@ -2,9 +2,9 @@ rule profile:
     input:
         "results/{job}/plan.json",
     output:
-        "results/{job}/profile/N{nodes}_B{batch}.json",
+        "results/{job}/profile/N{nodes}{gpus}_B{batch}.json",
     log:
-        "logs/{job}/profile/N{nodes}_B{batch}.log",
+        "logs/{job}/profile/N{nodes}{gpus}_B{batch}.log",
     conda:
         "../../envs/tula-hpc.yaml"
     threads: lambda wildcards: int(wildcards.nodes)
@@ -12,9 +12,10 @@ rule profile:
         timing_slot=1,
     params:
         settings=settings("profile"),
+        gpus=lambda wildcards: f"--gpus-per-node {wildcards.gpus.removeprefix('_G')}" if wildcards.gpus else "",
     shell:
         "tula-hpc profile --job {wildcards.job} --plan {input}"
-        " --nodes {wildcards.nodes} --batch {wildcards.batch} --out {output} > {log} 2>&1"
+        " --nodes {wildcards.nodes} {params.gpus} --batch {wildcards.batch} --out {output} > {log} 2>&1"
 
 
 # Adaptive search: starts from the planned (partial) profiles and submits further profile jobs one at a
