@@ -84,13 +84,12 @@ def _homogeneous(placement: str) -> tuple[int, int] | None:
 
 
 def read_trace(folder: Path) -> dict:
-    """trace.yaml and the homogeneous points: {g: {(nodes, b): (step_time, sync_time)}}; placements.csv first."""
+    """trace.yaml and the homogeneous points {(nodes, g, b): (step_time, sync_time)}, placements.csv's first."""
     meta = yaml.safe_load((folder / "trace.yaml").read_text())
-    points: dict[int, dict[tuple[int, int], tuple[float, float]]] = {}
+    points: dict[tuple[int, int, int], tuple[float, float]] = {}
 
     def add(nodes: int, g: int, row: dict) -> None:
-        key = (nodes, int(row["local_bsz"]))
-        points.setdefault(g, {}).setdefault(key, (float(row["step_time"]), float(row["sync_time"])))
+        points.setdefault((nodes, g, int(row["local_bsz"])), (float(row["step_time"]), float(row["sync_time"])))
 
     with open(folder / "placements.csv") as f:
         for row in csv.DictReader(f):
@@ -104,51 +103,61 @@ def read_trace(folder: Path) -> dict:
                 nodes, replicas = int(row["num_nodes"]), int(row["num_replicas"])
                 if replicas % nodes == 0:
                     add(nodes, replicas // nodes, row)
-    return {"name": folder.name, "meta": meta, "points": dict(sorted(points.items()))}
+    gpus = sorted({g for _, g, _ in points})
+    return {"name": folder.name, "meta": meta, "points": dict(sorted(points.items())), "gpus": gpus}
 
 
-def trace_job(name: str, g: int, meta: dict, nodes: list[int]) -> dict:
-    """The bench job the replay stands in for: g GPUs per node on a Slurm cluster, the trace's epochs, node-hours."""
+def trace_job(name: str, gpus: tuple[int, ...], meta: dict, nodes: list[int], mapping: str) -> dict:
+    """The bench job the replay stands in for: GPUs per node a choice among `gpus` on a Slurm cluster, the trace's
+    epochs, node-hours; the latent sync fit (the GPU default) unless a mapping gives the profiles a sync part."""
+    search = {"nodes": {"min": min(nodes), "max": max(nodes)}, "gpus_per_node": {"min": min(gpus), "max": max(gpus)}}
+    if mapping != "latent":
+        search["sync_fit"] = "split"
     return bench_job(
-        as_name=f"trace-{name}-g{g}",
+        as_name=f"trace-{name}-g{'-'.join(map(str, gpus))}",
         launcher="slurm",
-        resources={"gpus_per_node": g, "mem_gb": 4 * g},
+        resources={"gpus_per_node": max(gpus), "mem_gb": 4 * max(gpus)},
         train={"epochs": int(meta["epochs"]), "lr_milestones": []},  # the schedule is not replayed
-        search={"nodes": {"min": min(nodes), "max": max(nodes)}},
+        search=search,
         objective={"pricing": "node_hour"},
     )
 
 
-def trace_candidates(points: dict, g: int, train_samples: int) -> list[dict]:
-    """Every traced (N, b) as a plan candidate (candidate_grid's shape), none above the training set."""
-    grid = [{"nodes": n, "batch": n * g * b, "per_device_batch": b} for n, b in sorted(points)]
+def trace_candidates(points: dict, train_samples: int) -> list[dict]:
+    """Every traced (N, g, b) as a plan candidate (candidate_grid's shape), none above the training set."""
+    grid = [{"nodes": n, "gpus_per_node": g, "batch": n * g * b, "per_device_batch": b} for n, g, b in sorted(points)]
     return [c for c in grid if c["batch"] <= train_samples]
 
 
-def sync_split(points: dict, mapping: str) -> dict[tuple[int, int], tuple[float, float, float]]:
-    """(nodes, b) -> (step_s, compute_s, sync_s) under the sync mapping (see the module's docstring)."""
+def sync_split(points: dict, mapping: str) -> dict[tuple[int, int, int], tuple[float, float, float | None]]:
+    """(nodes, g, b) -> (step_s, compute_s, sync_s) under the sync mapping (see the module's docstring)."""
     if mapping not in SYNC_MAPPINGS:
         raise ValueError(f"unknown sync mapping {mapping!r}; allowed: {', '.join(SYNC_MAPPINGS)}")
-    largest: dict[int, float] = {}
-    for (nodes, _), (_, sync) in points.items():
-        largest[nodes] = max(largest.get(nodes, 0.0), sync)
+    largest: dict[tuple[int, int], float] = {}
+    for (nodes, g, _), (_, sync) in points.items():
+        largest[(nodes, g)] = max(largest.get((nodes, g), 0.0), sync)
     return {
-        (nodes, b): (step, step - sync, {"latent": None, "exposed": sync, "largest": largest[nodes]}[mapping])
-        for (nodes, b), (step, sync) in points.items()
+        (n, g, b): (step, step - sync, {"latent": None, "exposed": sync, "largest": largest[(n, g)]}[mapping])
+        for (n, g, b), (step, sync) in points.items()
     }
 
 
-def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float], grad_bytes: float) -> dict:
-    """A profile record (profiling.measure's keys, plus what profile_one adds) read from a trace row."""
-    from tula_hpc.layout import devices_per_node, ranks_per_host
+def _point(c: dict) -> tuple[int, int, int]:
+    return c["nodes"], c["gpus_per_node"], c["per_device_batch"]
 
-    devices, nodes, b = devices_per_node(job), candidate["nodes"], candidate["per_device_batch"]
+
+def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float | None], grad_bytes: float) -> dict:
+    """A profile record (profiling.measure's keys, plus what profile_one adds) read from a trace row."""
+    from tula_hpc.layout import candidate_devices, ranks_per_host
+
+    devices, nodes, b = candidate_devices(candidate, job), candidate["nodes"], candidate["per_device_batch"]
     step, compute, sync = split
     parts = {"data_s": 0.0, "compute_s": compute, "update_s": 0.0, "step_s": step}
     if sync is not None:
         parts["sync_s"] = sync
     return {
         "nodes": nodes,
+        "gpus_per_node": candidate["gpus_per_node"],
         "world_size": nodes * devices,
         "ranks_per_host": ranks_per_host(job["launcher"], nodes, devices),
         "per_device_batch": b,
@@ -163,12 +172,12 @@ def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float],
     }
 
 
-def traced_step(steps: dict, nodes: int, b: int) -> float:
-    """The trace's step at N nodes and per-device batch b: traced, or linear in b between the traced batches at
-    that N (beyond them, along the nearest two): for an epoch's last, smaller step, which no trace row holds."""
-    if (nodes, b) in steps:
-        return steps[(nodes, b)]
-    batches = sorted(k for n, k in steps if n == nodes)
+def traced_step(steps: dict, nodes: int, g: int, b: int) -> float:
+    """The trace's step at N nodes of g GPUs and per-device batch b: traced, or linear in b between the traced
+    batches of that shape (beyond them, along the nearest two): for an epoch's last, smaller step."""
+    if (nodes, g, b) in steps:
+        return steps[(nodes, g, b)]
+    batches = sorted(k for n, h, k in steps if (n, h) == (nodes, g))
     low, high = (
         batches[:2]
         if b < batches[0]
@@ -176,22 +185,22 @@ def traced_step(steps: dict, nodes: int, b: int) -> float:
         if b > batches[-1]
         else next((x, y) for x, y in zip(batches, batches[1:]) if x <= b <= y)
     )
-    slope = (steps[(nodes, high)] - steps[(nodes, low)]) / (high - low)
-    return max(steps[(nodes, low)] + slope * (b - low), 0.0)
+    slope = (steps[(nodes, g, high)] - steps[(nodes, g, low)]) / (high - low)
+    return max(steps[(nodes, g, low)] + slope * (b - low), 0.0)
 
 
 def true_candidates(job: dict, candidates: list[dict], steps: dict, train_samples: int) -> list[dict]:
     """Candidates with their true T and cost: T = epochs x (the traced step for every step of an epoch but the
     last, and the trace at the last one's smaller batch for it), as predict_candidates counts an epoch."""
-    from tula_hpc.layout import devices_per_node, last_batch, steps_per_epoch
+    from tula_hpc.layout import candidate_devices, last_batch, steps_per_epoch
     from tula_hpc.pricing import costs
 
-    devices, objective = devices_per_node(job), job["objective"]
+    objective = job["objective"]
     rows = []
     for c in candidates:
-        ranks, b = c["nodes"] * devices, c["per_device_batch"]
-        step = steps[(c["nodes"], b)]
-        last = traced_step(steps, c["nodes"], last_batch(train_samples, ranks, b))
+        ranks, b = c["nodes"] * candidate_devices(c, job), c["per_device_batch"]
+        step = steps[_point(c)]
+        last = traced_step(steps, c["nodes"], c["gpus_per_node"], last_batch(train_samples, ranks, b))
         total = job["train"]["epochs"] * ((steps_per_epoch(train_samples, ranks, b) - 1) * step + last)
         price = costs(total, c["nodes"], ranks, b, objective, NO_MEMORY, None)
         rows.append({**c, "step_s": step, "time_s": total, "cost": price[objective["pricing"]]})
@@ -199,8 +208,12 @@ def true_candidates(job: dict, candidates: list[dict], steps: dict, train_sample
     return rows
 
 
-def _key(c: dict) -> tuple[int, int]:
-    return c["nodes"], c["batch"]
+def _key(c: dict) -> tuple[int, int, int]:
+    return c["nodes"], c["gpus_per_node"], c["batch"]
+
+
+def _shape(c: dict) -> dict:
+    return {"nodes": c["nodes"], "gpus_per_node": c["gpus_per_node"], "batch": c["batch"]}
 
 
 def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[dict]:
@@ -216,8 +229,8 @@ def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[d
             chosen = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)["chosen"]
             best = select({"candidates": truth, "pricing": objective["pricing"]}, wanted)["chosen"]
             case[f"{goal}_regret"] = true_of[_key(chosen)][field] / best[field] - 1
-            case[f"{goal}_chosen"] = {"nodes": chosen["nodes"], "batch": chosen["batch"]}
-            case[f"{goal}_best"] = {"nodes": best["nodes"], "batch": best["batch"]}
+            case[f"{goal}_chosen"], case[f"{goal}_best"] = _shape(chosen), _shape(best)
+            case[f"{goal}_same_gpus_per_node"] = chosen["gpus_per_node"] == best["gpus_per_node"]
         wanted = {**objective, "max_nodes": max_nodes, "minimize": "knee"}
         knee_p = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)
         knee_t = select({"candidates": truth, "pricing": objective["pricing"]}, wanted)
@@ -230,7 +243,7 @@ def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[d
 
 def searched(job: dict, candidates: list[dict], measure) -> dict[str, tuple[list[dict], dict, dict | None]]:
     """Per mode: the candidates it profiles, the fit settings, and adaptive search's record (search.py decides)."""
-    from tula_hpc.layout import devices_per_node
+    from tula_hpc.layout import candidate_devices, devices_per_node
     from tula_hpc.performance import candidate_row, model_params
     from tula_hpc.search import adaptive_search, planned
 
@@ -244,7 +257,7 @@ def searched(job: dict, candidates: list[dict], measure) -> dict[str, tuple[list
         candidates,
         planned("adaptive", candidates, devices, launcher, search["partial_second_batch"]),
         measure,
-        lambda c: candidate_row(c, devices, launcher),
+        lambda c: candidate_row(c, candidate_devices(c, job), launcher),
         settings,
         search["adaptive"]["tolerance"],
         search["adaptive"]["max_profiles"],
@@ -261,24 +274,26 @@ def searched(job: dict, candidates: list[dict], measure) -> dict[str, tuple[list
     return used
 
 
-def replay(trace: dict, g: int, mapping: str = SYNC_MAPPINGS[0]) -> dict:
-    """One model at g GPUs per node: every search mode's errors, coverage, regrets and knees against the trace."""
+def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) -> dict:
+    """One model over the node shapes of `gpus` GPUs per node (one value: that g alone; several: g a choice too):
+    every search mode's errors, coverage, regrets and knees against the trace."""
     from tula_hpc.perfmodel import fit_and_predict
 
-    name, meta, points = trace["name"], trace["meta"], trace["points"][g]
+    name, meta = trace["name"], trace["meta"]
+    points = {key: value for key, value in trace["points"].items() if key[1] in gpus}
     train_samples = int(meta["train_samples"])
     grad_bytes = float(meta["parameters"]) * float(meta["bytes_per_parameter"])
-    job = trace_job(name, g, meta, sorted({n for n, _ in points}))
-    candidates = trace_candidates(points, g, train_samples)
+    job = trace_job(name, gpus, meta, sorted({n for n, _, _ in points}), mapping)
+    candidates = trace_candidates(points, train_samples)
     steps = {key: step for key, (step, _) in points.items()}
     split = sync_split(points, mapping)
 
     def measure(c: dict) -> dict:
         """The trace row stands in for a profile job."""
-        return trace_profile(c, job, split[(c["nodes"], c["per_device_batch"])], grad_bytes)
+        return trace_profile(c, job, split[_point(c)], grad_bytes)
 
     truth = true_candidates(job, candidates, steps, train_samples)
-    result = {"model": name, "gpus_per_node": g, "candidates": len(candidates), "modes": {}}
+    result = {"model": name, "gpus_per_node": list(gpus), "candidates": len(candidates), "modes": {}}
     for mode, (profiled, settings, record) in searched(job, candidates, measure).items():
         model, loo, weight, rows = fit_and_predict(
             job, [measure(c) for c in profiled], candidates, train_samples, NO_MEMORY, settings
@@ -287,18 +302,16 @@ def replay(trace: dict, g: int, mapping: str = SYNC_MAPPINGS[0]) -> dict:
         errors = [
             {
                 "model": name,
-                "gpus_per_node": g,
-                "nodes": r["nodes"],
-                "batch": r["batch"],
+                **_shape(r),
                 "per_device_batch": r["per_device_batch"],
-                "error": abs(r["step_s"] / steps[(r["nodes"], r["per_device_batch"])] - 1),
+                "error": abs(r["step_s"] / steps[_point(r)] - 1),
                 "rel_uncertainty": r["rel_uncertainty"],
             }
             for r in rows
             if _key(r) not in chosen
         ]
         result["modes"][mode] = {
-            "profiled": [{"nodes": c["nodes"], "batch": c["batch"]} for c in profiled],
+            "profiled": [_shape(c) for c in profiled],
             "params": model.coefficients(),
             "notes": model.notes_,
             "leave_one_out": loo,
@@ -307,18 +320,18 @@ def replay(trace: dict, g: int, mapping: str = SYNC_MAPPINGS[0]) -> dict:
             "choices": choices(rows, truth, job["objective"]),
             "adaptive": record,
         }
-    result["roughness"] = roughness(points, name, g)
+    result["roughness"] = roughness(points, name)
     return result
 
 
-def roughness(points: dict, name: str, g: int) -> list[dict]:
+def roughness(points: dict, name: str) -> list[dict]:
     """Each traced step against the geometric mean of its batch-axis neighbours (same N and g)."""
     found = []
-    for nodes in sorted({n for n, _ in points}):
-        batches = sorted(b for n, b in points if n == nodes)
+    for nodes, g in sorted({(n, g) for n, g, _ in points}):
+        batches = sorted(b for n, h, b in points if (n, h) == (nodes, g))
         for low, mid, high in zip(batches, batches[1:], batches[2:]):
-            neighbours = math.sqrt(points[(nodes, low)][0] * points[(nodes, high)][0])
-            deviation = abs(points[(nodes, mid)][0] / neighbours - 1)
+            neighbours = math.sqrt(points[(nodes, g, low)][0] * points[(nodes, g, high)][0])
+            deviation = abs(points[(nodes, g, mid)][0] / neighbours - 1)
             found.append(
                 {"model": name, "gpus_per_node": g, "nodes": nodes, "per_device_batch": mid, "error": deviation}
             )
@@ -351,6 +364,8 @@ def mode_figures(cases: list[dict], mode: str) -> dict:
         "knee_same_share": sum(p["knee_same"] for p in picks) / len(picks),
         "worst_time_regret": _largest(picks, "time_regret"),
         "worst_cost_regret": _largest(picks, "cost_regret"),
+        "time_same_gpus_per_node_share": sum(p["time_same_gpus_per_node"] for p in picks) / len(picks),
+        "cost_same_gpus_per_node_share": sum(p["cost_same_gpus_per_node"] for p in picks) / len(picks),
     }
     for goal, values in regrets.items():
         figures[f"{goal}_regret_mean"] = statistics.fmean(values)
@@ -403,7 +418,8 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0]) -> dict:
     if not folders:
         raise SystemExit(f"{traces}: no <model>/trace.yaml folders to replay")
     loaded = [read_trace(folder) for folder in folders]
-    cases = [replay(trace, g, mapping) for trace in loaded for g in trace["points"]]
+    cases = [replay(trace, (g,), mapping) for trace in loaded for g in trace["gpus"]]
+    shapes = [replay(trace, tuple(trace["gpus"]), mapping) for trace in loaded if len(trace["gpus"]) > 1]
     default_mode = bench_job()["search"]["mode"]
     rough = [r for case in cases for r in case["roughness"]]
     rough_median = _median([r["error"] for r in rough])
@@ -419,12 +435,14 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0]) -> dict:
         "settings": {
             "traces": str(traces),
             "models": {t["name"]: t["meta"] for t in loaded},
-            "gpus_per_node": {t["name"]: list(t["points"]) for t in loaded},
+            "gpus_per_node": {t["name"]: t["gpus"] for t in loaded},
             "max_nodes": list(MAX_NODES),
             "targets": TARGETS,
         },
         "by_mode": {mode: mode_figures(cases, mode) for mode in MODES},
+        "node_shapes": {mode: mode_figures(shapes, mode) for mode in MODES} if shapes else None,
         "details": cases,
+        "node_shape_details": shapes,
     }
 
 
@@ -442,7 +460,15 @@ def report(result: dict) -> None:
         print(
             f"  {key:24s} {_pct(v['figure']):>8s}  target {v['kind']} {shown:>8s}  {'met' if v['met'] else 'NOT met'}"
         )
-    for mode, figures in result["by_mode"].items():
+    print("each GPUs-per-node g alone, pooled:")
+    _report_modes(result["by_mode"])
+    if result["node_shapes"]:
+        print("GPUs per node a choice too (every traced g in one grid per model):")
+        _report_modes(result["node_shapes"])
+
+
+def _report_modes(by_mode: dict) -> None:
+    for mode, figures in by_mode.items():
         worst = figures["max_error"]
         where = "" if worst is None else f" at {worst['model']} g={worst['gpus_per_node']} N={worst['nodes']}"
         where += "" if worst is None else f" B={worst['batch']}"
@@ -450,8 +476,9 @@ def report(result: dict) -> None:
             f"  {mode:9s} unprofiled median {_pct(figures['median_error'])}, max {_pct(worst and worst['error'])}"
             f"{where}; leave-one-out median {_pct(figures['loo_median_error'])}; 1-sigma "
             f"{_pct(figures['sigma1_coverage'])}; time regret mean {_pct(figures['time_regret_mean'])} max "
-            f"{_pct(figures['time_regret_max'])}; cost regret mean {_pct(figures['cost_regret_mean'])} max "
-            f"{_pct(figures['cost_regret_max'])}; knee same {_pct(figures['knee_same_share'])}"
+            f"{_pct(figures['time_regret_max'])} (same g as the best {_pct(figures['time_same_gpus_per_node_share'])});"
+            f" cost regret mean {_pct(figures['cost_regret_mean'])} max {_pct(figures['cost_regret_max'])} (same g "
+            f"{_pct(figures['cost_same_gpus_per_node_share'])}); knee same {_pct(figures['knee_same_share'])}"
         )
 
 

@@ -18,7 +18,7 @@ import jsonschema
 import yaml
 
 from .datacheck import DataError, check_data
-from .devices import SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
+from .devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
 from .layout import ranks_per_host
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
@@ -77,7 +77,14 @@ MEASUREMENT_SETTINGS = tuple(
 )
 FIT_SETTINGS = tuple(
     f"search.{key}"
-    for key in ("collective", "sync_prior", "noise_prior", "discrepancy_per_octave", "interference_tolerance")
+    for key in (
+        "collective",
+        "sync_fit",
+        "sync_prior",
+        "noise_prior",
+        "discrepancy_per_octave",
+        "interference_tolerance",
+    )
 )
 # What each stage's output depends on, as "section" or "section.key[.key]": the rules' params (editing one
 # reruns that stage and what follows, editing anything else does not) and every fingerprint (a profile or
@@ -178,13 +185,16 @@ def _explain(error: jsonschema.ValidationError) -> str:
 
 
 def _fill_by_device(job: dict) -> None:
-    """search.sync_prior's figures the user left out, from the preset of the job's device (SYNC_PRIORS), and
-    search.gpus_per_node's ends, the node's own GPUs: a schema default cannot depend on resources.gpus_per_node."""
+    """search.sync_prior's figures, sync_fit and discrepancy_per_octave the user left out, from the presets of the
+    job's device (devices.py), and search.gpus_per_node's ends, the node's own GPUs: a schema default cannot
+    depend on resources.gpus_per_node."""
     gpus = job["resources"]["gpus_per_node"]
     job["search"]["gpus_per_node"] = {"min": gpus, "max": gpus, **job["search"].get("gpus_per_node", {})}
     prior = job["search"].setdefault("sync_prior", {})
-    for kind, terms in SYNC_PRIORS[sync_device(job["resources"]["gpus_per_node"])].items():
+    for kind, terms in SYNC_PRIORS[sync_device(gpus)].items():
         prior[kind] = {**terms, **prior.get(kind, {})}
+    for key, value in FIT_DEFAULTS[sync_device(gpus)].items():
+        job["search"].setdefault(key, value)
 
 
 def _bandwidths(prior: dict) -> str:

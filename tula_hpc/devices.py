@@ -34,6 +34,17 @@ SYNC_PRIORS = {
 }
 
 
+# search.sync_fit and search.discrepancy_per_octave when a job writes none, by its device (see the performance
+# model's docstring). GPUs: latent sync, as the step overlaps it (timing the all-reduce alone after a barrier
+# perturbs the overlap), and the discrepancy that puts 60-75 % of the Pollux GPU traces' out-of-sample errors
+# inside the 1-sigma band (bench/trace_accuracy.py, chosen there). CPUs: split parts (gloo's threads slow the
+# compute they run beside, which the split fit measures) and the prior that the CPU benchmark was tuned with.
+FIT_DEFAULTS = {
+    "gpu": {"sync_fit": "latent", "discrepancy_per_octave": 0.08},
+    "cpu": {"sync_fit": "split", "discrepancy_per_octave": 0.02},
+}
+
+
 class DeviceError(RuntimeError):
     """A GPU job cannot have a GPU of its own for each rank here; the message says what this host's CUDA is."""
 

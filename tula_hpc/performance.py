@@ -480,6 +480,7 @@ def model_params(job: dict) -> dict:
     search = job["search"]
     return {
         "collective": search["collective"],
+        "sync_fit": search["sync_fit"],
         "sync_prior": search["sync_prior"],
         "noise_prior": search["noise_prior"],
         "discrepancy_per_octave": search["discrepancy_per_octave"],

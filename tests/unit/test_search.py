@@ -157,12 +157,13 @@ def _shapes_identified(configs) -> dict:
 def test_partial_over_node_shapes_profiles_each_term_where_it_is_alone():
     grid = candidate_grid(SHAPES, devices_per_node=4, max_batch_per_device=64, train_samples=10_000)
     chosen = partial_set(grid, 4, "slurm")
-    # Compute on one rank at both batch extremes; intra-node sync on one node of 4 GPUs; inter-node sync at 4 and at
-    # 2 hosts of 4 GPUs; how the overlap grows with the batch at the largest configuration.
+    # Compute on one rank at both batch extremes; intra-node sync on one node of 4 GPUs and of 2; inter-node sync at
+    # 4 and at 2 hosts of 4 GPUs; how the overlap grows with the batch at the largest configuration.
     assert [(c["nodes"], c["gpus_per_node"], c["batch"]) for c in chosen] == [
         (1, 1, 32),
         (1, 1, 64),
         (1, 4, 32),
+        (1, 2, 32),
         (4, 4, 32),
         (2, 4, 32),
         (4, 4, 1024),
@@ -173,10 +174,16 @@ def test_partial_over_node_shapes_profiles_each_term_where_it_is_alone():
         "batch": 128,
         "per_device_batch": 8,
     }
-    # Everything the whole grid identifies but intra-node latency: one size of intra-node sync (4 ranks on a host),
-    # so its latency is held at the prior, as on a grid of one node shape.
-    partial, full = _shapes_identified(chosen), _shapes_identified(grid)
-    assert {name for name, ok in full.items() if ok != partial[name]} == {"intra_node_latency_s"}
+    # Everything the whole grid identifies: two sizes of each kind of sync
+    assert _shapes_identified(chosen) == _shapes_identified(grid)
+
+
+def test_the_second_sync_size_is_the_middle_one_not_the_smallest():
+    """Eight hosts' worth of node counts: the second inter-node size at the geometric middle of 2..16 (N = 4 or 8
+    nearest sqrt(32) = 5.7, ties to the smaller), not at 2."""
+    grid = candidate_grid({**SEARCH, "nodes": {"min": 1, "max": 16}}, 1, 64, 100_000)
+    second = [c["nodes"] for c in partial_set(grid, 1, "slurm") if c["nodes"] not in (1, 16)]
+    assert second == [4]
 
 
 def test_one_node_shape_is_searched_as_before():

@@ -24,27 +24,34 @@ def compute_s(b: int) -> float:
     return 0.01 + 2e-4 * (b - BATCHES[0])
 
 
-def sync_s(nodes: int) -> float:
-    """A ring all-reduce among `nodes` hosts of one GPU each (0 on one)."""
-    hops, moved = 2 * (nodes - 1), 2 * (nodes - 1) / nodes * PARAMETERS * BYTES
-    return LATENCY_S * hops + SECONDS_PER_BYTE * moved
+def ring(peers: int, latency_s: float, seconds_per_byte: float) -> float:
+    hops, moved = 2 * (peers - 1), 2 * (peers - 1) / peers * PARAMETERS * BYTES
+    return latency_s * hops + seconds_per_byte * moved
 
 
-def write_trace(root: Path) -> Path:
-    """One model, one GPU per node: placements.csv for 1-4 nodes (and rows the replay must skip), scalability.csv
-    for 8; step = compute + sync with all of sync exposed."""
+def sync_s(nodes: int, gpus: int = 1) -> float:
+    """A ring all-reduce among each node's `gpus` GPUs (at the GPU prior's latency, which the fit holds when one
+    size of it is profiled), then among `nodes` hosts (0 on one rank)."""
+    return ring(gpus, 5e-6, 1 / 40e9) + ring(nodes, LATENCY_S, SECONDS_PER_BYTE)
+
+
+def write_trace(root: Path, gpus: tuple[int, ...] = (1,)) -> Path:
+    """One model at each of `gpus` GPUs per node: placements.csv for 1-4 nodes (and rows the replay must skip),
+    scalability.csv for 8; step = compute + sync with all of sync exposed."""
     folder = root / "synthetic"
     folder.mkdir(parents=True)
     (folder / "trace.yaml").write_text(
         f"parameters: {PARAMETERS}\nbytes_per_parameter: {BYTES}\ntrain_samples: 8192\nepochs: 2\n"
     )
     rows = ["placement,local_bsz,step_time,sync_time"]
-    for nodes in NODES[:3]:
-        rows += [f"{'1' * nodes},{b},{compute_s(b) + sync_s(nodes)},{sync_s(nodes)}" for b in BATCHES]
+    for g in gpus:
+        for nodes in NODES[:3]:
+            sync = sync_s(nodes, g)
+            rows += [f"{str(g) * nodes},{b},{compute_s(b) + sync},{sync}" for b in BATCHES]
     rows.append("21,16,9.0,9.0")  # heterogeneous: not replayed
     (folder / "placements.csv").write_text("\n".join(rows) + "\n")
     rows = ["num_nodes,num_replicas,local_bsz,step_time,sync_time"]
-    rows += [f"8,8,{b},{compute_s(b) + sync_s(8)},{sync_s(8)}" for b in BATCHES]
+    rows += [f"8,{8 * g},{b},{compute_s(b) + sync_s(8, g)},{sync_s(8, g)}" for g in gpus for b in BATCHES]
     rows.append("8,12,16,9.0,9.0")  # not a whole number of GPUs per node: not replayed
     (folder / "scalability.csv").write_text("\n".join(rows) + "\n")
     return root
@@ -52,16 +59,17 @@ def write_trace(root: Path) -> Path:
 
 def test_read_trace_keeps_homogeneous_points(tmp_path):
     trace = bench.read_trace(write_trace(tmp_path) / "synthetic")
-    assert list(trace["points"]) == [1]
-    assert sorted(trace["points"][1]) == [(n, b) for n in NODES for b in BATCHES]
+    assert trace["gpus"] == [1]
+    assert sorted(trace["points"]) == [(n, 1, b) for n in NODES for b in BATCHES]
 
 
 def test_sync_mappings_split_the_step(tmp_path):
-    points = bench.read_trace(write_trace(tmp_path) / "synthetic")["points"][1]
-    exposed = bench.sync_split(points, "exposed")[(2, 32)]
+    points = bench.read_trace(write_trace(tmp_path) / "synthetic")["points"]
+    exposed = bench.sync_split(points, "exposed")[(2, 1, 32)]
     assert exposed == pytest.approx((compute_s(32) + sync_s(2), compute_s(32), sync_s(2)))
-    assert bench.sync_split(points, "largest")[(2, 32)][2] == pytest.approx(sync_s(2))
-    assert bench.sync_split(points, "latent")[(2, 32)] == pytest.approx(exposed[:2] + (None,))  # no sync part
+    assert bench.sync_split(points, "largest")[(2, 1, 32)][2] == pytest.approx(sync_s(2))
+    latent = bench.sync_split(points, "latent")[(2, 1, 32)]
+    assert latent[:2] == pytest.approx(exposed[:2]) and latent[2] is None  # no sync part
     with pytest.raises(ValueError, match="sync mapping"):
         bench.sync_split(points, "whole")
 
@@ -98,8 +106,22 @@ def test_exact_trace_replays_without_error(tmp_path):
 
 
 def test_an_epochs_last_smaller_step_is_timed_by_the_trace_between_its_batches():
-    steps = {(2, 16): 1.0, (2, 32): 2.0, (2, 64): 3.0}
-    assert bench.traced_step(steps, 2, 32) == 2.0
-    assert bench.traced_step(steps, 2, 48) == pytest.approx(2.5)
-    assert bench.traced_step(steps, 2, 8) == pytest.approx(0.5)  # below the traced batches: along the first two
-    assert bench.traced_step(steps, 2, 96) == pytest.approx(4.0)
+    steps = {(2, 4, 16): 1.0, (2, 4, 32): 2.0, (2, 4, 64): 3.0, (2, 1, 16): 9.0}
+    assert bench.traced_step(steps, 2, 4, 32) == 2.0
+    assert bench.traced_step(steps, 2, 4, 48) == pytest.approx(2.5)
+    assert bench.traced_step(steps, 2, 4, 8) == pytest.approx(0.5)  # below the traced batches: along the first two
+    assert bench.traced_step(steps, 2, 4, 96) == pytest.approx(4.0)
+
+
+def test_gpus_per_node_as_a_choice_replays_without_error_and_chooses_the_best_shape(tmp_path):
+    """1 or 2 GPUs per node in one grid: partial search over node shapes predicts every unprofiled shape exactly
+    and the time and cost objectives choose the true best shape."""
+    result = bench.run(write_trace(tmp_path, gpus=(1, 2)))
+    assert [case["gpus_per_node"] for case in result["details"]] == [[1], [2]]
+    (case,) = result["node_shape_details"]
+    assert case["gpus_per_node"] == [1, 2]
+    assert {p["gpus_per_node"] for p in case["modes"]["partial"]["profiled"]} == {1, 2}
+    partial = result["node_shapes"]["partial"]
+    assert partial["max_error"]["error"] < 1e-3
+    assert partial["time_regret_max"] == pytest.approx(0.0, abs=1e-9)
+    assert partial["time_same_gpus_per_node_share"] == partial["cost_same_gpus_per_node_share"] == 1.0
