@@ -1,48 +1,55 @@
-"""Benchmark: today's performance model on published GPU step times, replayed through the real stages (issue 25).
+"""Benchmark: the performance model on published GPU step times, replayed through the real stages (issue 25).
 
 Why: every other figure of the model comes from CPU processes whose noise is as large as the model's error. The
 Pollux artifact's traces (bench/data/pollux/README.md: 16 nodes x 4 T4 GPUs, ResNet18 on CIFAR-10 and ResNet50 on
 ImageNet) are real GPU clusters: NCCL inside and across nodes, sync that backward hides.
 
-Replay, per model folder under --traces and per GPUs-per-node g found in homogeneous placements (every node with
-g GPUs: placements.csv rows whose digits are all g, and scalability.csv rows with num_replicas = num_nodes x g):
-- job: bench_job with resources.gpus_per_node g, launcher slurm (nodes are real hosts, g ranks on each),
-  train.epochs and node-hour pricing from the trace;
-- candidates: every traced (N, b) of that g, B = N x g x b, in the shape plan.candidate_grid returns
-  ({"nodes", "batch", "per_device_batch"}), none above the training set (the plan's rule). They are built here,
-  not by candidate_grid: its grid doubles N and B from their minima, and the traces hold N in {1, 2, 3, 4, 6, 8,
-  12, 16} and per-device batches a factor sqrt(2) apart (32, 45, 64, 91, ...), which it cannot express;
+Replay, per model folder under --traces, of the homogeneous placements (every node with the same g GPUs:
+placements.csv rows whose digits are all g, and scalability.csv rows with num_replicas = num_nodes x g), twice:
+each g alone (the figures below, pooled over models and g), and every traced g in one grid, GPUs per node being a
+choice too (`node_shapes`):
+- job: bench_job on launcher slurm (nodes are real hosts, g ranks on each) with search.gpus_per_node the g replayed
+  and resources.gpus_per_node the largest, train.epochs and node-hour pricing from the trace; every other fit
+  setting is the job's default for a GPU job (devices.FIT_DEFAULTS: the latent sync fit, the discrepancy prior);
+- candidates: every traced (N, g, b), B = N x g x b, in the shape plan.candidate_grid returns ({"nodes",
+  "gpus_per_node", "batch", "per_device_batch"}), none above the training set (the plan's rule). They are built
+  here, not by candidate_grid: its grid doubles N and B from their minima, and the traces hold N in {1, 2, 3, 4,
+  6, 8, 12, 16} and per-device batches a factor sqrt(2) apart (32, 45, 64, 91, ...), which it cannot express;
 - which candidates are profiled: search.planned (partial, full) and search.adaptive_search (adaptive), the
   job's own settings (partial_second_batch, adaptive tolerance);
 - a "profile" is read from the trace row instead of measured (`trace_profile`), with the keys profiling writes;
 - fit, predict, T and cost: perfmodel.fit_and_predict; choice: selection.select. No second implementation.
 
-Sync mapping (--sync-mapping, default "exposed"): step_time excludes data loading, so data_s = 0; sync_time is the
+Sync mapping (--sync-mapping, default "latent"): step_time excludes data loading, so data_s = 0; sync_time is the
 all-reduce left after backward ends, so compute_s = step_time - sync_time (forward, backward and the update:
-update_s = 0, the fit adds it to compute anyway) and step_s = step_time. "exposed": sync_s = sync_time, the exposed
-part, so the model's sync is the exposed sync and its overlap g should come out near 1. "largest": sync_s = the
-largest sync_time traced at that N (and g), where backward hides least: a stand-in for the whole collective,
-leaving the overlap g to say how the exposed part shrinks as the batch grows. Neither is the split the profile
-stage measures (sync alone after a barrier), which the traces do not hold.
+update_s = 0, the fit adds it to compute anyway) and step_s = step_time. "latent": no sync part, as a profile of the
+overlapped step alone; the model fits sync with the overlap g (search.sync_fit latent, the GPU default). For
+comparison, with search.sync_fit split: "exposed": sync_s = sync_time, the exposed part; "largest": sync_s = the
+largest sync_time traced at that N and g, where backward hides least, a stand-in for the whole collective that
+the profile stage's split (sync alone after a barrier) measures and the traces do not hold.
 
 Truth: T = epochs x ((steps per epoch - 1) x step_time + the last step's time), steps per epoch as
 layout.steps_per_epoch cuts train_samples over N x g ranks at b, the last, smaller step (layout.last_batch) timed
-by the trace at that N linearly between its traced batches (`traced_step`), as predict_candidates counts it (an
-epoch of few large steps would otherwise be charged a whole step for a sliver of data); cost by node-hours
+by the trace at that N and g linearly between its traced batches (`traced_step`), as predict_candidates counts it
+(an epoch of few large steps would otherwise be charged a whole step for a sliver of data); cost by node-hours
 (pricing.costs).
 Figures, pooled over models and g:
 - partial_*: |predicted / true step - 1| on the candidates partial search did not profile, the largest named;
 - full_loo_median_error: performance.leave_one_out over all candidates (as fit_and_predict computes it);
 - regrets: true T (cost) of the configuration select chooses on the prediction over the true best's, minus 1,
   with objective.max_nodes none, 4 and 8; knee: the knee's global batch (selection's knee functions, the knee
-  method the job uses) on the prediction equal to the one on the true curve;
+  method the job uses) on the prediction equal to the one on the true curve; with g a choice, also the share of
+  choices at the true best's g;
 - sigma1_coverage: share of the unprofiled candidates' real errors within their predicted rel_uncertainty;
 - roughness: each traced step against the geometric mean of its two batch-axis neighbours (same N, g), median:
   what no smooth model can beat.
 Summary figures are of the job's default search mode (search.mode in config/jobs.yaml: partial) except
-full_loo_median_error; every mode's pooled figures are in `by_mode`, each (model, g) replay in `details`.
+full_loo_median_error; every mode's pooled figures are in `by_mode` (`node_shapes` with g a choice), each replay in
+`details` (`node_shape_details`). Settings chosen on these two models (the artifact's other models kept aside):
+the latent fit, the second sync size at the middle, Cauchy's loss, the kink margin and the GPU discrepancy prior
+(see the closing note of issue 25 and the constants' comments).
 
-Run:  .venv/bin/python bench/trace_accuracy.py [--traces DIR] [--out FILE]   (seconds; CPU only, no torch work)
+Run:  .venv/bin/python bench/trace_accuracy.py [--traces DIR] [--out FILE]   (about 30 s; CPU only, no torch work)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .files import read_json, write_json
-from .layout import candidate_devices, last_batch, steps_per_epoch
+from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
 from .performance import (
     PerfModel,
     candidate_row,
@@ -117,6 +117,7 @@ def fit_model(
     measured = [
         {
             "nodes": p["nodes"],
+            "gpus_per_node": p["gpus_per_node"],
             "batch": p["global_batch"],
             "per_device_batch": p["per_device_batch"],
             "measured_step_s": p["median"]["step_s"],
@@ -128,7 +129,7 @@ def fit_model(
     ]
     tolerance = job["search"]["interference_tolerance"]
     disturbed = [
-        f"profile N={p['nodes']} B={p['global_batch']} stayed disturbed by other work after re-measuring "
+        f"profile {node_shape(p, 'N={}')} B={p['global_batch']} stayed disturbed by other work after re-measuring "
         f"(interference {p['interference']:.0%} > {tolerance:.0%}): its times may be far off; profile it again "
         f"when the machine is quieter, or use adaptive search, which checks the model on fresh profiles"
         for p in profiles

@@ -453,6 +453,11 @@ class PerfModel(BaseEstimator, RegressorMixin):
             "rms_rel_error": self.rms_rel_error_,
             "discrepancy_per_octave": self.discrepancy_per_octave,
             "sync_fit": self.sync_fit_,
+            "compute_kinks": [
+                {"per_device_batch": float(2**knot), "over_line": float(ratio)}
+                for knot, ratio in zip(*self.compute_kinks_)
+                if len(self.compute_kinks_[0]) > 1
+            ],
         }
 
 

@@ -327,6 +327,21 @@ def _overlap(params: dict) -> str:
     )
 
 
+SYNC_FIT_TEXT = {
+    "split": "fitted to each profile's all-reduce timed alone after a barrier (split fit)",
+    "latent": "latent: fitted with g to the overlapped steps alone, as Pollux fits it (sync timed alone set aside)",
+}
+
+
+def _compute_kinks(params: dict) -> str:
+    """The compute line's kinks, where the profiles show them (performance.kinks_predict_better)."""
+    kinks = params["compute_kinks"]
+    if not kinks:
+        return ""
+    where = ", ".join(f"{k['over_line']:.2f} at b = {k['per_device_batch']:g}" for k in kinks)
+    return f"\n  times measured compute over that line at each profiled batch, interpolated (kinks): {where}"
+
+
 def _model_section(plan: dict, perfmodel: dict) -> str:
     p, identified = perfmodel["params"], perfmodel["identified"]
     unidentified = [name for name, ok in identified.items() if not ok]
@@ -363,8 +378,12 @@ t_step = data + (compute^g + sync^g)^(1/g) (g = 1: sync adds to compute; larger 
 with b the per-device batch and h the ranks per host:
 - data = {p["data_intercept_s"] * 1e3:.3f} ms + {p["data_per_sample_s"] * 1e6:.2f} us x b
 - compute = {p["intercept_s"] * 1e3:.3f} ms + {p["per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}) + (h - 1) x ({
-        p["contention_s"] * 1e3:.3f} ms + {p["contention_per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g}))
-- sync ({perfmodel["collective"]}) = intra-node part among a host's h ranks + inter-node part among the hosts:
+        p["contention_s"] * 1e3:.3f} ms + {p["contention_per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g})){
+        _compute_kinks(p)
+    }
+- sync ({perfmodel["collective"]}) = intra-node part among a host's h ranks + inter-node part among the hosts, {
+        SYNC_FIT_TEXT[p["sync_fit"]]
+    }:
   {_sync_terms(p, identified)}
 - {_overlap(p)}
 

@@ -101,6 +101,8 @@ INPUTS = {
                 {"ranks": 2, "per_device_batch": 256, "share": 0.25},
             ],
             "rms_rel_error": 0.02,
+            "sync_fit": "split",
+            "compute_kinks": [],
         },
         "identified": {
             "intra_node_latency_s": True,
@@ -258,3 +260,21 @@ def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_n
     assert "**2 node(s) x 2 GPU(s), global batch 128** (32 per device)" in report
     assert "| runner-up N | GPUs/node | B |" in report and "| 1 | 1 | 64 |" in report
     assert "| 2 | 2 | 128 | 32 |" in report and "| 2 | 1 | 128 | 64 |" in report  # every candidate, shapes apart
+
+
+def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
+    import copy
+
+    from tula_hpc.report import _model_section
+
+    perfmodel = copy.deepcopy(INPUTS["perfmodel"])
+    assert "(split fit)" in _model_section(INPUTS["plan"], perfmodel)
+    assert "kinks" not in _model_section(INPUTS["plan"], perfmodel)
+    perfmodel["params"]["sync_fit"] = "latent"
+    perfmodel["params"]["compute_kinks"] = [
+        {"per_device_batch": 32.0, "over_line": 1.0},
+        {"per_device_batch": 64.0, "over_line": 0.8},
+    ]
+    section = _model_section(INPUTS["plan"], perfmodel)
+    assert "latent: fitted with g to the overlapped steps alone" in section
+    assert "(kinks): 1.00 at b = 32, 0.80 at b = 64" in section
