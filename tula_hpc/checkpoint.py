@@ -13,8 +13,9 @@ import torch.distributed as dist
 
 from .files import atomic_path
 
-# The checkpoint's layout; a training run resumes only from its own (RNG states by rank since 2).
-CHECKPOINT_FORMAT = 2
+# The checkpoint's layout; a training run resumes only from its own (RNG states by rank since 2, the gradient
+# noise scale's averages since 3).
+CHECKPOINT_FORMAT = 3
 
 
 def rng_state() -> dict:

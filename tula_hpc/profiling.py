@@ -277,6 +277,7 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     rows, interference = min(attempts, key=lambda attempt: attempt[1])
     columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
     peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
+    noise_scale = strategy.noise_scale.read() if strategy.noise_scale is not None else None
     if not ctx.is_main:
         return None
     per_step = {part: list(values) for part, values in zip(PARTS, columns)}
@@ -297,6 +298,7 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
         "measure_wall_s": time.perf_counter() - started,
         "interference": interference,
         "attempts_interference": [share for _, share in attempts],
+        "noise_scale": noise_scale,  # B_noise of the overlapped steps' gradients (noise_scale.py); None on one rank
     }
 
 

@@ -39,6 +39,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .ags import TulaOptimizer
 from .config import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
+from .noise_scale import NoiseScaleHook
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")
 
@@ -157,6 +158,10 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
+    def scale_on_device(self):
+        """The factor ``.grad`` carries, as a device tensor when a scaler keeps one (reading it does not sync)."""
+        return 1.0 if self.scaler is None else self.scaler._get_scale_async()
+
     def loss_scale(self) -> float:
         """The factor ``.grad`` carries until `unscale` (1 without a scaler); reading the scaler's syncs."""
         return 1.0 if self.scaler is None else self.scaler.get_scale()
@@ -224,6 +229,9 @@ class Strategy:
         self.optimizer = optimizer
         self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
         self.precision = precision
+        # The gradient noise scale, measured by DDP's all-reduce (noise_scale.py); None on one rank and for polo,
+        # whose local steps all-reduce no gradients.
+        self.noise_scale: NoiseScaleHook | None = None
 
     def reference_indices(self, local_batch: int) -> torch.Tensor | None:
         """Positions of a reference sub-batch this step's gradient must also be taken on, if any."""
@@ -363,6 +371,15 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
     else:
         optimizer = torch.optim.SGD(params, **sgd)
     precision.attach_state(optimizer)
+    strategy = _build(name, net, train_cfg, global_batch, steps_per_epoch, optimizer, precision, polo)
+    if _world_size(net) > 1 and not polo:
+        strategy.noise_scale = NoiseScaleHook(_world_size(net))
+        strategy.noise_scale.attach(net)
+    return strategy
+
+
+def _build(name, net, train_cfg, global_batch, steps_per_epoch, optimizer, precision, polo) -> Strategy:
+    """The strategy object of `name` around the optimiser (see `build_strategy`)."""
     if name in ("static", "ags"):
         ags = train_cfg["ags"]
         world = _world_size(net)

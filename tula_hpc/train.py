@@ -120,6 +120,8 @@ def _resume(path: Path, run: dict, model, strategy, ctx, steps_per_epoch: int, p
     step = epoch * steps_per_epoch + math.ceil(samples_done / per_device)
     strategy.resume(checkpoint["optimizer"], step)
     restore_rng(own_rng_state(checkpoint["rng"], ctx.rank, ctx.world_size))
+    if strategy.noise_scale is not None and extra["noise_scale"] is not None:  # rank 0's averages, on every rank
+        strategy.noise_scale.estimate.load_state_dict(extra["noise_scale"])
     if ctx.is_main:
         print(
             f"[train] resuming from checkpoint {path} at epoch {epoch} "
@@ -274,6 +276,8 @@ class Trainer:
         """The strategy's epoch end, validation, the epoch's record and its checkpoint."""
         progress = self.progress
         strategy_metrics = self.strategy.end_epoch()
+        noise = self.strategy.noise_scale
+        strategy_metrics["noise_scale"] = noise.read() if noise is not None else None
         progress.train_time += epoch_time
         progress.epoch, progress.samples_done = progress.epoch + 1, 0
         progress.open_epoch_time = progress.open_epoch_data_wait = 0.0
@@ -302,7 +306,7 @@ class Trainer:
 
     def save(self, samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
         """Every rank hands rank 0 its RNG states, rank 0 saves, and the others wait for it outside collectives."""
-        rng, progress = rng_states(self.ctx.world_size), self.progress
+        rng, progress, noise = rng_states(self.ctx.world_size), self.progress, self.strategy.noise_scale
         if self.ctx.is_main:
             save_checkpoint(
                 self.checkpoint_path,
@@ -319,6 +323,7 @@ class Trainer:
                     "open_epoch_data_wait_s": data_wait,
                     "restarts": progress.restarts,
                     "history": progress.history,
+                    "noise_scale": None if noise is None else noise.estimate.state_dict(),
                 },
             )
         wait_for_main()

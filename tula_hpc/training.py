@@ -143,6 +143,8 @@ def training_step(
 ) -> torch.Tensor:
     """One optimiser step on the batch (x, y); returns the batch's mean loss (see `accumulate_gradients`)."""
     loss, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, micro_batches)
+    if strategy.noise_scale is not None:
+        strategy.noise_scale.end_step(len(y), strategy.precision.scale_on_device())
     apply_update(net, strategy, loss_fn, x, y, reference_grads)
     return loss
 

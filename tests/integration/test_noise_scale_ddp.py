@@ -1,0 +1,86 @@
+"""The noise-scale comm hook on a real DDP model of two gloo ranks: it all-reduces the gradient as DDP's own hook
+does (every rank ends with the mean) and its squared norms are those of the rank's own gradient and of the mean,
+computed here by hand; a training run records the noise scale in metrics.jsonl every epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.conftest import default_job, free_port
+from tula_hpc.noise_scale import NoiseScaleHook, two_batch_estimates
+
+pytestmark = [pytest.mark.integration]
+
+
+def _rank(rank: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    by_hand = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    by_hand.load_state_dict(model.state_dict())
+    net = DDP(model, bucket_cap_mb=0.0001)  # several buckets: the hook sums them
+    hook = NoiseScaleHook(2)
+    hook.attach(net)
+    generator = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+    nn.functional.cross_entropy(net(x), y).backward()
+    nn.functional.cross_entropy(by_hand(x), y).backward()
+    local = torch.cat([p.grad.flatten() for p in by_hand.parameters()])
+    mean = local.clone()
+    dist.all_reduce(mean)
+    mean /= 2
+    synced = torch.cat([p.grad.flatten() for p in model.parameters()])
+    record = {
+        "synced_is_mean": bool(torch.allclose(synced, mean, atol=1e-6)),
+        "small": float(hook._small),
+        "local_sq": float(local @ local),
+        "big": float(hook._big),
+        "mean_sq": float(mean @ mean),
+    }
+    hook.end_step(8)
+    expected = two_batch_estimates(record["local_sq"], record["mean_sq"], 8, 16)
+    record["estimate"] = [float(v) for v in hook.estimate.averages()]
+    record["expected"] = [float(v) for v in expected]
+    with open(f"{folder}/rank{rank}.json", "w") as f:
+        json.dump(record, f)
+    dist.destroy_process_group()
+
+
+def test_the_hook_all_reduces_as_ddp_does_and_reads_both_batch_sizes(tmp_path):
+    mp.start_processes(_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    for rank in range(2):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert record["synced_is_mean"]
+        assert record["small"] == pytest.approx(record["local_sq"], rel=1e-5)
+        assert record["big"] == pytest.approx(record["mean_sq"], rel=1e-5)
+        assert record["estimate"] == pytest.approx(record["expected"], rel=1e-5)
+
+
+def _train(rank: int, port: int, job: dict, folder: str) -> None:
+    from tula_hpc.train import train_worker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    paths = {f"{name}_path": f"{folder}/{name}" for name in ("checkpoint", "model", "metrics")}
+    train_worker(job, 64, **paths)
+
+
+def test_training_records_the_noise_scale_every_epoch(tmp_path):
+    job = default_job()
+    job["train"].update(epochs=2, lr_milestones=[])
+    mp.start_processes(_train, args=(free_port(), job, str(tmp_path)), nprocs=2, start_method="spawn")
+    epochs = [json.loads(line) for line in (tmp_path / "metrics").read_text().splitlines()]
+    assert len(epochs) == 2
+    for epoch in epochs:
+        noise = epoch["noise_scale"]
+        assert noise["steps"] == epoch["step"] and noise["trace_sigma"] > 0
