@@ -36,6 +36,14 @@ def two_batch_estimates(small_sq, big_sq, small_batch: float, big_batch: float):
     return gradient_sq, trace
 
 
+def adascale_gain(gradient_sq, trace_at_base, scale):
+    """AdaScale's gain r = (sigma^2 + |G|^2) / (sigma^2 / s + |G|^2) (Johnson et al., ICML 2020): how many steps of the
+    base batch one step at s times it is worth. sigma^2 = tr(Sigma) / B_base, the gradient's variance at the base
+    batch; r runs from 1 (no noise: a larger batch buys nothing) to s (all noise: s base steps at once). Equal to
+    McCandlish's (1 + B_noise / B_base) / (1 + B_noise / B)."""
+    return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
+
+
 class NoiseScale:
     """Moving averages of |G|^2 and tr(Sigma), kept as device tensors; the noise scale is their ratio.
 

@@ -64,3 +64,14 @@ def test_the_hook_needs_two_ranks_and_adds_nothing_for_a_step_that_did_not_sync(
     hook.end_step(8)
     assert hook.estimate.steps == 0
     assert torch.is_tensor(hook.estimate.gradient_sq)
+
+
+def test_adascale_gain_runs_from_one_without_noise_to_the_scale_with_only_noise():
+    from tula_hpc.noise_scale import adascale_gain
+
+    assert adascale_gain(1.0, 0.0, 32) == 1.0
+    assert adascale_gain(0.0, 1.0, 32) == pytest.approx(32.0)
+    # McCandlish's form: B_noise = 512 at a base batch of 128, a batch of 4096 (s = 32)
+    gradient_sq, b_noise, base = 2.0, 512.0, 128
+    gain = adascale_gain(gradient_sq, b_noise * gradient_sq / base, 4096 / base)
+    assert gain == pytest.approx((1 + b_noise / base) / (1 + b_noise / 4096))

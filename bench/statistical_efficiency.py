@@ -1,0 +1,139 @@
+"""Benchmark: statistical efficiency against training curves nobody here made (issue 26).
+
+Pollux's published validation traces (bench/data/pollux/README.md: ResNet18 on CIFAR-10, ResNet50 on ImageNet,
+each trained with AdaScale at 6 or 7 global batches) record, per row, the scale-invariant progress (AdaScale's sum
+of gains, in steps of the smallest batch B0), the real iterations taken to reach it, the validation metric, and the
+gradient's squared norm |G|^2 (grad_sqr) and its variance at B0 (grad_var = tr(Sigma) / B0: adaptdl's AdaScale,
+adaptdl/torch/adascale.py at the same commit, scales its two-batch estimate to the base batch). A row is one B0
+epoch of progress.
+
+Prediction: the iterations a batch B needs to reach each row's progress, from the noise scale, with the gain
+noise_scale.adascale_gain (McCandlish's S(B) = S_min (1 + B_noise / B) in AdaScale's form):
+    iterations(row k) = sum over rows j <= k of (progress_j - progress_{j-1}) / gain(|G|^2_j, sigma^2_j, B / B0)
+- "own": the statistics the batch's own trace records (what a run measuring its noise scale as it trains knows);
+- "from B0": the statistics the B0 run recorded at the same progress (what a noise scale measured at the small
+  batch, as profiles measure it, predicts for a larger one).
+Error: |predicted / traced iterations - 1| at the last row (each batch's whole run), median over the batches above
+B0 of both models (B0 itself is exact by construction and left out); the largest is named. The summary's
+`pollux_iterations_median_error` is the "own" figure, the issue's wording ("from the noise scale the traces
+record"); "from B0" is reported beside it.
+
+Not run yet (their summary figures are null): the Fashion-MNIST half (the goodput choice and AdaScale against the
+B=128 reference over 5 seeds) and the noise-scale overhead measurement.
+
+Run:  .venv/bin/python bench/statistical_efficiency.py [--traces DIR] [--out FILE]   (a second; no torch work)
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+from common import REPO, bench_parser, provenance, verdict
+
+from tula_hpc.files import write_json
+from tula_hpc.noise_scale import adascale_gain
+
+TRACES = REPO / "bench" / "data" / "pollux"
+TARGET = 0.10  # issue 26: iterations to each batch's progress within 10 % median
+
+
+def read_curves(folder: Path) -> dict[int, list[dict]]:
+    """{global batch: rows of validation-<batch>.csv as floats}, smallest batch first."""
+    curves = {}
+    for path in folder.glob("validation-*.csv"):
+        with open(path) as f:
+            curves[int(path.stem.split("-")[1])] = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return dict(sorted(curves.items()))
+
+
+def predicted_iterations(rows: list[dict], statistics_rows: list[dict], scale: float) -> list[float]:
+    """Iterations to reach each row's progress at `scale` x B0, the gain from `statistics_rows` row by row."""
+    done, previous, found = 0.0, 0.0, []
+    for row, stats in zip(rows, statistics_rows):
+        done += (row["progress"] - previous) / adascale_gain(stats["grad_sqr"], stats["grad_var"], scale)
+        previous = row["progress"]
+        found.append(done)
+    return found
+
+
+def replay(name: str, curves: dict[int, list[dict]]) -> list[dict]:
+    """Per batch above B0: traced and predicted iterations of its whole run, from its own and from B0's noise."""
+    base = min(curves)
+    found = []
+    for batch, rows in curves.items():
+        if batch == base:
+            continue
+        scale, traced = batch / base, rows[-1]["iteration"]
+        record = {"model": name, "batch": batch, "base_batch": base, "rows": len(rows), "traced_iterations": traced}
+        for source, stats in (("own", rows), ("from_base", curves[base])):
+            predicted = predicted_iterations(rows, stats, scale)[-1]
+            record[f"{source}_iterations"] = predicted
+            record[f"{source}_error"] = abs(predicted / traced - 1)
+        record["b_noise_final"] = rows[-1]["grad_var"] * base / rows[-1]["grad_sqr"]
+        record["final_metric"], record["base_final_metric"] = rows[-1]["metric"], curves[base][-1]["metric"]
+        record["steps_saved"] = curves[base][-1]["iteration"] / traced
+        found.append(record)
+    return found
+
+
+def run(traces: Path) -> dict:
+    folders = sorted(p.parent for p in traces.glob("*/validation-*.csv"))
+    if not folders:
+        raise SystemExit(f"{traces}: no <model>/validation-<batch>.csv curves to replay")
+    cases = [record for folder in dict.fromkeys(folders) for record in replay(folder.name, read_curves(folder))]
+    own = [c["own_error"] for c in cases]
+    from_base = [c["from_base_error"] for c in cases]
+    median = statistics.median(own)
+    return {
+        "summary": {
+            "pollux_iterations_median_error": median,
+            "goodput_accuracy_minus_reference": None,
+            "goodput_time_over_reference": None,
+            "adascale_worst_accuracy_minus_reference": None,
+            "noise_scale_overhead": None,
+        },
+        "verdicts": {"pollux_iterations_median_error": verdict(median, TARGET)},
+        "pollux": {
+            "own_median_error": median,
+            "own_largest": max(cases, key=lambda c: c["own_error"]),
+            "from_base_median_error": statistics.median(from_base),
+            "from_base_largest": max(cases, key=lambda c: c["from_base_error"]),
+            "cases": cases,
+        },
+        "not_run": ["fashion_mnist_goodput", "fashion_mnist_adascale", "noise_scale_overhead"],
+        "provenance": provenance(),
+        "settings": {"traces": str(traces), "target": TARGET},
+    }
+
+
+def report(result: dict) -> None:
+    pollux = result["pollux"]
+    for c in pollux["cases"]:
+        print(
+            f"  {c['model']:9s} B={c['batch']:5d} ({c['batch'] // c['base_batch']:3d} x B0): traced "
+            f"{c['traced_iterations']:7.0f} iterations, predicted {c['own_iterations']:7.0f} from its own noise "
+            f"({c['own_error']:.1%}), {c['from_base_iterations']:7.0f} from B0's ({c['from_base_error']:.1%})"
+        )
+    verdict = result["verdicts"]["pollux_iterations_median_error"]
+    print(
+        f"iterations to each batch's progress, median error: {pollux['own_median_error']:.1%} from the run's own noise "
+        f"scale (target <= {TARGET:.0%}: {'met' if verdict['met'] else 'NOT met'}), "
+        f"{pollux['from_base_median_error']:.1%} from the smallest batch's"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__, "statistical_efficiency.json")
+    parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ curves (default %(default)s)")
+    args = parser.parse_args(argv)
+    result = run(args.traces)
+    write_json(args.out, result)
+    print(f"wrote {args.out}", flush=True)
+    report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
