@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .files import atomic_path
 
 # The checkpoint's layout; a training run resumes only from its own (RNG states by rank since 2, the gradient
-# noise scale's averages since 3).
+# noise scale's averages and the strategy's own state, adascale's progress, since 3).
 CHECKPOINT_FORMAT = 3
 
 

@@ -12,6 +12,7 @@ loop knows which strategy runs.
 | polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
 | static   | TulaOptimizer, step function U(s) of Eq. 8         | as train.ags.base           | as base |
 | ags      | TulaOptimizer, Algorithm 1                         | as train.ags.base           | as base |
+| adascale | SGD, the rate times AdaScale's gain (below)        | lr x gain                   | no      |
 
 The paper: "LRS and LARS apply linear learning-rate scaling relative to a base batch-size of 128,
 while PoLo switches from synchronous to local-SGD after 5 epochs, aggregating updates 4 times every
@@ -19,11 +20,20 @@ epoch. All these methods apply LR warmup for 5 epochs." Vanilla LBT and the pape
 warm-up: AGS's gate already leaves the sensitive early steps unscaled. ``train.ags.base`` puts AGS (and
 static scaling) on top of another recipe: sgd (the paper's: lbt's optimiser and rate), lrs or lars (their
 optimiser, linearly scaled rate and warm-up; AGS rescales the gradient the optimiser then steps with).
+
+adascale (Johnson et al., "AdaScale SGD", ICML 2020) is not a row of Table I: it trains the recipe of
+train.epochs at train.lr_base_batch (lbt's: SGD at lr, lr_milestones in those epochs), at a batch s times
+larger, each step worth r = adascale_gain(...) base steps by the gradient noise scale DDP's all-reduce measures
+(noise_scale.py): the rate is lr x r at the schedule's place, the schedule advances by r per step, and training
+ends when it has made the base recipe's progress (epochs x its steps per epoch), after more epochs than the
+recipe's (r <= s) but fewer steps than the base batch takes. On one rank there is no second batch size to
+measure the noise with: r stays 1 (lbt at lr) and the run says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +49,10 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .ags import TulaOptimizer
 from .config import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
-from .noise_scale import NoiseScaleHook
+from .noise_scale import NoiseScaleHook, adascale_gain
 
-STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")
+STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")  # Table I's
+ADAPTIVE_SCHEDULES = ("adascale",)  # strategies that decide how long they train (not a row of Table I)
 
 
 class LARS(torch.optim.Optimizer):
@@ -276,6 +287,21 @@ class Strategy:
         """Called after an epoch's last step, before evaluation and checkpoint; returns metrics to record."""
         return {}
 
+    def finished(self) -> bool:
+        """Whether training is done before its epochs are (a strategy that decides how long it trains)."""
+        return False
+
+    def max_epochs(self, epochs: int) -> int:
+        """The most epochs the run may take for train.epochs."""
+        return epochs
+
+    def state_dict(self) -> dict:
+        """What resumes beside the optimiser's state (the checkpoint keeps it)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from `state_dict`'s contents."""
+
 
 class ScalingStrategy(Strategy):
     """static and ags: TulaOptimizer profiles when due and reports its per-epoch metrics under ``ags``."""
@@ -343,6 +369,57 @@ class PostLocalSGDStrategy(Strategy):
         return {}
 
 
+class AdaScaleStrategy(Strategy):
+    """adascale: the base recipe's schedule, advanced by AdaScale's gain each step (see the module's docstring)."""
+
+    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, precision, global_batch: int) -> None:
+        self.base_batch, self.scale = train_cfg["lr_base_batch"], global_batch / train_cfg["lr_base_batch"]
+        base_steps = max(1, round(steps_per_epoch * self.scale))  # steps per epoch at the base batch
+        super().__init__(name, optimizer, {**train_cfg, "warmup_epochs": 0}, base_steps, precision)
+        self.base_factor = lr_factor({**train_cfg, "strategy": "lbt"}, base_steps)
+        self.target = train_cfg["epochs"] * base_steps
+        self.progress, self.gain = 0.0, 1.0
+
+    def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
+        """The gain from the noise scale's averages (this step's gradients included): one read per step."""
+        noise = self.noise_scale
+        if noise is not None and noise.estimate.steps:
+            gradient_sq, trace = noise.estimate.averages()
+            # sigma^2 at the base batch; the averages are the ranks' own, which agree in expectation: every rank
+            # must step with the same rate, so the gain is taken from the mean over ranks
+            both = torch.stack([gradient_sq.clamp(min=0), trace.clamp(min=0) / self.base_batch])
+            dist.all_reduce(both)
+            gradient_sq, variance = (float(v) / dist.get_world_size() for v in both)
+            self.gain = adascale_gain(gradient_sq, variance, self.scale) if gradient_sq + variance > 0 else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.base_factor(int(self.progress)) * self.gain
+
+    def after_step(self) -> None:
+        self.progress += self.gain
+
+    def resume(self, optimizer_state: dict, step: int) -> None:
+        """The rate is set from the progress before every step: nothing to place but the optimiser's state."""
+        initial = [group["initial_lr"] for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(optimizer_state)
+        for group, rate in zip(self.optimizer.param_groups, initial):
+            group["initial_lr"] = rate
+
+    def finished(self) -> bool:
+        return self.progress >= self.target
+
+    def max_epochs(self, epochs: int) -> int:
+        return math.ceil(epochs * self.scale)  # the gain is at least 1: never more steps than the base recipe
+
+    def end_epoch(self) -> dict:
+        return {"adascale": {"progress": self.progress, "target": self.target, "gain": self.gain}}
+
+    def state_dict(self) -> dict:
+        return {"progress": self.progress, "gain": self.gain}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.progress, self.gain = float(state["progress"]), float(state["gain"])
+
+
 def _world_size(net: nn.Module) -> int:
     return dist.get_world_size() if isinstance(net, DistributedDataParallel) else 1
 
@@ -407,5 +484,7 @@ def _build(name, net, train_cfg, global_batch, steps_per_epoch, optimizer, preci
         return PostLocalSGDStrategy(
             name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state
         )
+    if name == "adascale":
+        return AdaScaleStrategy(name, optimizer, train_cfg, steps_per_epoch, precision, global_batch)
     # lbt, lrs, lars, and polo on a single process (local SGD with one worker is plain SGD).
     return Strategy(name, optimizer, train_cfg, steps_per_epoch, precision)

@@ -120,6 +120,7 @@ def _resume(path: Path, run: dict, model, strategy, ctx, steps_per_epoch: int, p
     step = epoch * steps_per_epoch + math.ceil(samples_done / per_device)
     strategy.resume(checkpoint["optimizer"], step)
     restore_rng(own_rng_state(checkpoint["rng"], ctx.rank, ctx.world_size))
+    strategy.load_state_dict(extra["strategy"])
     if strategy.noise_scale is not None and extra["noise_scale"] is not None:  # rank 0's averages, on every rank
         strategy.noise_scale.estimate.load_state_dict(extra["noise_scale"])
     if ctx.is_main:
@@ -219,7 +220,7 @@ class Trainer:
         )
         self.batches, self.device_clock = TimedBatches(self.loader), clock_for(ctx.device)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.epochs = job["train"]["epochs"]
+        self.epochs = self.strategy.max_epochs(job["train"]["epochs"])  # adascale decides when it is done
 
     def train(self, model_path: Path, loop_log_path: Path | None) -> dict | None:
         """Every epoch left, each checkpointed; the final model and the summary (rank 0's; None elsewhere)."""
@@ -231,10 +232,10 @@ class Trainer:
                 write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
         self.clock = LoopClock(loop_log_path if ctx.is_main else None)
         with StopRequests(ctx.world_size) as stop:
-            while progress.epoch < self.epochs:
+            while progress.epoch < self.epochs and not self.strategy.finished():
                 loss, epoch_time, stopping = self.run_epoch(stop)
                 self.end_epoch(loss, epoch_time)
-                if stopping and progress.epoch < self.epochs:
+                if stopping and progress.epoch < self.epochs and not self.strategy.finished():
                     stop.leave(ctx.rank)
         if not ctx.is_main:
             return None
@@ -267,6 +268,8 @@ class Trainer:
                 if saving:
                     self.save(batches_done * per_device, clock.spent - spent_before, self.batches.waited)
                     stop.leave(self.ctx.rank)
+                if self.strategy.finished():  # its progress is made mid-epoch: the epoch ends here
+                    break
             self.device_clock.wait()
         finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
             clock.add(time.perf_counter() - started, force=True)
@@ -291,7 +294,7 @@ class Trainer:
             "val_accuracy": val_accuracy,
             "epoch_time_s": epoch_time,
             "data_wait_s": self.batches.waited,
-            "lr": self.strategy.scheduler.get_last_lr()[0],
+            "lr": self.strategy.optimizer.param_groups[0]["lr"],
             **strategy_metrics,
         }
         progress.history.append(record)
@@ -324,6 +327,7 @@ class Trainer:
                     "restarts": progress.restarts,
                     "history": progress.history,
                     "noise_scale": None if noise is None else noise.estimate.state_dict(),
+                    "strategy": self.strategy.state_dict(),
                 },
             )
         wait_for_main()
@@ -337,7 +341,8 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "accumulation": self.accumulation,
             "micro_batch": self.micro_batch,
-            "epochs": self.epochs,
+            "epochs": progress.epoch,
+            "max_epochs": self.epochs,
             "steps": progress.step,
             "steps_per_epoch": self.steps_per_epoch,
             "strategy": self.strategy.name,

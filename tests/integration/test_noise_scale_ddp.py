@@ -84,3 +84,29 @@ def test_training_records_the_noise_scale_every_epoch(tmp_path):
     for epoch in epochs:
         noise = epoch["noise_scale"]
         assert noise["steps"] == epoch["step"] and noise["trace_sigma"] > 0
+
+
+def _train_adascale(rank: int, port: int, job: dict, folder: str) -> None:
+    from tula_hpc.train import train_worker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    paths = {f"{name}_path": f"{folder}/{name}" for name in ("checkpoint", "model", "metrics")}
+    summary = train_worker(job, 128, **paths)
+    if summary is not None:
+        with open(f"{folder}/summary.json", "w") as f:
+            json.dump(summary, f)
+
+
+def test_adascale_trains_until_the_base_recipes_progress_in_fewer_steps(tmp_path):
+    """The recipe: 2 epochs at batch 32; AdaScale at 128 (4x) trains more epochs than 2, fewer steps than the
+    recipe's, and stops once its progress reaches the recipe's steps."""
+    job = default_job()
+    job["train"].update(strategy="adascale", epochs=2, lr_milestones=[], lr_base_batch=32)
+    mp.start_processes(_train_adascale, args=(free_port(), job, str(tmp_path)), nprocs=2, start_method="spawn")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    last = summary["history"][-1]["adascale"]
+    base_steps = 2 * -(-summary["train_samples"] // 32)
+    assert last["progress"] >= last["target"] == pytest.approx(base_steps, abs=2)
+    assert 2 < summary["epochs"] <= summary["max_epochs"] == 8
+    assert summary["steps"] < base_steps

@@ -323,3 +323,58 @@ def test_a_resume_at_the_same_batch_is_the_saved_schedule_exactly():
     again = build_strategy(nn.Linear(2, 2), cfg, global_batch=512, steps_per_epoch=4)
     again.resume(first.optimizer.state_dict(), step=6)
     assert [_lr_after_steps(again, 1) for _ in range(10)] == expected[6:]
+
+
+def _adascale_cfg(**changes) -> dict:
+    return {
+        **default_job()["train"],
+        "strategy": "adascale",
+        "lr": 0.1,
+        "lr_base_batch": 32,
+        "epochs": 2,
+        "lr_milestones": [1],
+        "lr_gamma": 0.1,
+        **changes,
+    }
+
+
+def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():
+    """No second batch size to measure the noise with: each step is worth one base step, at lr, decayed at the
+    milestone in base epochs; done after the recipe's progress, within epochs x scale epochs."""
+    net = nn.Linear(4, 2)
+    strategy = build_strategy(net, _adascale_cfg(), global_batch=128, steps_per_epoch=5)
+    assert strategy.noise_scale is None and strategy.scale == 4.0
+    assert strategy.target == 2 * 20 and strategy.max_epochs(2) == 8
+    rates = []
+    while not strategy.finished():
+        strategy.before_step(net, None, None, None)
+        rates.append(strategy.optimizer.param_groups[0]["lr"])
+        strategy.after_step()
+    assert rates == [pytest.approx(0.1)] * 20 + [pytest.approx(0.01)] * 20
+    restored = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=128, steps_per_epoch=5)
+    restored.load_state_dict(strategy.state_dict())
+    assert restored.finished() and restored.end_epoch()["adascale"]["progress"] == 40
+
+
+def _adascale_worker(rank: int, outdir: str) -> None:
+    """Two ranks, each its own half of a noisy regression batch: the gain is measured, the same on both ranks, and
+    between 1 and the scale."""
+    torch.manual_seed(0)
+    net = DistributedDataParallel(nn.Linear(8, 1))
+    strategy = build_strategy(net, _adascale_cfg(), global_batch=128, steps_per_epoch=5)
+    generator = torch.Generator().manual_seed(rank)
+    gains = []
+    for _ in range(30):
+        x = torch.randn(64, 8, generator=generator)
+        y = x.sum(dim=1, keepdim=True) + 3 * torch.randn(64, 1, generator=generator)
+        training_step(net, strategy, F.mse_loss, x, y)
+        gains.append(strategy.gain)
+    torch.save({"gains": gains, "progress": strategy.progress}, os.path.join(outdir, f"adascale{rank}.pt"))
+
+
+def test_adascale_gain_is_measured_and_agreed_on_two_ranks(tmp_path):
+    run_on_two_ranks(_adascale_worker, str(tmp_path))
+    first, second = (torch.load(tmp_path / f"adascale{rank}.pt") for rank in range(2))
+    assert first == second
+    assert all(1.0 <= g <= 4.0 for g in first["gains"]) and max(first["gains"]) > 1.0
+    assert first["progress"] == pytest.approx(sum(first["gains"]))
