@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 
-import matplotlib
+from matplotlib.colors import LogNorm
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-
-from .files import atomic_path, read_json, write_text  # noqa: E402
-from .layout import node_shape  # noqa: E402
-from .performance import SYNC_KINDS  # noqa: E402
-from .stage import stage_main  # noqa: E402
+from .figures import link, plt, save_png
+from .files import read_json, write_text
+from .layout import node_shape
+from .performance import SYNC_KINDS
+from .stage import stage_main
+from .training_report import strategy_section
 
 INPUTS = ("memory", "plan", "perfmodel", "selection", "summary", "evaluation")
 PLOTS = ("time", "cost", "accuracy", "training")
@@ -44,18 +41,6 @@ FIXED_PARTS = {
     "nccl_ring_buffers": "NCCL ring buffers (estimated)",
     "gradients_and_temporaries": "gradients and temporaries",
 }
-
-
-def _link(target: Path, report: Path) -> str:
-    """A markdown link target: the path of `target` relative to the folder holding `report`."""
-    return Path(os.path.relpath(target, Path(report).parent)).as_posix()
-
-
-def _save(fig, out: Path) -> None:
-    fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
 
 
 def _shape(candidate: dict) -> tuple:
@@ -130,7 +115,7 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     ax.set_xscale("log", base=2)
     _log_axis(ax, "y")
     ax.legend(fontsize=7)
-    _save(fig, out)
+    save_png(fig, out)
 
 
 def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
@@ -174,7 +159,7 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
         title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen",
     )
     fig.colorbar(image, ax=ax, label="cost")
-    _save(fig, out)
+    save_png(fig, out)
 
 
 def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, out: Path) -> None:
@@ -199,7 +184,7 @@ def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, 
     _log_axis(ax, "x", scale=1e3)
     _log_axis(ax, "y", scale=1e3)
     ax.legend(fontsize=7)
-    _save(fig, out)
+    save_png(fig, out)
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -505,63 +490,6 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
     }"""
 
 
-def strategy_section(summary: dict, plot: Path, report: Path) -> str:
-    """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density.
-
-    Writes `plot`; the section links to it relative to `report`.
-    """
-    strategy = summary.get("strategy", "lbt")
-    history = summary["history"]
-    epochs = [r for r in history if "ags" in r]
-    hist = epochs[-1]["ags"]["scale_hist"] if epochs else None
-    panels = 1 + bool(epochs) + bool(hist)
-    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)
-    curves = axes[0][0]
-    curves.plot(
-        [r["epoch"] for r in history], [r["val_accuracy"] for r in history], marker=".", label="validation accuracy"
-    )
-    curves.set(
-        xlabel="epoch", ylabel="validation accuracy (as trained)", ylim=(0, 1.02), title=f"training (`{strategy}`)"
-    )
-    loss_axis = curves.twinx()
-    loss_axis.plot(
-        [r["epoch"] for r in history], [r["loss"] for r in history], color="grey", linestyle="--", label="loss"
-    )
-    loss_axis.set(ylabel="training loss")
-    if epochs:
-        axes[0][1].plot([r["epoch"] for r in epochs], [r["ags"]["scaled_fraction"] for r in epochs], marker=".")
-        axes[0][1].set(
-            xlabel="epoch",
-            ylabel="fraction of steps scaled",
-            ylim=(-0.05, 1.05),
-            title="steps outside sensitive phases (Delta < delta)",
-        )
-    if hist:
-        total = sum(hist["counts"])
-        axes[0][2].stairs([c / total for c in hist["counts"]], hist["edges"], fill=True)
-        axes[0][2].set(
-            xscale="log",
-            xlabel="scale factor s (s_min, 1, s_max)",
-            ylabel="share of gradient entries",
-            title=f"factors after epoch {epochs[-1]['epoch']}",
-        )
-        ticks = [hist["edges"][0], 1.0, hist["edges"][-1]]
-        axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
-        axes[0][2].minorticks_off()
-    _save(fig, plot)
-    figure = f"\n\n![training]({_link(plot, report)})\n"
-    if not epochs:
-        return f"\n## Training strategy\n`{strategy}`: no gradient scaling.{figure}"
-    steps = sum(r["ags"]["steps"] for r in epochs)
-    scaled = sum(r["ags"]["scaled_steps"] for r in epochs)
-    medians = [r["ags"]["delta"]["median"] for r in epochs if r["ags"]["delta"]]
-    delta = f"; median Delta per epoch from {min(medians):.3g} to {max(medians):.3g}" if medians else ""
-    return (
-        f"\n## Gradient scaling (`{strategy}`)\n{scaled} of {steps} steps ({scaled / steps:.0%}) were scaled, "
-        f"{sum(r['ags']['gradscale_updates'] for r in epochs)} factor updates{delta}.{figure}"
-    )
-
-
 def report(job: dict, inputs: dict[str, Path], out: Path, plots: dict[str, Path]) -> None:
     """Read the files in `inputs` (keys INPUTS), write `out` and the plots in `plots` (keys PLOTS), nothing else."""
     data = {name: read_json(inputs[name]) for name in INPUTS}
@@ -569,7 +497,7 @@ def report(job: dict, inputs: dict[str, Path], out: Path, plots: dict[str, Path]
     plot_cost_surface(data["perfmodel"], data["selection"], plots["cost"])
     plot_predicted_vs_measured(data["perfmodel"], data["summary"], data["selection"], plots["accuracy"])
     scaling = strategy_section(data["summary"], plots["training"], out)
-    links = {key: _link(path, out) for key, path in plots.items()}
+    links = {key: link(path, out) for key, path in plots.items()}
     write_text(out, render(job["name"], links, **data) + scaling)
 
 

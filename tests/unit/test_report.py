@@ -129,6 +129,7 @@ INPUTS = {
     },
     "summary": {
         "strategy": "ags",
+        "global_batch": 128,
         "resumed_from_epoch": 1,
         "restarts_at_steps": [13],
         "train_time_s": 9.0,
@@ -158,6 +159,7 @@ INPUTS = {
                 "loss": 1.0 / e,
                 "val_accuracy": 0.4 * e,
                 "data_wait_s": 0.45,
+                "noise_scale": {"b_noise": 300.0 * e, "gradient_sq": 0.5, "trace_sigma": 150.0 * e, "steps": 10 * e},
                 "ags": {
                     "steps": 10,
                     "scaled_steps": 5,

@@ -1,0 +1,28 @@
+"""The report's training section on a synthetic summary: the noise-scale panel and what the batch costs."""
+
+from tula_hpc.figures import link
+from tula_hpc.training_report import noise_scale_line, strategy_section
+
+
+def _summary(noise) -> dict:
+    history = [
+        {"epoch": e, "val_accuracy": 0.5 + 0.1 * e, "loss": 1.0 / e, "noise_scale": noise(e)} for e in (1, 2, 3)
+    ]
+    return {"strategy": "lbt", "global_batch": 512, "history": history}
+
+
+def test_the_noise_scale_is_plotted_and_its_cost_at_the_trained_batch_said(tmp_path):
+    summary = _summary(lambda e: {"b_noise": 128.0 * e, "gradient_sq": 1.0, "trace_sigma": 128.0 * e, "steps": 9})
+    section = strategy_section(summary, tmp_path / "training.png", tmp_path / "report.md")
+    assert (tmp_path / "training.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Gradient noise scale at epoch 3: B_noise = 384." in section
+    assert "1 + B / B_noise = 2.33 times the samples" in section and "1 + B_noise / B = 1.75 times the steps" in section
+
+
+def test_without_a_noise_scale_the_section_says_why():
+    assert "on two ranks or more" in noise_scale_line([], 512)
+    assert "B_noise" in noise_scale_line([(1, 100.0)], 512)
+
+
+def test_links_are_relative_to_the_report(tmp_path):
+    assert link(tmp_path / "plots" / "a.png", tmp_path / "report.md") == "plots/a.png"
