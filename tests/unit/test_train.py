@@ -13,10 +13,10 @@ import tula_hpc.train as train_module
 import tula_hpc.training as training_module
 from tests.conftest import default_job
 from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
-from tula_hpc.training_report import strategy_section
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
 from tula_hpc.train import LoopClock, TimedBatches, _next_attempt, after_out_of_memory, loop_time_s, train_worker
+from tula_hpc.training_report import strategy_section
 
 
 def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:

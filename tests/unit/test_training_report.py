@@ -5,9 +5,7 @@ from tula_hpc.training_report import noise_scale_line, strategy_section
 
 
 def _summary(noise) -> dict:
-    history = [
-        {"epoch": e, "val_accuracy": 0.5 + 0.1 * e, "loss": 1.0 / e, "noise_scale": noise(e)} for e in (1, 2, 3)
-    ]
+    history = [{"epoch": e, "val_accuracy": 0.5 + 0.1 * e, "loss": 1.0 / e, "noise_scale": noise(e)} for e in (1, 2, 3)]
     return {"strategy": "lbt", "global_batch": 512, "history": history}
 
 
