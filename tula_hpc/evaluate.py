@@ -122,7 +122,8 @@ def measured_costs(job: dict, summary: dict, memory: dict) -> dict[str, float | 
 def evaluate(
     job: dict, model_path: Path, summary_path: Path, selection_path: Path, memory_path: Path, out: Path, work_dir: Path
 ) -> dict:
-    summary, chosen = read_json(summary_path), read_json(selection_path)["chosen"]
+    summary, selection = read_json(summary_path), read_json(selection_path)
+    chosen = selection["chosen"]
     memory = read_json(memory_path)
     spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
     scores = launch.run(
@@ -133,7 +134,7 @@ def evaluate(
         name=f"{job['name']}-evaluate",
     )
     # The prediction is the time of the epochs that count; lost work is reported beside it, not compared.
-    measured, predicted = summary["train_time_s"], chosen["time_s"]
+    measured, predicted = summary["train_time_s"], selection["predicted"]["time_s"]
     result = {
         "job": job["name"],
         **scores,
@@ -145,7 +146,7 @@ def evaluate(
         "time_rel_error": (predicted - measured) / measured,
         "pricing": job["objective"]["pricing"],
         **measured_costs(job, summary, memory),
-        "predicted_cost": chosen["cost"],
+        "predicted_cost": selection["predicted"]["cost"],
         "wall_time_s": summary["wall_time_s"],
     }
     write_json(out, result)

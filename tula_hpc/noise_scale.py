@@ -44,6 +44,22 @@ def adascale_gain(gradient_sq, trace_at_base, scale):
     return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
 
 
+def steps_to_progress(base_steps: float, b_noise: float, base_batch: int, batch: int) -> float:
+    """Steps at `batch` that make the progress of `base_steps` at `base_batch`: S(B) = S_min (1 + B_noise / B)
+    (McCandlish et al.), so base_steps x (1 + B_noise / B) / (1 + B_noise / B_base)."""
+    return base_steps * (1 + b_noise / batch) / (1 + b_noise / base_batch)
+
+
+def measured_noise_scale(profiles: list[dict]) -> dict | None:
+    """The noise scale the profiles measured: the median B_noise over those that have one (multi-rank ones)."""
+    values = sorted(p["noise_scale"]["b_noise"] for p in profiles if (p.get("noise_scale") or {}).get("b_noise"))
+    if not values:
+        return None
+    middle = len(values) // 2
+    median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+    return {"b_noise": median, "profiles": len(values), "range": [values[0], values[-1]]}
+
+
 class NoiseScale:
     """Moving averages of |G|^2 and tr(Sigma), kept as device tensors; the noise scale is their ratio.
 

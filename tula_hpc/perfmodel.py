@@ -6,12 +6,14 @@ cost by the job's pricing (pricing.py).
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
 
 from .files import read_json, write_json
 from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
+from .noise_scale import measured_noise_scale, steps_to_progress
 from .performance import (
     PerfModel,
     candidate_row,
@@ -93,7 +95,27 @@ def fit_and_predict(
     loo = leave_one_out(profiles, **settings)
     weight = measurement_weight(loo, job["search"]["noise_prior"])
     rows = predict_candidates(model, candidates, job, train_samples, memory, measured_steps(profiles), weight)
+    noise = measured_noise_scale(profiles)
+    if noise is not None:
+        to_progress(rows, job, train_samples, noise["b_noise"])
     return model, loo, weight, rows
+
+
+def to_progress(rows: list[dict], job: dict, train_samples: int, b_noise: float) -> None:
+    """Each candidate's steps, epochs, time and cost to the recipe's progress (train.epochs at train.lr_base_batch)
+    at the measured noise scale (noise_scale.steps_to_progress): what the goodput objectives compare. Time is
+    the steps times the predicted step; cost scales with time under every pricing."""
+    base_batch = job["train"]["lr_base_batch"]
+    base_steps = job["train"]["epochs"] * math.ceil(train_samples / base_batch)
+    for row in rows:
+        steps = steps_to_progress(base_steps, b_noise, base_batch, row["batch"])
+        time_s = steps * row["step_s"]
+        row.update(
+            progress_steps=steps,
+            progress_epochs=steps / row["steps_per_epoch"],
+            progress_time_s=time_s,
+            progress_cost=row["cost"] * time_s / row["time_s"],
+        )
 
 
 def fit_model(
@@ -157,6 +179,7 @@ def fit_model(
             "max_rel_error": max(loo) if loo else None,
         },
         "measurement_weight": weight,
+        "noise_scale": measured_noise_scale(profiles),
         "candidates": candidates,
     }
     write_json(out, result)

@@ -92,6 +92,13 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
             color=line.get_color(),
             label=f"profiled, {shape}",
         )
+    progress = [c for c in perfmodel["candidates"] if "progress_time_s" in c]
+    if progress:  # the best shape's time to the recipe's progress at each batch (goodput's curve)
+        best: dict[int, float] = {}
+        for c in progress:
+            best[c["batch"]] = min(best.get(c["batch"], math.inf), c["progress_time_s"])
+        batches = sorted(best)
+        ax.plot(batches, [best[b] for b in batches], color="black", linestyle="-.", label="to the recipe's progress")
     knees = selection["knees"]
     if knees["kneedle"] is not None:
         ax.axvline(knees["kneedle"], color="grey", linestyle="--", label=f"Kneedle knee B={knees['kneedle']}")
@@ -394,6 +401,22 @@ measurement with weight {
     }"""
 
 
+def _progress(selection: dict, perfmodel: dict) -> str:
+    """Time per recipe against time to the recipe's progress, and why they differ (the noise scale)."""
+    noise, chosen = perfmodel["noise_scale"], selection["chosen"]
+    if noise is None:
+        return "No gradient noise scale was measured (no multi-rank profile): every batch is timed for train.epochs."
+    ran = "its progress" if selection["predicted"]["to"] == "progress" else "train.epochs"
+    return (
+        f"At the gradient noise scale the profiles measured (B_noise = {noise['b_noise']:.3g}, median of "
+        f"{noise['profiles']}), this batch makes the recipe's progress (train.epochs at train.lr_base_batch) in "
+        f"{chosen['progress_epochs']:.1f} epochs, {chosen['progress_time_s']:.2f} s, cost "
+        f"{chosen['progress_cost']:.5g}: "
+        f"a batch far above B_noise needs more epochs for the same progress, one far below it no more steps "
+        f"(the dash-dotted curve). Training runs to {ran}."
+    )
+
+
 def render(
     job: str,
     links: dict[str, str],
@@ -414,6 +437,7 @@ def render(
 **{node_shape(chosen)}, global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
 minimise **{selection["objective"]}** ({selection["pricing"]} pricing). Predicted training time {chosen["time_s"]:.2f} s
 (+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
+{_progress(selection, perfmodel)}
 Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
 model-based {knees["model"]} (from there each doubling saves less than {
         selection["knee_min_saving"]:.0%} of the time); the

@@ -25,7 +25,17 @@ from .stage import StageError, stage_main
 
 RUNNERS_UP = 5
 # What selection.json keeps of each runner-up; gpus_per_node where the plan made it a choice.
-RUNNER_UP_FIELDS = ("nodes", "gpus_per_node", "batch", "per_device_batch", "time_s", "cost", "rel_uncertainty")
+RUNNER_UP_FIELDS = (
+    "nodes",
+    "gpus_per_node",
+    "batch",
+    "per_device_batch",
+    "time_s",
+    "cost",
+    "rel_uncertainty",
+    "progress_time_s",
+    "progress_cost",
+)
 CLOSEST_SHOWN = 3
 # constraint key -> (candidate field, unit shown in messages)
 CONSTRAINTS = {
@@ -84,11 +94,26 @@ def _describe(candidate: dict, objective: dict) -> str:
     return f"{node_shape(candidate, 'N={}')}, B={candidate['batch']}: " + "; ".join(parts)
 
 
+# goal -> (the figure it minimises, the tie-breaker); the goodput goals count the steps a batch needs to make the
+# recipe's progress at the measured noise scale (perfmodel.to_progress), the others the recipe's epochs.
+GOALS = {
+    "time": ("time_s", "cost"),
+    "cost": ("cost", "time_s"),
+    "goodput": ("progress_time_s", "progress_cost"),
+    "goodput_cost": ("progress_cost", "progress_time_s"),
+}
+
+
 def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> list[dict]:
-    if goal == "time":
-        return sorted(candidates, key=lambda c: (c["time_s"], c["cost"]))
-    if goal == "cost":
-        return sorted(candidates, key=lambda c: (c["cost"], c["time_s"]))
+    if goal in GOALS:
+        first, second = GOALS[goal]
+        if any(first not in c for c in candidates):
+            raise StageError(
+                f"field 'objective.minimize': {goal} needs the gradient noise scale, which multi-rank profiles "
+                f"measure, and perfmodel.json holds none; allowed: profile a configuration of 2 ranks or more "
+                f"(search.nodes, search.gpus_per_node), or minimize time, cost or knee"
+            )
+        return sorted(candidates, key=lambda c: (c[first], c[second]))
     at_knee = [c for c in curve if c["batch"] == knee]
     rest = sorted(
         (c for c in candidates if c not in at_knee),
@@ -131,13 +156,22 @@ def select(perfmodel: dict, objective: dict) -> dict:
     }
 
 
+def predicted_run(job: dict, chosen: dict) -> dict:
+    """Time and cost of the training the train stage will run: to the recipe's progress under a goodput objective
+    or with adascale (which trains until it) where the noise scale was measured, else the recipe's epochs."""
+    to_progress = job["objective"]["minimize"] in ("goodput", "goodput_cost") or job["train"]["strategy"] == "adascale"
+    if to_progress and "progress_time_s" in chosen:
+        return {"time_s": chosen["progress_time_s"], "cost": chosen["progress_cost"], "to": "progress"}
+    return {"time_s": chosen["time_s"], "cost": chosen["cost"], "to": "epochs"}
+
+
 def run_select(job: dict, perfmodel_path: Path, out: Path) -> dict:
     try:
         choice = select(read_json(perfmodel_path), job["objective"])
     except InfeasibleError as err:
         fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if job["objective"].get(key) is not None)
         raise InfeasibleError(f"job '{job['name']}': fields '{fields}': {err}") from None
-    result = {"job": job["name"], **choice}
+    result = {"job": job["name"], **choice, "predicted": predicted_run(job, choice["chosen"])}
     write_json(out, result)
     return result
 

@@ -410,6 +410,18 @@ def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int
     return shrunk
 
 
+def stretched_to_progress(job: dict, chosen: dict) -> dict:
+    """Under a goodput objective, the job with train.epochs (and its milestones with them) stretched to the epochs
+    the chosen batch needs to make the recipe's progress (perfmodel.to_progress); adascale reaches that progress
+    by its own gain, and the other objectives train the recipe's epochs."""
+    if job["objective"]["minimize"] not in ("goodput", "goodput_cost") or job["train"]["strategy"] == "adascale":
+        return job
+    train_cfg, epochs = job["train"], max(1, math.ceil(chosen["progress_epochs"]))
+    stretch = epochs / train_cfg["epochs"]
+    milestones = [max(1, round(m * stretch)) for m in train_cfg["lr_milestones"]]
+    return {**job, "train": {**train_cfg, "epochs": epochs, "lr_milestones": milestones}}
+
+
 def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> dict:
     """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
 
@@ -417,6 +429,7 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
     last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
     """
     chosen = read_json(selection_path)["chosen"]
+    job = stretched_to_progress(job, chosen)
     stage_dir = Path(work_dir) / "train"
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
     started = time.time()

@@ -80,3 +80,16 @@ def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_ap
     assert [(r["ranks"], r["ranks_per_host"], r["profiled"]) for r in rows] == [(4, 2, True), (4, 1, False)]
     assert rows[0]["step_s"] == pytest.approx((rows[0]["model_step_s"] + 1.0) / 2)
     assert rows[1]["step_s"] == rows[1]["model_step_s"] != rows[0]["model_step_s"]
+
+
+def test_time_to_the_recipes_progress_counts_the_steps_the_batch_needs():
+    from tula_hpc.noise_scale import steps_to_progress
+    from tula_hpc.perfmodel import to_progress
+
+    job = default_job(train={"epochs": 10, "lr_base_batch": 100, "lr_milestones": []})
+    row = {"batch": 400, "step_s": 0.5, "steps_per_epoch": 25, "time_s": 125.0, "cost": 2.0}
+    to_progress([row], job, train_samples=10_000, b_noise=200.0)
+    steps = steps_to_progress(10 * 100, 200.0, 100, 400)  # the recipe: 10 epochs of 100 steps at batch 100
+    assert row["progress_steps"] == pytest.approx(steps) and row["progress_epochs"] == pytest.approx(steps / 25)
+    assert row["progress_time_s"] == pytest.approx(steps * 0.5)
+    assert row["progress_cost"] == pytest.approx(2.0 * steps * 0.5 / 125.0)

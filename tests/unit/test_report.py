@@ -113,6 +113,7 @@ INPUTS = {
         },
         "leave_one_out": {"count": 6, "median_rel_error": 0.03, "max_rel_error": 0.08},
         "search": {"history": [], "stopped": "full grid"},
+        "noise_scale": None,
         "notes": [],
     },
     "selection": {
@@ -126,6 +127,7 @@ INPUTS = {
         "knee_min_saving": 0.1,
         "knee_method": "model",
         "runners_up": CANDIDATES[:2],
+        "predicted": {"time_s": CHOSEN["time_s"], "cost": CHOSEN["cost"], "to": "epochs"},
     },
     "summary": {
         "strategy": "ags",
@@ -280,3 +282,17 @@ def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
     section = _model_section(INPUTS["plan"], perfmodel)
     assert "latent: fitted with g to the overlapped steps alone" in section
     assert "(kinks): 1.00 at b = 32, 0.80 at b = 64" in section
+
+
+def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():
+    from tula_hpc.report import _progress
+
+    selection = {
+        "chosen": {**CHOSEN, "progress_epochs": 3.5, "progress_time_s": 7.25, "progress_cost": 0.5},
+        "predicted": {"time_s": 7.25, "cost": 0.5, "to": "progress"},
+    }
+    perfmodel = {"noise_scale": {"b_noise": 96.0, "profiles": 3, "range": [80.0, 120.0]}}
+    line = _progress(selection, perfmodel)
+    assert "B_noise = 96, median of 3" in line and "in 3.5 epochs, 7.25 s, cost 0.5" in line
+    assert line.endswith("Training runs to its progress.")
+    assert "no multi-rank profile" in _progress(selection, {"noise_scale": None})

@@ -6,6 +6,7 @@ import pytest
 
 from tests.conftest import default_job
 from tula_hpc.selection import InfeasibleError, best_time_per_batch, kneedle_knee, model_knee, run_select, select
+from tula_hpc.stage import StageError
 
 
 def candidate(nodes, batch, time_s, cost):
@@ -140,3 +141,21 @@ def test_node_shapes_sharing_nodes_and_batch_are_told_apart():
     assert result["best_time_curve"] == [{"batch": 256, "nodes": 2, "gpus_per_node": 2, "time_s": 4.0}]
     with pytest.raises(InfeasibleError, match=r"N=2 x 2 GPU\(s\), B=256: time_s 4 s > deadline_s 1 s"):
         select(perfmodel(shapes), objective(deadline_s=1.0))
+
+
+def test_goodput_counts_the_steps_each_batch_needs_to_the_recipes_progress():
+    """At B_noise = 256 the largest batches need many more epochs: time to the same progress is fastest at a
+    middle batch, though time per recipe is fastest at the largest."""
+    from tula_hpc.noise_scale import steps_to_progress
+
+    grid = []
+    for c in GRID:
+        factor = steps_to_progress(1.0, 256.0, 32, c["batch"]) * c["batch"] / 32  # epochs to progress / recipe's
+        grid.append({**c, "progress_time_s": c["time_s"] * factor, "progress_cost": c["cost"] * factor})
+    fastest = select(perfmodel(grid), objective(minimize="time"))["chosen"]
+    goodput = select(perfmodel(grid), objective(minimize="goodput"))["chosen"]
+    cheapest = select(perfmodel(grid), objective(minimize="goodput_cost"))["chosen"]
+    assert fastest["batch"] == 2048 and goodput["batch"] < 2048 and cheapest["nodes"] == 1
+    assert goodput["progress_time_s"] == min(c["progress_time_s"] for c in grid)
+    with pytest.raises(StageError, match="field 'objective.minimize': goodput needs the gradient noise scale"):
+        select(perfmodel(GRID), objective(minimize="goodput"))

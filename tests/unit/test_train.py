@@ -200,3 +200,17 @@ def test_the_time_the_loop_waited_for_its_loader_is_counted_per_epoch(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["data_wait_s"] for r in summary["history"]] == [r["data_wait_s"] for r in records]
     assert all(0 < r["data_wait_s"] < r["epoch_time_s"] for r in records)
+
+
+def test_a_goodput_choice_trains_the_epochs_its_batch_needs_with_the_schedule_stretched():
+    job = default_job(train={"epochs": 10, "lr_milestones": [5, 8]}, objective={"minimize": "goodput"})
+    stretched = train_module.stretched_to_progress(job, {"progress_epochs": 19.2})
+    assert stretched["train"]["epochs"] == 20 and stretched["train"]["lr_milestones"] == [10, 16]
+    assert job["train"]["epochs"] == 10  # the job itself is not changed
+    for unchanged in (
+        default_job(train={"epochs": 10, "lr_milestones": [5, 8]}),  # the recipe's epochs for time, cost, knee
+        default_job(
+            train={"strategy": "adascale", "epochs": 10, "lr_milestones": []}, objective={"minimize": "goodput"}
+        ),
+    ):
+        assert train_module.stretched_to_progress(unchanged, {"progress_epochs": 19.2}) is unchanged
