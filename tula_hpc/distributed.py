@@ -89,6 +89,15 @@ def shutdown() -> None:
     _main_only_group = None
 
 
+def mean_over_ranks(value: torch.Tensor, ctx: Context) -> float:
+    """A scalar averaged over every rank (every rank must call it): what an epoch's record says for all of them."""
+    value = value.detach().clone()
+    if ctx.world_size > 1:
+        dist.all_reduce(value)
+        value /= ctx.world_size
+    return float(value)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -34,7 +34,7 @@ from .budget import budget_bytes, budget_source, device_memory, model_bytes
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, own_rng_state, restore_rng, rng_states, save_checkpoint
 from .config import stage_settings
 from .data import loader_options, make_loader, start_epoch
-from .distributed import init_distributed, out_of_memory_ends_job_step, shutdown, wait_for_main
+from .distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown, wait_for_main
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
 from .preemption import StopRequests
@@ -243,7 +243,8 @@ class Trainer:
         return self.summary()
 
     def run_epoch(self, stop) -> tuple[torch.Tensor, float, bool]:
-        """The open epoch's steps: (last loss, the epoch's time, whether a rank was asked to stop).
+        """The open epoch's steps: (this rank's mean loss over the steps it ran, the epoch's time, whether a rank was
+        asked to stop).
 
         Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
         own checkpoint does it. The time of a step's work still queued on the device counts (`device.wait`).
@@ -253,11 +254,13 @@ class Trainer:
         batches_done = math.ceil(progress.samples_done / per_device)
         spent_before, started, stopping = clock.spent - progress.open_epoch_time, time.perf_counter(), False
         self.batches.waited = progress.open_epoch_data_wait
+        loss_sum, steps = torch.zeros((), device=self.ctx.device), 0  # summed on the device: no sync per step
         try:
             for batch in self.batches:
                 loss, stopping = loop_step(
                     self.net, self.strategy, self.loss_fn, batch, self.ctx.device, stop, self.accumulation
                 )
+                loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
                 progress.step, batches_done = progress.step + 1, batches_done + 1
                 saving = stopping and batches_done < self.steps_per_epoch
                 if saving:
@@ -273,11 +276,12 @@ class Trainer:
             self.device_clock.wait()
         finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
             clock.add(time.perf_counter() - started, force=True)
-        return loss, clock.spent - spent_before, stopping
+        return loss_sum / max(steps, 1), clock.spent - spent_before, stopping
 
     def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
-        """The strategy's epoch end, validation, the epoch's record and its checkpoint."""
-        progress = self.progress
+        """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps) and
+        its checkpoint."""
+        progress, loss = self.progress, mean_over_ranks(loss, self.ctx)
         strategy_metrics = self.strategy.end_epoch()
         noise = self.strategy.noise_scale
         strategy_metrics["noise_scale"] = noise.read() if noise is not None else None
@@ -290,7 +294,7 @@ class Trainer:
         record = {
             "epoch": progress.epoch,
             "step": progress.step,
-            "loss": float(loss),
+            "loss": loss,
             "val_accuracy": val_accuracy,
             "epoch_time_s": epoch_time,
             "data_wait_s": self.batches.waited,
@@ -302,7 +306,7 @@ class Trainer:
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
             print(
-                f"[train] epoch {progress.epoch}/{self.epochs} loss {float(loss):.4f} val_acc {val_accuracy:.4f} "
+                f"[train] epoch {progress.epoch}/{self.epochs} loss {loss:.4f} val_acc {val_accuracy:.4f} "
                 f"time {epoch_time:.2f}s (data wait {self.batches.waited:.2f}s)",
                 flush=True,
             )

@@ -1,6 +1,7 @@
 """Process groups that serve every tensor a rank hands them; their timeouts; a rank that runs out of memory."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +95,22 @@ def test_a_rank_out_of_memory_records_it_for_the_stage_and_any_other_error_is_ra
 def test_waiting_for_rank_0_alone_has_a_timeout_of_its_own():
     assert MAIN_ONLY_TIMEOUT_S == 1800 > COLLECTIVE_TIMEOUT_S == 120
     wait_for_main()  # one process: nobody to wait for
+
+
+def _mean_worker(rank: int, outdir: str) -> None:
+    from tula_hpc.distributed import Context, mean_over_ranks
+
+    ctx = Context(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
+    value = torch.tensor(float(rank + 1))
+    Path(outdir, f"mean{rank}").write_text(repr(mean_over_ranks(value, ctx)))
+    assert float(value) == rank + 1  # the caller's tensor is left alone
+
+
+def test_an_epochs_loss_is_the_mean_over_ranks(tmp_path):
+    from tests.conftest import run_on_two_ranks
+    from tula_hpc.distributed import Context, mean_over_ranks
+
+    run_on_two_ranks(_mean_worker, str(tmp_path))
+    assert [float((tmp_path / f"mean{rank}").read_text()) for rank in range(2)] == [1.5, 1.5]
+    one = Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    assert mean_over_ranks(torch.tensor(2.5), one) == 2.5
