@@ -1,6 +1,6 @@
-"""One checkpoint dict (model, optimiser with the strategy's state, epoch, step, sampler position, every rank's
-RNG states, config), written atomically by rank 0. The learning-rate schedule is not saved: it follows from the step
-(Strategy.resume)."""
+"""One checkpoint dict (model, optimiser, the run's state: epoch, step, sampler position, clocks, the strategy's and
+the noise estimator's state; every rank's RNG states; what run it belongs to), written atomically by rank 0
+(`Checkpointer`). The learning-rate schedule is not saved: it follows from the step (Strategy.resume)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch.distributed as dist
 from .files import atomic_path
 
 # The checkpoint's layout; a training run resumes only from its own (RNG states by rank since 2, the gradient
-# noise scale's averages and the strategy's own state, adascale's progress, since 3).
-CHECKPOINT_FORMAT = 3
+# noise scale's averages and the strategy's own state, adascale's progress, since 3; one `state` entry since 4).
+CHECKPOINT_FORMAT = 4
 
 
 def rng_state() -> dict:
@@ -64,36 +64,53 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(
-    path: Path,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    epoch: int,
-    step: int,
-    config: dict,
-    rng: list[dict],
-    samples_in_epoch: int = 0,
-    extra: dict | None = None,
-) -> None:
-    """`epoch` is the number of finished epochs: training resumes at that epoch index, from each rank's
-    `samples_in_epoch`-th sample of it (0 at an epoch's end; more when a preempted run stopped mid-epoch).
-    `rng`: every rank's RNG states, by rank (`rng_states`)."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "epoch": epoch,
-        "step": step,
-        "samples_in_epoch": samples_in_epoch,
-        "rng": rng,
-        "config": config,
-        "extra": extra or {},
-    }
+def save_checkpoint(path: Path, checkpoint: dict) -> None:
+    """The one checkpoint dict, written atomically: a kill mid-write leaves the previous checkpoint."""
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        torch.save(checkpoint, tmp)
 
 
 def load_checkpoint(path: Path) -> dict | None:
     if not Path(path).exists():
         return None
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class Checkpointer:
+    """Saving and loading one run's checkpoint, and the check that a checkpoint belongs to it.
+
+    The checkpoint is one dict: model, optimiser, the run's state (train.TrainState: epoch, step, sampler position,
+    clocks, history, the strategy's and the noise estimator's state), every rank's RNG states, and `run`, what the
+    checkpoint must match (settings, selection, this layout's CHECKPOINT_FORMAT). Only rank 0 writes; the others wait
+    for it outside any collective (a checkpoint may outlast the collective timeout).
+    """
+
+    def __init__(self, path: Path, run: dict, ctx) -> None:
+        self.path, self.run, self.ctx = Path(path), run, ctx
+
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Every rank hands rank 0 its RNG states (a collective), rank 0 writes, every rank waits for it."""
+        from .distributed import wait_for_main
+
+        rng = rng_states(self.ctx.world_size)
+        if self.ctx.is_main:
+            checkpoint = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "state": state,
+                "rng": rng,
+                "run": self.run,
+            }
+            save_checkpoint(self.path, checkpoint)
+        wait_for_main()
+
+    def load(self) -> dict | None:
+        """The checkpoint of this run, or None (none yet, or one of another configuration, which is left alone)."""
+        checkpoint = load_checkpoint(self.path)
+        if checkpoint is None:
+            return None
+        if checkpoint.get("run") != self.run:
+            if self.ctx.is_main:
+                print(f"[train] ignoring checkpoint {self.path}: it belongs to a different configuration", flush=True)
+            return None
+        return checkpoint

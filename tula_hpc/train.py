@@ -23,7 +23,7 @@ import argparse
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,10 +31,10 @@ from torch import nn
 
 from . import launch
 from .budget import budget_bytes, budget_source, device_memory, model_bytes
-from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, own_rng_state, restore_rng, rng_states, save_checkpoint
+from .checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
 from .config import stage_settings
 from .data import loader_options, make_loader, start_epoch
-from .distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown, wait_for_main
+from .distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
 from .preemption import StopRequests
@@ -70,9 +70,11 @@ def loop_time_s(path: Path) -> float:
 
 
 @dataclass
-class Progress:
-    """Where the run stands, as its checkpoint keeps it: finished epochs, samples per rank into the next one,
-    steps, the finished epochs' time, and the open epoch's time and data wait so far (saved mid-epoch)."""
+class TrainState:
+    """Everything of the run that resumes beside the model and the optimiser, as its checkpoint keeps it: finished
+    epochs, samples per rank into the next one (the sampler's position), steps, the finished epochs' time and the
+    open epoch's time and data wait so far (saved mid-epoch), the steps it restarted at, the epochs' records, and
+    the strategy's and the noise estimator's own state (filled in when saving)."""
 
     epoch: int = 0
     samples_done: int = 0
@@ -82,6 +84,15 @@ class Progress:
     open_epoch_data_wait: float = 0.0
     restarts: list[int] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
+    strategy: dict = field(default_factory=dict)
+    noise_scale: dict | None = None
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
 
 class TimedBatches:
@@ -103,42 +114,6 @@ class TimedBatches:
             if batch is None:
                 return
             yield batch
-
-
-def _resume(path: Path, run: dict, model, strategy, ctx, steps_per_epoch: int, per_device: int) -> Progress | None:
-    """The checkpoint's progress, restored into the model, the optimiser and this rank's RNGs; None when there is
-    no checkpoint of this run. Returning drops the rest of it: it must not hold device memory."""
-    checkpoint = load_checkpoint(path)
-    if checkpoint is None or checkpoint["config"] != run:
-        if ctx.is_main and checkpoint is not None:
-            print(f"[train] ignoring checkpoint {path}: it belongs to a different configuration", flush=True)
-        return None
-    model.load_state_dict(checkpoint["model"])
-    epoch, samples_done, extra = checkpoint["epoch"], checkpoint["samples_in_epoch"], checkpoint["extra"]
-    # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
-    # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
-    step = epoch * steps_per_epoch + math.ceil(samples_done / per_device)
-    strategy.resume(checkpoint["optimizer"], step)
-    restore_rng(own_rng_state(checkpoint["rng"], ctx.rank, ctx.world_size))
-    strategy.load_state_dict(extra["strategy"])
-    if strategy.noise_scale is not None and extra["noise_scale"] is not None:  # rank 0's averages, on every rank
-        strategy.noise_scale.estimate.load_state_dict(extra["noise_scale"])
-    if ctx.is_main:
-        print(
-            f"[train] resuming from checkpoint {path} at epoch {epoch} "
-            f"({samples_done} samples per rank into it), step {step}",
-            flush=True,
-        )
-    return Progress(
-        epoch,
-        samples_done,
-        step,
-        extra["train_time_s"],
-        extra["open_epoch_time_s"],
-        extra["open_epoch_data_wait_s"],
-        extra["restarts"] + [step],
-        extra["history"],
-    )
 
 
 def train_worker(
@@ -202,11 +177,9 @@ class Trainer:
         # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older
         # one is ignored with a line saying so, not misread).
         self.run = {**stage_settings(job, "train"), "selected_batch": selected_batch, "format": CHECKPOINT_FORMAT}
-        resumed = _resume(
-            checkpoint_path, self.run, self.model, self.strategy, ctx, self.steps_per_epoch, self.per_device
-        )
-        self.progress = resumed or Progress()
-        self.resumed_from = None if resumed is None else (resumed.epoch, resumed.step)
+        self.checkpointer = Checkpointer(checkpoint_path, self.run, ctx)
+        self.state = TrainState()
+        self.resumed_from = self.resume()
         self.micro_batch = math.ceil(self.per_device / accumulation)
         self.loader_options = loader_options(job, ctx.device)
         self.loader = make_loader(
@@ -224,18 +197,18 @@ class Trainer:
 
     def train(self, model_path: Path, loop_log_path: Path | None) -> dict | None:
         """Every epoch left, each checkpointed; the final model and the summary (rank 0's; None elsewhere)."""
-        ctx, progress = self.ctx, self.progress
+        ctx, state = self.ctx, self.state
         if ctx.is_main:
             # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
-            write_jsonl(self.metrics_path, progress.history)
+            write_jsonl(self.metrics_path, state.history)
             if self.resumed_from is None and loop_log_path is not None:
                 write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
         self.clock = LoopClock(loop_log_path if ctx.is_main else None)
         with StopRequests(ctx.world_size) as stop:
-            while progress.epoch < self.epochs and not self.strategy.finished():
+            while state.epoch < self.epochs and not self.strategy.finished():
                 loss, epoch_time, stopping = self.run_epoch(stop)
                 self.end_epoch(loss, epoch_time)
-                if stopping and progress.epoch < self.epochs and not self.strategy.finished():
+                if stopping and state.epoch < self.epochs and not self.strategy.finished():
                     stop.leave(ctx.rank)
         if not ctx.is_main:
             return None
@@ -249,11 +222,11 @@ class Trainer:
         Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
         own checkpoint does it. The time of a step's work still queued on the device counts (`device.wait`).
         """
-        progress, clock, per_device = self.progress, self.clock, self.per_device
-        start_epoch(self.loader, progress.epoch, progress.samples_done)
-        batches_done = math.ceil(progress.samples_done / per_device)
-        spent_before, started, stopping = clock.spent - progress.open_epoch_time, time.perf_counter(), False
-        self.batches.waited = progress.open_epoch_data_wait
+        state, clock, per_device = self.state, self.clock, self.per_device
+        start_epoch(self.loader, state.epoch, state.samples_done)
+        batches_done = math.ceil(state.samples_done / per_device)
+        spent_before, started, stopping = clock.spent - state.open_epoch_time, time.perf_counter(), False
+        self.batches.waited = state.open_epoch_data_wait
         loss_sum, steps = torch.zeros((), device=self.ctx.device), 0  # summed on the device: no sync per step
         try:
             for batch in self.batches:
@@ -261,7 +234,7 @@ class Trainer:
                     self.net, self.strategy, self.loss_fn, batch, self.ctx.device, stop, self.accumulation
                 )
                 loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
-                progress.step, batches_done = progress.step + 1, batches_done + 1
+                state.step, batches_done = state.step + 1, batches_done + 1
                 saving = stopping and batches_done < self.steps_per_epoch
                 if saving:
                     self.device_clock.wait()
@@ -281,19 +254,19 @@ class Trainer:
     def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
         """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps) and
         its checkpoint."""
-        progress, loss = self.progress, mean_over_ranks(loss, self.ctx)
+        state, loss = self.state, mean_over_ranks(loss, self.ctx)
         strategy_metrics = self.strategy.end_epoch()
         noise = self.strategy.noise_scale
         strategy_metrics["noise_scale"] = noise.read() if noise is not None else None
-        progress.train_time += epoch_time
-        progress.epoch, progress.samples_done = progress.epoch + 1, 0
-        progress.open_epoch_time = progress.open_epoch_data_wait = 0.0
+        state.train_time += epoch_time
+        state.epoch, state.samples_done = state.epoch + 1, 0
+        state.open_epoch_time = state.open_epoch_data_wait = 0.0
         val_accuracy = evaluate_accuracy(
             self.net, self.splits.val, self.ctx, batch_size=self.micro_batch, **self.loader_options
         )
         record = {
-            "epoch": progress.epoch,
-            "step": progress.step,
+            "epoch": state.epoch,
+            "step": state.step,
             "loss": loss,
             "val_accuracy": val_accuracy,
             "epoch_time_s": epoch_time,
@@ -301,43 +274,60 @@ class Trainer:
             "lr": self.strategy.optimizer.param_groups[0]["lr"],
             **strategy_metrics,
         }
-        progress.history.append(record)
+        state.history.append(record)
         self.save(0, 0.0, 0.0)
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
             print(
-                f"[train] epoch {progress.epoch}/{self.epochs} loss {loss:.4f} val_acc {val_accuracy:.4f} "
+                f"[train] epoch {state.epoch}/{self.epochs} loss {loss:.4f} val_acc {val_accuracy:.4f} "
                 f"time {epoch_time:.2f}s (data wait {self.batches.waited:.2f}s)",
                 flush=True,
             )
 
-    def save(self, samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
-        """Every rank hands rank 0 its RNG states, rank 0 saves, and the others wait for it outside collectives."""
-        rng, progress, noise = rng_states(self.ctx.world_size), self.progress, self.strategy.noise_scale
+    def resume(self) -> tuple[int, int] | None:
+        """The checkpoint of this run, restored into the model, the optimiser, the strategy, the noise estimator,
+        the state and this rank's RNGs; (epoch, step) resumed from, or None when there is none. Returning drops
+        the rest of the checkpoint: it must not hold device memory."""
+        checkpoint = self.checkpointer.load()
+        if checkpoint is None:
+            return None
+        self.model.load_state_dict(checkpoint["model"])
+        state = self.state
+        state.load_state_dict(checkpoint["state"])
+        # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
+        # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
+        state.step = state.epoch * self.steps_per_epoch + math.ceil(state.samples_done / self.per_device)
+        state.restarts.append(state.step)
+        self.strategy.resume(checkpoint["optimizer"], state.step)
+        self.strategy.load_state_dict(state.strategy)
+        if self.strategy.noise_scale is not None and state.noise_scale is not None:  # rank 0's, on every rank
+            self.strategy.noise_scale.estimate.load_state_dict(state.noise_scale)
+        restore_rng(own_rng_state(checkpoint["rng"], self.ctx.rank, self.ctx.world_size))
         if self.ctx.is_main:
-            save_checkpoint(
-                self.checkpoint_path,
-                model=self.model,
-                optimizer=self.strategy.optimizer,
-                epoch=progress.epoch,
-                step=progress.step,
-                config=self.run,
-                rng=rng,
-                samples_in_epoch=samples_in_epoch,
-                extra={
-                    "train_time_s": progress.train_time,
-                    "open_epoch_time_s": epoch_time,
-                    "open_epoch_data_wait_s": data_wait,
-                    "restarts": progress.restarts,
-                    "history": progress.history,
-                    "noise_scale": None if noise is None else noise.estimate.state_dict(),
-                    "strategy": self.strategy.state_dict(),
-                },
+            print(
+                f"[train] resuming from checkpoint {self.checkpointer.path} at epoch {state.epoch} "
+                f"({state.samples_done} samples per rank into it), step {state.step}",
+                flush=True,
             )
-        wait_for_main()
+        return state.epoch, state.step
+
+    def save(self, samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
+        """The state as it stands, with the open epoch's samples, time and data wait so far (0 at an epoch's end)."""
+        noise = self.strategy.noise_scale
+        state = TrainState(
+            **{
+                **self.state.state_dict(),
+                "samples_done": samples_in_epoch,
+                "open_epoch_time": epoch_time,
+                "open_epoch_data_wait": data_wait,
+                "strategy": self.strategy.state_dict(),
+                "noise_scale": None if noise is None else noise.estimate.state_dict(),
+            }
+        )
+        self.checkpointer.save(self.model, self.strategy.optimizer, state.state_dict())
 
     def summary(self) -> dict:
-        progress, device = self.progress, self.ctx.device
+        state, device = self.state, self.ctx.device
         return {
             "nodes": None,
             "global_batch": self.global_batch,
@@ -345,17 +335,17 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "accumulation": self.accumulation,
             "micro_batch": self.micro_batch,
-            "epochs": progress.epoch,
+            "epochs": state.epoch,
             "max_epochs": self.epochs,
-            "steps": progress.step,
+            "steps": state.step,
             "steps_per_epoch": self.steps_per_epoch,
             "strategy": self.strategy.name,
             "train_samples": len(self.splits.train),
-            "train_time_s": progress.train_time,
+            "train_time_s": state.train_time,
             "resumed_from_epoch": None if self.resumed_from is None else self.resumed_from[0],
             "resumed_from_step": None if self.resumed_from is None else self.resumed_from[1],
-            "restarts_at_steps": progress.restarts,
-            "history": progress.history,
+            "restarts_at_steps": state.restarts,
+            "history": state.history,
             # The device as training found it, for the report to hold against the memory model: the peak the
             # allocator reserved, and what it does not hold (CUDA context, NCCL's communicators) with every
             # process group formed. Nothing outside the allocator on the CPU.

@@ -89,7 +89,8 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     assert f"{chosen['nodes']} node(s), global batch {chosen['batch']}" in report
     assert (results / "time_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
     # Checkpoints live in the work folder, never among the results.
-    assert torch.load(workdir / "work" / "digits-cnn" / "train" / "checkpoint.pt", weights_only=False)["epoch"] == 12
+    checkpoint = torch.load(workdir / "work" / "digits-cnn" / "train" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["state"]["epoch"] == 12
 
 
 def test_second_run_has_nothing_to_do(finished_run):
@@ -155,9 +156,9 @@ def test_killed_run_resumes_training_from_its_last_checkpoint(finished_run):
     while time.time() < deadline and proc.poll() is None:
         if checkpoint.exists():
             state = torch.load(checkpoint, weights_only=False)
-            if state["config"]["train"]["epochs"] == 80 and state["epoch"] >= 3:
+            if state["run"]["train"]["epochs"] == 80 and state["state"]["epoch"] >= 3:
                 os.killpg(proc.pid, signal.SIGKILL)
-                killed_at = state["epoch"]
+                killed_at = state["state"]["epoch"]
                 break
         time.sleep(0.2)
     proc.wait()

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import tula_hpc.checkpoint as checkpoint_module
 import tula_hpc.train as train_module
 import tula_hpc.training as training_module
 from tests.conftest import default_job, free_port
@@ -31,7 +32,7 @@ def _rank(rank: int, port: int, job: dict, folder: str) -> None:
     torch.set_num_threads(1)
     build, save, restore, saves = (
         training_module.build_for_job,
-        train_module.save_checkpoint,
+        checkpoint_module.save_checkpoint,
         train_module.restore_rng,
         [],
     )
@@ -52,7 +53,7 @@ def _rank(rank: int, port: int, job: dict, folder: str) -> None:
         restore(state)
 
     train_module.build_for_job = build_then_seed_apart
-    train_module.save_checkpoint = slow_first_save
+    checkpoint_module.save_checkpoint = slow_first_save
     train_module.restore_rng = restore_and_note
     paths = {f"{name}_path": f"{folder}/{name}" for name in ("checkpoint", "model", "metrics")}
     train_module.train_worker(job, 128, **paths)

@@ -85,7 +85,7 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
     assert summary["global_batch"] == 512 and summary["accumulation"] == attempts[-1]["accumulation"]
     assert summary["steps_per_epoch"] == 3 and summary["steps"] == 9
     assert summary["resumed_from_epoch"] == 1 and [h["epoch"] for h in summary["history"]] == [1, 2, 3]
-    assert torch.load(work / "train" / "checkpoint.pt", weights_only=False)["epoch"] == 3
+    assert torch.load(work / "train" / "checkpoint.pt", weights_only=False)["state"]["epoch"] == 3
     assert json.loads((work / "train" / "attempts.json").read_text())["attempts"] == attempts
     # The epoch lost to the dead node and the steps lost to running out of memory cost time the kept epochs
     # (what the performance model predicts) do not show.

@@ -26,7 +26,9 @@ def test_requeue_signal_mid_epoch_on_two_ranks_resumes_at_that_step_to_the_same_
     name, config_path = paced_job(tmp_path / "preempted", epochs=4, time_min=30)
     stage = train_stage(tmp_path, name, config_path, "local", "preempted", background=True, nodes=2, batch=128)
     work = tmp_path / "preempted" / "work" / "train"
-    wait_for(lambda: (c := _checkpoint(work / "checkpoint.pt")) and c["epoch"] >= 1, 300, "epoch 1", interval=0.2)
+    wait_for(
+        lambda: (c := _checkpoint(work / "checkpoint.pt")) and c["state"]["epoch"] >= 1, 300, "epoch 1", interval=0.2
+    )
     # About 1 s into epoch 2 (10 paced steps of 0.2 s each): mid-epoch.
     time.sleep(1.0)
     controller = psutil.Process(int(json.loads((work / "job.json").read_text())["job_id"]))

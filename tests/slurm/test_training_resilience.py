@@ -62,7 +62,7 @@ def test_scontrol_requeue_mid_epoch_saves_that_step_and_ends_with_the_same_weigh
     stage = train_stage(tmp_path, name, config_path, "slurm", "run", background=True)
     checkpoint = tmp_path / "run" / "work" / "train" / "checkpoint.pt"
     wait_for(
-        lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 2,
+        lambda: checkpoint.exists() and torch.load(checkpoint, weights_only=False)["state"]["epoch"] >= 2,
         300,
         "two epochs",
         interval=0.5,

@@ -63,3 +63,24 @@ def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
     assert state["cuda"] is own
     restore_rng(state)
     assert restored == [own]
+
+
+def test_the_checkpointer_loads_only_its_own_runs_checkpoint(tmp_path, capsys):
+    from torch import nn
+
+    from tula_hpc.checkpoint import Checkpointer
+    from tula_hpc.distributed import Context
+
+    ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = {"train": {"epochs": 3}, "format": 4}
+    Checkpointer(tmp_path / "ckpt.pt", run, ctx).save(model, optimizer, {"epoch": 2, "step": 7})
+    loaded = Checkpointer(tmp_path / "ckpt.pt", run, ctx).load()
+    assert loaded["state"] == {"epoch": 2, "step": 7} and loaded["run"] == run
+    assert set(loaded) == {"model", "optimizer", "state", "rng", "run"}
+    other = Checkpointer(tmp_path / "ckpt.pt", {**run, "format": 5}, ctx)
+    assert other.load() is None
+    assert "belongs to a different configuration" in capsys.readouterr().out
+    assert (tmp_path / "ckpt.pt").exists()  # left alone
+    assert Checkpointer(tmp_path / "none.pt", run, ctx).load() is None

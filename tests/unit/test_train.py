@@ -105,7 +105,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
     monkeypatch.undo()
     saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)
     # Steps are agreed on before they start: the signal noted during step 12 stops the run after step 13.
-    assert (saved["epoch"], saved["step"], saved["samples_in_epoch"]) == (1, 13, 3 * 128)
+    assert (saved["state"]["epoch"], saved["state"]["step"], saved["state"]["samples_done"]) == (1, 13, 3 * 128)
     summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
 
     assert summary["restarts_at_steps"] == [13] and summary["resumed_from_step"] == 13
