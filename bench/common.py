@@ -127,6 +127,14 @@ def bench_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def write_and_report(out: Path, result: dict, report) -> int:
+    """A bench's last lines: the result file, where it went, and `report(result)`'s figures; exit status 0."""
+    write_json(out, result)
+    print(f"wrote {out}", flush=True)
+    report(result)
+    return 0
+
+
 def verdict(figure: float | None, target: float) -> dict:
     """A target as met or not, with its figure (a figure that could not be measured meets nothing)."""
     figure = None if figure is None else float(figure)

@@ -39,7 +39,7 @@ import json
 import statistics
 from pathlib import Path
 
-from common import REPO, WORK, bench_job, bench_parser, provenance, verdict
+from common import REPO, WORK, bench_job, bench_parser, provenance, verdict, write_and_report
 
 from tula_hpc.files import write_json
 from tula_hpc.noise_scale import adascale_gain
@@ -215,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead", action="store_true", help="also measure the noise scale's overhead (minutes)")
     args = parser.parse_args(argv)
     result = run(args.traces, measure_overhead(WORK / "statistical_efficiency") if args.overhead else None)
-    write_json(args.out, result)
-    print(f"wrote {args.out}", flush=True)
-    report(result)
-    return 0
+    return write_and_report(args.out, result, report)
 
 
 if __name__ == "__main__":

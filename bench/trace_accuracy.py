@@ -60,9 +60,7 @@ import statistics
 from pathlib import Path
 
 import yaml
-from common import REPO, bench_job, bench_parser, provenance
-
-from tula_hpc.files import write_json
+from common import REPO, bench_job, bench_parser, provenance, write_and_report
 
 TRACES = REPO / "bench" / "data" / "pollux"
 MODES = ("partial", "full", "adaptive")
@@ -494,11 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ traces (default %(default)s)")
     parser.add_argument("--sync-mapping", choices=SYNC_MAPPINGS, default=SYNC_MAPPINGS[0], help="see the docstring")
     args = parser.parse_args(argv)
-    result = run(args.traces, args.sync_mapping)
-    write_json(args.out, result)
-    print(f"wrote {args.out}", flush=True)
-    report(result)
-    return 0
+    return write_and_report(args.out, run(args.traces, args.sync_mapping), report)
 
 
 if __name__ == "__main__":
