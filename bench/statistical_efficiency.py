@@ -29,7 +29,7 @@ Not run yet (their summary figures are null): the Fashion-MNIST half (the goodpu
 B=128 reference over 5 seeds).
 
 Run:  .venv/bin/python bench/statistical_efficiency.py [--traces DIR] [--out FILE]   (a second; no torch work)
-      flock /tmp/tula-cpu.lock .venv/bin/python bench/statistical_efficiency.py --overhead   (about 3 minutes)
+      flock /tmp/tula-cpu.lock .venv/bin/python bench/statistical_efficiency.py --overhead   (about 4 minutes)
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from tula_hpc.noise_scale import adascale_gain
 TRACES = REPO / "bench" / "data" / "pollux"
 TARGET = 0.10  # issue 26: iterations to each batch's progress within 10 % median
 OVERHEAD_TARGET = 0.01  # issue 26: the noise-scale measurement at most 1 % of a training step
-ROUNDS, EPOCH_STEPS, PER_RANK = 8, 3, 32
+ROUNDS, EPOCH_STEPS, PER_RANK = 24, 3, 32  # per-round ratios spread by about 3 %: 24 rounds for the median
 
 
 def read_curves(folder: Path) -> dict[int, list[dict]]:

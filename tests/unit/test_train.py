@@ -67,7 +67,7 @@ def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
         assert f"`{name}`: no gradient scaling" in section
 
 
-@pytest.mark.parametrize("name", ["ags", "lrs"])
+@pytest.mark.parametrize("name", ["ags", "lrs", "adascale"])  # adascale: its progress resumes too
 def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
     job = default_job(train=dict(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4]))
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
