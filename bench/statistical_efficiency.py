@@ -22,8 +22,8 @@ Overhead (`--overhead`): what measuring the noise scale costs a training step, m
 bench/ags_overhead.py does: two gloo ranks of one thread each train torchvision's resnet18 (CIFAR-sized 32x32
 images, PER_RANK per rank) through `training.training_step`, one DDP copy with DDP's own all-reduce and one with the
 noise-scale hook (noise_scale.py, the strategy's `end_step` after every step), alternating epochs of EPOCH_STEPS
-steps so that drift on the shared machine hits both alike; the figure is the median of the per-round ratios of
-epoch times, minus 1 (target <= 1 %).
+steps, each first in half the rounds, so that drift on the shared machine hits both alike; the figure is the
+median of the per-round ratios of epoch times, minus 1 (target <= 1 %).
 
 Not run yet (their summary figures are null): the Fashion-MNIST half (the goodput choice and AdaScale against the
 B=128 reference over 5 seeds).
@@ -119,8 +119,10 @@ def _overhead_rank(rank: int, port: int, out: str) -> None:
     }
     x, y = torch.randn(PER_RANK, 3, 32, 32), torch.randint(0, 10, (PER_RANK,))
     times = {name: [] for name in nets}
-    for _ in range(ROUNDS + 1):  # the first round warms up and is dropped
-        for name, net in nets.items():
+    for round_ in range(ROUNDS + 1):  # the first round warms up and is dropped
+        order = list(nets) if round_ % 2 else list(nets)[::-1]  # each goes first in half the rounds
+        for name in order:
+            net = nets[name]
             dist.barrier()
             started = time.perf_counter()
             for _ in range(EPOCH_STEPS):
