@@ -25,11 +25,12 @@ noise-scale hook (noise_scale.py, the strategy's `end_step` after every step), a
 steps, each first in half the rounds, so that drift on the shared machine hits both alike; the figure is the
 median of the per-round ratios of epoch times, minus 1 (target <= 1 %).
 
-Not run yet (their summary figures are null): the Fashion-MNIST half (the goodput choice and AdaScale against the
-B=128 reference over 5 seeds).
+Fashion-MNIST (`--fmnist`; bench/efficiency_fmnist.py says how): AdaScale at B = 1024, 2048 and 4096 and the DAG's
+goodput choice against the B=128 reference over 5 test seeds; without it their summary figures are null.
 
 Run:  .venv/bin/python bench/statistical_efficiency.py [--traces DIR] [--out FILE]   (a second; no torch work)
       flock /tmp/tula-cpu.lock .venv/bin/python bench/statistical_efficiency.py --overhead   (about 4 minutes)
+      flock /tmp/tula-cpu.lock .venv/bin/python bench/statistical_efficiency.py --overhead --fmnist   (about an hour)
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import time
 from pathlib import Path
 
+import efficiency_fmnist
 from common import REPO, WORK, bench_job, bench_parser, provenance, verdict, write_and_report
 
 from tula_hpc.files import write_json
@@ -155,7 +158,7 @@ def measure_overhead(work: Path) -> dict:
     }
 
 
-def run(traces: Path, overhead: dict | None = None) -> dict:
+def run(traces: Path, overhead: dict | None = None, fmnist: dict | None = None) -> dict:
     folders = sorted(p.parent for p in traces.glob("*/validation-*.csv"))
     if not folders:
         raise SystemExit(f"{traces}: no <model>/validation-<batch>.csv curves to replay")
@@ -166,14 +169,13 @@ def run(traces: Path, overhead: dict | None = None) -> dict:
     return {
         "summary": {
             "pollux_iterations_median_error": median,
-            "goodput_accuracy_minus_reference": None,
-            "goodput_time_over_reference": None,
-            "adascale_worst_accuracy_minus_reference": None,
+            **{key: None if fmnist is None else fmnist[key] for key in efficiency_fmnist.SUMMARY},
             "noise_scale_overhead": None if overhead is None else overhead["overhead"],
         },
         "verdicts": {
             "pollux_iterations_median_error": verdict(median, TARGET),
             "noise_scale_overhead": verdict(None if overhead is None else overhead["overhead"], OVERHEAD_TARGET),
+            **(efficiency_fmnist.met(fmnist) if fmnist else {}),
         },
         "pollux": {
             "own_median_error": median,
@@ -183,7 +185,8 @@ def run(traces: Path, overhead: dict | None = None) -> dict:
             "cases": cases,
         },
         "overhead": overhead,
-        "not_run": ["fashion_mnist_goodput", "fashion_mnist_adascale"] + ([] if overhead else ["noise_scale_overhead"]),
+        "fashion_mnist": fmnist,
+        "not_run": ([] if fmnist else ["fashion_mnist"]) + ([] if overhead else ["noise_scale_overhead"]),
         "provenance": provenance(),
         "settings": {"traces": str(traces), "target": TARGET},
     }
@@ -215,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "statistical_efficiency.json")
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ curves (default %(default)s)")
     parser.add_argument("--overhead", action="store_true", help="also measure the noise scale's overhead (minutes)")
+    parser.add_argument("--fmnist", action="store_true", help="also train the Fashion-MNIST cells not cached (hours)")
+    parser.add_argument("--minutes", type=float, default=None, help="--fmnist: start no cell after this many minutes")
     args = parser.parse_args(argv)
-    result = run(args.traces, measure_overhead(WORK / "statistical_efficiency") if args.overhead else None)
+    scratch = WORK / "statistical_efficiency"
+    deadline = None if args.minutes is None else time.perf_counter() + 60 * args.minutes
+    fmnist = efficiency_fmnist.run(scratch, deadline) if args.fmnist else None
+    result = run(args.traces, measure_overhead(scratch) if args.overhead else None, fmnist)
     return write_and_report(args.out, result, report)
 
 

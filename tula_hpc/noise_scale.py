@@ -20,6 +20,9 @@ which an epoch's end or a profile's end can afford.
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import torch
 import torch.distributed as dist
 
@@ -44,6 +47,12 @@ def adascale_gain(gradient_sq, trace_at_base, scale):
     return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
 
 
+def recipe_steps(train_cfg: dict, train_samples: int) -> int:
+    """The steps of the user's recipe, train.epochs at train.lr_base_batch: the progress AdaScale and the goodput
+    objectives train to."""
+    return train_cfg["epochs"] * math.ceil(train_samples / train_cfg["lr_base_batch"])
+
+
 def steps_to_progress(base_steps: float, b_noise: float, base_batch: int, batch: int) -> float:
     """Steps at `batch` that make the progress of `base_steps` at `base_batch`: S(B) = S_min (1 + B_noise / B)
     (McCandlish et al.), so base_steps x (1 + B_noise / B) / (1 + B_noise / B_base)."""
@@ -55,9 +64,7 @@ def measured_noise_scale(profiles: list[dict]) -> dict | None:
     values = sorted(p["noise_scale"]["b_noise"] for p in profiles if (p.get("noise_scale") or {}).get("b_noise"))
     if not values:
         return None
-    middle = len(values) // 2
-    median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-    return {"b_noise": median, "profiles": len(values), "range": [values[0], values[-1]]}
+    return {"b_noise": statistics.median(values), "profiles": len(values), "range": [values[0], values[-1]]}
 
 
 class NoiseScale:

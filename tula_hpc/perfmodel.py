@@ -6,14 +6,13 @@ cost by the job's pricing (pricing.py).
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import numpy as np
 
 from .files import read_json, write_json
 from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
-from .noise_scale import measured_noise_scale, steps_to_progress
+from .noise_scale import measured_noise_scale, recipe_steps, steps_to_progress
 from .performance import (
     PerfModel,
     candidate_row,
@@ -105,10 +104,9 @@ def to_progress(rows: list[dict], job: dict, train_samples: int, b_noise: float)
     """Each candidate's steps, epochs, time and cost to the recipe's progress (train.epochs at train.lr_base_batch)
     at the measured noise scale (noise_scale.steps_to_progress): what the goodput objectives compare. Time is
     the steps times the predicted step; cost scales with time under every pricing."""
-    base_batch = job["train"]["lr_base_batch"]
-    base_steps = job["train"]["epochs"] * math.ceil(train_samples / base_batch)
+    base_steps = recipe_steps(job["train"], train_samples)
     for row in rows:
-        steps = steps_to_progress(base_steps, b_noise, base_batch, row["batch"])
+        steps = steps_to_progress(base_steps, b_noise, job["train"]["lr_base_batch"], row["batch"])
         time_s = steps * row["step_s"]
         row.update(
             progress_steps=steps,

@@ -216,6 +216,7 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
         job["train"],
         per_device_batch * ctx.world_size,
         steps_per_epoch(len(splits.train), ctx.world_size, per_device_batch),
+        len(splits.train),
     )
     loss_fn = nn.CrossEntropyLoss()
     batches = _batches(

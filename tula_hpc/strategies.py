@@ -49,7 +49,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .ags import TulaOptimizer
 from .config import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
-from .noise_scale import NoiseScaleHook, adascale_gain
+from .noise_scale import NoiseScaleHook, adascale_gain, recipe_steps
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")  # Table I's
 ADAPTIVE_SCHEDULES = ("adascale",)  # strategies that decide how long they train (not a row of Table I)
@@ -372,12 +372,12 @@ class PostLocalSGDStrategy(Strategy):
 class AdaScaleStrategy(Strategy):
     """adascale: the base recipe's schedule, advanced by AdaScale's gain each step (see the module's docstring)."""
 
-    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, precision, global_batch: int) -> None:
+    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples) -> None:
         self.base_batch, self.scale = train_cfg["lr_base_batch"], global_batch / train_cfg["lr_base_batch"]
-        base_steps = max(1, round(steps_per_epoch * self.scale))  # steps per epoch at the base batch
+        self.target, self.steps_at_batch = recipe_steps(train_cfg, train_samples), steps_per_epoch
+        base_steps = self.target // train_cfg["epochs"]  # steps per epoch at the base batch
         super().__init__(name, optimizer, {**train_cfg, "warmup_epochs": 0}, base_steps, precision)
         self.base_factor = lr_factor({**train_cfg, "strategy": "lbt"}, base_steps)
-        self.target = train_cfg["epochs"] * base_steps
         self.progress, self.gain = 0.0, 1.0
 
     def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
@@ -408,7 +408,8 @@ class AdaScaleStrategy(Strategy):
         return self.progress >= self.target
 
     def max_epochs(self, epochs: int) -> int:
-        return math.ceil(epochs * self.scale)  # the gain is at least 1: never more steps than the base recipe
+        # the gain is at least min(1, s) (all noise: s; none: 1), so the recipe's progress takes at most this long
+        return math.ceil(self.target / (self.steps_at_batch * min(1.0, self.scale)))
 
     def end_epoch(self) -> dict:
         return {"adascale": {"progress": self.progress, "target": self.target, "gain": self.gain}}
@@ -424,10 +425,13 @@ def _world_size(net: nn.Module) -> int:
     return dist.get_world_size() if isinstance(net, DistributedDataParallel) else 1
 
 
-def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per_epoch: int) -> Strategy:
+def build_strategy(
+    net: nn.Module, train_cfg: dict, global_batch: int, steps_per_epoch: int, train_samples: int | None = None
+) -> Strategy:
     """The strategy named by train_cfg["strategy"] for `net` (DDP-wrapped when there are several ranks).
 
-    `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
+    `train_samples` is an epoch's samples (default: `steps_per_epoch` full global batches); adascale trains to the
+    recipe's steps over them. `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
     averaging period are laid out in steps. The step's precision (train.precision, train.channels_last)
     runs on the device of `net`'s parameters.
     """
@@ -448,14 +452,15 @@ def build_strategy(net: nn.Module, train_cfg: dict, global_batch: int, steps_per
     else:
         optimizer = torch.optim.SGD(params, **sgd)
     precision.attach_state(optimizer)
-    strategy = _build(name, net, train_cfg, global_batch, steps_per_epoch, optimizer, precision, polo)
+    samples = train_samples or steps_per_epoch * global_batch
+    strategy = _build(name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
     if _world_size(net) > 1 and not polo:
         strategy.noise_scale = NoiseScaleHook(_world_size(net))
         strategy.noise_scale.attach(net)
     return strategy
 
 
-def _build(name, net, train_cfg, global_batch, steps_per_epoch, optimizer, precision, polo) -> Strategy:
+def _build(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo) -> Strategy:
     """The strategy object of `name` around the optimiser (see `build_strategy`)."""
     if name in ("static", "ags"):
         ags = train_cfg["ags"]
@@ -485,6 +490,6 @@ def _build(name, net, train_cfg, global_batch, steps_per_epoch, optimizer, preci
             name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state
         )
     if name == "adascale":
-        return AdaScaleStrategy(name, optimizer, train_cfg, steps_per_epoch, precision, global_batch)
+        return AdaScaleStrategy(name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples)
     # lbt, lrs, lars, and polo on a single process (local SGD with one worker is plain SGD).
     return Strategy(name, optimizer, train_cfg, steps_per_epoch, precision)

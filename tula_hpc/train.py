@@ -173,7 +173,9 @@ class Trainer:
         self.net = wrap_ddp(self.model, ctx)
         self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
         # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks around the step.
-        self.strategy = build_strategy(self.net, job["train"], global_batch, self.steps_per_epoch)
+        self.strategy = build_strategy(
+            self.net, job["train"], global_batch, self.steps_per_epoch, len(self.splits.train)
+        )
         # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older
         # one is ignored with a line saying so, not misread).
         self.run = {**stage_settings(job, "train"), "selected_batch": selected_batch, "format": CHECKPOINT_FORMAT}

@@ -356,6 +356,17 @@ def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():
     assert restored.finished() and restored.end_epoch()["adascale"]["progress"] == 40
 
 
+def test_adascale_trains_to_the_recipes_steps_over_the_epochs_samples():
+    """The target is train.epochs x ceil(samples / lr_base_batch), as perfmodel.to_progress counts it (not the
+    batch's steps scaled, which counts a partial last step whole); below the base batch the gain can fall to s,
+    so the run may take up to 1 / s times the recipe's steps."""
+    large = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=128, steps_per_epoch=5, train_samples=600)
+    assert large.target == 2 * 19 and large.max_epochs(2) == 8  # 38 steps of 32; 5 steps an epoch at gain >= 1
+    small = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=16, steps_per_epoch=38, train_samples=600)
+    assert small.target == 38 and small.max_epochs(2) == 2  # gain >= 1/2: up to 76 steps of 16
+    assert small.max_epochs(2) * small.steps_at_batch * small.scale >= small.target
+
+
 def _adascale_worker(rank: int, outdir: str) -> None:
     """Two ranks, each its own half of a noisy regression batch: the gain is measured, the same on both ranks, and
     between 1 and the scale."""
