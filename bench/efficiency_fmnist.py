@@ -116,7 +116,8 @@ def run_cell(cell: dict, scratch: Path) -> dict:
     }
     print(
         f"{cell['kind']:9s} {cell['model']} B={cell['batch']:5d} seed {cell['seed']}: "
-        f"test {record['test_accuracy']:.4f} in {record['epochs']} epochs, {record['steps']} steps, {record['train_time_s']:.0f} s",
+        f"test {record['test_accuracy']:.4f} in {record['epochs']} epochs, {record['steps']} steps, "
+        f"{record['train_time_s']:.0f} s",
         flush=True,
     )
     return record
