@@ -99,6 +99,7 @@ STAGE_SETTINGS = {
         "search.nodes",
     ),
     "plan": (
+        "resources.slurm",  # the partition, whose limits bound the grid
         "search.mode",
         "search.partial_second_batch",
         "search.nodes",

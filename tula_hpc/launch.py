@@ -1,8 +1,9 @@
 """The one place that talks to submitit: run a stage's worker on N nodes, locally or through Slurm.
 
-`local` runs N "nodes" as N processes on this machine (one gloo group); `slurm` submits an sbatch job
-of N nodes. Either way the stage submits, records the job id beside its work folder, and waits; a
-rerun of the stage re-attaches to a job that is still running instead of submitting a duplicate.
+Each way of running a job is a `Launcher` (as submitit has an executor per cluster): `local` runs N "nodes" as N
+processes on this machine (one gloo group); `slurm` submits an sbatch job of N nodes. Either way the stage submits,
+records the job id beside its work folder, and waits; a rerun of the stage re-attaches to a job that is still
+running instead of submitting a duplicate.
 """
 
 from __future__ import annotations
@@ -107,21 +108,74 @@ class DistributedTask(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(self)
 
 
-def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecutor:
-    executor = submitit.AutoExecutor(folder=folder, cluster=spec.launcher, slurm_max_num_timeout=spec.max_requeues)
-    params: dict[str, Any] = dict(name=name, timeout_min=spec.time_min, cpus_per_task=spec.cpus_per_task)
-    if spec.launcher == "local":
+class Launcher:
+    """How a stage's job is started, found again and waited for: one subclass per way of running it, as submitit
+    has an executor per cluster. `LAUNCHERS` maps the profile's launcher name to one."""
+
+    name = ""
+
+    def executor(self, spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecutor:
+        executor = submitit.AutoExecutor(folder=folder, cluster=self.name, slurm_max_num_timeout=spec.max_requeues)
+        params = dict(name=name, timeout_min=spec.time_min, cpus_per_task=spec.cpus_per_task, **self.shape(spec))
+        executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
+        return executor
+
+    def shape(self, spec: LaunchSpec) -> dict[str, Any]:
+        """submitit's parameters for the job's nodes, tasks and devices."""
+        raise NotImplementedError
+
+    def reattach(self, record: dict) -> submitit.Job | None:
+        """The job an earlier run of the stage recorded (job.json), if it is still running."""
+        raise NotImplementedError
+
+    def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
+        """Return once the job's results can be read (submitit's own wait follows)."""
+
+    def end_state(self, job: submitit.Job) -> str:
+        """How a job without results ended."""
+        return "FAILED"
+
+
+class LocalLauncher(Launcher):
+    """N "nodes" as N processes of one submitit local job on this machine (one gloo or NCCL group)."""
+
+    name = "local"
+
+    def shape(self, spec: LaunchSpec) -> dict[str, Any]:
         # submitit's local executor has no nodes: N nodes become N processes of one "node", which sees the GPUs
         # of them all (it makes GPUs 0 to gpus_per_node - 1 visible), one per rank.
         gpus = spec.world_size if spec.gpus_per_node else 0
-        params.update(nodes=1, tasks_per_node=spec.world_size, gpus_per_node=gpus)
-    else:
+        return dict(nodes=1, tasks_per_node=spec.world_size, gpus_per_node=gpus)
+
+    def reattach(self, record: dict) -> submitit.Job | None:
+        pid = int(record["job_id"])
+        if not _pid_alive(pid):
+            return None
+        while _pid_alive(pid):
+            time.sleep(0.5)
+        return submitit.local.local.LocalJob(
+            folder=Path(record["folder"]), job_id=record["job_id"], tasks=range(record["tasks"])
+        )
+
+    def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
+        _end_at_first_bad_exit(job)
+        missing = [rank for rank in range(job.num_tasks) if not job.task(rank).paths.result_pickle.exists()]
+        if missing:  # known at once on this disk: no need for submitit's wait for results on a slow file system
+            raise _failed(job, spec, name, "FAILED", f"no result from rank(s) {missing}")
+
+
+class SlurmLauncher(Launcher):
+    """One sbatch job of N nodes per stage run."""
+
+    name = "slurm"
+
+    def shape(self, spec: LaunchSpec) -> dict[str, Any]:
         slurm = spec.slurm
         extra = {}
         for arg in slurm.get("extra_args", []):
             key, _, value = arg.lstrip("-").partition("=")
             extra[key] = value or True  # a bare flag (--exclusive): submitit writes True as `--key`
-        params.update(
+        return dict(
             nodes=spec.nodes,
             tasks_per_node=spec.tasks_per_node,
             gpus_per_node=spec.gpus_per_node or None,
@@ -136,28 +190,17 @@ def _executor(spec: LaunchSpec, folder: Path, name: str) -> submitit.AutoExecuto
             # The warning before the time limit must leave time to work: a quarter of short limits, 90 s at most.
             slurm_signal_delay_s=min(90, spec.time_min * 60 // 4),
         )
-    executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
-    return executor
 
-
-def _reattach(record_path: Path) -> submitit.Job | None:
-    """The job recorded by an earlier run of this stage, if it is still running."""
-    if not record_path.exists():
-        return None
-    record = read_json(record_path)
-    folder, job_id, tasks = Path(record["folder"]), record["job_id"], range(record["tasks"])
-    if record["launcher"] == "local":
-        pid = int(job_id)
-        if not _pid_alive(pid):
+    def reattach(self, record: dict) -> submitit.Job | None:
+        if slurm_state(record["job_id"]) not in ACTIVE_SLURM_STATES:
             return None
-        while _pid_alive(pid):
-            time.sleep(0.5)
-        return submitit.local.local.LocalJob(folder=folder, job_id=job_id, tasks=tasks)
-    return (
-        submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tasks)
-        if slurm_state(job_id) in ACTIVE_SLURM_STATES
-        else None
-    )
+        return submitit.SlurmJob(folder=Path(record["folder"]), job_id=record["job_id"], tasks=range(record["tasks"]))
+
+    def end_state(self, job: submitit.Job) -> str:
+        return slurm_state(str(job.job_id))
+
+
+LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (LocalLauncher(), SlurmLauncher())}
 
 
 def parse_squeue_state(text: str) -> str | None:
@@ -223,16 +266,17 @@ def _stderr_tail(job: submitit.Job) -> str:
 
 def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str) -> Any:
     """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result."""
+    launcher = LAUNCHERS[spec.launcher]
     stage_dir = Path(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     record_path = stage_dir / "job.json"
-    job = _reattach(record_path)
+    record = read_json(record_path) if record_path.exists() else None
+    job = LAUNCHERS[record["launcher"]].reattach(record) if record else None
     if job is not None:
-        print(f"[tula-hpc] re-attached to {spec.launcher} job {job.job_id} of an earlier run", flush=True)
+        print(f"[tula-hpc] re-attached to {record['launcher']} job {job.job_id} of an earlier run", flush=True)
     else:
         folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        executor = _executor(spec, folder, name)
-        job = executor.submit(DistributedTask(fn, kwargs, spec.cpus_per_task))
+        job = launcher.executor(spec, folder, name).submit(DistributedTask(fn, kwargs, spec.cpus_per_task))
         write_json(
             record_path,
             {
@@ -249,15 +293,11 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
             f"logs in {folder}",
             flush=True,
         )
-    if spec.launcher == "local":
-        _end_at_first_bad_exit(job)
-        missing = [rank for rank in range(job.num_tasks) if not job.task(rank).paths.result_pickle.exists()]
-        if missing:  # known at once on this disk: no need for submitit's wait for results on a slow file system
-            raise _failed(job, spec, name, "FAILED", f"no result from rank(s) {missing}")
+    launcher.wait(job, spec, name)
     try:
         results = job.results()
     except (FailedJobError, UncompletedJobError) as err:
-        state = slurm_state(str(job.job_id)) if spec.launcher == "slurm" else "FAILED"
+        state = launcher.end_state(job)
         raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
     _echo_rank0_output(job)
     return results[0]

@@ -6,15 +6,20 @@ unless search.gpus_per_node narrows them; 0 on CPU jobs, one rank per node); B a
 batch, up to the maximum (or the ranks x the largest per-device batch from memory.json when `auto`), never above
 the training set; B must split evenly over the N x g ranks and fit in a device.
 
+On Slurm, the candidates the job's partition cannot run (more nodes than its MaxNodes or its nodes, more GPUs per
+node than its nodes hold) are left out, each with the limit it breaks in plan.json's `partition`.
+
 Which of them to profile before the model is fitted is the search mode's (search.py).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 from . import search
+from .cluster import partition_limits, within_partition
 from .files import read_json, write_json
 from .layout import candidate_devices, devices_per_node
 from .stage import StageError, stage_main
@@ -53,11 +58,28 @@ def candidate_grid(search: dict, devices_per_node: int, max_batch_per_device: in
     return grid
 
 
+def _within_the_partition(job: dict, grid: list[dict]) -> tuple[list[dict], dict | None]:
+    """On Slurm, the candidates the job's partition can run (cluster.PartitionLimits) and what it allows; a grid
+    it cannot run at all is an error naming the limits."""
+    if job["launcher"] != "slurm" or not grid:
+        return grid, None
+    limits = partition_limits(job["resources"]["slurm"].get("partition"))
+    kept, excluded = within_partition(grid, limits)
+    if not kept:
+        raise StageError(
+            f"job '{job['name']}': fields 'search.nodes'/'search.gpus_per_node': partition {limits.partition} can run "
+            f"none of the candidates: {excluded[0]['breaks'][0]} (every candidate breaks a limit: "
+            f"{'; '.join(sorted({b for c in excluded for b in c['breaks']}))})"
+        )
+    return kept, {**asdict(limits), "excluded": excluded}
+
+
 def plan(job: dict, memory_path: Path, out: Path) -> dict:
     memory = read_json(memory_path)
     grid = candidate_grid(
         job["search"], devices_per_node(job), memory["max_batch_per_device"], memory["dataset"]["train"]
     )
+    grid, partition = _within_the_partition(job, grid)
     if not grid:
         raise StageError(
             f"job '{job['name']}': fields 'search.nodes'/'search.gpus_per_node'/'search.batch': no (nodes, batch) "
@@ -75,6 +97,7 @@ def plan(job: dict, memory_path: Path, out: Path) -> dict:
         "profile": search.planned(mode, grid, devices, job["launcher"], job["search"]["partial_second_batch"]),
         "max_batch_per_device": memory["max_batch_per_device"],
         "dataset": memory["dataset"],
+        "partition": partition,
     }
     write_json(out, result)
     return result

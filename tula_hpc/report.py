@@ -417,6 +417,20 @@ def _progress(selection: dict, perfmodel: dict) -> str:
     )
 
 
+def _queue(selection: dict, summary: dict) -> str:
+    """The wait Slurm estimated for the chosen train job (objective.queue estimate) and the wall time it asked for."""
+    predicted, parts = selection["predicted"], []
+    if "wait_s" in predicted:
+        parts.append(
+            f"Queue: a wait of {predicted['wait_s']:.0f} s before the {predicted['time_s']:.1f} s of training, "
+            f"{predicted['result_time_s']:.1f} s to the result; the wait is Slurm's estimate at selection time "
+            f"(sbatch --test-only), not a promise."
+        )
+    if summary.get("time_limit_min") is not None:
+        parts.append(f"The train job asked for a wall time of {summary['time_limit_min']} min.")
+    return " ".join(parts)
+
+
 def render(
     job: str,
     links: dict[str, str],
@@ -437,7 +451,7 @@ def render(
 **{node_shape(chosen)}, global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
 minimise **{selection["objective"]}** ({selection["pricing"]} pricing). Predicted training time {chosen["time_s"]:.2f} s
 (+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
-{_progress(selection, perfmodel)}
+{_progress(selection, perfmodel)} {_queue(selection, summary)}
 Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
 model-based {knees["model"]} (from there each doubling saves less than {
         selection["knee_min_saving"]:.0%} of the time); the

@@ -10,6 +10,10 @@ Two knees are reported. Kneedle (kneed, as in the paper) on the best time per gl
 normalises both axes, so for t(B) = a/B + c its answer depends only on the sampled range of B. The
 model-based knee is the smallest B from which every further doubling saves less than `knee_min_saving`
 of the time. `knee_method` says which one the knee objective follows.
+
+With objective.queue estimate on Slurm each candidate carries `wait_s`, Slurm's estimate of when its train job
+would start (cluster.queue_waits), and the time goals minimise the wait plus the training: a configuration that
+starts later is passed over exactly when its wait outweighs what it saves.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from kneed import KneeLocator
 
+from .cluster import queue_waits
 from .files import read_json, write_json
 from .layout import node_shape
 from .stage import StageError, stage_main
@@ -35,6 +40,7 @@ RUNNER_UP_FIELDS = (
     "rel_uncertainty",
     "progress_time_s",
     "progress_cost",
+    "wait_s",
 )
 CLOSEST_SHOWN = 3
 # constraint key -> (candidate field, unit shown in messages)
@@ -94,26 +100,27 @@ def _describe(candidate: dict, objective: dict) -> str:
     return f"{node_shape(candidate, 'N={}')}, B={candidate['batch']}: " + "; ".join(parts)
 
 
-# goal -> (the figure it minimises, the tie-breaker); the goodput goals count the steps a batch needs to make the
-# recipe's progress at the measured noise scale (perfmodel.to_progress), the others the recipe's epochs.
+# goal -> (the figure it minimises, the tie-breaker, whether the wait in the queue adds to it); the goodput goals
+# count the steps a batch needs to make the recipe's progress at the measured noise scale (perfmodel.to_progress),
+# the others the recipe's epochs. With objective.queue estimate the time goals minimise the time to result.
 GOALS = {
-    "time": ("time_s", "cost"),
-    "cost": ("cost", "time_s"),
-    "goodput": ("progress_time_s", "progress_cost"),
-    "goodput_cost": ("progress_cost", "progress_time_s"),
+    "time": ("time_s", "cost", True),
+    "cost": ("cost", "time_s", False),
+    "goodput": ("progress_time_s", "progress_cost", True),
+    "goodput_cost": ("progress_cost", "progress_time_s", False),
 }
 
 
 def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> list[dict]:
     if goal in GOALS:
-        first, second = GOALS[goal]
+        first, second, waits = GOALS[goal]
         if any(first not in c for c in candidates):
             raise StageError(
                 f"field 'objective.minimize': {goal} needs the gradient noise scale, which multi-rank profiles "
                 f"measure, and perfmodel.json holds none; allowed: profile a configuration of 2 ranks or more "
                 f"(search.nodes, search.gpus_per_node), or minimize time, cost or knee"
             )
-        return sorted(candidates, key=lambda c: (c[first], c[second]))
+        return sorted(candidates, key=lambda c: (c[first] + (c.get("wait_s", 0.0) if waits else 0.0), c[second]))
     at_knee = [c for c in curve if c["batch"] == knee]
     rest = sorted(
         (c for c in candidates if c not in at_knee),
@@ -161,13 +168,27 @@ def predicted_run(job: dict, chosen: dict) -> dict:
     or with adascale (which trains until it) where the noise scale was measured, else the recipe's epochs."""
     to_progress = job["objective"]["minimize"] in ("goodput", "goodput_cost") or job["train"]["strategy"] == "adascale"
     if to_progress and "progress_time_s" in chosen:
-        return {"time_s": chosen["progress_time_s"], "cost": chosen["progress_cost"], "to": "progress"}
-    return {"time_s": chosen["time_s"], "cost": chosen["cost"], "to": "epochs"}
+        run = {"time_s": chosen["progress_time_s"], "cost": chosen["progress_cost"], "to": "progress"}
+    else:
+        run = {"time_s": chosen["time_s"], "cost": chosen["cost"], "to": "epochs"}
+    if "wait_s" in chosen:  # objective.queue estimate: the scheduler's estimate at selection time
+        run.update(wait_s=chosen["wait_s"], result_time_s=chosen["wait_s"] + run["time_s"])
+    return run
+
+
+def with_queue_waits(job: dict, perfmodel: dict) -> dict:
+    """perfmodel.json with each candidate's `wait_s` (cluster.queue_waits, for the training it would run) where
+    objective.queue is estimate on Slurm; as it is elsewhere (the local launcher has no queue)."""
+    if job["objective"]["queue"] != "estimate" or job["launcher"] != "slurm":
+        return perfmodel
+    candidates = perfmodel["candidates"]
+    waits = queue_waits(job, candidates, [predicted_run(job, c)["time_s"] for c in candidates])
+    return {**perfmodel, "candidates": [{**c, "wait_s": wait} for c, wait in zip(candidates, waits)]}
 
 
 def run_select(job: dict, perfmodel_path: Path, out: Path) -> dict:
     try:
-        choice = select(read_json(perfmodel_path), job["objective"])
+        choice = select(with_queue_waits(job, read_json(perfmodel_path)), job["objective"])
     except InfeasibleError as err:
         fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if job["objective"].get(key) is not None)
         raise InfeasibleError(f"job '{job['name']}': fields '{fields}': {err}") from None

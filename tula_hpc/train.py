@@ -23,7 +23,7 @@ import argparse
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 from . import launch
 from .budget import budget_bytes, budget_source, device_memory, model_bytes
 from .checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
+from .cluster import train_job_minutes
 from .config import stage_settings
 from .data import loader_options, make_loader, start_epoch
 from .distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown
@@ -424,10 +425,12 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
     Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
     last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
     """
-    chosen = read_json(selection_path)["chosen"]
+    selection = read_json(selection_path)
+    chosen = selection["chosen"]
     job = stretched_to_progress(job, chosen)
     stage_dir = Path(work_dir) / "train"
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
+    spec = replace(spec, time_min=train_job_minutes(job, selection))
     started = time.time()
     selected = {key: chosen[key] for key in ("nodes", "gpus_per_node", "batch") if key in chosen}
     log_path = stage_dir / "attempts.json"
@@ -478,6 +481,7 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
         **result,
         "nodes": chosen["nodes"],
         "gpus_per_node": spec.gpus_per_node,
+        "time_limit_min": spec.time_min,
         "train_time_with_lost_work_s": loop_time_s(stage_dir / "loop_time.jsonl"),
         "wall_time_s": time.time() - started,
         "attempts": attempts,

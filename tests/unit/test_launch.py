@@ -106,7 +106,7 @@ def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
         max_requeues=5,
     )
     folder = tmp_path / "submit"
-    executor = launch._executor(spec, folder, "train")
+    executor = launch.LAUNCHERS["slurm"].executor(spec, folder, "train")
     job = executor.submit(launch.DistributedTask(_worker, {}, threads=4))
     assert job.job_id == "4242" and job.num_tasks == spec.world_size == 4
     assert log.read_text().startswith("sbatch ")
@@ -157,7 +157,11 @@ def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
     submitted = tmp_path / "submitted.sh"
     _fake_commands(tmp_path, monkeypatch, sbatch=f'cp "$1" {submitted}; echo "Submitted batch job 4243"')
     spec = launch.LaunchSpec(launcher="slurm", nodes=2, gpus_per_node=2)
-    job = launch._executor(spec, tmp_path / "submit", "train").submit(launch.DistributedTask(_worker, {}, threads=1))
+    job = (
+        launch.LAUNCHERS[spec.launcher]
+        .executor(spec, tmp_path / "submit", "train")
+        .submit(launch.DistributedTask(_worker, {}, threads=1))
+    )
     lines = submitted.read_text().splitlines()
     assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
     assert "#SBATCH --nodes=2" in lines and job.num_tasks == 4
@@ -167,6 +171,8 @@ def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
 def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gpus, visible):
     """submitit's local executor makes GPUs 0 to gpus_per_node - 1 visible to all its processes: the N "nodes"
     it runs need the GPUs of them all, or ranks beyond the first node's find none."""
-    executor = launch._executor(launch.LaunchSpec("local", nodes=nodes, gpus_per_node=gpus), tmp_path, "train")
+    executor = launch.LAUNCHERS["local"].executor(
+        launch.LaunchSpec("local", nodes=nodes, gpus_per_node=gpus), tmp_path, "train"
+    )
     shown = executor._executor.parameters["gpus_per_node"]
     assert ",".join(map(str, range(shown))) == visible

@@ -1,6 +1,14 @@
 """Stage plan: the candidate grid of (nodes, global batch)."""
 
+import json
+
+import pytest
+
+from tests.conftest import default_job
+from tula_hpc import plan as plan_stage
+from tula_hpc.cluster import PartitionLimits
 from tula_hpc.plan import candidate_grid
+from tula_hpc.stage import StageError
 
 SEARCH = {"nodes": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
 
@@ -38,3 +46,19 @@ def test_a_cpu_grid_marks_every_candidate_with_no_gpu():
     assert {(c["nodes"], c["batch"]) for c in grid} == {
         (c["nodes"], c["batch"]) for c in candidate_grid(SEARCH, 1, 64, 10_000)
     }
+
+
+def test_on_slurm_the_partition_bounds_the_grid_naming_its_limits(tmp_path, monkeypatch):
+    memory = tmp_path / "memory.json"
+    memory.write_text(json.dumps({"max_batch_per_device": 64, "dataset": {"train": 1000}}))
+    job = {**default_job(search={"nodes": {"min": 1, "max": 4}}), "launcher": "slurm"}
+    limits = PartitionLimits(partition="debug", nodes=4, max_nodes=2)
+    monkeypatch.setattr(plan_stage, "partition_limits", lambda name: limits)
+    result = plan_stage.plan(job, memory, tmp_path / "plan.json")
+    assert {c["nodes"] for c in result["candidates"]} == {1, 2}
+    assert result["partition"]["max_nodes"] == 2
+    assert {c["nodes"] for c in result["partition"]["excluded"]} == {4}
+    assert result["partition"]["excluded"][0]["breaks"] == ["4 nodes > partition debug's MaxNodes=2"]
+    job = {**default_job(search={"nodes": {"min": 4, "max": 4}}), "launcher": "slurm"}
+    with pytest.raises(StageError, match="partition debug can run none of the candidates: 4 nodes > partition debug"):
+        plan_stage.plan(job, memory, tmp_path / "plan.json")

@@ -5,7 +5,16 @@ import json
 import pytest
 
 from tests.conftest import default_job
-from tula_hpc.selection import InfeasibleError, best_time_per_batch, kneedle_knee, model_knee, run_select, select
+from tula_hpc.selection import (
+    InfeasibleError,
+    best_time_per_batch,
+    kneedle_knee,
+    model_knee,
+    predicted_run,
+    run_select,
+    select,
+    with_queue_waits,
+)
 from tula_hpc.stage import StageError
 
 
@@ -159,3 +168,19 @@ def test_goodput_counts_the_steps_each_batch_needs_to_the_recipes_progress():
     assert goodput["progress_time_s"] == min(c["progress_time_s"] for c in grid)
     with pytest.raises(StageError, match="field 'objective.minimize': goodput needs the gradient noise scale"):
         select(perfmodel(GRID), objective(minimize="goodput"))
+
+
+def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving():
+    """objective.queue estimate: 4 nodes train in 40 s less than 2 nodes; waiting 39 s for them still pays, 41 s
+    does not. The cost goal does not count the wait; ignoring the queue asks Slurm nothing."""
+    grid = [candidate(2, 1024, 100.0, 2.0), candidate(4, 1024, 60.0, 3.0)]
+
+    def pick(wait_for_four: float, goal: str = "time") -> int:
+        waits = [{**grid[0], "wait_s": 0.0}, {**grid[1], "wait_s": wait_for_four}]
+        return select(perfmodel(waits), objective(minimize=goal, queue="estimate"))["chosen"]["nodes"]
+
+    assert pick(39.0) == 4 and pick(41.0) == 2 and pick(1e6, "cost") == 2 and pick(0.0, "cost") == 2
+    job = default_job(objective={"minimize": "time", "queue": "estimate"})
+    assert with_queue_waits({**job, "launcher": "local"}, perfmodel(grid)) == perfmodel(grid)
+    run = predicted_run(job, {**grid[1], "wait_s": 41.0})
+    assert run["result_time_s"] == pytest.approx(101.0) and run["wait_s"] == 41.0
