@@ -18,6 +18,10 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+onerror:
+    release_measuring_allocations()
+
+
 rule all:
     default_target: True
     input:

@@ -9,8 +9,12 @@ running instead of submitting a duplicate.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import math
 import os
+import random
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -22,6 +26,7 @@ import psutil
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
+from .cluster import partition_limits, sbatch_args
 from .files import read_json, write_json
 
 ACTIVE_SLURM_STATES = {
@@ -42,10 +47,30 @@ FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLIN
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
 ACCOUNTING_POLL_S = 1
 BAD_EXIT_POLL_S = 0.1
+ALLOCATION_POLL_S = 2
 
 
 class JobFailed(RuntimeError):
     """A stage's job ended without a result; the message names the state, the job id and the log."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The measuring phase's shared allocation (resources.allocation: shared): a holder job of `nodes` nodes of the
+    job's node shape, recorded in `folder`/allocation.json, whose job steps the probes and profiles run as."""
+
+    folder: str
+    nodes: int
+    gpus_per_node: int
+    time_min: int
+
+    @classmethod
+    def for_job(cls, job: dict, folder: Path) -> Allocation:
+        """As many nodes as the plan may profile (search.nodes.max, at most what the partition allows)."""
+        limits = partition_limits(job["resources"]["slurm"].get("partition"))
+        nodes = min(job["search"]["nodes"]["max"], limits.nodes, limits.max_nodes or limits.nodes)
+        resources = job["resources"]
+        return cls(str(folder), nodes, resources["gpus_per_node"], resources["time_min"])
 
 
 @dataclass(frozen=True)
@@ -60,15 +85,24 @@ class LaunchSpec:
     time_min: int = 60
     slurm: dict = field(default_factory=dict)
     max_requeues: int = 3
+    allocation: Allocation | None = None
 
     @classmethod
     def for_job(
-        cls, job: dict, nodes: int = 1, one_device: bool = False, gpus_per_node: int | None = None
+        cls,
+        job: dict,
+        nodes: int = 1,
+        one_device: bool = False,
+        gpus_per_node: int | None = None,
+        measuring_in: Path | None = None,
     ) -> LaunchSpec:
         """The job's resources on `nodes` nodes of `gpus_per_node` GPUs each (a candidate's own; None: the node's,
-        resources.gpus_per_node); `one_device`: at most one GPU each (probing, evaluation)."""
+        resources.gpus_per_node); `one_device`: at most one GPU each (probing, evaluation). A measurement (probe,
+        profile) passes its job's work folder as `measuring_in`: with resources.allocation shared on Slurm it runs
+        as a step of the measuring phase's one allocation."""
         res = job["resources"]
         gpus = res["gpus_per_node"] if gpus_per_node is None else gpus_per_node
+        shared = measuring_in is not None and job["launcher"] == "slurm" and res["allocation"] == "shared"
         return cls(
             launcher=job["launcher"],
             nodes=nodes,
@@ -78,6 +112,7 @@ class LaunchSpec:
             time_min=res["time_min"],
             slurm=dict(res.get("slurm", {})),
             max_requeues=res["max_requeues"],
+            allocation=Allocation.for_job(job, Path(measuring_in) / "allocation") if shared else None,
         )
 
     @property
@@ -92,11 +127,20 @@ class LaunchSpec:
 class DistributedTask(submitit.helpers.Checkpointable):
     """Exports torch.distributed's environment, then runs the worker; requeues itself on preemption."""
 
-    def __init__(self, fn: Callable[..., Any], kwargs: dict, threads: int):
-        self.fn, self.kwargs, self.threads = fn, kwargs, threads
+    def __init__(self, fn: Callable[..., Any], kwargs: dict, threads: int, master_port: int | None = None):
+        self.fn, self.kwargs, self.threads, self.master_port = fn, kwargs, threads, master_port
 
     def __call__(self) -> Any:
+        # A job step of a shared allocation: its own nodes, not the allocation's, make the process group
+        for job_var, step_var in (
+            ("SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST"),
+            ("SLURM_JOB_NUM_NODES", "SLURM_STEP_NUM_NODES"),
+        ):
+            if step_var in os.environ:
+                os.environ[job_var] = os.environ[step_var]
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        if self.master_port is not None:  # submitit derives the port from the job id, which the steps share
+            os.environ["MASTER_PORT"] = str(self.master_port)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
         import torch
 
@@ -120,9 +164,16 @@ class Launcher:
         executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
         return executor
 
+    def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
+        return self.executor(spec, folder, name).submit(task)
+
     def shape(self, spec: LaunchSpec) -> dict[str, Any]:
         """submitit's parameters for the job's nodes, tasks and devices."""
         raise NotImplementedError
+
+    def results(self, job: submitit.Job) -> list[Any]:
+        """Every rank's result (submitit's FailedJobError or UncompletedJobError when a rank has none)."""
+        return job.results()
 
     def reattach(self, record: dict) -> submitit.Job | None:
         """The job an earlier run of the stage recorded (job.json), if it is still running."""
@@ -200,7 +251,136 @@ class SlurmLauncher(Launcher):
         return slurm_state(str(job.job_id))
 
 
-LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (LocalLauncher(), SlurmLauncher())}
+class StepJob(submitit.SlurmJob):
+    """A job step of a shared allocation: the allocation's id (submitit's paths are named by it) and the srun
+    process on this host that runs the step and ends with it."""
+
+    def __init__(self, folder: Path, job_id: str, tasks: range, pid: int, process: subprocess.Popen | None = None):
+        super().__init__(folder=folder, job_id=job_id, tasks=tasks)
+        self.pid, self.process = pid, process
+
+
+class SharedAllocationLauncher(SlurmLauncher):
+    """Each measurement a job step (srun --jobid) of the measuring phase's one allocation, which waits in the queue
+    once. Step options, from srun(1): --exact gives a step only the CPUs it asks for, so a step of fewer nodes or
+    tasks than the allocation leaves the rest free; --mem asks for the node memory a measurement needs, so a
+    second step waits for it inside the allocation rather than measuring beside another (Slurm blocks a step until
+    its resources are free unless --overlap, which is not given: a timed profile must not share its CPUs);
+    --kill-on-bad-exit ends the step when a rank dies, as for the per-stage jobs."""
+
+    name = "slurm_shared"
+
+    def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
+        holder = hold_allocation(spec)
+        folder.mkdir(parents=True, exist_ok=True)
+        task.master_port = random.Random(f"{holder}-{folder}").randrange(20000, 60000)
+        submitit.helpers.DelayedSubmission(task).dump(folder / f"{holder}_submitted.pkl")  # submitit's name for it
+        with open(folder / "srun.log", "w") as log:
+            env = {**os.environ, "SUBMITIT_EXECUTOR": "slurm"}  # what submitit's sbatch script exports
+            process = subprocess.Popen(
+                step_command(spec, holder, folder, name), stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        return StepJob(folder, holder, range(spec.world_size), process.pid, process)
+
+    def reattach(self, record: dict) -> submitit.Job | None:
+        pid = record.get("pid")
+        if pid is None or not _pid_alive(pid):
+            return None
+        return StepJob(Path(record["folder"]), record["job_id"], range(record["tasks"]), pid)
+
+    def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
+        if job.process is not None:
+            job.process.wait()
+        while _pid_alive(job.pid):
+            time.sleep(0.5)
+
+    def results(self, job: submitit.Job) -> list[Any]:
+        """Read from the result files at once: the allocation, which submitit would wait for, runs on."""
+        outcomes = []
+        for rank in range(job.num_tasks):
+            path = job.task(rank).paths.result_pickle
+            outcome = pickle_load(path) if path.exists() else ("error", f"rank {rank} left no result")
+            if outcome[0] != "success":
+                raise FailedJobError(str(outcome[1]))
+            outcomes.append(outcome[1])
+        return outcomes
+
+    def end_state(self, job: submitit.Job) -> str:
+        """The allocation's end where it ended under the step (time limit, preemption, a node lost), else FAILED."""
+        state = slurm_state(str(job.job_id))
+        return "FAILED" if state in ACTIVE_SLURM_STATES else state
+
+
+def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list[str]:
+    """The srun that runs one measurement's ranks as a step of allocation `holder` (submitit's runner, its names)."""
+    cmd = ["srun", f"--jobid={holder}", f"--job-name={name}", f"--nodes={spec.nodes}"]
+    cmd += [f"--ntasks-per-node={spec.tasks_per_node}", f"--cpus-per-task={spec.cpus_per_task}"]
+    cmd += [f"--mem={math.ceil(spec.mem_gb * 1024)}M", "--exact", "--kill-on-bad-exit=1", "--unbuffered"]
+    if spec.gpus_per_node:
+        cmd.append(f"--gpus-per-node={spec.gpus_per_node}")
+    cmd += [f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"]
+    return cmd + [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
+
+
+def holder_command(spec: LaunchSpec, name: str) -> list[str]:
+    """The sbatch of the allocation itself: the job's nodes (resources.gpus_per_node GPUs each, whatever the first
+    measurement asks for) on `allocation.nodes` nodes, a shell that only
+    waits (its steps do the work), released by `release_allocation` or at its time limit."""
+    allocation = spec.allocation
+    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={allocation.nodes}"]
+    cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}", f"--time={allocation.time_min}"]
+    if allocation.gpus_per_node:
+        cmd.append(f"--gpus-per-node={allocation.gpus_per_node}")
+    cmd += sbatch_args(spec.slurm, spec.cpus_per_task, spec.mem_gb)
+    return cmd + [f"--output={allocation.folder}/holder-%j.out", "--wrap", "exec sleep infinity"]
+
+
+def hold_allocation(spec: LaunchSpec) -> str:
+    """The id of the measuring phase's allocation, running: the one recorded if it is still active and large
+    enough, else a new one (a record left by one that ended, by time limit, preemption or a lost node, is
+    replaced); waits while it is queued. One stage at a time decides (a lock beside the record)."""
+    folder = Path(spec.allocation.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    record_path = folder / "allocation.json"
+    with open(folder / "allocation.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = read_json(record_path) if record_path.exists() else None
+        if held and (slurm_state(held["job_id"]) not in ACTIVE_SLURM_STATES or held["nodes"] < spec.nodes):
+            subprocess.run(["scancel", held["job_id"]], capture_output=True)
+            held = None
+        if held is None:
+            name = f"{folder.parent.name}-allocation"
+            done = subprocess.run(holder_command(spec, name), capture_output=True, text=True)
+            if done.returncode != 0:
+                raise JobFailed(f"{name}: sbatch refused the allocation: {done.stderr.strip()}")
+            held = {"job_id": done.stdout.strip().split(";")[0], "nodes": spec.allocation.nodes, "asked": time.time()}
+            write_json(record_path, held)
+            print(f"[tula-hpc] asked Slurm for the measuring allocation {held['job_id']} ({held['nodes']} nodes)")
+    while (state := slurm_state(held["job_id"])) != "RUNNING":
+        if state not in ACTIVE_SLURM_STATES:
+            raise JobFailed(f"the measuring allocation {held['job_id']} ended {state} before it started")
+        time.sleep(ALLOCATION_POLL_S)
+    return held["job_id"]
+
+
+def release_allocation(work_dir: Path) -> bool:
+    """Give the measuring phase's allocation back (fit_model, once every measurement is written, and the workflow
+    on its way out of a failure); True if there was one."""
+    record_path = Path(work_dir) / "allocation" / "allocation.json"
+    if not record_path.exists():
+        return False
+    subprocess.run(["scancel", read_json(record_path)["job_id"]], capture_output=True)
+    record_path.unlink(missing_ok=True)
+    return True
+
+
+LAUNCHERS: dict[str, Launcher] = {
+    launcher.name: launcher for launcher in (LocalLauncher(), SlurmLauncher(), SharedAllocationLauncher())
+}
+
+
+def launcher_for(spec: LaunchSpec) -> Launcher:
+    return LAUNCHERS["slurm_shared" if spec.allocation else spec.launcher]
 
 
 def parse_squeue_state(text: str) -> str | None:
@@ -266,7 +446,7 @@ def _stderr_tail(job: submitit.Job) -> str:
 
 def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str) -> Any:
     """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result."""
-    launcher = LAUNCHERS[spec.launcher]
+    launcher = launcher_for(spec)
     stage_dir = Path(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     record_path = stage_dir / "job.json"
@@ -276,11 +456,12 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
         print(f"[tula-hpc] re-attached to {record['launcher']} job {job.job_id} of an earlier run", flush=True)
     else:
         folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        job = launcher.executor(spec, folder, name).submit(DistributedTask(fn, kwargs, spec.cpus_per_task))
+        job = launcher.submit(spec, folder, name, DistributedTask(fn, kwargs, spec.cpus_per_task))
         write_json(
             record_path,
             {
-                "launcher": spec.launcher,
+                "launcher": launcher.name,
+                "pid": getattr(job, "pid", None),
                 "job_id": str(job.job_id),
                 "folder": str(folder.resolve()),
                 "tasks": spec.world_size,
@@ -289,13 +470,13 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
             },
         )
         print(
-            f"[tula-hpc] submitted {spec.launcher} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
+            f"[tula-hpc] submitted {launcher.name} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
             f"logs in {folder}",
             flush=True,
         )
     launcher.wait(job, spec, name)
     try:
-        results = job.results()
+        results = launcher.results(job)
     except (FailedJobError, UncompletedJobError) as err:
         state = launcher.end_state(job)
         raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None

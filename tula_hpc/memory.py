@@ -559,7 +559,7 @@ def summarise(job: dict, measured_steps: dict) -> dict:
 
 
 def probe_memory(job: dict, out: Path, work_dir: Path) -> dict:
-    spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
+    spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True, measuring_in=work_dir)
     measured = launch.run(
         probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory", name=f"{job['name']}-probe-memory"
     )

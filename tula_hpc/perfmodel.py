@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import launch
 from .files import read_json, write_json
 from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
 from .noise_scale import measured_noise_scale, recipe_steps, steps_to_progress
@@ -117,9 +118,18 @@ def to_progress(rows: list[dict], job: dict, train_samples: int, b_noise: float)
 
 
 def fit_model(
-    job: dict, plan_path: Path, memory_path: Path, profile_paths: list[Path], adaptive_path: Path | None, out: Path
+    job: dict,
+    plan_path: Path,
+    memory_path: Path,
+    profile_paths: list[Path],
+    adaptive_path: Path | None,
+    out: Path,
+    work_dir: Path | None = None,
 ) -> dict:
-    """perfmodel.json from the plan's profiles and, for adaptive search, the profiles adaptive.json added."""
+    """perfmodel.json from the plan's profiles and, for adaptive search, the profiles adaptive.json added. Every
+    measurement is written by now: the measuring phase's shared allocation (if any) is given back first."""
+    if work_dir is not None and launch.release_allocation(Path(work_dir)):
+        print("[fit-model] gave the measuring allocation back", flush=True)
     plan, memory = read_json(plan_path), read_json(memory_path)
     profiles = [read_json(path) for path in profile_paths]
     manifest = read_json(adaptive_path) if adaptive_path is not None else None
@@ -195,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     return stage_main(
         "fit-model",
         add_args,
-        lambda job, args: fit_model(job, args.plan, args.memory, args.profiles, args.adaptive, args.out),
+        lambda job, args: fit_model(job, args.plan, args.memory, args.profiles, args.adaptive, args.out, args.work_dir),
         argv,
     )
 

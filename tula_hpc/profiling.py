@@ -330,7 +330,9 @@ def profile_one(job: dict, candidate: dict, out: Path, work_dir: Path, max_per_d
     """Run one profile job at a plan candidate's (nodes, GPUs per node, batch) and write its file atomically;
     `max_per_device` is memory.json's largest batch per device, for the error when the profile runs out of memory."""
     nodes, batch = candidate["nodes"], candidate["batch"]
-    spec = launch.LaunchSpec.for_job(job, nodes=nodes, gpus_per_node=candidate.get("gpus_per_node"))
+    spec = launch.LaunchSpec.for_job(
+        job, nodes=nodes, gpus_per_node=candidate.get("gpus_per_node"), measuring_in=work_dir
+    )
     started = time.perf_counter()
     name = profile_name(candidate, job)
     result, out_of_memory = launch.run_or_out_of_memory(

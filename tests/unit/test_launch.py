@@ -176,3 +176,57 @@ def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gp
     )
     shown = executor._executor.parameters["gpus_per_node"]
     assert ",".join(map(str, range(shown))) == visible
+
+
+def _shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
+    allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=20)
+    return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, slurm={"partition": "debug"}, allocation=allocation)
+
+
+def test_the_measuring_allocation_and_its_steps_ask_slurm_for_what_the_docs_say():
+    spec = _shared_spec(Path("/w"), nodes=2)
+    step = launch.step_command(spec, "77", Path("/w/profile"), "job-profile")
+    assert step[:4] == ["srun", "--jobid=77", "--job-name=job-profile", "--nodes=2"]
+    assert {"--exact", "--mem=1024M", "--kill-on-bad-exit=1", "--ntasks-per-node=1"} <= set(step)
+    assert "--overlap" not in step and step[-4:] == ["-u", "-m", "submitit.core._submit", "/w/profile"]
+    holder = launch.holder_command(spec, "job-allocation")
+    assert holder[:4] == ["sbatch", "--parsable", "--job-name=job-allocation", "--nodes=2"]
+    assert {"--time=20", "--partition=debug", "--mem=1024M"} <= set(holder)
+    assert holder[-2:] == ["--wrap", "exec sleep infinity"]
+
+
+def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.write_text("RUNNING")
+    log = _fake_commands(
+        tmp_path, monkeypatch, sbatch="echo 77", squeue=f"cat {state}", scancel="exit 0", sacct="echo CANCELLED"
+    )
+    spec = _shared_spec(tmp_path)
+    assert launch.hold_allocation(spec) == "77" and launch.hold_allocation(spec) == "77"
+    assert sum(line.startswith("sbatch") for line in log.read_text().splitlines()) == 1
+    state.write_text("")  # squeue forgot it: accounting says it ended
+    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    (tmp_path / "bin" / "sbatch").write_text(f'#!/bin/sh\necho "sbatch $*" >>{log}\necho 78\nprintf RUNNING >{state}\n')
+    assert launch.hold_allocation(spec) == "78"
+    assert launch.release_allocation(tmp_path / "work") and not launch.release_allocation(tmp_path / "work")
+    assert log.read_text().splitlines()[-1] == "scancel 78"
+
+
+def _answer(value: int) -> int:
+    return value + 1
+
+
+def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_at_once(tmp_path, monkeypatch):
+    """A fake srun runs the step's command here as Slurm would start rank 0 of it (the allocation's job id, the
+    step's node list); run() returns the rank's result although the allocation runs on."""
+    srun = (
+        'while [ "${1#--}" != "$1" ]; do shift; done\n'  # srun's options, then the command
+        "export SLURM_JOB_ID=77 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NODEID=0\n"
+        "export SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='n[1-2]' SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=n2\n"
+        'exec "$@"'
+    )
+    _fake_commands(tmp_path, monkeypatch, sbatch="echo 77", squeue="echo RUNNING", srun=srun)
+    spec = _shared_spec(tmp_path)
+    assert launch.run(_answer, {"value": 41}, spec, tmp_path / "work" / "profile", name="profile") == 42
+    record = (tmp_path / "work" / "profile" / "job.json").read_text()
+    assert '"launcher": "slurm_shared"' in record and '"job_id": "77"' in record

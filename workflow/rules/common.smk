@@ -65,3 +65,11 @@ def chosen_nodes(wildcards, input):
             return int(json.load(handle)["chosen"]["nodes"])
     except FileNotFoundError:
         return 1
+
+
+def release_measuring_allocations():
+    """On the way out of a failure no measuring allocation keeps its nodes (tula_hpc.launch.release_allocation)."""
+    from tula_hpc.launch import release_allocation
+
+    for job in JOBS:
+        release_allocation(os.path.join("work", job))
