@@ -71,6 +71,18 @@ def sacct_jobs(name: str) -> list[dict]:
     return [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
 
 
+def sacct_steps(job_id: str) -> list[dict]:
+    """The job steps of allocation `job_id` that ran a command (not its batch shell or extern step), oldest first."""
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,JobName,NNodes,State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [dict(zip(("step_id", "name", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
+    return [row for row in rows if row["step_id"].split(".")[-1].isdigit() and "." in row["step_id"]]
+
+
 def step_end_time(job_id: str) -> float:
     """When the job's first step (the srun of every rank) ended, from accounting (whole seconds)."""
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import snakemake_command, unique_job_config, wait_for
-from tests.slurm.conftest import sacct_jobs
+from tests.slurm.conftest import sacct_jobs, sacct_steps
 from tula_hpc.launch import slurm_state
 
 pytestmark = pytest.mark.slow  # the module's DAG run takes about 90 s
@@ -34,16 +34,26 @@ def slurm_run(slurm_cluster, tmp_path_factory):
     return workdir, name, config_path
 
 
-def test_profiling_runs_real_two_node_jobs_and_training_uses_the_chosen_nodes(slurm_run):
+def test_the_measuring_phase_waits_once_and_profiles_in_two_node_steps_and_training_uses_the_chosen_nodes(
+    slurm_run,
+):
+    """resources.allocation shared (the default): one allocation, asked for once and given back by fit_model,
+    runs the memory probe and every profile as its job steps; no measurement is a job of its own."""
     workdir, name, _ = slurm_run
     results = workdir / "results" / name
     plan = json.loads((results / "plan.json").read_text())
     two_node = [c for c in plan["profile"] if c["nodes"] == 2]
     assert two_node, "the plan must profile 2-node configurations"
+    [holder] = sacct_jobs(f"{name}-allocation")
+    assert holder["nodes"] == "2" and holder["state"].startswith("CANCELLED")  # given back
+    steps = {step["name"]: step for step in sacct_steps(holder["job_id"])}
+    assert steps[f"{name}-probe-memory"]["state"] == "COMPLETED"
     for c in two_node:
-        [job] = sacct_jobs(f"{name}-profile-N2-B{c['batch']}")
-        assert (job["nodes"], job["state"]) == ("2", "COMPLETED")
+        step = steps[f"{name}-profile-N2-B{c['batch']}"]
+        assert (step["nodes"], step["state"]) == ("2", "COMPLETED")
+        assert not sacct_jobs(f"{name}-profile-N2-B{c['batch']}")
         assert json.loads((results / "profile" / f"N2_B{c['batch']}.json").read_text())["world_size"] == 2
+    assert not (workdir / "work" / name / "allocation" / "allocation.json").exists()
     chosen = json.loads((results / "selection.json").read_text())["chosen"]
     [train] = sacct_jobs(f"{name}-train")
     assert (train["nodes"], train["state"]) == (str(chosen["nodes"]), "COMPLETED")
