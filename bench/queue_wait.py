@@ -161,7 +161,8 @@ def report(result: dict) -> None:
         held = run["allocation"]
         print(
             f"{name:17s} to selection {run['wall_to_selection_s']:6.1f} s, "
-            f"to summary {run['wall_to_summary_s']:6.1f} s; {run['queue_waits']} of {run['slurm_jobs']} jobs waited ({run['measuring_queue_waits']} measuring)"
+            f"to summary {run['wall_to_summary_s']:6.1f} s; {run['queue_waits']} of {run['slurm_jobs']} jobs "
+            f"waited ({run['measuring_queue_waits']} measuring)"
             + (f"; allocation idle {held['idle_share']:.0%}" if held else "")
         )
     print(result["summary"])
