@@ -48,6 +48,7 @@ ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue 
 ACCOUNTING_POLL_S = 1
 BAD_EXIT_POLL_S = 0.1
 ALLOCATION_POLL_S = 2
+ALLOCATION_REPLACEMENTS = 2  # new allocations a measurement may take after one ended under it
 
 
 class JobFailed(RuntimeError):
@@ -182,6 +183,9 @@ class Launcher:
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         """Return once the job's results can be read (submitit's own wait follows)."""
 
+    # Ends of a job without results after which the same work runs again in a new job (none: the stage fails).
+    ended_under_us: frozenset[str] = frozenset()
+
     def end_state(self, job: submitit.Job) -> str:
         """How a job without results ended."""
         return "FAILED"
@@ -269,6 +273,7 @@ class SharedAllocationLauncher(SlurmLauncher):
     --kill-on-bad-exit ends the step when a rank dies, as for the per-stage jobs."""
 
     name = "slurm_shared"
+    ended_under_us = frozenset({"TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE"})
 
     def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
         holder = hold_allocation(spec)
@@ -444,9 +449,32 @@ def _stderr_tail(job: submitit.Job) -> str:
     return "\n".join(tails)
 
 
+def _submit(launcher: Launcher, task: DistributedTask, spec: LaunchSpec, stage_dir: Path, name: str) -> submitit.Job:
+    """Submit the task in a fresh folder and record the job beside the stage's work (job.json) for a rerun."""
+    folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    job = launcher.submit(spec, folder, name, task)
+    record = {
+        "launcher": launcher.name,
+        "pid": getattr(job, "pid", None),
+        "job_id": str(job.job_id),
+        "folder": str(folder.resolve()),
+        "tasks": spec.world_size,
+        "nodes": spec.nodes,
+        "submitted": time.time(),
+    }
+    write_json(stage_dir / "job.json", record)
+    print(
+        f"[tula-hpc] submitted {launcher.name} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
+        f"logs in {folder}",
+        flush=True,
+    )
+    return job
+
+
 def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str) -> Any:
-    """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result."""
-    launcher = launcher_for(spec)
+    """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result. A step whose
+    shared allocation ended under it (time limit, preemption, a lost node) runs again in a new one."""
+    launcher, task = launcher_for(spec), DistributedTask(fn, kwargs, spec.cpus_per_task)
     stage_dir = Path(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     record_path = stage_dir / "job.json"
@@ -455,31 +483,18 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
     if job is not None:
         print(f"[tula-hpc] re-attached to {record['launcher']} job {job.job_id} of an earlier run", flush=True)
     else:
-        folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        job = launcher.submit(spec, folder, name, DistributedTask(fn, kwargs, spec.cpus_per_task))
-        write_json(
-            record_path,
-            {
-                "launcher": launcher.name,
-                "pid": getattr(job, "pid", None),
-                "job_id": str(job.job_id),
-                "folder": str(folder.resolve()),
-                "tasks": spec.world_size,
-                "nodes": spec.nodes,
-                "submitted": time.time(),
-            },
-        )
-        print(
-            f"[tula-hpc] submitted {launcher.name} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
-            f"logs in {folder}",
-            flush=True,
-        )
-    launcher.wait(job, spec, name)
-    try:
-        results = launcher.results(job)
-    except (FailedJobError, UncompletedJobError) as err:
-        state = launcher.end_state(job)
-        raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
+        job = _submit(launcher, task, spec, stage_dir, name)
+    for replacements in range(ALLOCATION_REPLACEMENTS + 1):
+        launcher.wait(job, spec, name)
+        try:
+            results = launcher.results(job)
+            break
+        except (FailedJobError, UncompletedJobError) as err:
+            state = launcher.end_state(job)
+            if state not in launcher.ended_under_us or replacements == ALLOCATION_REPLACEMENTS:
+                raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
+            print(f"[tula-hpc] allocation {job.job_id} ended {state} under {name}: again in a new one", flush=True)
+            job = _submit(launcher, task, spec, stage_dir, name)
     _echo_rank0_output(job)
     return results[0]
 

@@ -230,3 +230,31 @@ def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_a
     assert launch.run(_answer, {"value": 41}, spec, tmp_path / "work" / "profile", name="profile") == 42
     record = (tmp_path / "work" / "profile" / "job.json").read_text()
     assert '"launcher": "slurm_shared"' in record and '"job_id": "77"' in record
+
+
+def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, monkeypatch):
+    """The first allocation (77) reaches its time limit while the step runs (the fake srun leaves no result and
+    accounting says TIMEOUT); the measurement is taken again in allocation 78, and its result returned."""
+    srun = (
+        'case "$1" in --jobid=77) exit 1;; esac\n'
+        'while [ "${1#--}" != "$1" ]; do shift; done\n'
+        "export SLURM_JOB_ID=78 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NODEID=0\n"
+        "export SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=n1\n"
+        'exec "$@"'
+    )
+    count = tmp_path / "sbatch.count"
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        sbatch=f'echo x >>{count}; [ "$(wc -l <{count})" -eq 1 ] && echo 77 || echo 78',
+        squeue=f'[ "$3" = 77 ] && [ -e {tmp_path}/ended ] && exit 0; echo RUNNING',
+        sacct="echo TIMEOUT",
+        scancel="exit 0",
+        srun=f'[ "$1" = --jobid=77 ] && touch {tmp_path}/ended\n{srun}',
+    )
+    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    spec = _shared_spec(tmp_path)
+    assert launch.run(_answer, {"value": 1}, spec, tmp_path / "work" / "profile", name="profile") == 2
+    calls = log.read_text().splitlines()
+    assert [c.split()[1] for c in calls if c.startswith("srun")] == ["--jobid=77", "--jobid=78"]
+    assert '"job_id": "78"' in (tmp_path / "work" / "profile" / "job.json").read_text()
