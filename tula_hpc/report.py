@@ -417,9 +417,16 @@ def _progress(selection: dict, perfmodel: dict) -> str:
     )
 
 
-def _queue(selection: dict, summary: dict) -> str:
-    """The wait Slurm estimated for the chosen train job (objective.queue estimate) and the wall time it asked for."""
-    predicted, parts = selection["predicted"], []
+def _cluster(plan: dict, selection: dict, summary: dict) -> str:
+    """What the partition left out of the grid, the wait Slurm estimated for the chosen train job (objective.queue
+    estimate) and the wall time it asked for."""
+    predicted, parts, partition = selection["predicted"], [], plan.get("partition")
+    if partition and partition["excluded"]:
+        reasons = sorted({reason for c in partition["excluded"] for reason in c["breaks"]})
+        parts.append(
+            f"Partition {partition['partition']} left out {len(partition['excluded'])} candidates: "
+            f"{'; '.join(reasons)}."
+        )
     if "wait_s" in predicted:
         parts.append(
             f"Queue: a wait of {predicted['wait_s']:.0f} s before the {predicted['time_s']:.1f} s of training, "
@@ -451,7 +458,7 @@ def render(
 **{node_shape(chosen)}, global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
 minimise **{selection["objective"]}** ({selection["pricing"]} pricing). Predicted training time {chosen["time_s"]:.2f} s
 (+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
-{_progress(selection, perfmodel)} {_queue(selection, summary)}
+{_progress(selection, perfmodel)} {_cluster(plan, selection, summary)}
 Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
 model-based {knees["model"]} (from there each doubling saves less than {
         selection["knee_min_saving"]:.0%} of the time); the

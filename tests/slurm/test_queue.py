@@ -34,7 +34,7 @@ def second_node_busy(slurm_cluster):
 
 def test_the_partitions_limits_come_from_scontrol(slurm_cluster):
     limits = cluster.partition_limits(None)
-    assert (limits.partition, limits.nodes, limits.max_nodes, limits.max_time_s) == ("debug", 2, None, None)
+    assert (limits.partition, limits.nodes, limits.max_nodes, limits.max_time_s) == ("debug", 2, None, 4 * 3600)
     kept, excluded = cluster.within_partition([{"nodes": 2}, {"nodes": 4}], limits)
     assert kept == [{"nodes": 2}] and excluded[0]["breaks"] == ["4 nodes > the 2 nodes of partition debug"]
 

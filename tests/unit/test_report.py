@@ -296,3 +296,20 @@ def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():
     assert "B_noise = 96, median of 3" in line and "in 3.5 epochs, 7.25 s, cost 0.5" in line
     assert line.endswith("Training runs to its progress.")
     assert "no multi-rank profile" in _progress(selection, {"noise_scale": None})
+
+
+def test_the_report_names_the_partitions_limits_the_queue_wait_and_the_wall_time_asked_for():
+    from tula_hpc.report import _cluster
+
+    plan = {
+        "partition": {
+            "partition": "gpu",
+            "excluded": [{"nodes": 8, "breaks": ["8 nodes > partition gpu's MaxNodes=4"]}],
+        }
+    }
+    selection = {"predicted": {"time_s": 600.0, "wait_s": 300.0, "result_time_s": 900.0}}
+    line = _cluster(plan, selection, {"time_limit_min": 27})
+    assert "Partition gpu left out 1 candidates: 8 nodes > partition gpu's MaxNodes=4." in line
+    assert "a wait of 300 s before the 600.0 s of training, 900.0 s to the result" in line
+    assert "Slurm's estimate at selection time" in line and "asked for a wall time of 27 min" in line
+    assert _cluster({"partition": None}, {"predicted": {"time_s": 1.0}}, {}) == ""
