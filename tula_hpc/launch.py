@@ -67,9 +67,9 @@ class Allocation:
 
     @classmethod
     def for_job(cls, job: dict, folder: Path) -> Allocation:
-        """As many nodes as the plan may profile (search.nodes.max, at most what the partition allows)."""
-        limits = partition_limits(job["resources"]["slurm"].get("partition"))
-        nodes = min(job["search"]["nodes"]["max"], limits.nodes, limits.max_nodes or limits.nodes)
+        """As many nodes as the plan may profile (search.nodes.max; `hold_allocation` asks for no more than the
+        partition allows)."""
+        nodes = job["search"]["nodes"]["max"]
         resources = job["resources"]
         return cls(str(folder), nodes, resources["gpus_per_node"], resources["time_min"])
 
@@ -327,12 +327,12 @@ def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list
     return cmd + [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
 
 
-def holder_command(spec: LaunchSpec, name: str) -> list[str]:
-    """The sbatch of the allocation itself: the job's nodes (resources.gpus_per_node GPUs each, whatever the first
-    measurement asks for) on `allocation.nodes` nodes, a shell that only
+def holder_command(spec: LaunchSpec, name: str, nodes: int) -> list[str]:
+    """The sbatch of the allocation itself: `nodes` of the job's nodes (resources.gpus_per_node GPUs each, whatever
+    the first measurement asks for), a shell that only
     waits (its steps do the work), released by `release_allocation` or at its time limit."""
     allocation = spec.allocation
-    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={allocation.nodes}"]
+    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={nodes}"]
     cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}", f"--time={allocation.time_min}"]
     if allocation.gpus_per_node:
         cmd.append(f"--gpus-per-node={allocation.gpus_per_node}")
@@ -355,10 +355,12 @@ def hold_allocation(spec: LaunchSpec) -> str:
             held = None
         if held is None:
             name = f"{folder.parent.name}-allocation"
-            done = subprocess.run(holder_command(spec, name), capture_output=True, text=True)
+            limits = partition_limits(spec.slurm.get("partition"))
+            nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
+            done = subprocess.run(holder_command(spec, name, nodes), capture_output=True, text=True)
             if done.returncode != 0:
                 raise JobFailed(f"{name}: sbatch refused the allocation: {done.stderr.strip()}")
-            held = {"job_id": done.stdout.strip().split(";")[0], "nodes": spec.allocation.nodes, "asked": time.time()}
+            held = {"job_id": done.stdout.strip().split(";")[0], "nodes": nodes, "asked": time.time()}
             write_json(record_path, held)
             print(f"[tula-hpc] asked Slurm for the measuring allocation {held['job_id']} ({held['nodes']} nodes)")
     while (state := slurm_state(held["job_id"])) != "RUNNING":

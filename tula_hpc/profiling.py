@@ -40,6 +40,7 @@ import re
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -203,6 +204,35 @@ def _summary(values: list[float]) -> tuple[float, float]:
     return median, (q3 - q1) / median
 
 
+def _profile_loader(job: dict, ctx: Context, splits, per_device_batch: int):
+    """The training loader as the train stage builds it (full batches only: every timed step is one of them)."""
+    return make_loader(
+        splits.train,
+        per_device_batch,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        seed=job["train"]["seed"],
+        shuffle=True,
+        drop_last=True,
+        **loader_options(job, ctx.device),
+    )
+
+
+def _measured_attempts(
+    search: dict, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
+) -> list[tuple[list[list[float]], float]]:
+    """Blocks of `pairs` step pairs, each with how much other work disturbed it (see Interference), measured
+    again after a back-off while that share exceeds search.interference_tolerance, search.max_attempts at most."""
+    attempts = []
+    for attempt in range(search["max_attempts"]):
+        time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
+        interference = Interference(ctx)
+        attempts.append(([step_pair(interference) for _ in range(pairs)], interference.share()))
+        if attempts[-1][1] <= search["interference_tolerance"]:
+            break
+    return attempts
+
+
 def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     """Time training steps at `per_device_batch` on the ranks of `ctx`; rank 0 returns the profile."""
     started = time.perf_counter()
@@ -219,18 +249,7 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
         len(splits.train),
     )
     loss_fn = nn.CrossEntropyLoss()
-    batches = _batches(
-        make_loader(
-            splits.train,
-            per_device_batch,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            seed=job["train"]["seed"],
-            shuffle=True,
-            drop_last=True,
-            **loader_options(job, ctx.device),
-        )
-    )
+    batches = _batches(_profile_loader(job, ctx, splits, per_device_batch))
     distributed = ctx.world_size > 1
     clock = clock_for(ctx.device)
 
@@ -262,19 +281,9 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
     pair_s = 2 * max(_max_over_ranks([statistics.median(warmup)], ctx)[0], 1e-6)
     pairs = min(MAX_STEPS, max(search["steps"], math.ceil(search["min_measure_s"] / pair_s)))
-
-    def block() -> tuple[list[list[float]], float]:
-        """`pairs` step pairs, and how much other work disturbed them (see Interference)."""
-        interference = Interference(ctx)
-        rows = [interference.around(split_step) + [full_step()] for _ in range(pairs)]
-        return rows, interference.share()
-
-    attempts = []
-    for attempt in range(search["max_attempts"]):
-        time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
-        attempts.append(block())
-        if attempts[-1][1] <= search["interference_tolerance"]:
-            break
+    attempts = _measured_attempts(
+        search, ctx, lambda interference: interference.around(split_step) + [full_step()], pairs
+    )
     rows, interference = min(attempts, key=lambda attempt: attempt[1])
     columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
     peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]

@@ -178,6 +178,9 @@ def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gp
     assert ",".join(map(str, range(shown))) == visible
 
 
+PARTITION = "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=04:00:00 TotalNodes=2 TRES=cpu=4,node=2"
+
+
 def _shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
     allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=20)
     return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, slurm={"partition": "debug"}, allocation=allocation)
@@ -189,7 +192,7 @@ def test_the_measuring_allocation_and_its_steps_ask_slurm_for_what_the_docs_say(
     assert step[:4] == ["srun", "--jobid=77", "--job-name=job-profile", "--nodes=2"]
     assert {"--exact", "--mem=1024M", "--kill-on-bad-exit=1", "--ntasks-per-node=1"} <= set(step)
     assert "--overlap" not in step and step[-4:] == ["-u", "-m", "submitit.core._submit", "/w/profile"]
-    holder = launch.holder_command(spec, "job-allocation")
+    holder = launch.holder_command(spec, "job-allocation", 2)
     assert holder[:4] == ["sbatch", "--parsable", "--job-name=job-allocation", "--nodes=2"]
     assert {"--time=20", "--partition=debug", "--mem=1024M"} <= set(holder)
     assert holder[-2:] == ["--wrap", "exec sleep infinity"]
@@ -199,7 +202,13 @@ def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, m
     state = tmp_path / "state"
     state.write_text("RUNNING")
     log = _fake_commands(
-        tmp_path, monkeypatch, sbatch="echo 77", squeue=f"cat {state}", scancel="exit 0", sacct="echo CANCELLED"
+        tmp_path,
+        monkeypatch,
+        sbatch="echo 77",
+        squeue=f"cat {state}",
+        scancel="exit 0",
+        sacct="echo CANCELLED",
+        scontrol=f"echo '{PARTITION}'",
     )
     spec = _shared_spec(tmp_path)
     assert launch.hold_allocation(spec) == "77" and launch.hold_allocation(spec) == "77"
@@ -225,7 +234,9 @@ def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_a
         "export SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='n[1-2]' SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=n2\n"
         'exec "$@"'
     )
-    _fake_commands(tmp_path, monkeypatch, sbatch="echo 77", squeue="echo RUNNING", srun=srun)
+    _fake_commands(
+        tmp_path, monkeypatch, sbatch="echo 77", squeue="echo RUNNING", srun=srun, scontrol=f"echo '{PARTITION}'"
+    )
     spec = _shared_spec(tmp_path)
     assert launch.run(_answer, {"value": 41}, spec, tmp_path / "work" / "profile", name="profile") == 42
     record = (tmp_path / "work" / "profile" / "job.json").read_text()
@@ -250,6 +261,7 @@ def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, mon
         squeue=f'[ "$3" = 77 ] && [ -e {tmp_path}/ended ] && exit 0; echo RUNNING',
         sacct="echo TIMEOUT",
         scancel="exit 0",
+        scontrol=f"echo '{PARTITION}'",
         srun=f'[ "$1" = --jobid=77 ] && touch {tmp_path}/ended\n{srun}',
     )
     monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
