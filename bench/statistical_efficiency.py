@@ -206,6 +206,11 @@ def report(result: dict) -> None:
         f"scale (target <= {TARGET:.0%}: {'met' if verdict['met'] else 'NOT met'}), "
         f"{pollux['from_base_median_error']:.1%} from the smallest batch's"
     )
+    for name, verdict_ in result["verdicts"].items():
+        if name not in ("pollux_iterations_median_error", "noise_scale_overhead"):
+            print(
+                f"{name}: {'met' if verdict_['met'] else 'NOT met'} ({verdict_['figure']}; target {verdict_['target']})"
+            )
     if result["overhead"]:
         o = result["overhead"]
         print(

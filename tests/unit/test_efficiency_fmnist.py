@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def test_paired_differences_ratios_and_verdicts():
     row = fig["tables"]["bn_cnn"]["adascale"]["4096"]
     assert row["steps_over_reference"] == pytest.approx(0.1) and row["time_over_reference"] == pytest.approx(2.0)
     verdicts = bench.met(fig)
+    json.dumps(verdicts)  # plain bools: scipy's interval gives numpy floats, and their comparisons numpy bools
     assert verdicts["adascale_within_margin_every_cell"]["met"]
     assert verdicts["adascale_fewer_steps_every_cell"]["met"]
     assert verdicts["goodput_accuracy_within_margin"]["met"]
