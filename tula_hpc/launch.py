@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,8 +259,15 @@ class StepJob(submitit.SlurmJob):
     """A job step of a shared allocation: the allocation's id (submitit's paths are named by it) and the srun
     process on this host that runs the step and ends with it."""
 
-    def __init__(self, folder: Path, job_id: str, tasks: range, pid: int, process: subprocess.Popen | None = None):
-        super().__init__(folder=folder, job_id=job_id, tasks=tasks)
+    def __init__(
+        self,
+        folder: Path,
+        job_id: str,
+        tasks: Sequence[int] = (0,),
+        pid: int | None = None,
+        process: subprocess.Popen | None = None,
+    ):
+        super().__init__(folder=folder, job_id=job_id, tasks=tasks)  # submitit makes one per task this way too
         self.pid, self.process = pid, process
 
 
@@ -296,7 +303,7 @@ class SharedAllocationLauncher(SlurmLauncher):
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         if job.process is not None:
             job.process.wait()
-        while _pid_alive(job.pid):
+        while job.pid is not None and _pid_alive(job.pid):
             time.sleep(0.5)
 
     def results(self, job: submitit.Job) -> list[Any]:

@@ -6,6 +6,7 @@ tests/unit/data/slurm/*.txt were recorded on the local cluster by tests/unit/dat
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -226,18 +227,18 @@ def _answer(value: int) -> int:
 
 
 def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_at_once(tmp_path, monkeypatch):
-    """A fake srun runs the step's command here as Slurm would start rank 0 of it (the allocation's job id, the
-    step's node list); run() returns the rank's result although the allocation runs on."""
+    """A fake srun runs the step's command here as Slurm would start its 2 ranks (the allocation's job id, the
+    step's node list); run() returns rank 0's result although the allocation runs on."""
     srun = (
         'while [ "${1#--}" != "$1" ]; do shift; done\n'  # srun's options, then the command
-        "export SLURM_JOB_ID=77 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NODEID=0\n"
-        "export SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='n[1-2]' SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=n2\n"
-        'exec "$@"'
+        "export SLURM_JOB_ID=77 SLURM_NTASKS=2 SLURM_NODEID=0 SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='n[1-2]'\n"
+        "export SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST=n2\n"
+        'SLURM_PROCID=1 SLURM_LOCALID=1 "$@" & SLURM_PROCID=0 SLURM_LOCALID=0 "$@"; wait'
     )
     _fake_commands(
         tmp_path, monkeypatch, sbatch="echo 77", squeue="echo RUNNING", srun=srun, scontrol=f"echo '{PARTITION}'"
     )
-    spec = _shared_spec(tmp_path)
+    spec = dataclasses.replace(_shared_spec(tmp_path), gpus_per_node=2)  # 1 node, 2 ranks (no GPU is asked here)
     assert launch.run(_answer, {"value": 41}, spec, tmp_path / "work" / "profile", name="profile") == 42
     record = (tmp_path / "work" / "profile" / "job.json").read_text()
     assert '"launcher": "slurm_shared"' in record and '"job_id": "77"' in record
