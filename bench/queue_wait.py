@@ -2,8 +2,8 @@
 the local Slurm cluster under a competing load (issue 27). `make slurm-up` first; run under flock
 /tmp/tula-cpu.lock.
 
-Load: the bench submits a stream of competing jobs (name `competing-load`), each holding both nodes for LOAD_S
-seconds, the next one as soon as the last has ended; Slurm serves pending jobs in submission order (priority/basic),
+Load: the bench submits a stream of competing jobs (name `competing-load`), each holding both nodes whole
+(--exclusive) for LOAD_S seconds, the next one as soon as the last has ended; Slurm serves pending jobs in submission order (priority/basic),
 so a job of ours submitted while one of them runs waits for it, and the next competing job waits for ours. The bench
 stops the stream and cancels its jobs at the end.
 
@@ -64,7 +64,7 @@ class CompetingLoad(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.is_set():
-            cmd = ["sbatch", "--parsable", "--job-name=competing-load", "--nodes=2", "--mem=1G"]
+            cmd = ["sbatch", "--parsable", "--job-name=competing-load", "--nodes=2", "--exclusive", "--mem=0"]
             done = subprocess.run(cmd + ["--time=2", "--wrap", f"sleep {LOAD_S}"], capture_output=True, text=True)
             self.jobs.append(done.stdout.strip())
             while not self.halt.is_set() and launch.slurm_state(self.jobs[-1]) in launch.ACTIVE_SLURM_STATES:
