@@ -3,9 +3,9 @@ the local Slurm cluster under a competing load (issue 27). `make slurm-up` first
 /tmp/tula-cpu.lock.
 
 Load: the bench submits a stream of competing jobs (name `competing-load`), each holding both nodes whole
-(--exclusive) for LOAD_S seconds, the next one as soon as the last has ended; Slurm serves pending jobs in submission order (priority/basic),
-so a job of ours submitted while one of them runs waits for it, and the next competing job waits for ours. The bench
-stops the stream and cancels its jobs at the end.
+(--exclusive) for LOAD_S seconds, the next one as soon as the last has ended; Slurm serves pending jobs in
+submission order (priority/basic), so a job of ours submitted while one of them runs waits for it, and the next
+competing job waits for ours. The bench stops the stream and cancels its jobs at the end.
 
 Runs, each the default digits DAG (shortened as bench/slurm_overhead.py does) through profiles/slurm under a fresh job
 name, one after another under the same load:
