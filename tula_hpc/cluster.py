@@ -66,10 +66,6 @@ class PartitionLimits:
             broken.append(f"{gpus} GPUs per node > the {self.gpus_per_node} of partition {self.partition}'s nodes")
         return broken
 
-    def cap_time_s(self, seconds: float) -> float:
-        """`seconds`, at most the partition's MaxTime."""
-        return seconds if self.max_time_s is None else min(seconds, self.max_time_s)
-
 
 def within_partition(grid: list[dict], limits: PartitionLimits) -> tuple[list[dict], list[dict]]:
     """(the candidates the partition can run, the others each with the limits it breaks)."""

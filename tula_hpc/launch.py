@@ -63,7 +63,6 @@ class Allocation:
     folder: str
     nodes: int
     gpus_per_node: int
-    time_min: int
 
     @classmethod
     def for_job(cls, job: dict, folder: Path) -> Allocation:
@@ -71,7 +70,7 @@ class Allocation:
         partition allows)."""
         nodes = job["search"]["nodes"]["max"]
         resources = job["resources"]
-        return cls(str(folder), nodes, resources["gpus_per_node"], resources["time_min"])
+        return cls(str(folder), nodes, resources["gpus_per_node"])
 
 
 @dataclass(frozen=True)
@@ -336,11 +335,11 @@ def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list
 
 def holder_command(spec: LaunchSpec, name: str, nodes: int) -> list[str]:
     """The sbatch of the allocation itself: `nodes` of the job's nodes (resources.gpus_per_node GPUs each, whatever
-    the first measurement asks for), a shell that only
-    waits (its steps do the work), released by `release_allocation` or at its time limit."""
+    the first measurement asks for) for resources.time_min, a shell that only waits (its steps do the work),
+    released by `release_allocation` or at its time limit."""
     allocation = spec.allocation
     cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={nodes}"]
-    cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}", f"--time={allocation.time_min}"]
+    cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}", f"--time={spec.time_min}"]
     if allocation.gpus_per_node:
         cmd.append(f"--gpus-per-node={allocation.gpus_per_node}")
     cmd += sbatch_args(spec.slurm, spec.cpus_per_task, spec.mem_gb)

@@ -183,8 +183,9 @@ PARTITION = "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=04:00:00
 
 
 def _shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
-    allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=20)
-    return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, slurm={"partition": "debug"}, allocation=allocation)
+    allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0)
+    slurm = {"partition": "debug"}
+    return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, time_min=20, slurm=slurm, allocation=allocation)
 
 
 def test_the_measuring_allocation_and_its_steps_ask_slurm_for_what_the_docs_say():
