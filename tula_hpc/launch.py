@@ -489,6 +489,7 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
     record = read_json(record_path) if record_path.exists() else None
     job = LAUNCHERS[record["launcher"]].reattach(record) if record else None
     if job is not None:
+        launcher = LAUNCHERS[record["launcher"]]  # the job is of the kind recorded, whatever the settings say now
         print(f"[tula-hpc] re-attached to {record['launcher']} job {job.job_id} of an earlier run", flush=True)
     else:
         job = _submit(launcher, task, spec, stage_dir, name)

@@ -7,6 +7,8 @@ tests/unit/data/slurm/*.txt were recorded on the local cluster by tests/unit/dat
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -272,3 +274,19 @@ def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, mon
     calls = log.read_text().splitlines()
     assert [c.split()[1] for c in calls if c.startswith("srun")] == ["--jobid=77", "--jobid=78"]
     assert '"job_id": "78"' in (tmp_path / "work" / "profile" / "job.json").read_text()
+
+
+def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tmp_path, capsys):
+    """A step of a shared allocation, still running when the stage is rerun with allocation per_stage: it is waited
+    for and its result read as a step's (no sbatch job of that id to ask Slurm about)."""
+    from submitit.core.utils import cloudpickle_dump
+
+    stage_dir, folder = tmp_path / "profile", tmp_path / "profile" / "submit-x"
+    folder.mkdir(parents=True)
+    cloudpickle_dump(("success", 5), folder / "77_0_result.pkl")
+    step = subprocess.Popen(["sleep", "0.3"])
+    record = {"launcher": "slurm_shared", "pid": step.pid, "job_id": "77", "folder": str(folder), "tasks": 1}
+    (stage_dir / "job.json").write_text(json.dumps(record))
+    assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="profile") == 5
+    assert "re-attached to slurm_shared job 77" in capsys.readouterr().out
+    step.wait()
