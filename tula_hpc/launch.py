@@ -58,11 +58,13 @@ class JobFailed(RuntimeError):
 @dataclass(frozen=True)
 class Allocation:
     """The measuring phase's shared allocation (resources.allocation: shared): a holder job of `nodes` nodes of the
-    job's node shape, recorded in `folder`/allocation.json, whose job steps the probes and profiles run as."""
+    job's node shape for `time_min` (resources.time_min), recorded in `folder`/allocation.json, whose job steps
+    the probes and profiles run as."""
 
     folder: str
     nodes: int
     gpus_per_node: int
+    time_min: int
 
     @classmethod
     def for_job(cls, job: dict, folder: Path) -> Allocation:
@@ -70,7 +72,7 @@ class Allocation:
         partition allows)."""
         nodes = job["search"]["nodes"]["max"]
         resources = job["resources"]
-        return cls(str(folder), nodes, resources["gpus_per_node"])
+        return cls(str(folder), nodes, resources["gpus_per_node"], resources["time_min"])
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class LaunchSpec:
         """The job's resources on `nodes` nodes of `gpus_per_node` GPUs each (a candidate's own; None: the node's,
         resources.gpus_per_node); `one_device`: at most one GPU each (probing, evaluation). A measurement (probe,
         profile) passes its job's work folder as `measuring_in`: with resources.allocation shared on Slurm it runs
-        as a step of the measuring phase's one allocation."""
+        as a step of the measuring phase's one allocation, and either way for resources.measure_time_min."""
         res = job["resources"]
         gpus = res["gpus_per_node"] if gpus_per_node is None else gpus_per_node
         shared = measuring_in is not None and job["launcher"] == "slurm" and res["allocation"] == "shared"
@@ -109,7 +111,7 @@ class LaunchSpec:
             gpus_per_node=min(gpus, 1) if one_device else gpus,
             cpus_per_task=res["cpus_per_task"],
             mem_gb=res["mem_gb"],
-            time_min=res["time_min"],
+            time_min=res["time_min"] if measuring_in is None else res["measure_time_min"],
             slurm=dict(res.get("slurm", {})),
             max_requeues=res["max_requeues"],
             allocation=Allocation.for_job(job, Path(measuring_in) / "allocation") if shared else None,
@@ -182,12 +184,10 @@ class Launcher:
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         """Return once the job's results can be read (submitit's own wait follows)."""
 
-    # Ends of a job without results after which the same work runs again in a new job (none: the stage fails).
-    ended_under_us: frozenset[str] = frozenset()
-
-    def end_state(self, job: submitit.Job) -> str:
-        """How a job without results ended."""
-        return "FAILED"
+    def end_state(self, job: submitit.Job) -> tuple[str, bool]:
+        """How a job without results ended, and whether it ended under the work (which then runs again in a new
+        job) rather than by it (the stage fails)."""
+        return "FAILED", False
 
 
 class LocalLauncher(Launcher):
@@ -250,8 +250,8 @@ class SlurmLauncher(Launcher):
             return None
         return submitit.SlurmJob(folder=Path(record["folder"]), job_id=record["job_id"], tasks=range(record["tasks"]))
 
-    def end_state(self, job: submitit.Job) -> str:
-        return slurm_state(str(job.job_id))
+    def end_state(self, job: submitit.Job) -> tuple[str, bool]:
+        return slurm_state(str(job.job_id)), False  # a requeue is submitit's, inside the job
 
 
 class StepJob(submitit.SlurmJob):
@@ -265,9 +265,10 @@ class StepJob(submitit.SlurmJob):
         tasks: Sequence[int] = (0,),
         pid: int | None = None,
         process: subprocess.Popen | None = None,
+        step_name: str = "",
     ):
         super().__init__(folder=folder, job_id=job_id, tasks=tasks)  # submitit makes one per task this way too
-        self.pid, self.process = pid, process
+        self.pid, self.process, self.step_name = pid, process, step_name
 
 
 class SharedAllocationLauncher(SlurmLauncher):
@@ -276,10 +277,10 @@ class SharedAllocationLauncher(SlurmLauncher):
     tasks than the allocation leaves the rest free; --mem asks for the node memory a measurement needs, so a
     second step waits for it inside the allocation rather than measuring beside another (Slurm blocks a step until
     its resources are free unless --overlap, which is not given: a timed profile must not share its CPUs);
-    --kill-on-bad-exit ends the step when a rank dies, as for the per-stage jobs."""
+    --time gives the step its own limit (resources.measure_time_min), so a measurement that hangs ends there, not
+    with the allocation; --kill-on-bad-exit ends the step when a rank dies, as for the per-stage jobs."""
 
     name = "slurm_shared"
-    ended_under_us = frozenset({"TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE"})
 
     def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
         holder = hold_allocation(spec)
@@ -291,19 +292,26 @@ class SharedAllocationLauncher(SlurmLauncher):
             process = subprocess.Popen(
                 step_command(spec, holder, folder, name), stdout=log, stderr=subprocess.STDOUT, env=env
             )
-        return StepJob(folder, holder, range(spec.world_size), process.pid, process)
+        return StepJob(folder, holder, range(spec.world_size), process.pid, process, name)
 
     def reattach(self, record: dict) -> submitit.Job | None:
-        pid = record.get("pid")
-        if pid is None or not _pid_alive(pid):
-            return None
-        return StepJob(Path(record["folder"]), record["job_id"], range(record["tasks"]), pid)
+        """The step if its srun still runs here, or it runs on in Slurm without it (srun killed with the driver;
+        Slurm lets the step finish), or it finished with every rank's result: then it is not measured twice."""
+        folder, tasks = Path(record["folder"]), range(record["tasks"])
+        job = StepJob(folder, record["job_id"], tasks, pid=record.get("pid"), step_name=record.get("name", ""))
+        if self._srun_alive(job) or step_running(job.job_id, job.step_name):
+            return job
+        return job if all(_ended_well(job, rank) for rank in range(job.num_tasks)) else None
 
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         if job.process is not None:
             job.process.wait()
-        while job.pid is not None and _pid_alive(job.pid):
-            time.sleep(0.5)
+        while self._srun_alive(job) or (job.process is None and step_running(job.job_id, job.step_name)):
+            time.sleep(ALLOCATION_POLL_S)
+
+    @staticmethod
+    def _srun_alive(job: StepJob) -> bool:
+        return job.pid is not None and _pid_alive(job.pid)
 
     def results(self, job: submitit.Job) -> list[Any]:
         """Read from the result files at once: the allocation, which submitit would wait for, runs on."""
@@ -316,17 +324,22 @@ class SharedAllocationLauncher(SlurmLauncher):
             outcomes.append(outcome[1])
         return outcomes
 
-    def end_state(self, job: submitit.Job) -> str:
-        """The allocation's end where it ended under the step (time limit, preemption, a node lost), else FAILED."""
-        state = slurm_state(str(job.job_id))
-        return "FAILED" if state in ACTIVE_SLURM_STATES else state
+    def end_state(self, job: submitit.Job) -> tuple[str, bool]:
+        """While the allocation runs, the step ended by itself (OUT_OF_MEMORY, FAILED, its own TIMEOUT). Else the
+        allocation ended under it (time limit, preemption, a lost node, a cancel) or went back to the queue
+        (REQUEUED: preempted, scontrol requeue): the measurement goes again, once it or a new one runs."""
+        state = settled_state(str(job.job_id))
+        if state == "RUNNING":
+            return step_state(str(job.job_id), job.step_name), False
+        return ("REQUEUED" if state in ACTIVE_SLURM_STATES else state), state != "CANCELLED"
 
 
 def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list[str]:
     """The srun that runs one measurement's ranks as a step of allocation `holder` (submitit's runner, its names)."""
     cmd = ["srun", f"--jobid={holder}", f"--job-name={name}", f"--nodes={spec.nodes}"]
     cmd += [f"--ntasks-per-node={spec.tasks_per_node}", f"--cpus-per-task={spec.cpus_per_task}"]
-    cmd += [f"--mem={math.ceil(spec.mem_gb * 1024)}M", "--exact", "--kill-on-bad-exit=1", "--unbuffered"]
+    cmd += [f"--mem={math.ceil(spec.mem_gb * 1024)}M", f"--time={spec.time_min}", "--exact", "--kill-on-bad-exit=1"]
+    cmd.append("--unbuffered")
     if spec.gpus_per_node:
         cmd.append(f"--gpus-per-node={spec.gpus_per_node}")
     cmd += [f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"]
@@ -335,11 +348,12 @@ def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list
 
 def holder_command(spec: LaunchSpec, name: str, nodes: int) -> list[str]:
     """The sbatch of the allocation itself: `nodes` of the job's nodes (resources.gpus_per_node GPUs each, whatever
-    the first measurement asks for) for resources.time_min, a shell that only waits (its steps do the work),
-    released by `release_allocation` or at its time limit."""
+    the first measurement asks for) for resources.time_min (at least a step's limit), a shell that only waits (its
+    steps do the work), released by `release_allocation` or at its time limit."""
     allocation = spec.allocation
     cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={nodes}"]
-    cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}", f"--time={spec.time_min}"]
+    cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}"]
+    cmd.append(f"--time={max(allocation.time_min, spec.time_min)}")
     if allocation.gpus_per_node:
         cmd.append(f"--gpus-per-node={allocation.gpus_per_node}")
     cmd += sbatch_args(spec.slurm, spec.cpus_per_task, spec.mem_gb)
@@ -356,7 +370,7 @@ def hold_allocation(spec: LaunchSpec) -> str:
     with open(folder / "allocation.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         held = read_json(record_path) if record_path.exists() else None
-        if held and (slurm_state(held["job_id"]) not in ACTIVE_SLURM_STATES or held["nodes"] < spec.nodes):
+        if held and (settled_state(held["job_id"]) not in ACTIVE_SLURM_STATES or held["nodes"] < spec.nodes):
             subprocess.run(["scancel", held["job_id"]], capture_output=True)
             held = None
         if held is None:
@@ -419,6 +433,33 @@ def parse_sacct_states(text: str) -> str | None:
     return next((cause for cause in FAILURE_CAUSES if cause in states), states[0])
 
 
+def parse_step_state(text: str, step_name: str) -> str | None:
+    """How the last step named `step_name` ended, from `sacct -n -P -j ID -o JobName,State` (steps in the order they
+    ran); None while it is active or accounting has not got it."""
+    rows = (line.partition("|") for line in text.splitlines())
+    states = [state.split()[0] for name, _, state in rows if name == step_name]
+    return states[-1] if states and states[-1] not in ACTIVE_SLURM_STATES else None
+
+
+def step_running(job_id: str, step_name: str) -> bool:
+    """Whether allocation `job_id` runs a step named `step_name` (`squeue --steps` lists the running ones)."""
+    listed = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%j"], capture_output=True, text=True)
+    return step_name in listed.stdout.split()
+
+
+def step_state(job_id: str, step_name: str) -> str:
+    """How the last step named `step_name` of allocation `job_id` ended; FAILED where accounting does not say."""
+    deadline = time.time() + ACCOUNTING_LAG_S
+    while True:
+        acct = subprocess.run(
+            ["sacct", "-n", "-P", "-j", job_id, "-o", "JobName,State"], capture_output=True, text=True
+        )
+        state = parse_step_state(acct.stdout, step_name)
+        if state is not None or time.time() > deadline:
+            return state or "FAILED"
+        time.sleep(ACCOUNTING_POLL_S)
+
+
 def slurm_state(job_id: str) -> str:
     """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN."""
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
@@ -434,6 +475,14 @@ def slurm_state(job_id: str) -> str:
         if time.time() > deadline:
             return next(iter(_sacct_states(acct.stdout)), "UNKNOWN")
         time.sleep(ACCOUNTING_POLL_S)
+
+
+def settled_state(job_id: str) -> str:
+    """The job's state once it is no longer completing: a job requeued (preempted, scontrol requeue) completes
+    before it is pending again, one that ended completes before it is gone."""
+    while (state := slurm_state(job_id)) in ("COMPLETING", "STAGE_OUT"):
+        time.sleep(ALLOCATION_POLL_S)
+    return state
 
 
 def _pid_alive(pid: int) -> bool:
@@ -463,6 +512,7 @@ def _submit(launcher: Launcher, task: DistributedTask, spec: LaunchSpec, stage_d
     job = launcher.submit(spec, folder, name, task)
     record = {
         "launcher": launcher.name,
+        "name": name,
         "pid": getattr(job, "pid", None),
         "job_id": str(job.job_id),
         "folder": str(folder.resolve()),
@@ -499,8 +549,8 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
             results = launcher.results(job)
             break
         except (FailedJobError, UncompletedJobError) as err:
-            state = launcher.end_state(job)
-            if state not in launcher.ended_under_us or replacements == ALLOCATION_REPLACEMENTS:
+            state, ended_under_us = launcher.end_state(job)
+            if not ended_under_us or replacements == ALLOCATION_REPLACEMENTS:
                 raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
             print(f"[tula-hpc] allocation {job.job_id} ended {state} under {name}: again in a new one", flush=True)
             job = _submit(launcher, task, spec, stage_dir, name)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import uuid
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, wait_for
+from tula_hpc import launch
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm"))
@@ -92,3 +94,14 @@ def step_end_time(job_id: str) -> float:
         return end if end not in ("", "Unknown") else None
 
     return datetime.fromisoformat(wait_for(recorded_end, 30, f"accounting of job {job_id}'s step")).timestamp()
+
+
+def measuring_spec(request, tmp_path: Path, allocation: str, **spec) -> tuple[launch.LaunchSpec, Path]:
+    """A measurement's LaunchSpec on the local cluster and its job's work folder (a fresh name): its own sbatch job
+    (allocation per_stage) or a step of a shared allocation of both nodes, given back when the test ends."""
+    work = tmp_path / f"m{uuid.uuid4().hex[:8]}"
+    shared = None
+    if allocation == "shared":
+        shared = launch.Allocation(str(work / "allocation"), nodes=2, gpus_per_node=0, time_min=spec["time_min"])
+        request.addfinalizer(lambda: launch.release_allocation(work))
+    return launch.LaunchSpec(launcher="slurm", allocation=shared, **spec), work

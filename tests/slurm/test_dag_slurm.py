@@ -89,3 +89,27 @@ def test_killed_driver_reattaches_to_the_running_training_job(slurm_run):
     assert f"re-attached to slurm job {job_id}" in (workdir / "logs" / name / "train.log").read_text()
     summary = json.loads((workdir / "results" / name / "train" / "summary.json").read_text())
     assert summary["epochs"] == 60 and summary["history"][-1]["epoch"] == 60
+
+
+def test_a_driver_killed_while_profiling_is_rerun_in_the_same_allocation(slurm_cluster, tmp_path):
+    """SIGKILL Snakemake (its stages and their sruns with it) while a profile runs as a step: the allocation,
+    a job of its own, outlives the driver; the rerun takes its measurements in it (no second wait in the queue)."""
+    name, config_path = unique_job_config(tmp_path)
+    driver = snakemake(tmp_path, config_path, background=True)
+    profiles = tmp_path / "work" / name / "profile"
+    wait_for(lambda: any(profiles.glob("*/submit-*/*_0_log.out")), 300, "a profile step to run")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    [holder] = sacct_jobs(f"{name}-allocation")
+    assert slurm_state(holder["job_id"]) == "RUNNING", "the allocation must outlive the driver"
+    subprocess.run([sys.executable, "-m", "tula_hpc.cli", "unlock-stale"], cwd=tmp_path, check=True)
+    rerun = snakemake(tmp_path, config_path)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert [h["job_id"] for h in sacct_jobs(f"{name}-allocation")] == [holder["job_id"]]
+    # The step the kill interrupted ran on in Slurm without its srun: the rerun waited for it, no profile ran twice.
+    profiled = [s for s in sacct_steps(holder["job_id"]) if "-profile-" in s["name"]]
+    assert len({s["name"] for s in profiled}) == len(profiled), profiled
+    assert all(s["state"] == "COMPLETED" for s in profiled), profiled
+    logs = (tmp_path / "logs" / name / "profile").glob("*.log")
+    assert any("re-attached to slurm_shared job" in log.read_text() for log in logs)
+    assert (tmp_path / "results" / name / "eval.json").exists()

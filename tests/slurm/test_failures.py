@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.slurm.conftest import measuring_spec
 from tests.slurm.workers import all_reduce_for, hold_memory
 from tula_hpc import launch
 from tula_hpc.files import read_json
@@ -34,22 +35,24 @@ def _rank_pid(job_id: str, rank: int) -> int | None:
     return None
 
 
+ALLOCATIONS = ["per_stage", "shared"]  # a job of its own; a step of the measuring phase's shared allocation
+
+
 @pytest.mark.slow
-def test_a_killed_rank_ends_the_job_within_seconds_and_a_rerun_completes(slurm_cluster, tmp_path):
-    spec = launch.LaunchSpec(launcher="slurm", nodes=2, time_min=10, mem_gb=1)
+@pytest.mark.parametrize("allocation", ALLOCATIONS)
+def test_a_killed_rank_ends_the_job_within_seconds_and_a_rerun_completes(slurm_cluster, tmp_path, request, allocation):
+    spec, work = measuring_spec(request, tmp_path, allocation, nodes=2, time_min=10, mem_gb=1)
     outcome: dict = {}
 
     def run_stage():
         try:
-            launch.run(all_reduce_for, {"seconds": 240}, spec, tmp_path, name="rank-kill")
+            launch.run(all_reduce_for, {"seconds": 240}, spec, work, name="rank-kill")
         except launch.JobFailed as err:
             outcome["error"], outcome["ended"] = str(err), time.time()
 
     stage = threading.Thread(target=run_stage)
     stage.start()
-    job_id = wait_for(
-        lambda: (tmp_path / "job.json").exists() and read_json(tmp_path / "job.json")["job_id"], 30, "submission"
-    )
+    job_id = wait_for(lambda: (work / "job.json").exists() and read_json(work / "job.json")["job_id"], 60, "submission")
     pid = wait_for(lambda: _rank_pid(job_id, 1), 60, "rank 1 to start")
     time.sleep(3)  # let the group form and the ranks enter their collectives
     os.kill(pid, signal.SIGKILL)
@@ -60,10 +63,11 @@ def test_a_killed_rank_ends_the_job_within_seconds_and_a_rerun_completes(slurm_c
     assert f"job {job_id} ended" in outcome["error"]
     assert any(state in outcome["error"] for state in ("FAILED", "CANCELLED")), outcome["error"]
     assert "read " in outcome["error"] and "_log.err" in outcome["error"]
-    assert launch.run(all_reduce_for, {"seconds": 1}, spec, tmp_path, name="rank-kill") == 2
+    assert launch.run(all_reduce_for, {"seconds": 1}, spec, work, name="rank-kill") == 2
 
 
-def test_a_job_over_its_memory_limit_is_reported_out_of_memory(slurm_cluster, tmp_path):
-    spec = launch.LaunchSpec(launcher="slurm", nodes=1, time_min=5, mem_gb=0.25)
+@pytest.mark.parametrize("allocation", ALLOCATIONS)
+def test_a_job_over_its_memory_limit_is_reported_out_of_memory(slurm_cluster, tmp_path, request, allocation):
+    spec, work = measuring_spec(request, tmp_path, allocation, nodes=1, time_min=5, mem_gb=0.25)
     with pytest.raises(launch.JobFailed, match=r"job \d+ ended OUT_OF_MEMORY; read .*_log\.err"):
-        launch.run(hold_memory, {"megabytes": 1024}, spec, tmp_path, name="over-mem")
+        launch.run(hold_memory, {"megabytes": 1024}, spec, work, name="over-mem")

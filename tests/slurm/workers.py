@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,15 @@ def all_reduce_for(seconds: float) -> int:
         time.sleep(0.05)
     shutdown()
     return ctx.world_size
+
+
+def hang_the_first_time(marker: str, seconds: float) -> int:
+    """Sleep `seconds` the first time (leaving `marker`), return at once after: a measurement that a time limit or a
+    requeue interrupts, then taken again. Returns the Slurm job it ran in."""
+    if not Path(marker).exists():
+        Path(marker).write_text(os.environ["SLURM_JOB_ID"])
+        time.sleep(seconds)
+    return int(os.environ["SLURM_JOB_ID"])
 
 
 def hold_memory(megabytes: int) -> int:

@@ -185,7 +185,7 @@ PARTITION = "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=04:00:00
 
 
 def _shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
-    allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0)
+    allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=60)
     slurm = {"partition": "debug"}
     return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, time_min=20, slurm=slurm, allocation=allocation)
 
@@ -194,11 +194,11 @@ def test_the_measuring_allocation_and_its_steps_ask_slurm_for_what_the_docs_say(
     spec = _shared_spec(Path("/w"), nodes=2)
     step = launch.step_command(spec, "77", Path("/w/profile"), "job-profile")
     assert step[:4] == ["srun", "--jobid=77", "--job-name=job-profile", "--nodes=2"]
-    assert {"--exact", "--mem=1024M", "--kill-on-bad-exit=1", "--ntasks-per-node=1"} <= set(step)
+    assert {"--exact", "--mem=1024M", "--time=20", "--kill-on-bad-exit=1", "--ntasks-per-node=1"} <= set(step)
     assert "--overlap" not in step and step[-4:] == ["-u", "-m", "submitit.core._submit", "/w/profile"]
     holder = launch.holder_command(spec, "job-allocation", 2)
     assert holder[:4] == ["sbatch", "--parsable", "--job-name=job-allocation", "--nodes=2"]
-    assert {"--time=20", "--partition=debug", "--mem=1024M"} <= set(holder)
+    assert {"--time=60", "--partition=debug", "--mem=1024M"} <= set(holder)  # the phase's, not one step's
     assert holder[-2:] == ["--wrap", "exec sleep infinity"]
 
 
@@ -290,3 +290,58 @@ def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tm
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="profile") == 5
     assert "re-attached to slurm_shared job 77" in capsys.readouterr().out
     step.wait()
+
+
+SACCT_STEPS = """job-allocation|RUNNING
+batch|RUNNING
+extern|RUNNING
+job-profile-N1-B32|FAILED
+job-probe-memory|COMPLETED
+job-profile-N1-B32|OUT_OF_MEMORY
+job-profile-N2-B32|RUNNING
+"""
+
+
+def test_a_steps_end_is_its_last_run_in_accounting():
+    assert launch.parse_step_state(SACCT_STEPS, "job-profile-N1-B32") == "OUT_OF_MEMORY"
+    assert launch.parse_step_state(SACCT_STEPS, "job-profile-N2-B32") is None  # still running
+    assert launch.parse_step_state(SACCT_STEPS, "job-profile-N2-B64") is None  # not in accounting yet
+
+
+@pytest.mark.parametrize(
+    ("allocation", "expected"),
+    [("RUNNING", ("OUT_OF_MEMORY", False)), ("PENDING", ("REQUEUED", True)), ("", ("TIMEOUT", True))],
+)
+def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_queue(
+    tmp_path, monkeypatch, allocation, expected
+):
+    """The step's own end while the allocation runs (the stage fails); REQUEUED while it is queued again and the
+    allocation's end (accounting says TIMEOUT) once Slurm has let it go (the measurement goes again)."""
+    sacct = f'case "$*" in *JobName*) printf "{SACCT_STEPS}";; *) echo TIMEOUT;; esac'
+    _fake_commands(tmp_path, monkeypatch, squeue=f"echo {allocation}", sacct=sacct)
+    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    step = launch.StepJob(tmp_path, "77", step_name="job-profile-N1-B32")
+    assert launch.LAUNCHERS["slurm_shared"].end_state(step) == expected
+
+
+def test_a_step_whose_srun_died_with_the_driver_is_waited_for_in_slurm_not_measured_again(tmp_path, monkeypatch):
+    """The record's srun is gone; Slurm still lists the step (twice), then not; its result is read, nothing is
+    submitted. A step that finished while no driver ran is read the same way."""
+    from submitit.core.utils import cloudpickle_dump
+
+    count = tmp_path / "count"
+    log = _fake_commands(
+        tmp_path, monkeypatch, squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 2 ] && echo job-profile; exit 0'
+    )
+    monkeypatch.setattr(launch, "ALLOCATION_POLL_S", 0.01)
+    stage_dir, folder = tmp_path / "profile", tmp_path / "profile" / "submit-x"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    record = {"launcher": "slurm_shared", "name": "job-profile", "pid": dead.pid, "job_id": "77"}
+    (stage_dir / "job.json").write_text(json.dumps({**record, "folder": str(folder), "tasks": 1}))
+    (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\nexit 1\n")  # a submission would fail the test
+    cloudpickle_dump(("success", 5), folder / "77_0_result.pkl")
+    assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
+    assert log.read_text().count("squeue -h -s -j 77") == 3  # reattach, then wait until it is gone
+    assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
