@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 from common import REPO, bench_config, bench_parser, provenance, write_and_report
 
-from tula_hpc import launch
+from tula_hpc import slurm_states
 
 LOAD_S = 40  # each competing job's hold on both nodes
 WAITED_S = 5  # a job that started this long after its submission waited in the queue
@@ -67,7 +67,9 @@ class CompetingLoad(threading.Thread):
             cmd = ["sbatch", "--parsable", "--job-name=competing-load", "--nodes=2", "--exclusive", "--mem=0"]
             done = subprocess.run(cmd + ["--time=2", "--wrap", f"sleep {LOAD_S}"], capture_output=True, text=True)
             self.jobs.append(done.stdout.strip())
-            while not self.halt.is_set() and launch.slurm_state(self.jobs[-1]) in launch.ACTIVE_SLURM_STATES:
+            while (
+                not self.halt.is_set() and slurm_states.slurm_state(self.jobs[-1]) in slurm_states.ACTIVE_SLURM_STATES
+            ):
                 time.sleep(1)
 
     def stop(self) -> None:
@@ -130,7 +132,7 @@ def run_dag(workdir: Path, changes: dict) -> dict:
     to_summary = time.time() - started
     if proc.returncode != 0:
         raise SystemExit(f"the DAG failed; read {workdir / 'snakemake.log'}")
-    time.sleep(launch.ACCOUNTING_LAG_S)
+    time.sleep(slurm_states.ACCOUNTING_LAG_S)
     jobs = our_jobs(name)
     waited = [j for j in jobs if j["start"] - j["submit"] > WAITED_S]
     measuring = [j for j in waited if any(tag in j["name"] for tag in MEASURING)]

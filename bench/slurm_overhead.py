@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from common import REPO, bench_config, bench_parser, write_result
 
-from tula_hpc import launch
+from tula_hpc import launch, slurm_states
 from tula_hpc.files import read_json
 
 TRIVIAL_JOBS = 7
@@ -95,7 +95,7 @@ def dag_overhead(workdir: Path) -> dict:
         capture_output=True,
     )
     wall = time.time() - started
-    time.sleep(launch.ACCOUNTING_LAG_S)
+    time.sleep(slurm_states.ACCOUNTING_LAG_S)
     intervals = job_intervals(f"{name}-")
     inside = union_length(intervals)
     return {

@@ -135,3 +135,15 @@ def train_stage(
     if background:
         return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+
+
+def fake_commands(tmp_path: Path, monkeypatch, **bodies: str) -> Path:
+    """Shell scripts on PATH that log their arguments to calls.log and then run `body`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    for name, body in bodies.items():
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >>{log}\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    return log

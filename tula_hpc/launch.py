@@ -28,24 +28,9 @@ from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
 from .cluster import partition_limits, sbatch_args
 from .files import read_json, write_json
+from .slurm_states import ACTIVE_SLURM_STATES, settled_state, slurm_state, step_running, step_state
 
-ACTIVE_SLURM_STATES = {
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "CONFIGURING",
-    "COMPLETING",
-    "RESIZING",
-    "SUSPENDED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "SIGNALING",
-    "STAGE_OUT",
-}
 STDERR_TAIL_LINES = 40
-FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
-ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
-ACCOUNTING_POLL_S = 1
 BAD_EXIT_POLL_S = 0.1
 ALLOCATION_POLL_S = 2
 ALLOCATION_REPLACEMENTS = 2  # new allocations a measurement may take after one ended under it
@@ -408,81 +393,6 @@ LAUNCHERS: dict[str, Launcher] = {
 
 def launcher_for(spec: LaunchSpec) -> Launcher:
     return LAUNCHERS["slurm_shared" if spec.allocation else spec.launcher]
-
-
-def parse_squeue_state(text: str) -> str | None:
-    """The state `squeue -h -j ID -o %T` prints, or None once Slurm has forgotten the job."""
-    return text.split()[0] if text.strip() else None
-
-
-def _sacct_states(text: str) -> list[str]:
-    """`sacct -n -P -j ID -o State`: the allocation's state, then its steps' ("CANCELLED by 0" is CANCELLED)."""
-    return [line.split()[0] for line in text.splitlines() if line.strip()]
-
-
-def parse_sacct_states(text: str) -> str | None:
-    """How the job ended, or None while accounting has it active or does not know it yet.
-
-    A failed allocation often just says FAILED; the cause (OUT_OF_MEMORY, NODE_FAIL, ...) is on a step.
-    """
-    states = _sacct_states(text)
-    if not states or states[0] in ACTIVE_SLURM_STATES:
-        return None
-    if states[0] == "COMPLETED":
-        return "COMPLETED"
-    return next((cause for cause in FAILURE_CAUSES if cause in states), states[0])
-
-
-def parse_step_state(text: str, step_name: str) -> str | None:
-    """How the last step named `step_name` ended, from `sacct -n -P -j ID -o JobName,State` (steps in the order they
-    ran); None while it is active or accounting has not got it."""
-    rows = (line.partition("|") for line in text.splitlines())
-    states = [state.split()[0] for name, _, state in rows if name == step_name]
-    return states[-1] if states and states[-1] not in ACTIVE_SLURM_STATES else None
-
-
-def step_running(job_id: str, step_name: str) -> bool:
-    """Whether allocation `job_id` runs a step named `step_name` (`squeue --steps` lists the running ones)."""
-    listed = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%j"], capture_output=True, text=True)
-    return step_name in listed.stdout.split()
-
-
-def step_state(job_id: str, step_name: str) -> str:
-    """How the last step named `step_name` of allocation `job_id` ended; FAILED where accounting does not say."""
-    deadline = time.time() + ACCOUNTING_LAG_S
-    while True:
-        acct = subprocess.run(
-            ["sacct", "-n", "-P", "-j", job_id, "-o", "JobName,State"], capture_output=True, text=True
-        )
-        state = parse_step_state(acct.stdout, step_name)
-        if state is not None or time.time() > deadline:
-            return state or "FAILED"
-        time.sleep(ACCOUNTING_POLL_S)
-
-
-def slurm_state(job_id: str) -> str:
-    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN."""
-    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    state = parse_squeue_state(queued.stdout) if queued.returncode == 0 else None
-    if state is not None:
-        return state
-    deadline = time.time() + ACCOUNTING_LAG_S
-    while True:
-        acct = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
-        state = parse_sacct_states(acct.stdout)
-        if state is not None:
-            return state
-        if time.time() > deadline:
-            return next(iter(_sacct_states(acct.stdout)), "UNKNOWN")
-        time.sleep(ACCOUNTING_POLL_S)
-
-
-def settled_state(job_id: str) -> str:
-    """The job's state once it is no longer completing: a job requeued (preempted, scontrol requeue) completes
-    before it is pending again, one that ended completes before it is gone."""
-    while (state := slurm_state(job_id)) in ("COMPLETING", "STAGE_OUT"):
-        time.sleep(ALLOCATION_POLL_S)
-    return state
 
 
 def _pid_alive(pid: int) -> bool:

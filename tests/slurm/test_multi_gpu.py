@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.slurm.workers import gpu_rank_on_a_node_without_cuda, report_ranks
-from tula_hpc import launch
+from tula_hpc import launch, slurm_states
 from tula_hpc.files import read_json
 
 pytestmark = pytest.mark.slurm
@@ -53,7 +53,9 @@ def test_two_gpus_per_node_run_two_ranks_per_node_one_per_gpu(slurm_cluster, tmp
     assert "#SBATCH --gpus-per-node=2\n" in script and "#SBATCH --ntasks-per-node=2\n" in script
     # launch.run returns once every rank has left its result; the ranks' exit (gloo teardown) takes a moment more
     ended = wait_for(
-        lambda: (state := launch.slurm_state(job_id)) not in launch.ACTIVE_SLURM_STATES and state, 60, "the job's end"
+        lambda: (state := slurm_states.slurm_state(job_id)) not in slurm_states.ACTIVE_SLURM_STATES and state,
+        60,
+        "the job's end",
     )
     assert ended == "COMPLETED"
     tres = wait_for(lambda: "gres/gpu" in _alloc_tres(job_id) and _alloc_tres(job_id), 30, "sacct's AllocTRES")

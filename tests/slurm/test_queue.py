@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import default_job, wait_for
 from tula_hpc import cluster
-from tula_hpc.launch import slurm_state
 from tula_hpc.selection import select, with_queue_waits
+from tula_hpc.slurm_states import slurm_state
 
 BLOCK_MIN = 10  # the competing job's time limit: Slurm's estimate of when its node is free again
 

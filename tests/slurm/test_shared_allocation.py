@@ -14,7 +14,7 @@ from tests.conftest import unique_job_config, wait_for
 from tests.integration.test_oom import out_of_memory_beside_a_rank_that_never_notices
 from tests.slurm.conftest import measuring_spec, sacct_jobs, step_end_time
 from tests.slurm.workers import hang_the_first_time
-from tula_hpc import launch
+from tula_hpc import launch, slurm_states
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.files import read_json
 
@@ -73,6 +73,6 @@ def test_out_of_memory_on_one_of_two_nodes_ends_the_step_at_once(slurm_cluster, 
         holder = read_json(work / "allocation" / "allocation.json")["job_id"]
         step_end = step_end_time(holder)
         assert step_end - record["recorded_at"] < 15  # rank 0 alone would sleep NEVER_NOTICES_S
-        assert launch.slurm_state(holder) == "RUNNING"
+        assert slurm_states.slurm_state(holder) == "RUNNING"
     finally:
         launch.release_allocation(work)

@@ -17,7 +17,7 @@ from tests.slurm.conftest import sacct_jobs, step_end_time
 from tula_hpc import launch
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.files import read_json
-from tula_hpc.launch import slurm_state
+from tula_hpc.slurm_states import slurm_state
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import submitit
 
-from tula_hpc import launch
+from tests.conftest import fake_commands as _fake_commands
+from tests.unit.test_slurm_states import SACCT_STEPS
+from tula_hpc import launch, slurm_states
 
 DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "slurm"
@@ -23,71 +25,6 @@ RECORDED = DATA / "slurm"
 
 def _recorded(name: str) -> str:
     return (RECORDED / name).read_text()
-
-
-@pytest.mark.parametrize(
-    "job, state",
-    [("pending", "PENDING"), ("running", "RUNNING"), ("completed", None), ("timeout", None), ("oom", None)],
-)
-def test_squeue_gives_the_state_while_slurm_holds_the_job(job, state):
-    assert launch.parse_squeue_state(_recorded(f"{job}.squeue.txt")) == state
-
-
-@pytest.mark.parametrize(
-    "job, state",
-    [
-        ("pending", None),
-        ("running", None),
-        ("completed", "COMPLETED"),
-        ("failed", "FAILED"),
-        ("oom", "OUT_OF_MEMORY"),  # the allocation says FAILED, its step OUT_OF_MEMORY
-        ("cancelled", "CANCELLED"),  # "CANCELLED by 0"
-        ("timeout", "TIMEOUT"),  # its steps say CANCELLED
-    ],
-)
-def test_sacct_gives_how_the_job_ended_and_the_cause_from_a_step(job, state):
-    assert launch.parse_sacct_states(_recorded(f"{job}.sacct.txt")) == state
-
-
-def test_sacct_without_the_job_yet_is_not_an_end():
-    assert launch.parse_sacct_states("") is None
-
-
-def test_a_completed_allocation_is_completed_whatever_a_step_says():
-    assert launch.parse_sacct_states("COMPLETED\nCOMPLETED\nCANCELLED by 0\n") == "COMPLETED"
-
-
-def _fake_commands(tmp_path: Path, monkeypatch, **bodies: str) -> Path:
-    """Shell scripts on PATH that log their arguments to calls.log and then run `body`."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "calls.log"
-    for name, body in bodies.items():
-        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >>{log}\n{body}\n')
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
-    return log
-
-
-def test_slurm_state_waits_for_accounting_to_learn_of_the_end(tmp_path, monkeypatch):
-    """squeue has forgotten the job; sacct knows nothing twice, then the recorded out-of-memory job."""
-    count = tmp_path / "count"
-    log = _fake_commands(
-        tmp_path,
-        monkeypatch,
-        squeue="exit 0",
-        sacct=f'echo x >>{count}; [ "$(wc -l <{count})" -gt 2 ] && cat {RECORDED / "oom.sacct.txt"}; exit 0',
-    )
-    monkeypatch.setattr(launch, "ACCOUNTING_POLL_S", 0.01)
-    assert launch.slurm_state("42") == "OUT_OF_MEMORY"
-    assert log.read_text().splitlines() == ["squeue -h -j 42 -o %T"] + ["sacct -n -P -j 42 -o State"] * 3
-
-
-def test_slurm_state_gives_up_waiting_for_accounting(tmp_path, monkeypatch):
-    _fake_commands(tmp_path, monkeypatch, squeue="echo 'slurm_load_jobs error: Invalid job id' >&2; exit 1", sacct="")
-    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
-    monkeypatch.setattr(launch, "ACCOUNTING_POLL_S", 0.01)
-    assert launch.slurm_state("42") == "UNKNOWN"
 
 
 def _worker() -> None:
@@ -218,7 +155,7 @@ def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, m
     assert launch.hold_allocation(spec) == "77" and launch.hold_allocation(spec) == "77"
     assert sum(line.startswith("sbatch") for line in log.read_text().splitlines()) == 1
     state.write_text("")  # squeue forgot it: accounting says it ended
-    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
     (tmp_path / "bin" / "sbatch").write_text(f'#!/bin/sh\necho "sbatch $*" >>{log}\necho 78\nprintf RUNNING >{state}\n')
     assert launch.hold_allocation(spec) == "78"
     assert launch.release_allocation(tmp_path / "work") and not launch.release_allocation(tmp_path / "work")
@@ -268,7 +205,7 @@ def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, mon
         scontrol=f"echo '{PARTITION}'",
         srun=f'[ "$1" = --jobid=77 ] && touch {tmp_path}/ended\n{srun}',
     )
-    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
     spec = _shared_spec(tmp_path)
     assert launch.run(_answer, {"value": 1}, spec, tmp_path / "work" / "profile", name="profile") == 2
     calls = log.read_text().splitlines()
@@ -292,22 +229,6 @@ def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tm
     step.wait()
 
 
-SACCT_STEPS = """job-allocation|RUNNING
-batch|RUNNING
-extern|RUNNING
-job-profile-N1-B32|FAILED
-job-probe-memory|COMPLETED
-job-profile-N1-B32|OUT_OF_MEMORY
-job-profile-N2-B32|RUNNING
-"""
-
-
-def test_a_steps_end_is_its_last_run_in_accounting():
-    assert launch.parse_step_state(SACCT_STEPS, "job-profile-N1-B32") == "OUT_OF_MEMORY"
-    assert launch.parse_step_state(SACCT_STEPS, "job-profile-N2-B32") is None  # still running
-    assert launch.parse_step_state(SACCT_STEPS, "job-profile-N2-B64") is None  # not in accounting yet
-
-
 @pytest.mark.parametrize(
     ("allocation", "expected"),
     [("RUNNING", ("OUT_OF_MEMORY", False)), ("PENDING", ("REQUEUED", True)), ("", ("TIMEOUT", True))],
@@ -319,7 +240,7 @@ def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_q
     allocation's end (accounting says TIMEOUT) once Slurm has let it go (the measurement goes again)."""
     sacct = f'case "$*" in *JobName*) printf "{SACCT_STEPS}";; *) echo TIMEOUT;; esac'
     _fake_commands(tmp_path, monkeypatch, squeue=f"echo {allocation}", sacct=sacct)
-    monkeypatch.setattr(launch, "ACCOUNTING_LAG_S", 0.05)
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
     step = launch.StepJob(tmp_path, "77", step_name="job-profile-N1-B32")
     assert launch.LAUNCHERS["slurm_shared"].end_state(step) == expected
 

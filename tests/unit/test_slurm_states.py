@@ -1,0 +1,88 @@
+"""slurm_states: squeue's and sacct's words parsed from recorded output; the waits for accounting, on fake commands.
+
+tests/unit/data/slurm/*.txt were recorded on the local cluster by tests/unit/data/slurm/capture.sh.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fake_commands
+from tula_hpc import slurm_states
+
+RECORDED = Path(__file__).parent / "data" / "slurm"
+
+
+def _recorded(name: str) -> str:
+    return (RECORDED / name).read_text()
+
+
+@pytest.mark.parametrize(
+    "job, state",
+    [("pending", "PENDING"), ("running", "RUNNING"), ("completed", None), ("timeout", None), ("oom", None)],
+)
+def test_squeue_gives_the_state_while_slurm_holds_the_job(job, state):
+    assert slurm_states.parse_squeue_state(_recorded(f"{job}.squeue.txt")) == state
+
+
+@pytest.mark.parametrize(
+    "job, state",
+    [
+        ("pending", None),
+        ("running", None),
+        ("completed", "COMPLETED"),
+        ("failed", "FAILED"),
+        ("oom", "OUT_OF_MEMORY"),  # the allocation says FAILED, its step OUT_OF_MEMORY
+        ("cancelled", "CANCELLED"),  # "CANCELLED by 0"
+        ("timeout", "TIMEOUT"),  # its steps say CANCELLED
+    ],
+)
+def test_sacct_gives_how_the_job_ended_and_the_cause_from_a_step(job, state):
+    assert slurm_states.parse_sacct_states(_recorded(f"{job}.sacct.txt")) == state
+
+
+def test_sacct_without_the_job_yet_is_not_an_end():
+    assert slurm_states.parse_sacct_states("") is None
+
+
+def test_a_completed_allocation_is_completed_whatever_a_step_says():
+    assert slurm_states.parse_sacct_states("COMPLETED\nCOMPLETED\nCANCELLED by 0\n") == "COMPLETED"
+
+
+def test_slurm_state_waits_for_accounting_to_learn_of_the_end(tmp_path, monkeypatch):
+    """squeue has forgotten the job; sacct knows nothing twice, then the recorded out-of-memory job."""
+    count = tmp_path / "count"
+    log = fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue="exit 0",
+        sacct=f'echo x >>{count}; [ "$(wc -l <{count})" -gt 2 ] && cat {RECORDED / "oom.sacct.txt"}; exit 0',
+    )
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_POLL_S", 0.01)
+    assert slurm_states.slurm_state("42") == "OUT_OF_MEMORY"
+    assert log.read_text().splitlines() == ["squeue -h -j 42 -o %T"] + ["sacct -n -P -j 42 -o State"] * 3
+
+
+def test_slurm_state_gives_up_waiting_for_accounting(tmp_path, monkeypatch):
+    fake_commands(tmp_path, monkeypatch, squeue="echo 'slurm_load_jobs error: Invalid job id' >&2; exit 1", sacct="")
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_POLL_S", 0.01)
+    assert slurm_states.slurm_state("42") == "UNKNOWN"
+
+
+SACCT_STEPS = """job-allocation|RUNNING
+batch|RUNNING
+extern|RUNNING
+job-profile-N1-B32|FAILED
+job-probe-memory|COMPLETED
+job-profile-N1-B32|OUT_OF_MEMORY
+job-profile-N2-B32|RUNNING
+"""
+
+
+def test_a_steps_end_is_its_last_run_in_accounting():
+    assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N1-B32") == "OUT_OF_MEMORY"
+    assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N2-B32") is None  # still running
+    assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N2-B64") is None  # not in accounting yet
