@@ -43,9 +43,9 @@ NO_MEMORY_PRICE = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 
 
 def steps_worker(jobs: dict, schedule: list[dict]) -> list[dict]:
-    """In a launched process: `profiling.measure` at each scheduled (job, per-device batch), one rank."""
+    """In a launched process: `step_timing.measure` at each scheduled (job, per-device batch), one rank."""
     from tula_hpc.distributed import init_distributed, shutdown
-    from tula_hpc.profiling import measure
+    from tula_hpc.step_timing import measure
 
     job = next(iter(jobs.values()))
     ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
@@ -108,7 +108,7 @@ def step_time_figures(records: list[dict], settings: dict) -> dict:
 
 
 def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict, dict, list[dict]]:
-    """(jobs, grids, records): `profiling.measure` over each case's whole batch axis at N = 1 (the plan stage's
+    """(jobs, grids, records): `step_timing.measure` over each case's whole batch axis at N = 1 (the plan stage's
     grid of a full search), in shuffled rounds inside one launched process."""
     from tula_hpc import launch
     from tula_hpc.data import load_splits

@@ -5,7 +5,7 @@ Models and data: tiny_cnn and resnet18 on the default job's digits (1,258 traini
 cifar_resnet on Fashion-MNIST at 14x14 (54,000 training images, the jobs of bench/generalization_fmnist.py's
 CPU preset), so epochs have the real number of steps. Each model's whole grid here (N in {1, 2} ranks as
 local processes, per-device batch b from 8 to 512) is measured in up to ROUNDS rounds (at least MIN_ROUNDS,
-none that would end after BUDGET_S) with the profile stage's own measurement (`profiling.measure`). Each
+none that would end after BUDGET_S) with the profile stage's own measurement (`step_timing.measure`). Each
 round runs in a shuffled order that mixes models and configurations, inside one pair of long-lived ranks.
 
 Each round then plays the role of one profiling campaign, judged against the other rounds:
@@ -80,7 +80,7 @@ MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempt
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 # What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
 MEASURING_CODE = [
-    f"tula_hpc/{name}.py" for name in ("profiling", "training", "strategies", "models", "data", "distributed", "launch")
+    f"tula_hpc/{name}.py" for name in ("step_timing", "training", "strategies", "models", "data", "distributed", "launch")
 ]
 MODES = ("partial", "adaptive", "full")
 RULED = tuple(f"{mode}/{rule}" for mode in ("partial", "adaptive") for rule in RULES)  # searches under one rule
@@ -166,7 +166,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
 
     from tula_hpc.distributed import Context, init_distributed, shutdown
     from tula_hpc.layout import devices_per_node, ranks_per_host
-    from tula_hpc.profiling import measure
+    from tula_hpc.step_timing import measure
 
     ctx = init_distributed(False)
     alone = Context(0, 1, 0, torch.device("cpu"))

@@ -152,7 +152,7 @@ def _point(c: dict) -> tuple[int, int, int]:
 
 
 def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float | None], grad_bytes: float) -> dict:
-    """A profile record (profiling.measure's keys, plus what profile_one adds) read from a trace row."""
+    """A profile record (step_timing.measure's keys, plus what profile_one adds) read from a trace row."""
     from tula_hpc.layout import candidate_devices, ranks_per_host
 
     devices, nodes, b = candidate_devices(candidate, job), candidate["nodes"], candidate["per_device_batch"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import math
 import os
 import random
@@ -27,7 +28,7 @@ import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
 from .cluster import partition_limits, sbatch_args
-from .files import read_json, write_json
+from .files import StageInputError, read_json, write_json
 from .slurm_states import ACTIVE_SLURM_STATES, settled_state, slurm_state, step_running, step_state
 
 STDERR_TAIL_LINES = 40
@@ -109,6 +110,18 @@ class LaunchSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A stage's worker named by module and function and imported where it runs, on the job's nodes: the stage that
+    submits it and waits (on a login node, one process per measurement in flight) need not import torch."""
+
+    module: str
+    function: str
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.function)(**kwargs)
 
 
 class DistributedTask(submitit.helpers.Checkpointable):
@@ -381,7 +394,11 @@ def release_allocation(work_dir: Path) -> bool:
     record_path = Path(work_dir) / "allocation" / "allocation.json"
     if not record_path.exists():
         return False
-    subprocess.run(["scancel", read_json(record_path)["job_id"]], capture_output=True)
+    try:
+        held = read_json(record_path)
+    except StageInputError:  # given back meanwhile by a stage that finished beside this one
+        return False
+    subprocess.run(["scancel", held["job_id"]], capture_output=True)
     record_path.unlink(missing_ok=True)
     return True
 

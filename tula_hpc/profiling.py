@@ -1,30 +1,7 @@
 """Stage `profile`: a few real DDP training steps at one (nodes, GPUs per node, global batch), timed part by part.
 
-Steps are the job's own training step (training.py, with its strategy) and come in pairs. The first of
-a pair splits the work into data loading, forward+backward without gradient sync, an explicit
-all-reduce of the gradients (in DDP's bucket size) and the strategy's update, so the performance model can fit
-compute and sync separately. The second is the step as training runs it (sync overlapped with
-backward): its time is the step time training will see. Per-step times are the maximum
-over ranks; the profile keeps medians, which one slow step does not move.
-
-Kernels run asynchronously on a GPU: host clocks around the calls that launch them would time the launches.
-A `Clock` marks the phase boundaries and reads the times when the step is done. On CUDA its marks are events
-recorded on the current stream, stamped by the GPU when its work reaches them and read after one
-synchronize at the end of the step; a synchronize at every boundary instead would keep the host from
-queueing the next phase while the GPU runs this one, and so time a slower step than training's. The data
-phase is host work (the loader) and then the non-blocking copy to the device: as every step starts on an
-idle GPU (the previous one waited for its times), its first mark is reached at once and its second when the
-copy is done, so it holds both. The parts, between consecutive marks, add up to the step. Before the barrier
-ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's, on the host), so that
-stragglers wait there, outside every part. On the CPU the marks are `perf_counter` readings.
-
-Shared machines are noisy (the same step measured in separate processes here varies by 10-15 %, and by
-2x while another job runs), so the measurement defends itself:
-- short steps are measured for at least `min_measure_s` seconds (many cheap samples); long steps stop
-  after `steps` pairs (their own length averages the jitter out);
-- it records how much other work disturbed it (`Interference`) and, above `interference_tolerance`,
-  backs off and measures again, up to `max_attempts` times, keeping the quietest attempt; the fit then
-  weighs each profile by how quiet it was.
+Steps are the job's own training step, timed part by part on the candidate's nodes by step_timing.py; this module
+runs on the login node and only submits that worker (named, so that it imports torch on the nodes, not here).
 
 With `--adaptive` the stage runs adaptive search instead: one profile job after another, chosen by the
 performance model (see `adapt`).
@@ -33,293 +10,18 @@ performance model (see `adapt`).
 from __future__ import annotations
 
 import argparse
-import itertools
-import math
-import os
-import re
-import socket
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import psutil
-import torch
-import torch.distributed as dist
-from torch import nn
 
 from . import launch
 from .config import fingerprint
-from .data import loader_options, make_loader
-from .distributed import Context, init_distributed, out_of_memory_ends_job_step, shutdown
 from .files import read_json, write_json
-from .layout import candidate_devices, profile_name, ranks_per_host, steps_per_epoch
+from .layout import candidate_devices, profile_name, ranks_per_host
 from .performance import candidate_row, model_params
-from .preemption import StopRequests
-from .search import adaptive_search
+from .search import adaptive_search, adds_profiles
 from .stage import StageError, stage_main
-from .strategies import build_strategy
-from .training import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp
 
-PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
-MAX_STEPS = 200
-BACKOFF_S = 1.0
-BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb (25): the timed all-reduce's buckets are DDP's size
-
-
-def _batches(loader):
-    for epoch in itertools.count():
-        loader.sampler.set_epoch(epoch)
-        yield from loader
-
-
-def _buckets(grads: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
-    """Consecutive gradients in groups of at most `cap_bytes` together; a larger gradient is a group alone."""
-    buckets: list[list[torch.Tensor]] = []
-    size = cap_bytes  # the first gradient opens a bucket
-    for grad in grads:
-        nbytes = grad.numel() * grad.element_size()
-        if size + nbytes > cap_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(grad)
-        size += nbytes
-    return buckets
-
-
-def _all_reduce_gradients(model: nn.Module, world_size: int, cap_bytes: int = BUCKET_CAP_BYTES) -> None:
-    """Average the gradients over the ranks, one all-reduce per bucket as DDP's: each bucket's gradients are
-    copied into one flat tensor of at most `cap_bytes` (a gradient alone in its bucket is reduced in place), so
-    the profile never holds a second copy of all gradients on the device, which training does not."""
-    for bucket in _buckets([p.grad for p in model.parameters() if p.grad is not None], cap_bytes):
-        flat = bucket[0] if len(bucket) == 1 else torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat)
-        flat /= world_size
-        if len(bucket) > 1:
-            for grad, part in zip(bucket, flat.split([g.numel() for g in bucket])):
-                grad.copy_(part.view_as(grad))
-
-
-def _peak_rss_bytes() -> int:
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
-
-
-def _thread_run_delay_s() -> float:
-    """Time the calling thread has spent runnable but waiting for a CPU (Linux schedstat; 0 elsewhere)."""
-    try:
-        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _machine_id() -> str:
-    """Which physical machine this is. Not the hostname: Slurm nodes in namespaces of one host have their own
-    names but share its CPUs and /proc/stat, and so share a boot id."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return socket.gethostname()
-
-
-def _host_busy_s() -> float:
-    """CPU seconds every process on this host has used since boot (hypervisor steal counts as busy)."""
-    try:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
-    except (OSError, ValueError):
-        return 0.0
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds this rank's process tree has used: the process, the DataLoader workers and anything else it
-    started (live ones read from /proc, ended ones from the kernel's count of waited-for children)."""
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # ended meanwhile: counted with the waited-for children once reaped
-            continue
-        total += times.user + times.system
-    ended = os.times()
-    return total + ended.children_user + ended.children_system
-
-
-class Interference:
-    """How much other work disturbed a measurement: on a shared machine it can double a step time.
-
-    Two views, the larger counts: the share of the measured steps the training thread spent waiting for
-    a CPU (someone runs on our cores), and the share of the host's CPUs that processes outside this
-    profile's ranks and the processes they started (DataLoader workers) used meanwhile (they compete for
-    caches and memory bandwidth even on other cores).
-    """
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.started = (time.perf_counter(), _host_busy_s(), _own_cpu_s())
-        self.waited = self.busy = 0.0
-
-    def around(self, step):
-        """Run `step()`, counting how long the training thread waited for a CPU meanwhile."""
-        before, t0 = _thread_run_delay_s(), time.perf_counter()
-        result = step()
-        self.waited += _thread_run_delay_s() - before
-        self.busy += time.perf_counter() - t0
-        return result
-
-    def share(self) -> float:
-        wall = time.perf_counter() - self.started[0]
-        mine = (
-            _machine_id(),
-            _host_busy_s() - self.started[1],
-            _own_cpu_s() - self.started[2],
-            self.waited / max(self.busy, 1e-9),
-        )
-        everyone = [mine]
-        if self.ctx.world_size > 1:
-            everyone = [None] * self.ctx.world_size
-            dist.all_gather_object(everyone, mine)
-        hosts = {host for host, *_ in everyone}
-        foreign = max(
-            max(busy for host, busy, _, _ in everyone if host == h)
-            - sum(own for host, _, own, _ in everyone if host == h)
-            for h in hosts
-        )
-        return max(foreign / (wall * os.cpu_count()), max(wait for *_, wait in everyone), 0.0)
-
-
-def _max_over_ranks(values: list[float], ctx: Context) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    if ctx.world_size > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-
-def _summary(values: list[float]) -> tuple[float, float]:
-    """Median and interquartile range over the median (0 when there is nothing to spread)."""
-    median = statistics.median(values)
-    if median <= 0 or len(values) < 2:
-        return median, 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return median, (q3 - q1) / median
-
-
-def _profile_loader(job: dict, ctx: Context, splits, per_device_batch: int):
-    """The training loader as the train stage builds it (full batches only: every timed step is one of them)."""
-    return make_loader(
-        splits.train,
-        per_device_batch,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        seed=job["train"]["seed"],
-        shuffle=True,
-        drop_last=True,
-        **loader_options(job, ctx.device),
-    )
-
-
-def _measured_attempts(
-    search: dict, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
-) -> list[tuple[list[list[float]], float]]:
-    """Blocks of `pairs` step pairs, each with how much other work disturbed it (see Interference), measured
-    again after a back-off while that share exceeds search.interference_tolerance, search.max_attempts at most."""
-    attempts = []
-    for attempt in range(search["max_attempts"]):
-        time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
-        interference = Interference(ctx)
-        attempts.append(([step_pair(interference) for _ in range(pairs)], interference.share()))
-        if attempts[-1][1] <= search["interference_tolerance"]:
-            break
-    return attempts
-
-
-def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
-    """Time training steps at `per_device_batch` on the ranks of `ctx`; rank 0 returns the profile."""
-    started = time.perf_counter()
-    search = job["search"]
-    splits, model = build_for_job(job, ctx)
-    net = wrap_ddp(model, ctx)
-    # The job's own strategy and step (training.py): AGS's reference gradients, LARS's norms and PoLo's
-    # hook cost what they cost in training, so the model fitted to these times predicts training.
-    strategy = build_strategy(
-        net,
-        job["train"],
-        per_device_batch * ctx.world_size,
-        steps_per_epoch(len(splits.train), ctx.world_size, per_device_batch),
-        len(splits.train),
-    )
-    loss_fn = nn.CrossEntropyLoss()
-    batches = _batches(_profile_loader(job, ctx, splits, per_device_batch))
-    distributed = ctx.world_size > 1
-    clock = clock_for(ctx.device)
-
-    def split_step() -> list[float]:
-        """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
-        start = clock.mark()
-        x, y = (t.to(ctx.device, non_blocking=True) for t in next(batches))
-        loaded = clock.mark()
-        _, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, sync=False)
-        computed = sync_start = synced = clock.mark()
-        if distributed:
-            clock.wait()  # the barrier is the host's: this rank's GPU must be done too
-            dist.barrier()  # stragglers wait here, not inside the timed all-reduce
-            sync_start = clock.mark()
-            _all_reduce_gradients(model, ctx.world_size)
-            synced = clock.mark()
-        apply_update(net, strategy, loss_fn, x, y, reference_grads)
-        return clock.seconds([(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())])
-
-    stop = StopRequests(ctx.world_size)  # its flag exchange only: signals are the profile job's own concern
-
-    def full_step() -> float:
-        """The training loop's step (sync overlapped with backward, the stop-flag exchange beside it)."""
-        start = clock.mark()
-        loop_step(net, strategy, loss_fn, next(batches), ctx.device, stop)
-        return clock.seconds([(start, clock.mark())])[0]
-
-    warmup = [full_step() for _ in range(max(1, search["warmup_steps"]))]
-    # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
-    pair_s = 2 * max(_max_over_ranks([statistics.median(warmup)], ctx)[0], 1e-6)
-    pairs = min(MAX_STEPS, max(search["steps"], math.ceil(search["min_measure_s"] / pair_s)))
-    attempts = _measured_attempts(
-        search, ctx, lambda interference: interference.around(split_step) + [full_step()], pairs
-    )
-    rows, interference = min(attempts, key=lambda attempt: attempt[1])
-    columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
-    peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
-    noise_scale = strategy.noise_scale.read() if strategy.noise_scale is not None else None
-    if not ctx.is_main:
-        return None
-    per_step = {part: list(values) for part, values in zip(PARTS, columns)}
-    stats = {part: _summary(values) for part, values in per_step.items()}
-    median = {part: m for part, (m, _) in stats.items()}
-    return {
-        "world_size": ctx.world_size,
-        "per_device_batch": per_device_batch,
-        "global_batch": per_device_batch * ctx.world_size,
-        "warmup_steps": len(warmup),
-        "steps": pairs,
-        "median": median,
-        "iqr_over_median": {part: s for part, (_, s) in stats.items()},
-        "per_step": per_step,
-        "samples_per_s": per_device_batch * ctx.world_size / median["step_s"],
-        "peak_rss_bytes": int(peak),
-        "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
-        "measure_wall_s": time.perf_counter() - started,
-        "interference": interference,
-        "attempts_interference": [share for _, share in attempts],
-        "noise_scale": noise_scale,  # B_noise of the overlapped steps' gradients (noise_scale.py); None on one rank
-    }
-
-
-def profile_worker(job: dict, global_batch: int, failure_dir: str | None = None) -> dict | None:
-    """`measure` on every rank; a rank that runs out of memory records it in `failure_dir` and ends the job step."""
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
-    try:
-        with out_of_memory_ends_job_step(failure_dir):
-            return measure(job, ctx, global_batch // ctx.world_size)
-    finally:
-        shutdown()
+PROFILE_WORKER = launch.Worker("tula_hpc.step_timing", "profile_worker")
 
 
 def _out_of_memory_error(
@@ -345,7 +47,7 @@ def profile_one(job: dict, candidate: dict, out: Path, work_dir: Path, max_per_d
     started = time.perf_counter()
     name = profile_name(candidate, job)
     result, out_of_memory = launch.run_or_out_of_memory(
-        profile_worker,
+        PROFILE_WORKER,
         dict(job=job, global_batch=batch),
         spec,
         Path(work_dir) / "profile" / name,
@@ -376,7 +78,23 @@ def profile(
         raise StageError(
             f"job '{job['name']}': (nodes={nodes}, gpus_per_node={gpus}, batch={batch}) is not in the plan {plan_path}"
         )
-    return profile_one(job, candidate, out, work_dir, plan["max_batch_per_device"])
+    result = profile_one(job, candidate, out, work_dir, plan["max_batch_per_device"])
+    if not adds_profiles(job["search"]["mode"]) and _plan_profiled(job, plan, out.parent):
+        _give_back(work_dir)
+    return result
+
+
+def _plan_profiled(job: dict, plan: dict, folder: Path) -> bool:
+    """Whether every profile the plan asks for is written under the job's current settings."""
+    current = fingerprint(job, "profile")
+    paths = [folder / f"{profile_name(c, job)}.json" for c in plan["profile"]]
+    return all(path.exists() and read_json(path).get("fingerprint") == current for path in paths)
+
+
+def _give_back(work_dir: Path) -> None:
+    """The last measurement is written: the measuring allocation goes back now, not when the next stage starts."""
+    if launch.release_allocation(Path(work_dir)):
+        print("[profile] the last measurement is written: gave the measuring allocation back", flush=True)
 
 
 def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
@@ -423,6 +141,7 @@ def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work
         "candidates": len(plan["candidates"]),
     }
     write_json(out, manifest)
+    _give_back(work_dir)
     return manifest
 
 
