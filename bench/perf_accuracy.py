@@ -80,7 +80,8 @@ MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempt
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 # What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
 MEASURING_CODE = [
-    f"tula_hpc/{name}.py" for name in ("step_timing", "training", "strategies", "models", "data", "distributed", "launch")
+    f"tula_hpc/{name}.py"
+    for name in ("step_timing", "training", "strategies", "models", "data", "distributed", "launch")
 ]
 MODES = ("partial", "adaptive", "full")
 RULED = tuple(f"{mode}/{rule}" for mode in ("partial", "adaptive") for rule in RULES)  # searches under one rule
