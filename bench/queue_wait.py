@@ -13,6 +13,8 @@ name, one after another under the same load:
 - shared: allocation shared (one allocation for the measuring phase, each measurement a job step in it);
 - shared_predicted: shared, and the train job asks for its predicted wall time (time_limit predicted);
 - shared_queue: shared, predicted, and objective.queue estimate (each candidate's start from sbatch --test-only).
+- per_stage_adaptive, shared_adaptive: per_stage and shared with search.mode adaptive, which adds one profile after
+  another (per stage, each a job that waits in the queue).
 Per run: wall time to selection.json and to summary.json (from the run's start), the run's Slurm jobs and how many of
 them waited in the queue (sacct Submit to Start over WAITED_S), those of the measuring phase, the shared
 allocation's node-seconds and the share of them no step used (idle), and the train job's time limit.
@@ -43,6 +45,7 @@ from tula_hpc import slurm_states
 LOAD_S = 40  # each competing job's hold on both nodes
 WAITED_S = 5  # a job that started this long after its submission waited in the queue
 DAG_CHANGES = {"train": {"epochs": 12, "lr_milestones": [9]}, "search": {"warmup_steps": 2, "steps": 4}}
+ADAPTIVE = {**DAG_CHANGES["search"], "mode": "adaptive"}
 RUNS = {
     "per_stage": {"resources": {"allocation": "per_stage", "time_limit": "fixed"}},
     "shared": {"resources": {"allocation": "shared", "time_limit": "fixed"}},
@@ -51,6 +54,9 @@ RUNS = {
         "resources": {"allocation": "shared", "time_limit": "predicted"},
         "objective": {"queue": "estimate"},
     },
+    # adaptive search profiles one candidate after another: each a job of its own per stage
+    "per_stage_adaptive": {"resources": {"allocation": "per_stage", "time_limit": "fixed"}, "search": ADAPTIVE},
+    "shared_adaptive": {"resources": {"allocation": "shared", "time_limit": "fixed"}, "search": ADAPTIVE},
 }
 MEASURING = ("-probe-memory", "-profile-", "-allocation")
 
@@ -189,6 +195,13 @@ def main() -> int:
             "summary_wall_ratio_shared_over_per_stage": shared["wall_to_summary_s"] / per_stage["wall_to_summary_s"],
             "idle_node_seconds_share": shared["allocation"]["idle_share"] if shared["allocation"] else None,
             "queue_choice_test_passed": choice_passed,
+        },
+        "adaptive_search": {
+            "summary_wall_ratio_shared_over_per_stage": runs["shared_adaptive"]["wall_to_summary_s"]
+            / runs["per_stage_adaptive"]["wall_to_summary_s"],
+            "measuring_queue_waits_per_stage": runs["per_stage_adaptive"]["measuring_queue_waits"],
+            "measuring_queue_waits_shared": runs["shared_adaptive"]["measuring_queue_waits"],
+            "idle_node_seconds_share": (runs["shared_adaptive"]["allocation"] or {}).get("idle_share"),
         },
         "targets": {
             "measuring_queue_waits_per_job": "1",
