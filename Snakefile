@@ -18,6 +18,10 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+onstart:
+    record_driver()
+
+
 onerror:
     release_measuring_allocations()
 

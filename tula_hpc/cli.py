@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +17,46 @@ STAGES = {
     "evaluate": "tula_hpc.evaluate",
     "report": "tula_hpc.report",
 }
+
+
+DRIVER_RECORD = Path(".snakemake") / "tula-driver.json"
+
+
+def record_driver(workdir: Path = Path(".")) -> None:
+    """Snakemake's onstart (the folder is locked by then, dry runs never get here): which host and process hold the
+    lock, for the next run to tell a stale lock from a live one."""
+    import psutil
+
+    from .files import write_json
+
+    me = psutil.Process()
+    write_json(workdir / DRIVER_RECORD, {"host": socket.gethostname(), "pid": me.pid, "created": me.create_time()})
+
+
+def remove_stale_lock(workdir: Path = Path(".")) -> bool:
+    """The Snakefile's top level, before Snakemake locks the folder: a lock whose recorded driver ran on this host
+    and is gone (SIGKILLed, out of memory, its session closed) is removed, so that the same command resumes the run.
+    A lock of a live driver, of another host (a shared file system) or of no record is kept: Snakemake then says
+    so, and `tula-hpc unlock-stale` remains."""
+    import psutil
+
+    from .files import read_json
+
+    locks, record_path = workdir / ".snakemake" / "locks", workdir / DRIVER_RECORD
+    if not locks.is_dir() or not any(locks.iterdir()) or not record_path.exists():
+        return False
+    driver = read_json(record_path)
+    if driver["host"] != socket.gethostname():
+        return False
+    try:
+        if abs(psutil.Process(driver["pid"]).create_time() - driver["created"]) < 1:
+            return False  # alive
+    except psutil.NoSuchProcess:
+        pass
+    for lock in locks.iterdir():
+        lock.unlink()
+    print(f"removed the lock of a driver that is gone (pid {driver['pid']} on {driver['host']})", file=sys.stderr)
+    return True
 
 
 def unlock_stale(workdir: Path = Path(".")) -> int:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -82,7 +81,6 @@ def test_killed_driver_reattaches_to_the_running_training_job(slurm_run):
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert slurm_state(job_id) == "RUNNING", "the Slurm job must outlive the driver"
-    subprocess.run([sys.executable, "-m", "tula_hpc.cli", "unlock-stale"], cwd=workdir, check=True)
     rerun = snakemake(workdir, config_path)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert [j["job_id"] for j in sacct_jobs(f"{name}-train")] == [first_job, job_id], "a duplicate was submitted"
@@ -102,7 +100,6 @@ def test_a_driver_killed_while_profiling_is_rerun_in_the_same_allocation(slurm_c
     driver.wait()
     [holder] = sacct_jobs(f"{name}-allocation")
     assert slurm_state(holder["job_id"]) == "RUNNING", "the allocation must outlive the driver"
-    subprocess.run([sys.executable, "-m", "tula_hpc.cli", "unlock-stale"], cwd=tmp_path, check=True)
     rerun = snakemake(tmp_path, config_path)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert [h["job_id"] for h in sacct_jobs(f"{name}-allocation")] == [holder["job_id"]]

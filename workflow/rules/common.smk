@@ -6,6 +6,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from tula_hpc import search
+from tula_hpc.cli import record_driver, remove_stale_lock
 from tula_hpc.config import ConfigError, stage_settings, validate_config
 from tula_hpc.layout import profile_name
 
@@ -15,6 +16,8 @@ try:
 except ConfigError as err:
     raise WorkflowError(f"{', '.join(map(str, workflow.configfiles))}: {err}")
 validate(config, "../schemas/jobs.schema.yaml")
+# Before Snakemake locks the folder: the lock a killed driver left is removed, so the same command resumes.
+remove_stale_lock()
 
 JOBS = list(config["jobs"])
 TARGETS = config["targets"] or JOBS  # the jobs `rule all` asks for
