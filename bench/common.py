@@ -15,8 +15,10 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
+import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -199,3 +201,15 @@ def trained_scores(job: dict, model_path: Path) -> dict:
     splits = load_splits(job["data"], job["train"]["seed"])
     val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val, seed=job["train"]["seed"])
     return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}
+
+
+def use_local_cluster() -> None:
+    """Point this process (and what it starts) at the local Slurm cluster `make slurm-up` started."""
+    env = (REPO / "work" / "slurm" / "slurm.env").read_text()
+    os.environ["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", env).group(1)
+
+
+def dag_command(workdir: Path, profile: str) -> list[str]:
+    """This checkout's DAG in `workdir` under profiles/`profile`, with the jobs file workdir/jobs.yaml."""
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
+    return cmd + ["--profile", str(REPO / "profiles" / profile), "--configfile", str(workdir / "jobs.yaml")]

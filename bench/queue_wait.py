@@ -26,7 +26,6 @@ here by pytest on the same cluster).
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
-from common import REPO, bench_config, bench_parser, provenance, write_and_report
+from common import REPO, bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
 
 from tula_hpc import slurm_states
 
@@ -126,8 +125,7 @@ def run_dag(workdir: Path, changes: dict) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
     results = workdir / "results" / name
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
-    cmd += ["--profile", str(REPO / "profiles" / "slurm"), "--configfile", str(workdir / "jobs.yaml")]
+    cmd = dag_command(workdir, "slurm")
     started, to_selection = time.time(), None
     with open(workdir / "snakemake.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -178,8 +176,7 @@ def report(result: dict) -> None:
 
 def main() -> int:
     args = bench_parser(__doc__, "queue_wait.json").parse_args()
-    env = (REPO / "work" / "slurm" / "slurm.env").read_text()
-    os.environ["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", env).group(1)
+    use_local_cluster()
     choice_passed = queue_choice_test()
     load = CompetingLoad()
     load.start()

@@ -4,6 +4,7 @@ the noise estimator's state; every rank's RNG states; what run it belongs to), w
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -64,16 +65,45 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class CheckpointUnreadable(RuntimeError):
+    """Neither the checkpoint nor the one before it can be read; the message names them and what to do."""
+
+
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint a save replaces is kept (checkpoint.previous.pt beside checkpoint.pt)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
 def save_checkpoint(path: Path, checkpoint: dict) -> None:
-    """The one checkpoint dict, written atomically: a kill mid-write leaves the previous checkpoint."""
+    """The one checkpoint dict, written atomically (a kill mid-write leaves the last one whole); the one it replaces
+    is kept as the previous checkpoint, to resume from should this one be damaged later (truncated, corrupted)."""
     with atomic_path(path) as tmp:
         torch.save(checkpoint, tmp)
+        if Path(path).exists():
+            os.replace(path, previous_path(path))
 
 
 def load_checkpoint(path: Path) -> dict | None:
-    if not Path(path).exists():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """The newest checkpoint that can be read: the previous one where the last cannot; None where there is none."""
+    damaged = []
+    for candidate in (Path(path), previous_path(path)):
+        if not candidate.exists():
+            continue
+        try:
+            checkpoint = torch.load(candidate, map_location="cpu", weights_only=False)
+        except Exception as err:  # a damaged file fails in the zip reader, the unpickler or the storage reader
+            damaged.append(f"{candidate} ({type(err).__name__}: {str(err)[:200]})")
+            continue
+        if damaged:
+            print(f"[checkpoint] cannot read {damaged[0]}: resuming from {candidate}", flush=True)
+        return checkpoint
+    if damaged:
+        raise CheckpointUnreadable(
+            f"no checkpoint of this run can be read: {'; '.join(damaged)}. Delete {path} and "
+            f"{previous_path(path)} to train this run from its start, or put back a copy of one of them."
+        )
+    return None
 
 
 class Checkpointer:

@@ -3,9 +3,11 @@
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from tests.conftest import run_on_two_ranks
+from tula_hpc import checkpoint as checkpoint_module
 from tula_hpc.checkpoint import own_rng_state, restore_rng, rng_state, rng_states
 
 
@@ -84,3 +86,20 @@ def test_the_checkpointer_loads_only_its_own_runs_checkpoint(tmp_path, capsys):
     assert "belongs to a different configuration" in capsys.readouterr().out
     assert (tmp_path / "ckpt.pt").exists()  # left alone
     assert Checkpointer(tmp_path / "none.pt", run, ctx).load() is None
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one_and_an_error_names_both_files(tmp_path, capsys):
+    """Each save keeps the checkpoint it replaces; a truncated last one resumes from that, and where neither can be
+    read the error names both files and what to do."""
+    path = tmp_path / "checkpoint.pt"
+    for step in (1, 2, 3):
+        checkpoint_module.save_checkpoint(path, {"step": step})
+    assert checkpoint_module.load_checkpoint(path) == {"step": 3}
+    assert checkpoint_module.load_checkpoint(checkpoint_module.previous_path(path)) == {"step": 2}
+    path.write_bytes(path.read_bytes()[:40])  # truncated after it was written
+    assert checkpoint_module.load_checkpoint(path) == {"step": 2}
+    assert f"cannot read {path}" in capsys.readouterr().out
+    checkpoint_module.previous_path(path).write_bytes(b"not a checkpoint")
+    with pytest.raises(checkpoint_module.CheckpointUnreadable, match=r"Delete .*checkpoint\.pt and .*previous\.pt"):
+        checkpoint_module.load_checkpoint(path)
+    assert checkpoint_module.load_checkpoint(tmp_path / "none.pt") is None
