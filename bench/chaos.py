@@ -9,7 +9,8 @@ same command runs again, up to MAX_RERUNS times, until report.md exists. Faults 
 - kill_driver: SIGKILL of Snakemake and its stages (their process group), as a login session that dies;
 - kill_rank: SIGKILL of rank 1 of a running job of two ranks (a 2-node profile step or the train job);
 - scancel_stage: scancel of a job a stage waits on (the measuring allocation, or the train or evaluate job);
-- corrupt_checkpoint: the driver killed mid-training, the train job cancelled, its checkpoint truncated to half.
+- corrupt_checkpoint: the driver killed mid-training, the train job cancelled, its checkpoint truncated to half
+  (survivable where an older checkpoint exists; where none does, the user must be told which file and what to do).
 Per trial: the fault and its moment (seconds, the stage whose job ran, the checkpoint's epoch and step), whether the
 DAG completed and after how many reruns, the wall time lost against the undisturbed run, training's restarts,
 whether the final weights equal the undisturbed run's (where both chose the same configuration: a fault during
@@ -34,6 +35,7 @@ import yaml
 from common import bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
 
 from tula_hpc import slurm_states
+from tula_hpc.checkpoint import load_checkpoint, previous_path
 
 DAG_CHANGES = {"train": {"epochs": 12, "lr_milestones": [9]}, "search": {"warmup_steps": 2, "steps": 4}}
 MAX_RERUNS = 3
@@ -94,10 +96,9 @@ def moment(workdir: Path, name: str, started: float) -> dict:
     """When a fault landed: seconds after the start, the stage whose job record is newest, the checkpoint then."""
     records = sorted((workdir / "work" / name).glob("*/job.json"), key=lambda p: p.stat().st_mtime)
     where = {"at_s": round(time.time() - started, 1), "stage": records[-1].parent.name if records else None}
-    checkpoint = workdir / "work" / name / "train" / "checkpoint.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state"]
-        where.update(epoch=state["epoch"], step=state["step"])
+    saved = load_checkpoint(workdir / "work" / name / "train" / "checkpoint.pt")  # the previous one mid-save
+    if saved is not None:
+        where.update(epoch=saved["state"]["epoch"], step=saved["state"]["step"])
     return where
 
 
@@ -138,7 +139,7 @@ def corrupt_checkpoint(driver: subprocess.Popen, workdir: Path, name: str, at: f
         subprocess.run(["scancel", job_id], check=True)
         while slurm_states.slurm_state(job_id) in slurm_states.ACTIVE_SLURM_STATES:
             time.sleep(1)
-    where = moment(workdir, name, started)
+    where = {**moment(workdir, name, started), "older_checkpoint": previous_path(checkpoint).exists()}
     checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
     return where
 
@@ -190,6 +191,9 @@ def trial(root: Path, index: int, fault: str, share: float, reference: dict) -> 
     record = {"index": index, "fault": fault, "drawn_share": share, "moment": where, "job": name}
     record.update(completed=finished(workdir, name), reruns=reruns, wall_s=round(time.time() - started, 1))
     record["wall_lost_s"] = round(record["wall_s"] - reference["wall_s"], 1)
+    if not record["completed"]:  # what the user is told: the train log names the damaged files and what to do
+        log = workdir / "logs" / name / "train.log"
+        record["told_what_to_do"] = log.exists() and "no checkpoint of this run can be read" in log.read_text()
     if record["completed"]:
         done = outcome(workdir, name)
         same = done["chosen"] == reference["chosen"]
