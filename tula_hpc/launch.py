@@ -324,8 +324,9 @@ class SharedAllocationLauncher(SlurmLauncher):
 
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
         """While the allocation runs, the step ended by itself (OUT_OF_MEMORY, FAILED, its own TIMEOUT). Else the
-        allocation ended under it (time limit, preemption, a lost node, a cancel) or went back to the queue
-        (REQUEUED: preempted, scontrol requeue): the measurement goes again, once it or a new one runs."""
+        allocation ended under it (time limit, preemption, a lost node) or went back to the queue (REQUEUED:
+        preempted, scontrol requeue): the measurement goes again, once it or a new one runs. An allocation someone
+        cancelled fails the stage."""
         state = settled_state(str(job.job_id))
         if state == "RUNNING":
             return step_state(str(job.job_id), job.step_name), False
