@@ -94,8 +94,10 @@ def rank_pids(name: str, rank: int = 1) -> list[int]:
 
 def moment(workdir: Path, name: str, started: float) -> dict:
     """When a fault landed: seconds after the start, the stage whose job record is newest, the checkpoint then."""
-    records = sorted((workdir / "work" / name).glob("*/job.json"), key=lambda p: p.stat().st_mtime)
-    where = {"at_s": round(time.time() - started, 1), "stage": records[-1].parent.name if records else None}
+    work = workdir / "work" / name
+    records = sorted(work.rglob("job.json"), key=lambda p: p.stat().st_mtime)  # profiles: profile/N1_B32/job.json
+    stage = str(records[-1].parent.relative_to(work)) if records else None
+    where = {"at_s": round(time.time() - started, 1), "stage": stage}
     saved = load_checkpoint(workdir / "work" / name / "train" / "checkpoint.pt")  # the previous one mid-save
     if saved is not None:
         where.update(epoch=saved["state"]["epoch"], step=saved["state"]["step"])
