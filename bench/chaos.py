@@ -1,21 +1,31 @@
 """Benchmark: faults at random moments in the DAG on the local Slurm cluster, each followed by running the same
-command again until the DAG completes (issue 28). `make slurm-up` first; run under flock /tmp/tula-cpu.lock.
+command again until the DAG completes (issue 28). `make slurm-up` first; run as root (it takes nodes down, restarts
+slurmctld and mounts a small file system) under flock /tmp/tula-cpu.lock.
 
-First an undisturbed run; then each trial runs the same DAG (the default digits job, shortened as in
-bench/queue_wait.py) through profiles/slurm in a fresh folder under a fresh job name. A fault kind and a moment
-(seconds after the start, uniform over the undisturbed run's length) are drawn from the seed; at that moment the
-fault lands on what runs then (a fault whose target does not exist yet waits for it, while the DAG runs). Then the
-same command runs again, up to MAX_RERUNS times, until report.md exists. Faults in this version:
+Two jobs: the default digits job, shortened as in bench/queue_wait.py, and a Fashion-MNIST job whose epochs are long
+enough for a fault to land mid-epoch (a share FASHION_MNIST_SHARE of the trials); both checkpoint every step
+(resources.checkpoint_every_steps: 1), as a user who cannot afford to compute a step twice would. Each is run
+undisturbed REFERENCE_RUNS times first (its wall time the median; two runs that chose alike must end bit-equal, or
+no trial's weights could be). Each trial then runs the drawn job through profiles/slurm in a fresh folder under a
+fresh job name. The job, the fault and its moment (seconds after the start, uniform over the undisturbed run's
+length) are drawn from the seed; at that moment the fault lands on what runs then (a fault whose target does not
+exist yet waits for it, while the DAG runs). Then the same command runs again, up to MAX_RERUNS times, until
+report.md exists. Faults:
 - kill_driver: SIGKILL of Snakemake and its stages (their process group), as a login session that dies;
 - kill_rank: SIGKILL of rank 1 of a running job of two ranks (a 2-node profile step or the train job);
 - scancel_stage: scancel of a job a stage waits on (the measuring allocation, or the train or evaluate job);
+- node_down: a node of a running job of the run set DOWN (scontrol), and resumed DOWN_S later;
+- restart_slurmctld: slurmctld stopped (SIGTERM) while a job of the run runs, and started again (up.sh) OUTAGE_S later;
+- full_disk: the run's folder, a tmpfs of TMPFS_SIZE made for the trial, filled up for FULL_S, then freed;
 - corrupt_checkpoint: the driver killed mid-training, the train job cancelled, its checkpoint truncated to half
   (survivable where an older checkpoint exists; where none does, the user must be told which file and what to do).
 Per trial: the fault and its moment (seconds, the stage whose job ran, the checkpoint's epoch and step), whether the
-DAG completed and after how many reruns, the wall time lost against the undisturbed run, training's restarts,
-whether the final weights equal the undisturbed run's (where both chose the same configuration: a fault during
-profiling may change the measurements and so the choice), and the final files that cannot be read. Training steps
-computed twice are not counted in this version (null).
+DAG completed and after how many reruns, the wall time lost against the undisturbed run, training's restarts and
+the steps it computed twice (rank 0 traces each step it runs: train.StepTrace), whether the final weights equal
+the undisturbed run's (where both chose the same configuration: a fault during profiling may change the
+measurements and so the choice), and the final files that cannot be read. After each trial `make slurm-down` and
+`make slurm-up` run: no daemon may outlive the first, and the second must work at once. The result file is written
+after every trial, so a bench stopped early keeps the trials it ran.
 """
 
 from __future__ import annotations
@@ -24,36 +34,74 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import psutil
 import torch
 import yaml
-from common import bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
+from common import REPO, bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
 
 from tula_hpc import slurm_states
 from tula_hpc.checkpoint import load_checkpoint, previous_path
+from tula_hpc.files import write_json
+from tula_hpc.train import STEP_TRACE_ENV
 
-DAG_CHANGES = {"train": {"epochs": 12, "lr_milestones": [9]}, "search": {"warmup_steps": 2, "steps": 4}}
+SEARCH = {"warmup_steps": 2, "steps": 4}
+RESOURCES = {"checkpoint_every_steps": 1}  # a SIGKILL then costs only the step it interrupts
+JOBS = {
+    "digits": {"train": {"epochs": 12, "lr_milestones": [9]}, "search": SEARCH, "resources": RESOURCES},
+    "fashion_mnist": {
+        "data": {"name": "fashion_mnist", "root": None, "image_size": 14},
+        "train": {"epochs": 3, "lr_milestones": [2]},
+        "search": SEARCH,
+        "resources": RESOURCES,
+    },
+}
+FASHION_MNIST_SHARE = 0.25
+REFERENCE_RUNS = 2
 MAX_RERUNS = 3
 FIRST_S = 5  # no fault before Snakemake has started anything
 POLL_S = 0.2
+DOWN_S = 20  # a node down this long: Slurm's jobs on it end, and what was requeued waits for it
+OUTAGE_S = 10  # slurmctld away this long: every squeue of the stages fails meanwhile
+FULL_S = 15  # the file system full this long
+TMPFS_SIZE = "256m"
+SLURM = REPO / "scripts" / "slurm"
+SLURMCTLD_PID = REPO / "work" / "slurm" / "pids" / "slurmctld.pid"
+SLURM_DAEMONS = {"slurmctld", "slurmd", "slurmstepd", "slurmdbd", "munged", "mariadbd"}
 
 
 def start(workdir: Path) -> subprocess.Popen:
-    """The same command every time: the DAG through profiles/slurm, in its own process group."""
-    log = open(workdir / "snakemake.log", "a")  # noqa: SIM115 (the driver's output until it ends)
-    return subprocess.Popen(dag_command(workdir, "slurm"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    """The same command every time: the DAG through profiles/slurm, in its own process group. Its output and rank
+    0's step trace go beside the run's folder, whose file system a fault may fill."""
+    log = open(log_path(workdir), "a")  # noqa: SIM115 (the driver's output until it ends)
+    env = {**os.environ, STEP_TRACE_ENV: str(trace_path(workdir))}
+    return subprocess.Popen(
+        dag_command(workdir, "slurm"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
 
 
-def new_run(root: Path, tag: str) -> tuple[Path, str]:
+def log_path(workdir: Path) -> Path:
+    return workdir.with_name(f"{workdir.name}.snakemake.log")
+
+
+def trace_path(workdir: Path) -> Path:
+    return workdir.with_name(f"{workdir.name}.steps")
+
+
+def new_run(root: Path, tag: str, job: str, own_file_system: bool = False) -> tuple[Path, str]:
+    """A fresh folder (a tmpfs of its own where a fault fills it) holding the jobs file of `job` under a fresh name."""
     workdir, name = root / tag, f"c{uuid.uuid4().hex[:6]}"
-    config = bench_config(as_name=name, **DAG_CHANGES)
+    config = bench_config(as_name=name, **JOBS[job])
     del config["launcher"], config["slurm"]  # the profile's to set, as for any jobs file
     workdir.mkdir(parents=True)
+    if own_file_system:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(workdir)], check=True)
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
     return workdir, name
 
@@ -72,9 +120,15 @@ def wait_until(driver: subprocess.Popen, at: float, target=lambda: True):
 
 
 def our_jobs(name: str, state: str = "RUNNING") -> list[tuple[str, str]]:
-    """(job id, job name) of the run's jobs in `state`."""
+    """(job id, job name) of the run's jobs in `state` (none while slurmctld is away)."""
     out = subprocess.run(["squeue", "-h", "-t", state, "-o", "%i %j"], capture_output=True, text=True).stdout
-    return [tuple(line.split()) for line in out.splitlines() if line.split()[1].startswith(f"{name}-")]
+    return [tuple(line.split()[:2]) for line in out.splitlines() if line.split()[1].startswith(f"{name}-")]
+
+
+def job_nodes(job_id: str) -> list[str]:
+    nodelist = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True).stdout
+    hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist.strip()], capture_output=True, text=True)
+    return hosts.stdout.split()
 
 
 def rank_pids(name: str, rank: int = 1) -> list[int]:
@@ -146,7 +200,79 @@ def corrupt_checkpoint(driver: subprocess.Popen, workdir: Path, name: str, at: f
     return where
 
 
-FAULTS = {fault.__name__: fault for fault in (kill_driver, kill_rank, scancel_stage, corrupt_checkpoint)}
+def node_down(driver: subprocess.Popen, workdir: Path, name: str, at: float, started: float) -> dict | None:
+    """Set DOWN, Slurm ends (and requeues where it may) the jobs on the node; the cluster's ReturnToService=2 would
+    take it back as soon as its slurmd answers, so it is drained too until it is resumed DOWN_S later, as a node that
+    is away that long."""
+    jobs = wait_until(driver, at, lambda: [(i, n, nodes) for i, n in our_jobs(name) if (nodes := job_nodes(i))])
+    if jobs is None:
+        return None
+    _, job_name, nodes = jobs[0]
+    where = {**moment(workdir, name, started), "job": job_name, "node": nodes[-1]}
+    update = ["scontrol", "update", f"nodename={nodes[-1]}"]
+    subprocess.run([*update, "state=down", "reason=chaos bench"], check=True)
+    try:
+        subprocess.run([*update, "state=drain", "reason=chaos bench"], check=True)
+        hold(driver, DOWN_S)
+    finally:
+        subprocess.run([*update, "state=resume"], check=True)
+    return where
+
+
+def restart_slurmctld(driver: subprocess.Popen, workdir: Path, name: str, at: float, started: float) -> dict | None:
+    jobs = wait_until(driver, at, lambda: our_jobs(name))
+    if jobs is None:
+        return None
+    where = {**moment(workdir, name, started), "job": jobs[0][1]}
+    controller = psutil.Process(int(SLURMCTLD_PID.read_text()))
+    controller.terminate()
+    controller.wait(timeout=60)
+    try:
+        hold(driver, OUTAGE_S)
+    finally:
+        subprocess.run(["bash", str(SLURM / "up.sh")], check=True, capture_output=True)
+    return where
+
+
+def full_disk(driver: subprocess.Popen, workdir: Path, name: str, at: float, started: float) -> dict | None:
+    if wait_until(driver, at) is None:
+        return None
+    where = moment(workdir, name, started)
+    filler = workdir / "chaos-filler"
+    with open(filler, "wb", buffering=0) as out:
+        for chunk in (1 << 20, 1 << 12):  # MiBs, then what is left of the last one
+            try:
+                while True:
+                    out.write(bytes(chunk))
+            except OSError:  # ENOSPC: full
+                pass
+    where["filled_bytes"] = filler.stat().st_size
+    try:
+        hold(driver, FULL_S)
+    finally:
+        filler.unlink()
+    return where
+
+
+def hold(driver: subprocess.Popen, seconds: float) -> None:
+    """Let a fault last `seconds`, or until the driver has ended."""
+    until = time.time() + seconds
+    while time.time() < until and driver.poll() is None:
+        time.sleep(POLL_S)
+
+
+FAULTS = {
+    fault.__name__: fault
+    for fault in (
+        kill_driver,
+        kill_rank,
+        scancel_stage,
+        node_down,
+        restart_slurmctld,
+        full_disk,
+        corrupt_checkpoint,
+    )
+}
 
 
 def unreadable(workdir: Path, name: str) -> list[str]:
@@ -178,9 +304,21 @@ def outcome(workdir: Path, name: str) -> dict:
     }
 
 
-def trial(root: Path, index: int, fault: str, share: float, reference: dict) -> dict:
-    """Trial `index`: `fault` at `share` of the way from FIRST_S to 90 % of the undisturbed run's length."""
-    workdir, name = new_run(root, f"trial{index}")
+def trial(root: Path, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
+    """Trial `index`: `fault` at `share` of the way from FIRST_S to 90 % of the undisturbed run's length; then
+    whatever of it is left (the run's jobs, its file system) is taken away."""
+    own_file_system = fault == "full_disk"
+    workdir, name = new_run(root, f"trial{index}", job, own_file_system)
+    try:
+        return run_trial(workdir, name, index, job, fault, share, reference)
+    finally:
+        for job_id, _ in our_jobs(name, "PENDING,RUNNING,REQUEUED,COMPLETING"):
+            subprocess.run(["scancel", job_id], check=False)
+        if own_file_system:
+            subprocess.run(["umount", "--lazy", str(workdir)], check=True)
+
+
+def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
     at_s = FIRST_S + share * (0.9 * reference["wall_s"] - FIRST_S)
     started = time.time()
     driver = start(workdir)
@@ -190,21 +328,20 @@ def trial(root: Path, index: int, fault: str, share: float, reference: dict) -> 
     while not finished(workdir, name) and reruns < MAX_RERUNS:
         reruns += 1
         start(workdir).wait()
-    record = {"index": index, "fault": fault, "drawn_share": share, "moment": where, "job": name}
+    record = {"index": index, "job": job, "fault": fault, "drawn_share": share, "moment": where, "name": name}
     record.update(completed=finished(workdir, name), reruns=reruns, wall_s=round(time.time() - started, 1))
     record["wall_lost_s"] = round(record["wall_s"] - reference["wall_s"], 1)
+    record["steps_repeated"] = steps_repeated(workdir)
     if not record["completed"]:  # what the user is told: the train log names the damaged files and what to do
         log = workdir / "logs" / name / "train.log"
         record["told_what_to_do"] = log.exists() and "no checkpoint of this run can be read" in log.read_text()
     if record["completed"]:
         done = outcome(workdir, name)
         same = done["chosen"] == reference["chosen"]
-        weights = reference["weights"]
-        equal = same and all(torch.equal(done["weights"][k], weights[k]) for k in weights)
         record.update(
             chosen=done["chosen"],
             same_choice=same,
-            bit_equal=bool(equal),
+            bit_equal=same and same_weights(done["weights"], reference["weights"]),
             restarts_at_steps=done["restarts_at_steps"],
             resumed=bool(done["restarts_at_steps"]) or done["resumed_from_epoch"] is not None,
             unreadable_files=unreadable(workdir, name),
@@ -212,41 +349,123 @@ def trial(root: Path, index: int, fault: str, share: float, reference: dict) -> 
     return record
 
 
-def undisturbed(root: Path) -> dict:
-    workdir, name = new_run(root, "undisturbed")
-    started = time.time()
-    if start(workdir).wait() != 0 or not finished(workdir, name):
-        raise SystemExit(f"the undisturbed run failed; read {workdir / 'snakemake.log'}")
-    return {"wall_s": time.time() - started, **outcome(workdir, name)}
+def same_weights(ours: dict, theirs: dict) -> bool:
+    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def steps_repeated(workdir: Path) -> int | None:
+    """Training steps rank 0 ran more than once (the trace holds each step it finished; a step a kill interrupted is
+    not in it); None where training never started."""
+    path = trace_path(workdir)
+    if not path.exists():
+        return None
+    steps = [int(line) for line in path.read_text().split() if line.isdigit()]
+    return len(steps) - len(set(steps))
+
+
+def slurm_cycle() -> dict:
+    """`make slurm-down`, the cluster's daemons still alive right after it (waited out, up to 30 s), then
+    `make slurm-up` at once: whether each worked, and how long it took."""
+    began = time.time()
+    down = subprocess.run(["bash", str(SLURM / "down.sh")], capture_output=True, text=True)
+    cycle = {"down_ok": down.returncode == 0, "down_s": round(time.time() - began, 1)}
+    cycle["alive_after_down"] = alive = [f"{p.info['name']}:{p.pid}" for p in slurm_daemons()]
+    cycle["zombies_after_down"] = len(slurm_daemons(zombies=True))
+    deadline = time.time() + 30
+    while alive and slurm_daemons() and time.time() < deadline:
+        time.sleep(POLL_S)
+    cycle["alive_after_30s"] = [f"{p.info['name']}:{p.pid}" for p in slurm_daemons()]
+    began = time.time()
+    up = subprocess.run(["bash", str(SLURM / "up.sh")], capture_output=True, text=True)
+    cycle.update(up_ok=up.returncode == 0, up_s=round(time.time() - began, 1))
+    if not (cycle["down_ok"] and cycle["up_ok"]):
+        raise SystemExit(f"make slurm-down/up failed between trials: {cycle}\n{down.stderr}\n{up.stderr}")
+    return cycle
+
+
+def slurm_daemons(zombies: bool = False) -> list[psutil.Process]:
+    """The cluster's daemons that run (or, `zombies`, that ended and wait to be reaped). A daemon's parent is gone,
+    so a stopped daemon stays listed until PID 1 reaps it (seconds later in this container): zombies are not alive,
+    and once read as slurmd alive after slurm-down."""
+    return [
+        p
+        for p in psutil.process_iter(["name", "status"])
+        if p.info["name"] in SLURM_DAEMONS and (p.info["status"] == psutil.STATUS_ZOMBIE) == zombies
+    ]
+
+
+def undisturbed(root: Path, job: str, runs: int) -> dict:
+    """`runs` undisturbed runs of `job`: the median wall time, the first run's choice and weights, and whether every
+    run that chose alike ended bit-equal (without which no trial's weights could)."""
+    walls, done = [], []
+    for run in range(runs):
+        workdir, name = new_run(root, f"undisturbed-{job}-{run}", job)
+        started = time.time()
+        if start(workdir).wait() != 0 or not finished(workdir, name):
+            raise SystemExit(f"the undisturbed run failed; read {log_path(workdir)}")
+        walls.append(time.time() - started)
+        done.append({**outcome(workdir, name), "steps_repeated": steps_repeated(workdir)})
+    first = done[0]
+    alike = [d for d in done[1:] if d["chosen"] == first["chosen"]]
+    return {
+        "wall_s": statistics.median(walls),
+        "walls_s": [round(w, 1) for w in walls],
+        "chosen": first["chosen"],
+        "choices": [d["chosen"] for d in done],
+        "weights": first["weights"],
+        "runs_bit_equal": all(same_weights(d["weights"], first["weights"]) for d in alike) if alike else None,
+        "steps_repeated": [d["steps_repeated"] for d in done],
+    }
 
 
 def summarise(trials: list[dict], seed: int) -> dict:
     resumed = [t for t in trials if t.get("resumed") and t.get("same_choice")]
+    repeated = [t["steps_repeated"] for t in trials if t.get("steps_repeated") is not None]
     return {
         "trials": len(trials),
         "completed": sum(t["completed"] for t in trials),
         "manual_steps": sum(not t["completed"] for t in trials),  # not done by the same command, MAX_RERUNS times
         "bad_files_accepted": sum(len(t.get("unreadable_files", [])) for t in trials),
-        "steps_repeated_beyond_one": None,
+        "steps_repeated_beyond_one": sum(repeated) if repeated else None,
         "bit_equal_share": sum(t["bit_equal"] for t in resumed) / len(resumed) if resumed else None,
         "seed": seed,
+        "slurm_cycles_clean": sum(not t["slurm_cycle"]["alive_after_down"] for t in trials if "slurm_cycle" in t),
+        "by_fault": {
+            fault: {
+                "trials": len(of := [t for t in trials if t["fault"] == fault]),
+                "completed": sum(t["completed"] for t in of),
+                "steps_repeated": sum(t.get("steps_repeated") or 0 for t in of),
+                "bit_equal_of_same_choice": [
+                    sum(t.get("bit_equal", False) for t in of),
+                    sum(bool(t.get("same_choice")) for t in of),
+                ],
+            }
+            for fault in sorted({t["fault"] for t in trials})
+        },
     }
 
 
-def draws(seed: int, trials: int) -> list[tuple[str, float]]:
-    """Each trial's fault and moment (its share of the run), from the seed alone: a trial replays by its index."""
-    rng = random.Random(seed)
-    return [(rng.choice(sorted(FAULTS)), rng.random()) for _ in range(trials)]
+def draws(seed: int, trials: int) -> list[tuple[str, str, float]]:
+    """Each trial's job, fault and moment (its share of the run), from the seed alone: a trial replays by its index.
+    Faults come in rounds, each a shuffle of every kind, so that every kind gets its share of the trials."""
+    rng, drawn = random.Random(seed), []
+    while len(drawn) < trials:
+        kinds = sorted(FAULTS)
+        rng.shuffle(kinds)
+        for fault in kinds:
+            drawn.append(("fashion_mnist" if rng.random() < FASHION_MNIST_SHARE else "digits", fault, rng.random()))
+    return drawn[:trials]
 
 
 def report(result: dict) -> None:
     for t in result["trials"]:
         print(
-            f"{t['index']:3d} {t['fault']:18s} {json.dumps(t['moment'])}: "
+            f"{t['index']:3d} {t['job']:13s} {t['fault']:18s} {json.dumps(t['moment'])}: "
             + (f"completed after {t['reruns']} rerun(s)" if t["completed"] else "NOT completed")
             + (f", bit-equal {t['bit_equal']}" if t["completed"] else "")
+            + f", steps repeated {t['steps_repeated']}"
         )
-    print(result["summary"])
+    print(json.dumps(result["summary"], indent=1))
 
 
 def main() -> int:
@@ -254,33 +473,51 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--only", type=int, nargs="+", help="replay these trials of the seed's draws alone")
+    parser.add_argument("--reference-runs", type=int, default=REFERENCE_RUNS)
     args = parser.parse_args()
     use_local_cluster()
     drawn = draws(args.seed, args.trials)
     chosen = args.only if args.only is not None else range(args.trials)
+    settings = {
+        "jobs": JOBS,
+        "fashion_mnist_share": FASHION_MNIST_SHARE,
+        "faults": sorted(FAULTS),
+        "max_reruns": MAX_RERUNS,
+        "down_s": DOWN_S,
+        "outage_s": OUTAGE_S,
+        "full_s": FULL_S,
+        "tmpfs_size": TMPFS_SIZE,
+        "trials": args.trials,
+        "only": args.only,
+        "reference_runs": args.reference_runs,
+    }
+    trials, references = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        reference = undisturbed(Path(tmp))
-        trials = [trial(Path(tmp), i, *drawn[i], reference) for i in chosen]
-    result = {
-        "summary": summarise(trials, args.seed),
+        for index in chosen:
+            job, fault, share = drawn[index]
+            if job not in references:
+                references[job] = undisturbed(Path(tmp), job, args.reference_runs)
+            trials.append(trial(Path(tmp), index, job, fault, share, references[job]))
+            trials[-1]["slurm_cycle"] = slurm_cycle()
+            write_json(args.out, assemble(trials, references, args.seed, settings))  # kept should the bench stop
+    return write_and_report(args.out, assemble(trials, references, args.seed, settings), report)
+
+
+def assemble(trials: list[dict], references: dict, seed: int, settings: dict) -> dict:
+    return {
+        "summary": summarise(trials, seed),
         "targets": {
             "manual_steps": "0",
             "bad_files_accepted": "0",
             "steps_repeated_beyond_one": "0",
             "bit_equal_share": "1",
+            "slurm_cycles_clean": "every trial",
         },
         "trials": trials,
-        "undisturbed": {"wall_s": reference["wall_s"], "chosen": reference["chosen"]},
+        "undisturbed": {job: {k: v for k, v in ref.items() if k != "weights"} for job, ref in references.items()},
         "provenance": provenance(),
-        "settings": {
-            "dag_changes": DAG_CHANGES,
-            "faults": sorted(FAULTS),
-            "max_reruns": MAX_RERUNS,
-            "trials": args.trials,
-            "only": args.only,
-        },
+        "settings": settings,
     }
-    return write_and_report(args.out, result, report)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,13 @@ def save_checkpoint(path: Path, checkpoint: dict) -> None:
 
 def load_checkpoint(path: Path) -> dict | None:
     """The newest checkpoint that can be read: the previous one where the last cannot; None where there is none."""
+    found = newest_readable(path)
+    return None if found is None else found[1]
+
+
+def newest_readable(path: Path) -> tuple[Path, dict] | None:
+    """(the file read, its checkpoint): `path`, or the previous checkpoint where `path` cannot be read; None where
+    there is none; CheckpointUnreadable where neither can be read."""
     damaged = []
     for candidate in (Path(path), previous_path(path)):
         if not candidate.exists():
@@ -97,7 +104,7 @@ def load_checkpoint(path: Path) -> dict | None:
             continue
         if damaged:
             print(f"[checkpoint] cannot read {damaged[0]}: resuming from {candidate}", flush=True)
-        return checkpoint
+        return candidate, checkpoint
     if damaged:
         raise CheckpointUnreadable(
             f"no checkpoint of this run can be read: {'; '.join(damaged)}. Delete {path} and "
@@ -117,6 +124,7 @@ class Checkpointer:
 
     def __init__(self, path: Path, run: dict, ctx) -> None:
         self.path, self.run, self.ctx = Path(path), run, ctx
+        self.loaded_from: Path | None = None  # the file `load` read: the previous checkpoint where the last is damaged
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Every rank hands rank 0 its RNG states (a collective), rank 0 writes, every rank waits for it."""
@@ -136,9 +144,10 @@ class Checkpointer:
 
     def load(self) -> dict | None:
         """The checkpoint of this run, or None (none yet, or one of another configuration, which is left alone)."""
-        checkpoint = load_checkpoint(self.path)
-        if checkpoint is None:
+        found = newest_readable(self.path)
+        if found is None:
             return None
+        self.loaded_from, checkpoint = found
         if checkpoint.get("run") != self.run:
             if self.ctx.is_main:
                 print(f"[train] ignoring checkpoint {self.path}: it belongs to a different configuration", flush=True)

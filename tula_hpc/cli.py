@@ -53,8 +53,7 @@ def remove_stale_lock(workdir: Path = Path(".")) -> bool:
             return False  # alive
     except psutil.NoSuchProcess:
         pass
-    for lock in locks.iterdir():
-        lock.unlink()
+    _remove_locks(locks)
     print(f"removed the lock of a driver that is gone (pid {driver['pid']} on {driver['host']})", file=sys.stderr)
     return True
 
@@ -72,10 +71,14 @@ def unlock_stale(workdir: Path = Path(".")) -> int:
         if "snakemake" in cmdline and proc.info["cwd"] and Path(proc.info["cwd"]).resolve() == here:
             print(f"snakemake (pid {proc.pid}) is running in {here}: lock kept", file=sys.stderr)
             return 0
-    for lock in locks.iterdir():
-        lock.unlink()
+    _remove_locks(locks)
     print(f"removed the stale Snakemake lock in {here} (no Snakemake process was running)", file=sys.stderr)
     return 0
+
+
+def _remove_locks(locks: Path) -> None:
+    for lock in locks.iterdir():
+        lock.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:

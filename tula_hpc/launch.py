@@ -34,7 +34,9 @@ from .slurm_states import ACTIVE_SLURM_STATES, settled_state, slurm_state, step_
 STDERR_TAIL_LINES = 40
 BAD_EXIT_POLL_S = 0.1
 ALLOCATION_POLL_S = 2
-ALLOCATION_REPLACEMENTS = 2  # new allocations a measurement may take after one ended under it
+STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
+ALLOCATION_REPLACEMENTS = 2  # times a stage's work may run again after its job ended under it
+REQUEUED_POLL_S = 5.0  # how often a job Slurm requeued is looked at until it has run again
 
 
 class JobFailed(RuntimeError):
@@ -183,9 +185,13 @@ class Launcher:
         """Return once the job's results can be read (submitit's own wait follows)."""
 
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
-        """How a job without results ended, and whether it ended under the work (which then runs again in a new
-        job) rather than by it (the stage fails)."""
+        """How a job without results ended, and whether it ended under the work (which then runs again: `again`)
+        rather than by it (the stage fails)."""
         return "FAILED", False
+
+    def again(self, job: submitit.Job, task: DistributedTask, spec: LaunchSpec, stage_dir: Path, name: str):
+        """The job that runs the work again after `job` ended under it: a new one."""
+        return _submit(self, task, spec, stage_dir, name)
 
 
 class LocalLauncher(Launcher):
@@ -249,7 +255,17 @@ class SlurmLauncher(Launcher):
         return submitit.SlurmJob(folder=Path(record["folder"]), job_id=record["job_id"], tasks=range(record["tasks"]))
 
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
-        return slurm_state(str(job.job_id)), False  # a requeue is submitit's, inside the job
+        """A job still active has been requeued by Slurm itself (a node it ran on failed, JobRequeue): it runs
+        again. submitit's own requeues (time limit, preemption) happen inside the job and never end it."""
+        state = settled_state(str(job.job_id))
+        return ("REQUEUED", True) if state in ACTIVE_SLURM_STATES else (state, False)
+
+    def again(self, job: submitit.Job, task: DistributedTask, spec: LaunchSpec, stage_dir: Path, name: str):
+        """The same job, once it has run again: submitit's watcher took its first end for its last (sacct said
+        NODE_FAIL), so it is waited for here."""
+        while settled_state(str(job.job_id)) in ACTIVE_SLURM_STATES:
+            time.sleep(REQUEUED_POLL_S)
+        return job
 
 
 class StepJob(submitit.SlurmJob):
@@ -279,6 +295,7 @@ class SharedAllocationLauncher(SlurmLauncher):
     with the allocation; --kill-on-bad-exit ends the step when a rank dies, as for the per-stage jobs."""
 
     name = "slurm_shared"
+    again = Launcher.again  # a step is never requeued by itself: it runs again as a new step, in the allocation
 
     def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
         holder = hold_allocation(spec)
@@ -302,9 +319,17 @@ class SharedAllocationLauncher(SlurmLauncher):
         return job if all(_ended_well(job, rank) for rank in range(job.num_tasks)) else None
 
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
-        if job.process is not None:
-            job.process.wait()
-        while self._srun_alive(job) or (job.process is None and step_running(job.job_id, job.step_name)):
+        """Until the step has ended, or every rank's result is written: srun, which ends with the step, first tells
+        slurmctld so, and while slurmctld is away (restarted) it retries for a minute or more after its return."""
+        while not all(job.task(rank).paths.result_pickle.exists() for rank in range(job.num_tasks)):
+            if job.process is not None:  # our srun
+                try:
+                    job.process.wait(timeout=STEP_POLL_S)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+            if not (self._srun_alive(job) or step_running(job.job_id, job.step_name)):  # a re-attached step's
+                return
             time.sleep(ALLOCATION_POLL_S)
 
     @staticmethod
@@ -477,11 +502,11 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
             results = launcher.results(job)
             break
         except (FailedJobError, UncompletedJobError) as err:
-            state, ended_under_us = launcher.end_state(job)
-            if not ended_under_us or replacements == ALLOCATION_REPLACEMENTS:
+            state, runs_again = launcher.end_state(job)
+            if not runs_again or replacements == ALLOCATION_REPLACEMENTS:
                 raise _failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
-            print(f"[tula-hpc] allocation {job.job_id} ended {state} under {name}: again in a new one", flush=True)
-            job = _submit(launcher, task, spec, stage_dir, name)
+            print(f"[tula-hpc] {launcher.name} job {job.job_id} ended {state} under {name}: it runs again", flush=True)
+            job = launcher.again(job, task, spec, stage_dir, name)
     _echo_rank0_output(job)
     return results[0]
 

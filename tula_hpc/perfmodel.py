@@ -127,7 +127,9 @@ def fit_model(
     work_dir: Path | None = None,
 ) -> dict:
     """perfmodel.json from the plan's profiles and, for adaptive search, the profiles adaptive.json added. Every
-    measurement is written by now: the measuring phase's shared allocation (if any) is given back first."""
+    measurement is written by now: the measuring phase's shared allocation (if any) is given back first. The last
+    planned profile (or adapt) has usually given it back already; releasing is idempotent, and this covers a profile
+    rerun alone (its plan's last profile was written by an earlier run)."""
     if work_dir is not None and launch.release_allocation(Path(work_dir)):
         print("[fit-model] gave the measuring allocation back", flush=True)
     plan, memory = read_json(plan_path), read_json(memory_path)

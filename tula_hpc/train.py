@@ -1,5 +1,5 @@
-"""Stage `train`: DDP training at the selected (nodes, GPUs per node, global batch), checkpointed every epoch and
-at the step where a signal asks the job to stop (preemption.py).
+"""Stage `train`: DDP training at the selected (nodes, GPUs per node, global batch), checkpointed every epoch, every
+resources.checkpoint_every_steps steps if set, and at the step where a signal asks the job to stop (preemption.py).
 
 Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up are
 training.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
@@ -44,6 +45,7 @@ from .strategies import build_strategy
 from .training import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
 
 LOOP_LOG_EVERY_S = 10.0
+STEP_TRACE_ENV = "TULA_STEP_TRACE"
 
 
 class LoopClock:
@@ -61,6 +63,20 @@ class LoopClock:
         if self.path is not None and (force or self.spent - self.logged >= LOOP_LOG_EVERY_S):
             append_jsonl(self.path, {"session": self.session, "loop_s": self.spent})
             self.logged = self.spent
+
+
+class StepTrace:
+    """Each step rank 0 finishes, appended as its number to the file TULA_STEP_TRACE names (none when unset): what
+    bench/chaos.py counts to find steps computed twice, which no log kept every LOOP_LOG_EVERY_S can tell after a
+    SIGKILL. One unbuffered line per step, so a kill loses none that finished."""
+
+    def __init__(self, is_main: bool):
+        path = os.environ.get(STEP_TRACE_ENV)
+        self.file = open(path, "a", buffering=1) if path and is_main else None  # noqa: SIM115 (open for the run)
+
+    def add(self, step: int) -> None:
+        if self.file is not None:
+            self.file.write(f"{step}\n")
 
 
 def loop_time_s(path: Path) -> float:
@@ -207,6 +223,7 @@ class Trainer:
             if self.resumed_from is None and loop_log_path is not None:
                 write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
         self.clock = LoopClock(loop_log_path if ctx.is_main else None)
+        self.trace = StepTrace(ctx.is_main)
         with StopRequests(ctx.world_size) as stop:
             while state.epoch < self.epochs and not self.strategy.finished():
                 loss, epoch_time, stopping = self.run_epoch(stop)
@@ -223,7 +240,7 @@ class Trainer:
         asked to stop).
 
         Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
-        own checkpoint does it. The time of a step's work still queued on the device counts (`device.wait`).
+        own checkpoint does it. Every resources.checkpoint_every_steps steps (if set) it is saved too. The time of a step's work still queued on the device counts (`device.wait`).
         """
         state, clock, per_device = self.state, self.clock, self.per_device
         start_epoch(self.loader, state.epoch, state.samples_done)
@@ -238,21 +255,28 @@ class Trainer:
                 )
                 loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
                 state.step, batches_done = state.step + 1, batches_done + 1
-                saving = stopping and batches_done < self.steps_per_epoch
+                self.trace.add(state.step)
+                saving = (stopping or self.checkpoint_due(state.step)) and batches_done < self.steps_per_epoch
                 if saving:
                     self.device_clock.wait()
                 now = time.perf_counter()
                 clock.add(now - started, force=saving)
-                started = now
                 if saving:
                     self.save(batches_done * per_device, clock.spent - spent_before, self.batches.waited)
-                    stop.leave(self.ctx.rank)
+                    if stopping:
+                        stop.leave(self.ctx.rank)
+                started = time.perf_counter()  # a save's time is not the loop's
                 if self.strategy.finished():  # its progress is made mid-epoch: the epoch ends here
                     break
             self.device_clock.wait()
         finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
             clock.add(time.perf_counter() - started, force=True)
         return loss_sum / max(steps, 1), clock.spent - spent_before, stopping
+
+    def checkpoint_due(self, step: int) -> bool:
+        """resources.checkpoint_every_steps: the same steps on every rank, so that they save together."""
+        every = self.job["resources"]["checkpoint_every_steps"]
+        return every is not None and step % every == 0
 
     def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
         """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps) and
@@ -308,7 +332,7 @@ class Trainer:
         restore_rng(own_rng_state(checkpoint["rng"], self.ctx.rank, self.ctx.world_size))
         if self.ctx.is_main:
             print(
-                f"[train] resuming from checkpoint {self.checkpointer.path} at epoch {state.epoch} "
+                f"[train] resuming from checkpoint {self.checkpointer.loaded_from} at epoch {state.epoch} "
                 f"({state.samples_done} samples per rank into it), step {state.step}",
                 flush=True,
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.slurm.conftest import measuring_spec
-from tests.slurm.workers import all_reduce_for, hold_memory
+from tests.slurm.workers import all_reduce_for, hang_the_first_time, hold_memory
 from tula_hpc import launch
 from tula_hpc.files import read_json
 
@@ -71,3 +72,33 @@ def test_a_job_over_its_memory_limit_is_reported_out_of_memory(slurm_cluster, tm
     spec, work = measuring_spec(request, tmp_path, allocation, nodes=1, time_min=5, mem_gb=0.25)
     with pytest.raises(launch.JobFailed, match=r"job \d+ ended OUT_OF_MEMORY; read .*_log\.err"):
         launch.run(hold_memory, {"megabytes": 1024}, spec, work, name="over-mem")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allocation", ALLOCATIONS)
+def test_a_node_set_down_under_a_job_requeues_it_and_the_stage_waits_for_it(
+    slurm_cluster, tmp_path, request, allocation
+):
+    """bench/chaos.py found it: Slurm requeues a job whose node went DOWN (JobRequeue) under the same id, and
+    submitit's watcher took its NODE_FAIL for its end, so the stage failed ("ended PENDING") while its job was
+    queued to run again. Now the stage waits for it (the shared allocation: its step runs again in it)."""
+    spec, work = measuring_spec(request, tmp_path, allocation, nodes=1, time_min=10, mem_gb=0.5)
+    marker, outcome = tmp_path / "marker", {}
+
+    def run_stage():
+        try:
+            outcome["job"] = launch.run(hang_the_first_time, {"marker": str(marker), "seconds": 600}, spec, work, "n")
+        except launch.JobFailed as err:
+            outcome["error"] = str(err)
+
+    stage = threading.Thread(target=run_stage)
+    stage.start()
+    job_id = wait_for(lambda: marker.exists() and marker.read_text(), 120, "the job to run")
+    nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True).stdout
+    node = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True).stdout.split()[0]
+    update = ["scontrol", "update", f"nodename={node}"]
+    subprocess.run([*update, "state=down", "reason=test"], check=True)
+    request.addfinalizer(lambda: subprocess.run([*update, "state=resume"], capture_output=True))  # if not back yet
+    stage.join(timeout=240)
+    assert not stage.is_alive(), "the stage still waits after its job was requeued"
+    assert outcome.get("job") == int(job_id), outcome  # the same job (the same allocation) ran the work again

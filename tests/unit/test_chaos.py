@@ -16,12 +16,14 @@ sys.path.remove(str(BENCH))
 
 
 def test_the_summary_counts_what_was_lost_and_compares_weights_only_where_a_trial_resumed_alike():
+    clean, lingering = {"alive_after_down": []}, {"alive_after_down": ["slurmd:12"]}
+    done = {"completed": True, "resumed": True, "same_choice": True, "unreadable_files": [], "slurm_cycle": clean}
     trials = [
-        {"completed": True, "resumed": True, "same_choice": True, "bit_equal": True, "unreadable_files": []},
-        {"completed": True, "resumed": True, "same_choice": True, "bit_equal": False, "unreadable_files": ["a"]},
-        {"completed": True, "resumed": True, "same_choice": False, "bit_equal": False, "unreadable_files": []},
-        {"completed": True, "resumed": False, "same_choice": True, "bit_equal": True, "unreadable_files": []},
-        {"completed": False},
+        {**done, "fault": "kill_rank", "bit_equal": True, "steps_repeated": 4},
+        {**done, "fault": "kill_rank", "bit_equal": False, "unreadable_files": ["a"], "steps_repeated": 0},
+        {**done, "fault": "node_down", "same_choice": False, "bit_equal": False, "steps_repeated": None},
+        {**done, "fault": "node_down", "resumed": False, "bit_equal": True, "slurm_cycle": lingering},
+        {"fault": "full_disk", "completed": False, "steps_repeated": 2, "slurm_cycle": clean},
     ]
     summary = chaos.summarise(trials, seed=7)
     assert summary == {
@@ -29,10 +31,24 @@ def test_the_summary_counts_what_was_lost_and_compares_weights_only_where_a_tria
         "completed": 4,
         "manual_steps": 1,
         "bad_files_accepted": 1,
-        "steps_repeated_beyond_one": None,
+        "steps_repeated_beyond_one": 6,
         "bit_equal_share": 0.5,
         "seed": 7,
+        "slurm_cycles_clean": 4,
+        "by_fault": {
+            "full_disk": {"trials": 1, "completed": 0, "steps_repeated": 2, "bit_equal_of_same_choice": [0, 0]},
+            "kill_rank": {"trials": 2, "completed": 2, "steps_repeated": 4, "bit_equal_of_same_choice": [1, 2]},
+            "node_down": {"trials": 2, "completed": 2, "steps_repeated": 0, "bit_equal_of_same_choice": [1, 1]},
+        },
     }
+
+
+def test_steps_run_twice_are_counted_from_rank_0s_trace(tmp_path):
+    workdir = tmp_path / "trial0"
+    assert chaos.steps_repeated(workdir) is None  # training never started
+    # steps 1-7, a kill, resumed from the checkpoint at step 5; a line the kill cut short is not a step
+    chaos.trace_path(workdir).write_text("1\n2\n3\n4\n5\n6\n7\n6\n6\n7\n8\n")
+    assert chaos.steps_repeated(workdir) == 3
 
 
 def test_a_final_file_that_cannot_be_read_back_is_named(tmp_path):
@@ -49,8 +65,18 @@ def test_a_final_file_that_cannot_be_read_back_is_named(tmp_path):
 
 
 def test_each_fault_has_its_function_and_the_draws_replay_from_the_seed():
-    assert sorted(chaos.FAULTS) == ["corrupt_checkpoint", "kill_driver", "kill_rank", "scancel_stage"]
+    assert sorted(chaos.FAULTS) == [
+        "corrupt_checkpoint",
+        "full_disk",
+        "kill_driver",
+        "kill_rank",
+        "node_down",
+        "restart_slurmctld",
+        "scancel_stage",
+    ]
     assert all(chaos.FAULTS[name].__name__ == name for name in chaos.FAULTS)
-    assert chaos.draws(28, 40)[:5] == chaos.draws(28, 5)  # a trial is replayed alone by its index
-    assert len({fault for fault, _ in chaos.draws(28, 40)}) == len(chaos.FAULTS)
-    assert all(0 <= share < 1 for _, share in chaos.draws(28, 40))
+    drawn = chaos.draws(28, 40)
+    assert drawn[:5] == chaos.draws(28, 5)  # a trial is replayed alone by its index
+    assert {fault for _, fault, _ in drawn} == set(chaos.FAULTS)  # the default run meets every fault
+    assert {job for job, _, _ in drawn} == set(chaos.JOBS)
+    assert all(0 <= share < 1 for _, _, share in drawn)

@@ -246,23 +246,44 @@ def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_q
 
 
 def test_a_step_whose_srun_died_with_the_driver_is_waited_for_in_slurm_not_measured_again(tmp_path, monkeypatch):
-    """The record's srun is gone; Slurm still lists the step (twice), then not; its result is read, nothing is
-    submitted. A step that finished while no driver ran is read the same way."""
+    """The record's srun is gone; Slurm still lists the step, which writes its result on the second look; the result
+    is read then (the step's end may wait on a slurmctld that is away), and nothing is submitted. A step that
+    finished while no driver ran is read the same way."""
     from submitit.core.utils import cloudpickle_dump
 
-    count = tmp_path / "count"
-    log = _fake_commands(
-        tmp_path, monkeypatch, squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 2 ] && echo job-profile; exit 0'
+    count, stage_dir = tmp_path / "count", tmp_path / "profile"
+    folder, written = stage_dir / "submit-x", tmp_path / "result.pkl"
+    squeue = (
+        f'echo x >>{count}; [ "$(wc -l <{count})" -eq 2 ] && mv {written} {folder}/77_0_result.pkl; echo job-profile'
     )
+    log = _fake_commands(tmp_path, monkeypatch, squeue=squeue)
     monkeypatch.setattr(launch, "ALLOCATION_POLL_S", 0.01)
-    stage_dir, folder = tmp_path / "profile", tmp_path / "profile" / "submit-x"
     folder.mkdir(parents=True)
     dead = subprocess.Popen(["true"])
     dead.wait()
     record = {"launcher": "slurm_shared", "name": "job-profile", "pid": dead.pid, "job_id": "77"}
     (stage_dir / "job.json").write_text(json.dumps({**record, "folder": str(folder), "tasks": 1}))
     (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\nexit 1\n")  # a submission would fail the test
-    cloudpickle_dump(("success", 5), folder / "77_0_result.pkl")
+    cloudpickle_dump(("success", 5), written)
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
-    assert log.read_text().count("squeue -h -s -j 77") == 3  # reattach, then wait until it is gone
+    assert log.read_text().count("squeue -h -s -j 77") == 2  # reattach, then wait until its result is written
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
+
+
+def test_a_slurm_job_slurm_requeued_itself_is_waited_for_again_not_submitted_again(tmp_path, monkeypatch):
+    """A lost node ends the job NODE_FAIL and Slurm queues it again under the same id (submitit's watcher took the
+    first end for the last): the stage waits for that job while squeue lists it; one squeue forgets is over."""
+    count = tmp_path / "count"
+    _fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 3 ] && echo PENDING; exit 0',
+        sacct="echo COMPLETED",
+        sbatch="exit 1",  # nothing may be submitted
+    )
+    monkeypatch.setattr(launch, "REQUEUED_POLL_S", 0.01)
+    slurm, job = launch.LAUNCHERS["slurm"], submitit.SlurmJob(tmp_path, "88")
+    assert slurm.end_state(job) == ("REQUEUED", True)  # the first squeue
+    assert slurm.again(job, None, launch.LaunchSpec("slurm"), tmp_path, "train") is job
+    assert count.read_text().count("x") == 4  # listed twice more, then gone
+    assert slurm.end_state(job) == ("COMPLETED", False)

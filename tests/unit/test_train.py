@@ -15,7 +15,15 @@ from tests.conftest import default_job
 from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
-from tula_hpc.train import LoopClock, TimedBatches, _next_attempt, after_out_of_memory, loop_time_s, train_worker
+from tula_hpc.train import (
+    STEP_TRACE_ENV,
+    LoopClock,
+    TimedBatches,
+    _next_attempt,
+    after_out_of_memory,
+    loop_time_s,
+    train_worker,
+)
 from tula_hpc.training_report import strategy_section
 
 
@@ -82,12 +90,19 @@ def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkey
         return evaluate(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "evaluate_accuracy", crash_in_third_epoch)
+    trace = tmp_path / "steps.trace"
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     with pytest.raises(RuntimeError, match="node lost"):
         _run_training(copy.deepcopy(job), tmp_path / "split")
     monkeypatch.setattr(train_module, "evaluate_accuracy", evaluate)
     summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split")
 
     assert summary["resumed_from_epoch"] == 2
+    steps = [int(step) for step in trace.read_text().split()]  # epoch 3's steps ran before the crash, and again
+    second_run = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    crashed_at, resumed_at = steps[second_run - 1], summary["resumed_from_step"]
+    assert steps == [*range(1, crashed_at + 1), *range(resumed_at + 1, summary["steps"] + 1)]
+    assert crashed_at - resumed_at > 0
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
 
@@ -100,17 +115,49 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
 
     _requeue_signal_during_step(monkeypatch, 12)
+    trace = tmp_path / "steps.trace"
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     with pytest.raises(Preempted):
         _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
     monkeypatch.undo()
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)
     # Steps are agreed on before they start: the signal noted during step 12 stops the run after step 13.
     assert (saved["state"]["epoch"], saved["state"]["step"], saved["state"]["samples_done"]) == (1, 13, 3 * 128)
     summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
 
     assert summary["restarts_at_steps"] == [13] and summary["resumed_from_step"] == 13
+    assert [int(step) for step in trace.read_text().split()] == list(range(1, 31))  # no step ran twice
     assert [h["step"] for h in summary["history"]] == [10, 20, 30]
     assert signal.getsignal(REQUEUE_SIGNAL) == signal.SIG_DFL  # the loop gives the handlers back
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+def test_a_kill_without_warning_costs_at_most_the_steps_since_the_last_interval_checkpoint(tmp_path, monkeypatch):
+    """resources.checkpoint_every_steps: 3. A crash in step 15 (no signal: nothing is saved on the way out) resumes
+    from step 12's checkpoint, so steps 13 and 14 run twice, and the weights end as an uninterrupted run's."""
+    job = default_job(train=dict(strategy="ags", epochs=3, lr_milestones=[2]), resources=dict(checkpoint_every_steps=3))
+    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
+
+    step, calls = training_module.training_step, []
+
+    def crash_in_step_15(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 15:
+            raise RuntimeError("node lost")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training_module, "training_step", crash_in_step_15)
+    trace = tmp_path / "steps.trace"
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
+    with pytest.raises(RuntimeError, match="node lost"):
+        _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+    monkeypatch.setattr(training_module, "training_step", step)
+    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+
+    assert summary["restarts_at_steps"] == [12]
+    assert [int(s) for s in trace.read_text().split()] == [*range(1, 15), *range(13, 31)]
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
 
