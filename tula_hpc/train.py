@@ -240,7 +240,8 @@ class Trainer:
         asked to stop).
 
         Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
-        own checkpoint does it. Every resources.checkpoint_every_steps steps (if set) it is saved too. The time of a step's work still queued on the device counts (`device.wait`).
+        own checkpoint does it. Every resources.checkpoint_every_steps steps (if set) it is saved too. The time of
+        a step's work still queued on the device counts (`device.wait`).
         """
         state, clock, per_device = self.state, self.clock, self.per_device
         start_epoch(self.loader, state.epoch, state.samples_done)
