@@ -7,10 +7,10 @@ enough for a fault to land mid-epoch (a share FASHION_MNIST_SHARE of the trials)
 (resources.checkpoint_every_steps: 1), as a user who cannot afford to compute a step twice would. Each is run
 undisturbed REFERENCE_RUNS times first (its wall time the median; two runs that chose alike must end bit-equal, or
 no trial's weights could be). Each trial then runs the drawn job through profiles/slurm in a fresh folder under a
-fresh job name. The job, the fault and its moment (seconds after the start, uniform over the undisturbed run's
-length) are drawn from the seed; at that moment the fault lands on what runs then (a fault whose target does not
-exist yet waits for it, while the DAG runs). Then the same command runs again, up to MAX_RERUNS times, until
-report.md exists. Faults:
+fresh job name. The job, the fault and its moment (seconds after the start, uniform over the span of the undisturbed
+run in which the fault's target existed) are drawn from the seed; at that moment the fault lands on what runs then
+(a fault whose target does not exist yet waits for it, while the DAG runs). Then the same command runs again, up to
+MAX_RERUNS times, until report.md exists. Faults:
 - kill_driver: SIGKILL of Snakemake and its stages (their process group), as a login session that dies;
 - kill_rank: SIGKILL of rank 1 of a running job of two ranks (a 2-node profile step or the train job);
 - scancel_stage: scancel of a job a stage waits on (the measuring allocation, or the train or evaluate job);
@@ -57,12 +57,12 @@ JOBS = {
     "digits": {"train": {"epochs": 12, "lr_milestones": [9]}, "search": SEARCH, "resources": RESOURCES},
     "fashion_mnist": {
         "data": {"name": "fashion_mnist", "root": None, "image_size": 14},
-        "train": {"epochs": 3, "lr_milestones": [2]},
+        "train": {"epochs": 2, "lr_milestones": [1]},
         "search": SEARCH,
         "resources": RESOURCES,
     },
 }
-FASHION_MNIST_SHARE = 0.25
+FASHION_MNIST_SHARE = 0.2
 REFERENCE_RUNS = 2
 MAX_RERUNS = 3
 FIRST_S = 5  # no fault before Snakemake has started anything
@@ -305,8 +305,9 @@ def outcome(workdir: Path, name: str) -> dict:
 
 
 def trial(root: Path, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
-    """Trial `index`: `fault` at `share` of the way from FIRST_S to 90 % of the undisturbed run's length; then
-    whatever of it is left (the run's jobs, its file system) is taken away."""
+    """Trial `index`: `fault` at `share` of the way through its window in the undisturbed run (when its target
+    existed; from FIRST_S to 90 % of the run where it never did); then whatever of it is left (the run's jobs, its
+    file system) is taken away."""
     own_file_system = fault == "full_disk"
     workdir, name = new_run(root, f"trial{index}", job, own_file_system)
     try:
@@ -319,7 +320,8 @@ def trial(root: Path, index: int, job: str, fault: str, share: float, reference:
 
 
 def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
-    at_s = FIRST_S + share * (0.9 * reference["wall_s"] - FIRST_S)
+    first_s, last_s = reference["windows_s"].get(fault, (FIRST_S, 0.9 * reference["wall_s"]))
+    at_s = max(FIRST_S, first_s) + share * (last_s - max(FIRST_S, first_s))
     started = time.time()
     driver = start(workdir)
     where = FAULTS[fault](driver, workdir, name, started + at_s, started)
@@ -397,11 +399,12 @@ def slurm_daemons(zombies: bool = False) -> list[psutil.Process]:
 def undisturbed(root: Path, job: str, runs: int) -> dict:
     """`runs` undisturbed runs of `job`: the median wall time, the first run's choice and weights, and whether every
     run that chose alike ended bit-equal (without which no trial's weights could)."""
-    walls, done = [], []
+    walls, done, windows = [], [], []
     for run in range(runs):
         workdir, name = new_run(root, f"undisturbed-{job}-{run}", job)
-        started = time.time()
-        if start(workdir).wait() != 0 or not finished(workdir, name):
+        started, driver = time.time(), start(workdir)
+        windows.append(targets_seen(driver, workdir, name))
+        if driver.wait() != 0 or not finished(workdir, name):
             raise SystemExit(f"the undisturbed run failed; read {log_path(workdir)}")
         walls.append(time.time() - started)
         done.append({**outcome(workdir, name), "steps_repeated": steps_repeated(workdir)})
@@ -415,7 +418,28 @@ def undisturbed(root: Path, job: str, runs: int) -> dict:
         "weights": first["weights"],
         "runs_bit_equal": all(same_weights(d["weights"], first["weights"]) for d in alike) if alike else None,
         "steps_repeated": [d["steps_repeated"] for d in done],
+        "windows_s": windows[0],
     }
+
+
+def targets_seen(driver: subprocess.Popen, workdir: Path, name: str) -> dict[str, list[float]]:
+    """From when to when (seconds after the start) each fault's target existed in this run: a trial's moment is
+    drawn in its fault's window, so that the fault lands (a rank of two exists only in 2-node profiles and
+    training, a checkpoint worth damaging only while training runs)."""
+    started, seen = time.time(), {fault: [] for fault in FAULTS}
+    checkpoint, trained = workdir / "work" / name / "train" / "checkpoint.pt", workdir / "results" / name / "train"
+    while driver.poll() is None:
+        at, present = time.time() - started, {"kill_driver", "full_disk"}
+        if our_jobs(name):
+            present |= {"scancel_stage", "node_down", "restart_slurmctld"}
+        if rank_pids(name):
+            present.add("kill_rank")
+        if checkpoint.exists() and not (trained / "summary.json").exists():
+            present.add("corrupt_checkpoint")
+        for fault in present:
+            seen[fault].append(round(at, 1))
+        time.sleep(POLL_S)
+    return {fault: [min(times), max(times)] for fault, times in seen.items() if times}
 
 
 def summarise(trials: list[dict], seed: int) -> dict:
@@ -423,6 +447,7 @@ def summarise(trials: list[dict], seed: int) -> dict:
     repeated = [t["steps_repeated"] for t in trials if t.get("steps_repeated") is not None]
     return {
         "trials": len(trials),
+        "faults_landed": sum(t["moment"] is not None for t in trials),  # the others' target never came
         "completed": sum(t["completed"] for t in trials),
         "manual_steps": sum(not t["completed"] for t in trials),  # not done by the same command, MAX_RERUNS times
         "bad_files_accepted": sum(len(t.get("unreadable_files", [])) for t in trials),
@@ -433,6 +458,7 @@ def summarise(trials: list[dict], seed: int) -> dict:
         "by_fault": {
             fault: {
                 "trials": len(of := [t for t in trials if t["fault"] == fault]),
+                "landed": sum(t["moment"] is not None for t in of),
                 "completed": sum(t["completed"] for t in of),
                 "steps_repeated": sum(t.get("steps_repeated") or 0 for t in of),
                 "bit_equal_of_same_choice": [

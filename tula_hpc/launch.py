@@ -37,6 +37,7 @@ ALLOCATION_POLL_S = 2
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
 ALLOCATION_REPLACEMENTS = 2  # times a stage's work may run again after its job ended under it
 REQUEUED_POLL_S = 5.0  # how often a job Slurm requeued is looked at until it has run again
+CANCEL_PATIENCE_S, CANCEL_POLL_S = 600, 5.0  # scancel tried again while slurmctld does not answer
 
 
 class JobFailed(RuntimeError):
@@ -261,9 +262,16 @@ class SlurmLauncher(Launcher):
         return ("REQUEUED", True) if state in ACTIVE_SLURM_STATES else (state, False)
 
     def again(self, job: submitit.Job, task: DistributedTask, spec: LaunchSpec, stage_dir: Path, name: str):
-        """The same job, once it has run again: submitit's watcher took its first end for its last (sacct said
-        NODE_FAIL), so it is waited for here."""
-        while settled_state(str(job.job_id)) in ACTIVE_SLURM_STATES:
+        """The same job, once it has run again (submitit's watcher took its first end for its last: sacct said
+        NODE_FAIL). Not while it waits in the queue: a requeued job that starts while its earlier run's step still
+        ends on a node that came back fails to launch and is requeued held, waiting for an admin (as the local
+        cluster showed). A pending one is cancelled and the work goes in a new job (training resumes from its
+        checkpoint)."""
+        job_id = str(job.job_id)
+        while (state := settled_state(job_id)) in ACTIVE_SLURM_STATES:
+            if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD"):
+                cancel(job_id)
+                return _submit(self, task, spec, stage_dir, name)
             time.sleep(REQUEUED_POLL_S)
         return job
 
@@ -395,7 +403,7 @@ def hold_allocation(spec: LaunchSpec) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         held = read_json(record_path) if record_path.exists() else None
         if held and (settled_state(held["job_id"]) not in ACTIVE_SLURM_STATES or held["nodes"] < spec.nodes):
-            subprocess.run(["scancel", held["job_id"]], capture_output=True)
+            cancel(held["job_id"])
             held = None
         if held is None:
             name = f"{folder.parent.name}-allocation"
@@ -424,9 +432,26 @@ def release_allocation(work_dir: Path) -> bool:
         held = read_json(record_path)
     except StageInputError:  # given back meanwhile by a stage that finished beside this one
         return False
-    subprocess.run(["scancel", held["job_id"]], capture_output=True)
+    cancel(held["job_id"])
     record_path.unlink(missing_ok=True)
     return True
+
+
+def cancel(job_id: str) -> None:
+    """scancel, until it has worked or the job has ended. While slurmctld is away (restarted, failing over) scancel
+    fails; an allocation left running would hold its nodes, and the train job would wait behind it (bench/chaos.py
+    found it). JobFailed after CANCEL_PATIENCE_S, naming the command to run."""
+    deadline = time.time() + CANCEL_PATIENCE_S
+    while True:
+        tried = subprocess.run(["scancel", job_id], capture_output=True, text=True)
+        if tried.returncode == 0 or slurm_state(job_id) not in ACTIVE_SLURM_STATES:
+            return
+        if time.time() > deadline:
+            raise JobFailed(
+                f"slurm job {job_id} could not be cancelled in {CANCEL_PATIENCE_S} s ({tried.stderr.strip()}): "
+                f"is slurmctld answering? Cancel it with `scancel {job_id}`"
+            )
+        time.sleep(CANCEL_POLL_S)
 
 
 LAUNCHERS: dict[str, Launcher] = {

@@ -5,14 +5,18 @@ test_failures.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import unique_job_config, wait_for
 from tests.integration.test_oom import out_of_memory_beside_a_rank_that_never_notices
-from tests.slurm.conftest import measuring_spec, sacct_jobs, step_end_time
+from tests.slurm.conftest import SCRIPTS, STATE, measuring_spec, sacct_jobs, step_end_time
 from tests.slurm.workers import hang_the_first_time
 from tula_hpc import launch, slurm_states
 from tula_hpc.config import job_settings, load_config
@@ -76,3 +80,35 @@ def test_out_of_memory_on_one_of_two_nodes_ends_the_step_at_once(slurm_cluster, 
         assert slurm_states.slurm_state(holder) == "RUNNING"
     finally:
         launch.release_allocation(work)
+
+
+def test_the_allocation_is_given_back_even_while_slurmctld_restarts(slurm_cluster, tmp_path, request):
+    """bench/chaos.py found it: the last profile's scancel of the allocation failed while slurmctld was away, the
+    record was dropped all the same, and the allocation held both nodes while the train job waited behind it. Now
+    the cancel is tried again until slurmctld answers."""
+    spec, work = measuring_spec(request, tmp_path, "shared", nodes=1, time_min=10, mem_gb=0.5)
+    launch.run(hang_the_first_time, {"marker": str(tmp_path / "m"), "seconds": 0}, spec, work / "m", "m")
+    holder = read_json(work / "allocation" / "allocation.json")["job_id"]
+    controller = int((STATE / "pids" / "slurmctld.pid").read_text())
+    os.kill(controller, signal.SIGTERM)
+    wait_for(lambda: not _alive(controller), 60, "slurmctld to stop")
+    released = threading.Thread(target=launch.release_allocation, args=(work,))
+    released.start()
+    time.sleep(8)  # scancel fails meanwhile
+    assert released.is_alive(), "the allocation was given up on while slurmctld was away"
+    subprocess.run(["bash", str(SCRIPTS / "up.sh")], check=True, capture_output=True)
+    released.join(timeout=120)
+    assert not released.is_alive()
+    states = []
+    wait_for(
+        lambda: states.append(slurm_states.slurm_state(holder)) or states[-1] not in ("RUNNING", "PENDING"), 60, ""
+    )
+    assert states[-1] in ("CANCELLED", "COMPLETING"), states
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"

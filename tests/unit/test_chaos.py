@@ -17,17 +17,19 @@ sys.path.remove(str(BENCH))
 
 def test_the_summary_counts_what_was_lost_and_compares_weights_only_where_a_trial_resumed_alike():
     clean, lingering = {"alive_after_down": []}, {"alive_after_down": ["slurmd:12"]}
-    done = {"completed": True, "resumed": True, "same_choice": True, "unreadable_files": [], "slurm_cycle": clean}
+    done = {"moment": {"at_s": 9}, "completed": True, "resumed": True, "same_choice": True, "unreadable_files": []}
+    done["slurm_cycle"] = clean
     trials = [
         {**done, "fault": "kill_rank", "bit_equal": True, "steps_repeated": 4},
         {**done, "fault": "kill_rank", "bit_equal": False, "unreadable_files": ["a"], "steps_repeated": 0},
         {**done, "fault": "node_down", "same_choice": False, "bit_equal": False, "steps_repeated": None},
         {**done, "fault": "node_down", "resumed": False, "bit_equal": True, "slurm_cycle": lingering},
-        {"fault": "full_disk", "completed": False, "steps_repeated": 2, "slurm_cycle": clean},
+        {"fault": "full_disk", "moment": None, "completed": False, "steps_repeated": 2, "slurm_cycle": clean},
     ]
     summary = chaos.summarise(trials, seed=7)
     assert summary == {
         "trials": 5,
+        "faults_landed": 4,
         "completed": 4,
         "manual_steps": 1,
         "bad_files_accepted": 1,
@@ -36,9 +38,27 @@ def test_the_summary_counts_what_was_lost_and_compares_weights_only_where_a_tria
         "seed": 7,
         "slurm_cycles_clean": 4,
         "by_fault": {
-            "full_disk": {"trials": 1, "completed": 0, "steps_repeated": 2, "bit_equal_of_same_choice": [0, 0]},
-            "kill_rank": {"trials": 2, "completed": 2, "steps_repeated": 4, "bit_equal_of_same_choice": [1, 2]},
-            "node_down": {"trials": 2, "completed": 2, "steps_repeated": 0, "bit_equal_of_same_choice": [1, 1]},
+            "full_disk": {
+                "trials": 1,
+                "landed": 0,
+                "completed": 0,
+                "steps_repeated": 2,
+                "bit_equal_of_same_choice": [0, 0],
+            },
+            "kill_rank": {
+                "trials": 2,
+                "landed": 2,
+                "completed": 2,
+                "steps_repeated": 4,
+                "bit_equal_of_same_choice": [1, 2],
+            },
+            "node_down": {
+                "trials": 2,
+                "landed": 2,
+                "completed": 2,
+                "steps_repeated": 0,
+                "bit_equal_of_same_choice": [1, 1],
+            },
         },
     }
 

@@ -270,20 +270,49 @@ def test_a_step_whose_srun_died_with_the_driver_is_waited_for_in_slurm_not_measu
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
 
 
-def test_a_slurm_job_slurm_requeued_itself_is_waited_for_again_not_submitted_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("listed", "submitted"), [("RUNNING", False), ("PENDING", True)])
+def test_a_slurm_job_slurm_requeued_itself_is_waited_for_while_it_runs_again_and_replaced_while_it_waits(
+    tmp_path, monkeypatch, listed, submitted
+):
     """A lost node ends the job NODE_FAIL and Slurm queues it again under the same id (submitit's watcher took the
-    first end for the last): the stage waits for that job while squeue lists it; one squeue forgets is over."""
+    first end for the last). Running again, it is waited for while squeue lists it; still pending (where it may be
+    held after a failed launch) it is cancelled and the work goes in a new job."""
     count = tmp_path / "count"
-    _fake_commands(
+    log = _fake_commands(
         tmp_path,
         monkeypatch,
-        squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 3 ] && echo PENDING; exit 0',
+        squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 3 ] && echo {listed}; exit 0',
         sacct="echo COMPLETED",
-        sbatch="exit 1",  # nothing may be submitted
+        scancel="exit 0",
     )
     monkeypatch.setattr(launch, "REQUEUED_POLL_S", 0.01)
+    replacement = object()
+    monkeypatch.setattr(launch, "_submit", lambda *args: replacement)
     slurm, job = launch.LAUNCHERS["slurm"], submitit.SlurmJob(tmp_path, "88")
     assert slurm.end_state(job) == ("REQUEUED", True)  # the first squeue
-    assert slurm.again(job, None, launch.LaunchSpec("slurm"), tmp_path, "train") is job
-    assert count.read_text().count("x") == 4  # listed twice more, then gone
-    assert slurm.end_state(job) == ("COMPLETED", False)
+    again = slurm.again(job, None, launch.LaunchSpec("slurm"), tmp_path, "train")
+    assert again is (replacement if submitted else job)
+    assert ("scancel 88" in log.read_text()) == submitted
+    if not submitted:
+        assert count.read_text().count("x") == 4  # listed twice more, then gone
+        assert slurm.end_state(job) == ("COMPLETED", False)
+
+
+def test_a_cancel_is_tried_again_while_slurmctld_does_not_answer_and_fails_naming_the_command(tmp_path, monkeypatch):
+    """scancel fails while slurmctld restarts: the allocation must not be left holding its nodes."""
+    count, refused = tmp_path / "count", 'echo "Unable to contact slurm controller" >&2; exit 1'
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        scancel=f'echo x >>{count}; [ "$(wc -l <{count})" -ge 3 ] || {{ {refused}; }}',
+        squeue="exit 1",  # slurmctld away: accounting says the job runs
+        sacct="echo RUNNING",
+    )
+    monkeypatch.setattr(launch, "CANCEL_POLL_S", 0.01)
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.01)
+    launch.cancel("90")
+    assert log.read_text().count("scancel 90") == 3
+    count.unlink()
+    monkeypatch.setattr(launch, "CANCEL_PATIENCE_S", 0.0)
+    with pytest.raises(launch.JobFailed, match=r"slurm job 90 could not be cancelled .*controller.*`scancel 90`"):
+        launch.cancel("90")
