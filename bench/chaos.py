@@ -65,6 +65,7 @@ JOBS = {
 FASHION_MNIST_SHARE = 0.2
 REFERENCE_RUNS = 2
 MAX_RERUNS = 3
+RUN_LIMIT_S = 600  # a run of the DAG still going after this is stuck (an undisturbed one takes 1.5-3 minutes)
 FIRST_S = 5  # no fault before Snakemake has started anything
 POLL_S = 0.2
 DOWN_S = 20  # a node down this long: Slurm's jobs on it end, and what was requeued waits for it
@@ -325,13 +326,14 @@ def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share:
     started = time.time()
     driver = start(workdir)
     where = FAULTS[fault](driver, workdir, name, started + at_s, started)
-    driver.wait()
+    stuck = not ended(driver)
     reruns = 0
     while not finished(workdir, name) and reruns < MAX_RERUNS:
         reruns += 1
-        start(workdir).wait()
+        stuck += not ended(start(workdir))
     record = {"index": index, "job": job, "fault": fault, "drawn_share": share, "moment": where, "name": name}
-    record.update(completed=finished(workdir, name), reruns=reruns, wall_s=round(time.time() - started, 1))
+    record.update(completed=finished(workdir, name), reruns=reruns, stuck_runs=int(stuck))
+    record["wall_s"] = round(time.time() - started, 1)
     record["wall_lost_s"] = round(record["wall_s"] - reference["wall_s"], 1)
     record["steps_repeated"] = steps_repeated(workdir)
     if not record["completed"]:  # what the user is told: the train log names the damaged files and what to do
@@ -349,6 +351,18 @@ def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share:
             unreadable_files=unreadable(workdir, name),
         )
     return record
+
+
+def ended(driver: subprocess.Popen) -> bool:
+    """Whether the run ended by itself within RUN_LIMIT_S; a run that did not is stuck (a job waiting for nodes
+    that something holds, say) and is killed, as a user would give up on it."""
+    try:
+        driver.wait(timeout=RUN_LIMIT_S)
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        return False
 
 
 def same_weights(ours: dict, theirs: dict) -> bool:
@@ -450,6 +464,7 @@ def summarise(trials: list[dict], seed: int) -> dict:
         "faults_landed": sum(t["moment"] is not None for t in trials),  # the others' target never came
         "completed": sum(t["completed"] for t in trials),
         "manual_steps": sum(not t["completed"] for t in trials),  # not done by the same command, MAX_RERUNS times
+        "stuck_runs": sum(t.get("stuck_runs", 0) for t in trials),
         "bad_files_accepted": sum(len(t.get("unreadable_files", [])) for t in trials),
         "steps_repeated_beyond_one": sum(repeated) if repeated else None,
         "bit_equal_share": sum(t["bit_equal"] for t in resumed) / len(resumed) if resumed else None,
@@ -509,6 +524,7 @@ def main() -> int:
         "fashion_mnist_share": FASHION_MNIST_SHARE,
         "faults": sorted(FAULTS),
         "max_reruns": MAX_RERUNS,
+        "run_limit_s": RUN_LIMIT_S,
         "down_s": DOWN_S,
         "outage_s": OUTAGE_S,
         "full_s": FULL_S,

@@ -32,6 +32,7 @@ def test_the_summary_counts_what_was_lost_and_compares_weights_only_where_a_tria
         "faults_landed": 4,
         "completed": 4,
         "manual_steps": 1,
+        "stuck_runs": 0,
         "bad_files_accepted": 1,
         "steps_repeated_beyond_one": 6,
         "bit_equal_share": 0.5,
