@@ -50,6 +50,27 @@ def _requeue_signal_during_step(monkeypatch, number: int) -> None:
     monkeypatch.setattr(training_module, "training_step", signalled)
 
 
+def _crashed_then_resumed(job: dict, folder, monkeypatch, module, function: str, at_call: int, batch: int = 256):
+    """Training whose `module.function` raises at its `at_call`-th call (no signal, nothing saved on the way out), then
+    run again: (the resumed run's summary, its weights, every step rank 0 ran, in order: train.StepTrace)."""
+    original, calls = getattr(module, function), []
+
+    def crashing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise RuntimeError("node lost")
+        return original(*args, **kwargs)
+
+    trace = folder.with_name(f"{folder.name}.steps")
+    monkeypatch.setattr(module, function, crashing)
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
+    with pytest.raises(RuntimeError, match="node lost"):
+        _run_training(copy.deepcopy(job), folder, batch=batch)
+    monkeypatch.setattr(module, function, original)
+    summary, resumed = _run_training(copy.deepcopy(job), folder, batch=batch)
+    return summary, resumed, [int(step) for step in trace.read_text().split()]
+
+
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
     job = default_job(train=dict(strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2}))
@@ -80,25 +101,12 @@ def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkey
     job = default_job(train=dict(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4]))
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
 
-    evaluate = train_module.evaluate_accuracy
-    calls = []
-
-    def crash_in_third_epoch(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("node lost")
-        return evaluate(*args, **kwargs)
-
-    monkeypatch.setattr(train_module, "evaluate_accuracy", crash_in_third_epoch)
-    trace = tmp_path / "steps.trace"
-    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
-    with pytest.raises(RuntimeError, match="node lost"):
-        _run_training(copy.deepcopy(job), tmp_path / "split")
-    monkeypatch.setattr(train_module, "evaluate_accuracy", evaluate)
-    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split")
+    # the third epoch's validation crashes: its steps ran before the crash, and again
+    summary, resumed, steps = _crashed_then_resumed(
+        job, tmp_path / "split", monkeypatch, train_module, "evaluate_accuracy", 3
+    )
 
     assert summary["resumed_from_epoch"] == 2
-    steps = [int(step) for step in trace.read_text().split()]  # epoch 3's steps ran before the crash, and again
     second_run = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
     crashed_at, resumed_at = steps[second_run - 1], summary["resumed_from_step"]
     assert steps == [*range(1, crashed_at + 1), *range(resumed_at + 1, summary["steps"] + 1)]
@@ -140,24 +148,12 @@ def test_a_kill_without_warning_costs_at_most_the_steps_since_the_last_interval_
     job = default_job(train=dict(strategy="ags", epochs=3, lr_milestones=[2]), resources=dict(checkpoint_every_steps=3))
     _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
 
-    step, calls = training_module.training_step, []
-
-    def crash_in_step_15(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 15:
-            raise RuntimeError("node lost")
-        return step(*args, **kwargs)
-
-    monkeypatch.setattr(training_module, "training_step", crash_in_step_15)
-    trace = tmp_path / "steps.trace"
-    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
-    with pytest.raises(RuntimeError, match="node lost"):
-        _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
-    monkeypatch.setattr(training_module, "training_step", step)
-    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+    summary, resumed, steps = _crashed_then_resumed(
+        job, tmp_path / "split", monkeypatch, training_module, "training_step", 15, batch=128
+    )
 
     assert summary["restarts_at_steps"] == [12]
-    assert [int(s) for s in trace.read_text().split()] == [*range(1, 15), *range(13, 31)]
+    assert steps == [*range(1, 15), *range(13, 31)]
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
 
