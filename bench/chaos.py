@@ -7,10 +7,10 @@ enough for a fault to land mid-epoch (a share FASHION_MNIST_SHARE of the trials)
 (resources.checkpoint_every_steps: 1), as a user who cannot afford to compute a step twice would. Each is run
 undisturbed REFERENCE_RUNS times first (its wall time the median; two runs that chose alike must end bit-equal, or
 no trial's weights could be). Each trial then runs the drawn job through profiles/slurm in a fresh folder under a
-fresh job name. The job, the fault and its moment (seconds after the start, uniform over the span of the undisturbed
-run in which the fault's target existed) are drawn from the seed; at that moment the fault lands on what runs then
-(a fault whose target does not exist yet waits for it, while the DAG runs). Then the same command runs again, up to
-MAX_RERUNS times, until report.md exists. Faults:
+fresh job name. The job, the fault and its moment (a share of the span in which the fault's target existed in the
+undisturbed run, counted from the target's first appearance in the trial: TARGETS) are drawn from the seed; at
+that moment the fault lands on what runs then (a fault whose target is gone by then waits for it to come again,
+while the DAG runs). Then the same command runs again, up to MAX_RERUNS times, until report.md exists. Faults:
 - kill_driver: SIGKILL of Snakemake and its stages (their process group), as a login session that dies;
 - kill_rank: SIGKILL of rank 1 of a running job of two ranks (a 2-node profile step or the train job);
 - scancel_stage: scancel of a job a stage waits on (the measuring allocation, or the train or evaluate job);
@@ -306,9 +306,8 @@ def outcome(workdir: Path, name: str) -> dict:
 
 
 def trial(root: Path, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
-    """Trial `index`: `fault` at `share` of the way through its window in the undisturbed run (when its target
-    existed; from FIRST_S to 90 % of the run where it never did); then whatever of it is left (the run's jobs, its
-    file system) is taken away."""
+    """Trial `index`: `fault` at `share` of the way through its target's span (TARGETS); then whatever of it is
+    left (the run's jobs, its file system) is taken away."""
     own_file_system = fault == "full_disk"
     workdir, name = new_run(root, f"trial{index}", job, own_file_system)
     try:
@@ -321,11 +320,13 @@ def trial(root: Path, index: int, job: str, fault: str, share: float, reference:
 
 
 def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
-    first_s, last_s = reference["windows_s"].get(fault, (FIRST_S, 0.9 * reference["wall_s"]))
-    at_s = max(FIRST_S, first_s) + share * (last_s - max(FIRST_S, first_s))
+    first_s, last_s = reference["windows_s"].get(fault, (0.0, reference["wall_s"]))
     started = time.time()
     driver = start(workdir)
-    where = FAULTS[fault](driver, workdir, name, started + at_s, started)
+    where = None
+    if wait_until(driver, started + FIRST_S, lambda: TARGETS[fault](workdir, name)) is not None:
+        at = time.time() + share * SPAN_SHARE * (last_s - first_s)
+        where = FAULTS[fault](driver, workdir, name, at, started)
     stuck = not ended(driver)
     reruns = 0
     while not finished(workdir, name) and reruns < MAX_RERUNS:
@@ -432,28 +433,49 @@ def undisturbed(root: Path, job: str, runs: int) -> dict:
         "weights": first["weights"],
         "runs_bit_equal": all(same_weights(d["weights"], first["weights"]) for d in alike) if alike else None,
         "steps_repeated": [d["steps_repeated"] for d in done],
-        "windows_s": windows[0],
+        "windows_s": windows[walls.index(min(walls))],  # the faster run: a cold first run is slower
     }
 
 
 def targets_seen(driver: subprocess.Popen, workdir: Path, name: str) -> dict[str, list[float]]:
-    """From when to when (seconds after the start) each fault's target existed in this run: a trial's moment is
-    drawn in its fault's window, so that the fault lands (a rank of two exists only in 2-node profiles and
-    training, a checkpoint worth damaging only while training runs)."""
+    """From when to when (seconds after the start) each fault's target existed in this run."""
     started, seen = time.time(), {fault: [] for fault in FAULTS}
-    checkpoint, trained = workdir / "work" / name / "train" / "checkpoint.pt", workdir / "results" / name / "train"
     while driver.poll() is None:
-        at, present = time.time() - started, {"kill_driver", "full_disk"}
-        if our_jobs(name):
-            present |= {"scancel_stage", "node_down", "restart_slurmctld"}
-        if rank_pids(name):
-            present.add("kill_rank")
-        if checkpoint.exists() and not (trained / "summary.json").exists():
-            present.add("corrupt_checkpoint")
-        for fault in present:
-            seen[fault].append(round(at, 1))
+        at = round(time.time() - started, 1)
+        for fault, target in TARGETS.items():
+            if target(workdir, name):
+                seen[fault].append(at)
         time.sleep(POLL_S)
     return {fault: [min(times), max(times)] for fault, times in seen.items() if times}
+
+
+def training_runs(workdir: Path, name: str) -> bool:
+    """A checkpoint is worth damaging while training runs: it exists, and training's summary does not yet."""
+    train = workdir / "work" / name / "train"
+    return (train / "checkpoint.pt").exists() and not (workdir / "results" / name / "train" / "summary.json").exists()
+
+
+def some_job(workdir: Path, name: str) -> bool:
+    return bool(our_jobs(name))
+
+
+def two_ranks(workdir: Path, name: str) -> bool:
+    return bool(rank_pids(name))
+
+
+# What each fault needs to exist before it can land. A trial's moment is measured from its target's first
+# appearance in the trial, over SPAN_SHARE of the time the target lasted in the undisturbed run: a fault lands
+# however much faster or slower the trial runs (a rank of two lives only in 2-node profiles and in training).
+TARGETS = {
+    "kill_driver": lambda workdir, name: True,
+    "full_disk": lambda workdir, name: True,
+    "scancel_stage": some_job,
+    "node_down": some_job,
+    "restart_slurmctld": some_job,
+    "kill_rank": two_ranks,
+    "corrupt_checkpoint": training_runs,
+}
+SPAN_SHARE = 0.8
 
 
 def summarise(trials: list[dict], seed: int) -> dict:
@@ -524,6 +546,8 @@ def main() -> int:
         "fashion_mnist_share": FASHION_MNIST_SHARE,
         "faults": sorted(FAULTS),
         "max_reruns": MAX_RERUNS,
+        "span_share": SPAN_SHARE,
+        "first_s": FIRST_S,
         "run_limit_s": RUN_LIMIT_S,
         "down_s": DOWN_S,
         "outage_s": OUTAGE_S,
