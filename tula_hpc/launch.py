@@ -29,15 +29,15 @@ from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
 from .cluster import partition_limits, sbatch_args
 from .files import StageInputError, read_json, write_json
-from .slurm_states import ACTIVE_SLURM_STATES, settled_state, slurm_state, step_running, step_state
+from .slurm_states import ACTIVE_SLURM_STATES, cancel, held, settled_state, slurm_state, step_running, step_state
 
 STDERR_TAIL_LINES = 40
 BAD_EXIT_POLL_S = 0.1
 ALLOCATION_POLL_S = 2
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
+STEP_END_GRACE_S = 20  # a step whose results are written is done this long after, whether srun has ended or not
 ALLOCATION_REPLACEMENTS = 2  # times a stage's work may run again after its job ended under it
 REQUEUED_POLL_S = 5.0  # how often a job Slurm requeued is looked at until it has run again
-CANCEL_PATIENCE_S, CANCEL_POLL_S = 600, 5.0  # scancel tried again while slurmctld does not answer
 
 
 class JobFailed(RuntimeError):
@@ -263,13 +263,13 @@ class SlurmLauncher(Launcher):
 
     def again(self, job: submitit.Job, task: DistributedTask, spec: LaunchSpec, stage_dir: Path, name: str):
         """The same job, once it has run again (submitit's watcher took its first end for its last: sacct said
-        NODE_FAIL). Not while it waits in the queue: a requeued job that starts while its earlier run's step still
-        ends on a node that came back fails to launch and is requeued held, waiting for an admin (as the local
-        cluster showed). A pending one is cancelled and the work goes in a new job (training resumes from its
-        checkpoint)."""
+        NODE_FAIL). A requeued job that starts while its earlier run's step still ends on a node that came back
+        fails to launch and is requeued held, to wait for an admin (the local cluster showed it): a held one is
+        cancelled and the work goes in a new job (training resumes from its checkpoint)."""
         job_id = str(job.job_id)
         while (state := settled_state(job_id)) in ACTIVE_SLURM_STATES:
-            if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD"):
+            if state == "PENDING" and held(job_id):
+                print(f"[tula-hpc] slurm job {job_id} is held: cancelled, and {name} goes in a new job", flush=True)
                 cancel(job_id)
                 return _submit(self, task, spec, stage_dir, name)
             time.sleep(REQUEUED_POLL_S)
@@ -327,18 +327,23 @@ class SharedAllocationLauncher(SlurmLauncher):
         return job if all(_ended_well(job, rank) for rank in range(job.num_tasks)) else None
 
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
-        """Until the step has ended, or every rank's result is written: srun, which ends with the step, first tells
-        slurmctld so, and while slurmctld is away (restarted) it retries for a minute or more after its return."""
-        while not all(job.task(rank).paths.result_pickle.exists() for rank in range(job.num_tasks)):
+        """Until the step has ended, or every rank's result has been written for STEP_END_GRACE_S: srun, which ends
+        with the step, first tells slurmctld so, and while slurmctld is away (restarted) it retries for a minute or
+        more after its return. Normally the step's end is waited for: its accounting then says COMPLETED."""
+        written_at = None
+        while True:
             if job.process is not None:  # our srun
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     job.process.wait(timeout=STEP_POLL_S)
                     return
-                except subprocess.TimeoutExpired:
-                    continue
-            if not (self._srun_alive(job) or step_running(job.job_id, job.step_name)):  # a re-attached step's
+            elif self._srun_alive(job) or step_running(job.job_id, job.step_name):  # a re-attached step's
+                time.sleep(ALLOCATION_POLL_S)
+            else:
                 return
-            time.sleep(ALLOCATION_POLL_S)
+            if all(job.task(rank).paths.result_pickle.exists() for rank in range(job.num_tasks)):
+                written_at = written_at or time.time()
+                if time.time() - written_at > STEP_END_GRACE_S:
+                    return
 
     @staticmethod
     def _srun_alive(job: StepJob) -> bool:
@@ -401,25 +406,30 @@ def hold_allocation(spec: LaunchSpec) -> str:
     record_path = folder / "allocation.json"
     with open(folder / "allocation.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        held = read_json(record_path) if record_path.exists() else None
-        if held and (settled_state(held["job_id"]) not in ACTIVE_SLURM_STATES or held["nodes"] < spec.nodes):
-            cancel(held["job_id"])
-            held = None
-        if held is None:
+        recorded = read_json(record_path) if record_path.exists() else None
+        if recorded and (
+            settled_state(recorded["job_id"]) not in ACTIVE_SLURM_STATES or recorded["nodes"] < spec.nodes
+        ):
+            cancel(recorded["job_id"])
+            recorded = None
+        if recorded is None:
             name = f"{folder.parent.name}-allocation"
             limits = partition_limits(spec.slurm.get("partition"))
             nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
             done = subprocess.run(holder_command(spec, name, nodes), capture_output=True, text=True)
             if done.returncode != 0:
                 raise JobFailed(f"{name}: sbatch refused the allocation: {done.stderr.strip()}")
-            held = {"job_id": done.stdout.strip().split(";")[0], "nodes": nodes, "asked": time.time()}
-            write_json(record_path, held)
-            print(f"[tula-hpc] asked Slurm for the measuring allocation {held['job_id']} ({held['nodes']} nodes)")
-    while (state := slurm_state(held["job_id"])) != "RUNNING":
+            recorded = {"job_id": done.stdout.strip().split(";")[0], "nodes": nodes, "asked": time.time()}
+            write_json(record_path, recorded)
+            print(f"[tula-hpc] asked Slurm for the measuring allocation {recorded['job_id']} ({nodes} nodes)")
+    while (state := slurm_state(recorded["job_id"])) != "RUNNING":
         if state not in ACTIVE_SLURM_STATES:
-            raise JobFailed(f"the measuring allocation {held['job_id']} ended {state} before it started")
+            raise JobFailed(f"the measuring allocation {recorded['job_id']} ended {state} before it started")
+        if held(recorded["job_id"]):  # requeued held after a lost node (see SlurmLauncher.again): a new one
+            cancel(recorded["job_id"])
+            return hold_allocation(spec)
         time.sleep(ALLOCATION_POLL_S)
-    return held["job_id"]
+    return recorded["job_id"]
 
 
 def release_allocation(work_dir: Path) -> bool:
@@ -435,23 +445,6 @@ def release_allocation(work_dir: Path) -> bool:
     cancel(held["job_id"])
     record_path.unlink(missing_ok=True)
     return True
-
-
-def cancel(job_id: str) -> None:
-    """scancel, until it has worked or the job has ended. While slurmctld is away (restarted, failing over) scancel
-    fails; an allocation left running would hold its nodes, and the train job would wait behind it (bench/chaos.py
-    found it). JobFailed after CANCEL_PATIENCE_S, naming the command to run."""
-    deadline = time.time() + CANCEL_PATIENCE_S
-    while True:
-        tried = subprocess.run(["scancel", job_id], capture_output=True, text=True)
-        if tried.returncode == 0 or slurm_state(job_id) not in ACTIVE_SLURM_STATES:
-            return
-        if time.time() > deadline:
-            raise JobFailed(
-                f"slurm job {job_id} could not be cancelled in {CANCEL_PATIENCE_S} s ({tried.stderr.strip()}): "
-                f"is slurmctld answering? Cancel it with `scancel {job_id}`"
-            )
-        time.sleep(CANCEL_POLL_S)
 
 
 LAUNCHERS: dict[str, Launcher] = {

@@ -1,4 +1,5 @@
-"""What Slurm says of a job and of its steps: squeue while it holds them, accounting (sacct) once they ended."""
+"""What Slurm says of a job and of its steps (squeue while it holds them, accounting once they ended), and
+cancelling one so that it is cancelled."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ ACTIVE_SLURM_STATES = {
     "STAGE_OUT",
 }
 FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
+CANCEL_PATIENCE_S, CANCEL_POLL_S = 600, 5.0  # scancel tried again while slurmctld does not answer
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
 ACCOUNTING_POLL_S = 1
 SETTLE_POLL_S = 2
@@ -97,3 +99,31 @@ def settled_state(job_id: str) -> str:
     while (state := slurm_state(job_id)) in ("COMPLETING", "STAGE_OUT"):
         time.sleep(SETTLE_POLL_S)
     return state
+
+
+class CancelFailed(RuntimeError):
+    """A job could not be cancelled; the message names the command to run."""
+
+
+def cancel(job_id: str) -> None:
+    """scancel, until it has worked or the job has ended. While slurmctld is away (restarted, failing over) scancel
+    fails; an allocation left running would hold its nodes, and the train job would wait behind it (bench/chaos.py
+    found it). CancelFailed after CANCEL_PATIENCE_S."""
+    deadline = time.time() + CANCEL_PATIENCE_S
+    while True:
+        tried = subprocess.run(["scancel", job_id], capture_output=True, text=True)
+        if tried.returncode == 0 or slurm_state(job_id) not in ACTIVE_SLURM_STATES:
+            return
+        if time.time() > deadline:
+            raise CancelFailed(
+                f"slurm job {job_id} could not be cancelled in {CANCEL_PATIENCE_S} s ({tried.stderr.strip()}): "
+                f"is slurmctld answering? Cancel it with `scancel {job_id}`"
+            )
+        time.sleep(CANCEL_POLL_S)
+
+
+def held(job_id: str) -> bool:
+    """Whether the pending job is held (squeue's reason: launch failed requeued held, JobHeldUser, JobHeldAdmin):
+    it will not run until someone releases it."""
+    reason = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True).stdout
+    return "held" in reason.lower()

@@ -65,8 +65,9 @@ def stage_main(
         return 2
     except Exception as err:  # a failed job or a bug: show what to read, exit non-zero
         from .launch import JobFailed
+        from .slurm_states import CancelFailed
 
-        if not isinstance(err, JobFailed):
+        if not isinstance(err, (JobFailed, CancelFailed)):
             traceback.print_exc()
         print(f"tula-hpc {name}: failed: {err}", file=sys.stderr)
         return 1

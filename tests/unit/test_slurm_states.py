@@ -86,3 +86,25 @@ def test_a_steps_end_is_its_last_run_in_accounting():
     assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N1-B32") == "OUT_OF_MEMORY"
     assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N2-B32") is None  # still running
     assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N2-B64") is None  # not in accounting yet
+
+
+def test_a_cancel_is_tried_again_while_slurmctld_does_not_answer_and_fails_naming_the_command(tmp_path, monkeypatch):
+    """scancel fails while slurmctld restarts: the allocation must not be left holding its nodes."""
+    count, refused = tmp_path / "count", 'echo "Unable to contact slurm controller" >&2; exit 1'
+    log = fake_commands(
+        tmp_path,
+        monkeypatch,
+        scancel=f'echo x >>{count}; [ "$(wc -l <{count})" -ge 3 ] || {{ {refused}; }}',
+        squeue="exit 1",  # slurmctld away: accounting says the job runs
+        sacct="echo RUNNING",
+    )
+    monkeypatch.setattr(slurm_states, "CANCEL_POLL_S", 0.01)
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.01)
+    slurm_states.cancel("90")
+    assert log.read_text().count("scancel 90") == 3
+    count.unlink()
+    monkeypatch.setattr(slurm_states, "CANCEL_PATIENCE_S", 0.0)
+    with pytest.raises(
+        slurm_states.CancelFailed, match=r"slurm job 90 could not be cancelled .*controller.*`scancel 90`"
+    ):
+        slurm_states.cancel("90")
