@@ -91,14 +91,19 @@ def test_the_work_of_a_job_whose_node_is_set_down_runs_again(slurm_cluster, tmp_
         except launch.JobFailed as err:
             outcome["error"] = str(err)
 
-    stage = threading.Thread(target=run_stage)
+    stage = threading.Thread(target=run_stage, daemon=True)
     stage.start()
     job_id = wait_for(lambda: marker.exists() and marker.read_text(), 120, "the job to run")
-    nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True).stdout
+    nodes = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True).stdout.strip()
     node = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True).stdout.split()[0]
     update = ["scontrol", "update", f"nodename={node}"]
+    # Away for a while, as bench/chaos.py's node_down (DOWN returns at once under ReturnToService=2: drained too).
+    # Back at once, Slurm would find the first run's job still on the node, "Duplicate jobid", and drain it.
     subprocess.run([*update, "state=down", "reason=test"], check=True)
-    request.addfinalizer(lambda: subprocess.run([*update, "state=resume"], capture_output=True))  # if not back yet
+    request.addfinalizer(lambda: subprocess.run([*update, "state=resume"], capture_output=True))
+    subprocess.run([*update, "state=drain", "reason=test"], check=True)
+    time.sleep(20)  # past KillWait: the first run's processes are gone
+    subprocess.run([*update, "state=resume"], check=True)
     stage.join(timeout=240)
     assert not stage.is_alive(), "the stage still waits after its job was requeued"
     assert "job" in outcome, outcome  # the same job (allocation) running again, or a new one for a held one
