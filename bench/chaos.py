@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -328,12 +329,13 @@ def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share:
         at = time.time() + share * SPAN_SHARE * (last_s - first_s)
         where = FAULTS[fault](driver, workdir, name, at, started)
     stuck = not ended(driver)
-    reruns = 0
+    reruns, failed = 0, [failures(workdir, since=0)]
     while not finished(workdir, name) and reruns < MAX_RERUNS:
-        reruns += 1
+        reruns, since = reruns + 1, log_path(workdir).stat().st_size
         stuck += not ended(start(workdir))
+        failed.append(failures(workdir, since))
     record = {"index": index, "job": job, "fault": fault, "drawn_share": share, "moment": where, "name": name}
-    record.update(completed=finished(workdir, name), reruns=reruns, stuck_runs=int(stuck))
+    record.update(completed=finished(workdir, name), reruns=reruns, stuck_runs=int(stuck), failed_rules=failed)
     record["wall_s"] = round(time.time() - started, 1)
     record["wall_lost_s"] = round(record["wall_s"] - reference["wall_s"], 1)
     record["steps_repeated"] = steps_repeated(workdir)
@@ -352,6 +354,19 @@ def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share:
             unreadable_files=unreadable(workdir, name),
         )
     return record
+
+
+def failures(workdir: Path, since: int) -> list[str]:
+    """The rules a run failed (its part of the driver's log starts at byte `since`), each with its log's last line:
+    why the command ran again. A killed driver failed none."""
+    text = log_path(workdir).read_bytes()[since:].decode(errors="replace")
+    found = []
+    for rule, block in re.findall(r"Error in rule (\w+):\n((?:[ \t]+.*\n)*)", text):
+        log = re.search(r"log: (\S+)", block)
+        path = workdir / log.group(1) if log else None
+        lines = path.read_text(errors="replace").strip().splitlines() if path and path.is_file() else []
+        found.append(f"{rule}: {lines[-1] if lines else '(no log)'}")
+    return found
 
 
 def ended(driver: subprocess.Popen) -> bool:

@@ -103,3 +103,18 @@ def test_each_fault_has_its_function_and_the_draws_replay_from_the_seed():
     assert {fault for _, fault, _ in drawn} == set(chaos.FAULTS)  # the default run meets every fault
     assert {job for job, _, _ in drawn} == set(chaos.JOBS)
     assert all(0 <= share < 1 for _, _, share in drawn)
+
+
+def test_why_a_run_failed_is_read_from_its_part_of_the_driver_log_and_each_failed_rules_log(tmp_path):
+    workdir = tmp_path / "trial0"
+    (workdir / "logs" / "job").mkdir(parents=True)
+    (workdir / "logs" / "job" / "probe_memory.log").write_text("probing\nRuntimeError: squeue failed\n")
+    first = "Error in rule plan:\n    jobid: 2\n    log: logs/job/plan.log (check log file(s) for error details)\n"
+    second = (
+        "Error in rule probe_memory:\n    jobid: 1\n    log: logs/job/probe_memory.log (check log file(s))\n"
+        "Shutting down, this might take some time.\n"
+    )
+    chaos.log_path(workdir).write_text(first + second)
+    assert chaos.failures(workdir, since=0) == ["plan: (no log)", "probe_memory: RuntimeError: squeue failed"]
+    assert chaos.failures(workdir, since=len(first)) == ["probe_memory: RuntimeError: squeue failed"]
+    assert chaos.failures(workdir, since=len(first + second)) == []  # a killed driver wrote no error
