@@ -1,15 +1,15 @@
 """The one place that talks to submitit: run a stage's worker on N nodes, locally or through Slurm.
 
 Each way of running a job is a `Launcher` (as submitit has an executor per cluster): `local` runs N "nodes" as N
-processes on this machine (one gloo group); `slurm` submits an sbatch job of N nodes. Either way the stage submits,
-records the job id beside its work folder, and waits; a rerun of the stage re-attaches to a job that is still
-running instead of submitting a duplicate.
+processes on this machine (one gloo group); `slurm` submits an sbatch job of N nodes; `slurm_shared` runs a
+measurement as a step of the measuring phase's allocation (allocation.py). Either way the stage records the job
+beside its work folder (before it starts, and once submitted), and waits; a rerun of the stage re-attaches to a job
+that is still running instead of submitting a duplicate. What a job asks for is a LaunchSpec (launch_spec.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
 import math
 import os
@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,22 @@ import psutil
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
-from .cluster import partition_limits, sbatch_args
-from .files import StageInputError, read_json, write_json
-from .slurm_states import ACTIVE_SLURM_STATES, cancel, held, settled_state, slurm_state, step_running, step_state
+from .allocation import ALLOCATION_POLL_S, hold_allocation
+from .files import read_json, write_json
+from .launch_spec import LaunchSpec
+from .slurm_states import (
+    ACTIVE_SLURM_STATES,
+    cancel,
+    held,
+    settled_state,
+    slurm_state,
+    step_running,
+    step_state,
+    submitted_from,
+)
 
 STDERR_TAIL_LINES = 40
 BAD_EXIT_POLL_S = 0.1
-ALLOCATION_POLL_S = 2
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
 STEP_END_GRACE_S = 20  # a step whose results are written is done this long after, whether srun has ended or not
 ALLOCATION_REPLACEMENTS = 2  # times a stage's work may run again after its job ended under it
@@ -42,77 +51,6 @@ REQUEUED_POLL_S = 5.0  # how often a job Slurm requeued is looked at until it ha
 
 class JobFailed(RuntimeError):
     """A stage's job ended without a result; the message names the state, the job id and the log."""
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The measuring phase's shared allocation (resources.allocation: shared): a holder job of `nodes` nodes of the
-    job's node shape for `time_min` (resources.time_min), recorded in `folder`/allocation.json, whose job steps
-    the probes and profiles run as."""
-
-    folder: str
-    nodes: int
-    gpus_per_node: int
-    time_min: int
-
-    @classmethod
-    def for_job(cls, job: dict, folder: Path) -> Allocation:
-        """As many nodes as the plan may profile (search.nodes.max; `hold_allocation` asks for no more than the
-        partition allows)."""
-        nodes = job["search"]["nodes"]["max"]
-        resources = job["resources"]
-        return cls(str(folder), nodes, resources["gpus_per_node"], resources["time_min"])
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Where and how big: built from a job's `resources` and the launcher chosen by the profile."""
-
-    launcher: str
-    nodes: int = 1
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-    mem_gb: float = 4
-    time_min: int = 60
-    slurm: dict = field(default_factory=dict)
-    max_requeues: int = 3
-    allocation: Allocation | None = None
-
-    @classmethod
-    def for_job(
-        cls,
-        job: dict,
-        nodes: int = 1,
-        one_device: bool = False,
-        gpus_per_node: int | None = None,
-        measuring_in: Path | None = None,
-    ) -> LaunchSpec:
-        """The job's resources on `nodes` nodes of `gpus_per_node` GPUs each (a candidate's own; None: the node's,
-        resources.gpus_per_node); `one_device`: at most one GPU each (probing, evaluation). A measurement (probe,
-        profile) passes its job's work folder as `measuring_in`: with resources.allocation shared on Slurm it runs
-        as a step of the measuring phase's one allocation, and either way for resources.measure_time_min."""
-        res = job["resources"]
-        gpus = res["gpus_per_node"] if gpus_per_node is None else gpus_per_node
-        shared = measuring_in is not None and job["launcher"] == "slurm" and res["allocation"] == "shared"
-        return cls(
-            launcher=job["launcher"],
-            nodes=nodes,
-            gpus_per_node=min(gpus, 1) if one_device else gpus,
-            cpus_per_task=res["cpus_per_task"],
-            mem_gb=res["mem_gb"],
-            time_min=res["time_min"] if measuring_in is None else res["measure_time_min"],
-            slurm=dict(res.get("slurm", {})),
-            max_requeues=res["max_requeues"],
-            allocation=Allocation.for_job(job, Path(measuring_in) / "allocation") if shared else None,
-        )
-
-    @property
-    def tasks_per_node(self) -> int:
-        return max(1, self.gpus_per_node)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
 
 
 @dataclass(frozen=True)
@@ -167,7 +105,13 @@ class Launcher:
         executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
         return executor
 
-    def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
+    def job_id_ahead(self, spec: LaunchSpec) -> str | None:
+        """The id the job will run under where it is known before the job starts, else None."""
+        return None
+
+    def submit(
+        self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask, job_id_ahead: str | None = None
+    ) -> submitit.Job:
         return self.executor(spec, folder, name).submit(task)
 
     def shape(self, spec: LaunchSpec) -> dict[str, Any]:
@@ -181,6 +125,10 @@ class Launcher:
     def reattach(self, record: dict) -> submitit.Job | None:
         """The job an earlier run of the stage recorded (job.json), if it is still running."""
         raise NotImplementedError
+
+    def record(self, job: submitit.Job) -> dict:
+        """What job.json keeps of a submitted job beside its id, for `reattach`."""
+        return {}
 
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         """Return once the job's results can be read (submitit's own wait follows)."""
@@ -207,6 +155,8 @@ class LocalLauncher(Launcher):
         return dict(nodes=1, tasks_per_node=spec.world_size, gpus_per_node=gpus)
 
     def reattach(self, record: dict) -> submitit.Job | None:
+        if record["job_id"] is None:  # its driver died as it started the job: the job died with it
+            return None
         pid = int(record["job_id"])
         if not _pid_alive(pid):
             return None
@@ -251,9 +201,11 @@ class SlurmLauncher(Launcher):
         )
 
     def reattach(self, record: dict) -> submitit.Job | None:
-        if slurm_state(record["job_id"]) not in ACTIVE_SLURM_STATES:
+        """The recorded job while active; one whose driver died before it heard the id is found by name and folder."""
+        job_id = record["job_id"] or submitted_from(record["name"], record["folder"])
+        if job_id is None or slurm_state(job_id) not in ACTIVE_SLURM_STATES:
             return None
-        return submitit.SlurmJob(folder=Path(record["folder"]), job_id=record["job_id"], tasks=range(record["tasks"]))
+        return submitit.SlurmJob(folder=Path(record["folder"]), job_id=job_id, tasks=range(record["tasks"]))
 
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
         """A job still active has been requeued by Slurm itself (a node it ran on failed, JobRequeue): it runs
@@ -278,24 +230,35 @@ class SlurmLauncher(Launcher):
 
 class StepJob(submitit.SlurmJob):
     """A job step of a shared allocation: the allocation's id (submitit's paths are named by it) and the srun
-    process on this host that runs the step and ends with it."""
+    process on this host that runs the step and ends with it (its pid and start time: a pid alone may be reused)."""
 
     def __init__(
         self,
         folder: Path,
         job_id: str,
         tasks: Sequence[int] = (0,),
-        pid: int | None = None,
+        srun: tuple[int, float] | None = None,
         process: subprocess.Popen | None = None,
         step_name: str = "",
     ):
         super().__init__(folder=folder, job_id=job_id, tasks=tasks)  # submitit makes one per task this way too
-        self.pid, self.process, self.step_name = pid, process, step_name
+        self.srun, self.process, self.step_name = srun, process, step_name
+
+    def srun_alive(self) -> bool:
+        if self.srun is None:
+            return False
+        pid, started = self.srun
+        try:
+            return _pid_alive(pid) and psutil.Process(pid).create_time() == started
+        except psutil.Error:
+            return False
 
 
 class SharedAllocationLauncher(SlurmLauncher):
     """Each measurement a job step (srun --jobid) of the measuring phase's one allocation, which waits in the queue
-    once. Step options, from srun(1): --exact gives a step only the CPUs it asks for, so a step of fewer nodes or
+    once. Its srun runs in a session of its own: the step outlives a driver killed with its process group (Slurm
+    cancels a running step whose srun dies), and the rerun waits for it, as for a per-stage sbatch job. Step
+    options, from srun(1): --exact gives a step only the CPUs it asks for, so a step of fewer nodes or
     tasks than the allocation leaves the rest free; --mem asks for the node memory a measurement needs, so a
     second step waits for it inside the allocation rather than measuring beside another (Slurm blocks a step until
     its resources are free unless --overlap, which is not given: a timed profile must not share its CPUs);
@@ -305,24 +268,39 @@ class SharedAllocationLauncher(SlurmLauncher):
     name = "slurm_shared"
     again = Launcher.again  # a step is never requeued by itself: it runs again as a new step, in the allocation
 
-    def submit(self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask) -> submitit.Job:
-        holder = hold_allocation(spec)
+    def job_id_ahead(self, spec: LaunchSpec) -> str | None:
+        return hold_allocation(spec)
+
+    def submit(
+        self, spec: LaunchSpec, folder: Path, name: str, task: DistributedTask, job_id_ahead: str | None = None
+    ) -> submitit.Job:
+        holder = job_id_ahead or hold_allocation(spec)
         folder.mkdir(parents=True, exist_ok=True)
         task.master_port = random.Random(f"{holder}-{folder}").randrange(20000, 60000)
         submitit.helpers.DelayedSubmission(task).dump(folder / f"{holder}_submitted.pkl")  # submitit's name for it
         with open(folder / "srun.log", "w") as log:
             env = {**os.environ, "SUBMITIT_EXECUTOR": "slurm"}  # what submitit's sbatch script exports
             process = subprocess.Popen(
-                step_command(spec, holder, folder, name), stdout=log, stderr=subprocess.STDOUT, env=env
+                step_command(spec, holder, folder, name),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
-        return StepJob(folder, holder, range(spec.world_size), process.pid, process, name)
+        srun = (process.pid, psutil.Process(process.pid).create_time())
+        return StepJob(folder, holder, range(spec.world_size), srun, process, name)
+
+    def record(self, job: submitit.Job) -> dict:
+        return {"srun": job.srun}
 
     def reattach(self, record: dict) -> submitit.Job | None:
-        """The step if its srun still runs here, or it runs on in Slurm without it (srun killed with the driver;
-        Slurm lets the step finish), or it finished with every rank's result: then it is not measured twice."""
+        """The step if its srun still runs here, or Slurm still runs it (its driver died before it recorded the
+        srun), or it finished with every rank's result: then it is not measured twice."""
         folder, tasks = Path(record["folder"]), range(record["tasks"])
-        job = StepJob(folder, record["job_id"], tasks, pid=record.get("pid"), step_name=record.get("name", ""))
-        if self._srun_alive(job) or step_running(job.job_id, job.step_name):
+        srun = tuple(record["srun"]) if record.get("srun") else _srun_of(folder)
+        job = StepJob(folder, record["job_id"], tasks, srun=srun, step_name=record["name"])
+        if job.srun_alive() or step_running(job.job_id, job.step_name):
             return job
         return job if all(_ended_well(job, rank) for rank in range(job.num_tasks)) else None
 
@@ -336,7 +314,7 @@ class SharedAllocationLauncher(SlurmLauncher):
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     job.process.wait(timeout=STEP_POLL_S)
                     return
-            elif self._srun_alive(job) or step_running(job.job_id, job.step_name):  # a re-attached step's
+            elif job.srun_alive() or step_running(job.job_id, job.step_name):  # a re-attached step's
                 time.sleep(ALLOCATION_POLL_S)
             else:
                 return
@@ -344,10 +322,6 @@ class SharedAllocationLauncher(SlurmLauncher):
                 written_at = written_at or time.time()
                 if time.time() - written_at > STEP_END_GRACE_S:
                     return
-
-    @staticmethod
-    def _srun_alive(job: StepJob) -> bool:
-        return job.pid is not None and _pid_alive(job.pid)
 
     def results(self, job: submitit.Job) -> list[Any]:
         """Read from the result files at once: the allocation, which submitit would wait for, runs on."""
@@ -383,70 +357,6 @@ def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list
     return cmd + [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
 
 
-def holder_command(spec: LaunchSpec, name: str, nodes: int) -> list[str]:
-    """The sbatch of the allocation itself: `nodes` of the job's nodes (resources.gpus_per_node GPUs each, whatever
-    the first measurement asks for) for resources.time_min (at least a step's limit), a shell that only waits (its
-    steps do the work), released by `release_allocation` or at its time limit."""
-    allocation = spec.allocation
-    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={nodes}"]
-    cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}"]
-    cmd.append(f"--time={max(allocation.time_min, spec.time_min)}")
-    if allocation.gpus_per_node:
-        cmd.append(f"--gpus-per-node={allocation.gpus_per_node}")
-    cmd += sbatch_args(spec.slurm, spec.cpus_per_task, spec.mem_gb)
-    return cmd + [f"--output={allocation.folder}/holder-%j.out", "--wrap", "exec sleep infinity"]
-
-
-def hold_allocation(spec: LaunchSpec) -> str:
-    """The id of the measuring phase's allocation, running: the one recorded if it is still active and large
-    enough, else a new one (a record left by one that ended, by time limit, preemption or a lost node, is
-    replaced); waits while it is queued. One stage at a time decides (a lock beside the record)."""
-    folder = Path(spec.allocation.folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    record_path = folder / "allocation.json"
-    with open(folder / "allocation.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        recorded = read_json(record_path) if record_path.exists() else None
-        if recorded and (
-            settled_state(recorded["job_id"]) not in ACTIVE_SLURM_STATES or recorded["nodes"] < spec.nodes
-        ):
-            cancel(recorded["job_id"])
-            recorded = None
-        if recorded is None:
-            name = f"{folder.parent.name}-allocation"
-            limits = partition_limits(spec.slurm.get("partition"))
-            nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
-            done = subprocess.run(holder_command(spec, name, nodes), capture_output=True, text=True)
-            if done.returncode != 0:
-                raise JobFailed(f"{name}: sbatch refused the allocation: {done.stderr.strip()}")
-            recorded = {"job_id": done.stdout.strip().split(";")[0], "nodes": nodes, "asked": time.time()}
-            write_json(record_path, recorded)
-            print(f"[tula-hpc] asked Slurm for the measuring allocation {recorded['job_id']} ({nodes} nodes)")
-    while (state := slurm_state(recorded["job_id"])) != "RUNNING":
-        if state not in ACTIVE_SLURM_STATES:
-            raise JobFailed(f"the measuring allocation {recorded['job_id']} ended {state} before it started")
-        if held(recorded["job_id"]):  # requeued held after a lost node (see SlurmLauncher.again): a new one
-            cancel(recorded["job_id"])
-            return hold_allocation(spec)
-        time.sleep(ALLOCATION_POLL_S)
-    return recorded["job_id"]
-
-
-def release_allocation(work_dir: Path) -> bool:
-    """Give the measuring phase's allocation back (fit_model, once every measurement is written, and the workflow
-    on its way out of a failure); True if there was one."""
-    record_path = Path(work_dir) / "allocation" / "allocation.json"
-    if not record_path.exists():
-        return False
-    try:
-        held = read_json(record_path)
-    except StageInputError:  # given back meanwhile by a stage that finished beside this one
-        return False
-    cancel(held["job_id"])
-    record_path.unlink(missing_ok=True)
-    return True
-
-
 LAUNCHERS: dict[str, Launcher] = {
     launcher.name: launcher for launcher in (LocalLauncher(), SlurmLauncher(), SharedAllocationLauncher())
 }
@@ -454,6 +364,16 @@ LAUNCHERS: dict[str, Launcher] = {
 
 def launcher_for(spec: LaunchSpec) -> Launcher:
     return LAUNCHERS["slurm_shared" if spec.allocation else spec.launcher]
+
+
+def _srun_of(folder: Path) -> tuple[int, float] | None:
+    """The srun on this host that runs a step from `folder` (its command names it), as StepJob keeps it: found for
+    a record whose driver died before it heard of the srun, which may still wait for the step's resources."""
+    for process in psutil.process_iter(["name", "cmdline", "create_time"]):
+        command = process.info["cmdline"] or [""]
+        if process.info["name"] == "srun" and Path(command[-1]).name == folder.name:  # step_command's last word
+            return process.pid, process.info["create_time"]
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -478,20 +398,23 @@ def _stderr_tail(job: submitit.Job) -> str:
 
 
 def _submit(launcher: Launcher, task: DistributedTask, spec: LaunchSpec, stage_dir: Path, name: str) -> submitit.Job:
-    """Submit the task in a fresh folder and record the job beside the stage's work (job.json) for a rerun."""
+    """Submit the task in a fresh folder and record the job beside the stage's work (job.json) for a rerun: first
+    before it starts (with its id where known ahead, a shared allocation's), so that a driver killed while the job
+    starts leaves a record its rerun finds the job by, then with the id and what the launcher keeps of it."""
     folder = stage_dir / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    job = launcher.submit(spec, folder, name, task)
+    job_id_ahead = launcher.job_id_ahead(spec)
     record = {
         "launcher": launcher.name,
         "name": name,
-        "pid": getattr(job, "pid", None),
-        "job_id": str(job.job_id),
+        "job_id": job_id_ahead,
         "folder": str(folder.resolve()),
         "tasks": spec.world_size,
         "nodes": spec.nodes,
         "submitted": time.time(),
     }
     write_json(stage_dir / "job.json", record)
+    job = launcher.submit(spec, folder, name, task, job_id_ahead)
+    write_json(stage_dir / "job.json", {**record, "job_id": str(job.job_id), **launcher.record(job)})
     print(
         f"[tula-hpc] submitted {launcher.name} job {job.job_id} ({spec.nodes} node(s), {spec.world_size} task(s)); "
         f"logs in {folder}",

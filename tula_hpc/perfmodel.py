@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import launch
+from .allocation import release_allocation
 from .files import read_json, write_json
 from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
 from .noise_scale import measured_noise_scale, recipe_steps, steps_to_progress
@@ -130,7 +130,7 @@ def fit_model(
     measurement is written by now: the measuring phase's shared allocation (if any) is given back first. The last
     planned profile (or adapt) has usually given it back already; releasing is idempotent, and this covers a profile
     rerun alone (its plan's last profile was written by an earlier run)."""
-    if work_dir is not None and launch.release_allocation(Path(work_dir)):
+    if work_dir is not None and release_allocation(Path(work_dir)):
         print("[fit-model] gave the measuring allocation back", flush=True)
     plan, memory = read_json(plan_path), read_json(memory_path)
     profiles = [read_json(path) for path in profile_paths]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from . import launch
+from .allocation import release_allocation
 from .config import fingerprint
 from .files import read_json, write_json
 from .layout import candidate_devices, profile_name, ranks_per_host
@@ -93,7 +94,7 @@ def _plan_profiled(job: dict, plan: dict, folder: Path) -> bool:
 
 def _give_back(work_dir: Path) -> None:
     """The last measurement is written: the measuring allocation goes back now, not when the next stage starts."""
-    if launch.release_allocation(Path(work_dir)):
+    if release_allocation(Path(work_dir)):
         print("[profile] the last measurement is written: gave the measuring allocation back", flush=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 ACTIVE_SLURM_STATES = {
     "PENDING",
@@ -55,6 +56,23 @@ def parse_step_state(text: str, step_name: str) -> str | None:
     rows = (line.partition("|") for line in text.splitlines())
     states = [state.split()[0] for name, _, state in rows if name == step_name]
     return states[-1] if states and states[-1] not in ACTIVE_SLURM_STATES else None
+
+
+def parse_submitted_from(text: str, folder_name: str) -> str | None:
+    """The job among `squeue -h -o %i|%o` lines whose batch script (submitit writes it into the job's folder) lies
+    in a folder named `folder_name`."""
+    for line in text.splitlines():
+        job_id, _, command = line.partition("|")
+        if f"/{folder_name}/" in command:
+            return job_id.strip()
+    return None
+
+
+def submitted_from(name: str, folder: str) -> str | None:
+    """The active job named `name` that was submitted from `folder`: found by a rerun whose driver was killed after
+    sbatch and before it recorded the job's id."""
+    listed = subprocess.run(["squeue", "-h", f"--name={name}", "-o", "%i|%o"], capture_output=True, text=True)
+    return parse_submitted_from(listed.stdout, Path(folder).name)
 
 
 def step_running(job_id: str, step_name: str) -> bool:

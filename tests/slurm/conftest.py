@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import REPO, wait_for
 from tula_hpc import launch
+from tula_hpc.allocation import release_allocation
+from tula_hpc.launch_spec import Allocation
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm"))
@@ -102,6 +104,6 @@ def measuring_spec(request, tmp_path: Path, allocation: str, **spec) -> tuple[la
     work = tmp_path / f"m{uuid.uuid4().hex[:8]}"
     shared = None
     if allocation == "shared":
-        shared = launch.Allocation(str(work / "allocation"), nodes=2, gpus_per_node=0, time_min=spec["time_min"])
-        request.addfinalizer(lambda: launch.release_allocation(work))
+        shared = Allocation(str(work / "allocation"), nodes=2, gpus_per_node=0, time_min=spec["time_min"])
+        request.addfinalizer(lambda: release_allocation(work))
     return launch.LaunchSpec(launcher="slurm", allocation=shared, **spec), work

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -90,12 +91,15 @@ def test_killed_driver_reattaches_to_the_running_training_job(slurm_run):
 
 
 def test_a_driver_killed_while_profiling_is_rerun_in_the_same_allocation(slurm_cluster, tmp_path):
-    """SIGKILL Snakemake (its stages and their sruns with it) while a profile runs as a step: the allocation,
-    a job of its own, outlives the driver; the rerun takes its measurements in it (no second wait in the queue)."""
+    """SIGKILL Snakemake (its stages with it) while a profile runs as a step: the allocation, a job of its own,
+    outlives the driver, and so does the step's srun, in a session of its own (Slurm cancels a launched step whose
+    srun dies: CI once saw a profile measured twice); the rerun waits for the step and takes the other
+    measurements in the same allocation (no second wait in the queue)."""
     name, config_path = unique_job_config(tmp_path)
     driver = snakemake(tmp_path, config_path, background=True)
     profiles = tmp_path / "work" / name / "profile"
     wait_for(lambda: any(profiles.glob("*/submit-*/*_0_log.out")), 300, "a profile step to run")
+    time.sleep(2)  # well past the step's launch
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     [holder] = sacct_jobs(f"{name}-allocation")
@@ -103,7 +107,7 @@ def test_a_driver_killed_while_profiling_is_rerun_in_the_same_allocation(slurm_c
     rerun = snakemake(tmp_path, config_path)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert [h["job_id"] for h in sacct_jobs(f"{name}-allocation")] == [holder["job_id"]]
-    # The step the kill interrupted ran on in Slurm without its srun: the rerun waited for it, no profile ran twice.
+    # The step the kill interrupted ran on with its srun: the rerun waited for it, no profile ran twice.
     profiled = [s for s in sacct_steps(holder["job_id"]) if "-profile-" in s["name"]]
     assert len({s["name"] for s in profiled}) == len(profiled), profiled
     assert all(s["state"] == "COMPLETED" for s in profiled), profiled

@@ -16,9 +16,9 @@ import pytest
 
 from tests.conftest import unique_job_config, wait_for
 from tests.integration.test_oom import out_of_memory_beside_a_rank_that_never_notices
-from tests.slurm.conftest import SCRIPTS, STATE, measuring_spec, sacct_jobs, step_end_time
+from tests.slurm.conftest import SCRIPTS, STATE, measuring_spec, sacct_jobs, sacct_steps, step_end_time
 from tests.slurm.workers import hang_the_first_time
-from tula_hpc import launch, slurm_states
+from tula_hpc import allocation, launch, slurm_states
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.files import read_json
 
@@ -64,6 +64,28 @@ def test_a_step_its_allocation_is_requeued_under_runs_again_in_it(slurm_cluster,
     assert [h["job_id"] for h in _holders(work)] == [holder]
 
 
+def test_a_driver_killed_as_its_step_starts_finds_the_step_on_its_rerun(slurm_cluster, tmp_path, request, monkeypatch):
+    """A driver that dies after its srun started the step and before it recorded the srun: the record, written
+    before the srun starts, names the allocation; the rerun finds the step by its name there and waits for it. The
+    srun, in a session of its own, is not killed with the driver (Slurm would cancel the step)."""
+    spec, work = measuring_spec(request, tmp_path, "shared", nodes=1, time_min=10, mem_gb=0.5)
+    started = []
+    submit = launch.SharedAllocationLauncher.submit
+
+    def killed_as_it_starts(self, *args):
+        started.append(submit(self, *args))
+        raise KeyboardInterrupt  # the driver dies here, before it hears of the srun
+
+    monkeypatch.setattr(launch.SharedAllocationLauncher, "submit", killed_as_it_starts)
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(hang_the_first_time, {"marker": str(tmp_path / "m"), "seconds": 10}, spec, work / "m", "m")
+    monkeypatch.undo()
+    wait_for(lambda: (tmp_path / "m").exists(), 120, "the step to run")
+    holder = launch.run(hang_the_first_time, {"marker": str(tmp_path / "m"), "seconds": 10}, spec, work / "m", "m")
+    assert [step["name"] for step in sacct_steps(str(holder))] == ["m"]  # waited for, not measured again
+    assert started[0].process.wait() == 0
+
+
 def test_out_of_memory_on_one_of_two_nodes_ends_the_step_at_once(slurm_cluster, tmp_path):
     """The OOM agreement inside the shared allocation: rank 1's exit and the step's --kill-on-bad-exit end rank 0,
     which never notices on its own, and the allocation runs on for the next measurement."""
@@ -79,7 +101,7 @@ def test_out_of_memory_on_one_of_two_nodes_ends_the_step_at_once(slurm_cluster, 
         assert step_end - record["recorded_at"] < 15  # rank 0 alone would sleep NEVER_NOTICES_S
         assert slurm_states.slurm_state(holder) == "RUNNING"
     finally:
-        launch.release_allocation(work)
+        allocation.release_allocation(work)
 
 
 def test_the_allocation_is_given_back_even_while_slurmctld_restarts(slurm_cluster, tmp_path, request):
@@ -92,7 +114,7 @@ def test_the_allocation_is_given_back_even_while_slurmctld_restarts(slurm_cluste
     controller = int((STATE / "pids" / "slurmctld.pid").read_text())
     os.kill(controller, signal.SIGTERM)
     wait_for(lambda: not _alive(controller), 60, "slurmctld to stop")
-    released = threading.Thread(target=launch.release_allocation, args=(work,))
+    released = threading.Thread(target=allocation.release_allocation, args=(work,))
     released.start()
     time.sleep(8)  # scancel fails meanwhile
     assert released.is_alive(), "the allocation was given up on while slurmctld was away"

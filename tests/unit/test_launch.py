@@ -12,12 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import submitit
 
 from tests.conftest import fake_commands as _fake_commands
+from tests.conftest import wait_for
 from tests.unit.test_slurm_states import SACCT_STEPS
-from tula_hpc import launch, slurm_states
+from tula_hpc import launch, launch_spec, slurm_states
 
 DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "slurm"
@@ -121,45 +123,19 @@ def test_the_local_launcher_shows_each_rank_a_gpu_of_its_own(tmp_path, nodes, gp
 PARTITION = "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=04:00:00 TotalNodes=2 TRES=cpu=4,node=2"
 
 
-def _shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
-    allocation = launch.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=60)
+def shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
+    """A measurement of `nodes` nodes in a 2-node shared allocation recorded under tmp_path/work/allocation."""
+    shared = launch_spec.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=60)
     slurm = {"partition": "debug"}
-    return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, time_min=20, slurm=slurm, allocation=allocation)
+    return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, time_min=20, slurm=slurm, allocation=shared)
 
 
-def test_the_measuring_allocation_and_its_steps_ask_slurm_for_what_the_docs_say():
-    spec = _shared_spec(Path("/w"), nodes=2)
+def test_a_measurement_step_asks_slurm_for_what_the_docs_say():
+    spec = shared_spec(Path("/w"), nodes=2)
     step = launch.step_command(spec, "77", Path("/w/profile"), "job-profile")
     assert step[:4] == ["srun", "--jobid=77", "--job-name=job-profile", "--nodes=2"]
     assert {"--exact", "--mem=1024M", "--time=20", "--kill-on-bad-exit=1", "--ntasks-per-node=1"} <= set(step)
     assert "--overlap" not in step and step[-4:] == ["-u", "-m", "submitit.core._submit", "/w/profile"]
-    holder = launch.holder_command(spec, "job-allocation", 2)
-    assert holder[:4] == ["sbatch", "--parsable", "--job-name=job-allocation", "--nodes=2"]
-    assert {"--time=60", "--partition=debug", "--mem=1024M"} <= set(holder)  # the phase's, not one step's
-    assert holder[-2:] == ["--wrap", "exec sleep infinity"]
-
-
-def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, monkeypatch):
-    state = tmp_path / "state"
-    state.write_text("RUNNING")
-    log = _fake_commands(
-        tmp_path,
-        monkeypatch,
-        sbatch="echo 77",
-        squeue=f"cat {state}",
-        scancel="exit 0",
-        sacct="echo CANCELLED",
-        scontrol=f"echo '{PARTITION}'",
-    )
-    spec = _shared_spec(tmp_path)
-    assert launch.hold_allocation(spec) == "77" and launch.hold_allocation(spec) == "77"
-    assert sum(line.startswith("sbatch") for line in log.read_text().splitlines()) == 1
-    state.write_text("")  # squeue forgot it: accounting says it ended
-    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
-    (tmp_path / "bin" / "sbatch").write_text(f'#!/bin/sh\necho "sbatch $*" >>{log}\necho 78\nprintf RUNNING >{state}\n')
-    assert launch.hold_allocation(spec) == "78"
-    assert launch.release_allocation(tmp_path / "work") and not launch.release_allocation(tmp_path / "work")
-    assert log.read_text().splitlines()[-1] == "scancel 78"
 
 
 def _answer(value: int) -> int:
@@ -178,7 +154,7 @@ def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_a
     _fake_commands(
         tmp_path, monkeypatch, sbatch="echo 77", squeue="echo RUNNING", srun=srun, scontrol=f"echo '{PARTITION}'"
     )
-    spec = dataclasses.replace(_shared_spec(tmp_path), gpus_per_node=2)  # 1 node, 2 ranks (no GPU is asked here)
+    spec = dataclasses.replace(shared_spec(tmp_path), gpus_per_node=2)  # 1 node, 2 ranks (no GPU is asked here)
     assert launch.run(_answer, {"value": 41}, spec, tmp_path / "work" / "profile", name="profile") == 42
     record = (tmp_path / "work" / "profile" / "job.json").read_text()
     assert '"launcher": "slurm_shared"' in record and '"job_id": "77"' in record
@@ -206,7 +182,7 @@ def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, mon
         srun=f'[ "$1" = --jobid=77 ] && touch {tmp_path}/ended\n{srun}',
     )
     monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
-    spec = _shared_spec(tmp_path)
+    spec = shared_spec(tmp_path)
     assert launch.run(_answer, {"value": 1}, spec, tmp_path / "work" / "profile", name="profile") == 2
     calls = log.read_text().splitlines()
     assert [c.split()[1] for c in calls if c.startswith("srun")] == ["--jobid=77", "--jobid=78"]
@@ -222,7 +198,9 @@ def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tm
     folder.mkdir(parents=True)
     cloudpickle_dump(("success", 5), folder / "77_0_result.pkl")
     step = subprocess.Popen(["sleep", "0.3"])
-    record = {"launcher": "slurm_shared", "pid": step.pid, "job_id": "77", "folder": str(folder), "tasks": 1}
+    srun = [step.pid, psutil.Process(step.pid).create_time()]
+    record = {"launcher": "slurm_shared", "name": "profile", "srun": srun, "job_id": "77", "folder": str(folder)}
+    record["tasks"] = 1
     (stage_dir / "job.json").write_text(json.dumps(record))
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="profile") == 5
     assert "re-attached to slurm_shared job 77" in capsys.readouterr().out
@@ -245,9 +223,9 @@ def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_q
     assert launch.LAUNCHERS["slurm_shared"].end_state(step) == expected
 
 
-def test_a_step_whose_srun_died_with_the_driver_is_waited_for_in_slurm_not_measured_again(tmp_path, monkeypatch):
-    """The record's srun is gone; Slurm still lists the step (twice), then not; its result is read, nothing is
-    submitted. A step that finished while no driver ran is read the same way."""
+def test_a_step_whose_srun_is_gone_is_waited_for_in_slurm_not_measured_again(tmp_path, monkeypatch):
+    """The record's srun is gone (its pid now another process's); Slurm still lists the step (twice), then not; its
+    result is read, nothing is submitted. A step that finished while no driver ran is read the same way."""
     from submitit.core.utils import cloudpickle_dump
 
     count = tmp_path / "count"
@@ -257,15 +235,73 @@ def test_a_step_whose_srun_died_with_the_driver_is_waited_for_in_slurm_not_measu
     monkeypatch.setattr(launch, "ALLOCATION_POLL_S", 0.01)
     stage_dir, folder = tmp_path / "profile", tmp_path / "profile" / "submit-x"
     folder.mkdir(parents=True)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    record = {"launcher": "slurm_shared", "name": "job-profile", "pid": dead.pid, "job_id": "77"}
+    other = subprocess.Popen(["sleep", "30"])
+    srun = [other.pid, psutil.Process(other.pid).create_time() - 60]  # the pid, reused
+    record = {"launcher": "slurm_shared", "name": "job-profile", "srun": srun, "job_id": "77"}
     (stage_dir / "job.json").write_text(json.dumps({**record, "folder": str(folder), "tasks": 1}))
     (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\nexit 1\n")  # a submission would fail the test
     cloudpickle_dump(("success", 5), folder / "77_0_result.pkl")
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
     assert log.read_text().count("squeue -h -s -j 77") == 3  # reattach, then wait until it is gone
     assert launch.run(_answer, {"value": 0}, launch.LaunchSpec("slurm"), stage_dir, name="job-profile") == 5
+    other.kill()
+
+
+def test_the_job_is_recorded_before_it_starts_so_a_driver_killed_as_it_starts_leaves_a_record(tmp_path, monkeypatch):
+    """A driver killed after srun started a step and before it wrote the step's record: the rerun found no record
+    and measured again beside the orphan (CI saw a profile run twice). The record is written first, with the
+    allocation's id; the rerun finds the step by its name in the allocation and waits for it."""
+    from submitit.core.utils import cloudpickle_dump
+
+    squeue = 'case "$*" in *" -s "*) exit 0;; *) echo RUNNING;; esac'  # the allocation runs, the step has ended
+    log = _fake_commands(
+        tmp_path, monkeypatch, sbatch="echo 77", squeue=squeue, srun="exit 1", scontrol=f"echo '{PARTITION}'"
+    )
+    spec, stage_dir = shared_spec(tmp_path), tmp_path / "profile"
+    shared = launch.LAUNCHERS["slurm_shared"]
+
+    def killed_as_it_starts(spec, folder, name, task, job_id_ahead=None):
+        recorded = json.loads((stage_dir / "job.json").read_text())
+        assert (recorded["job_id"], recorded["name"], recorded.get("srun")) == ("77", "job-profile", None)
+        assert recorded["folder"] == str(folder.resolve())
+        folder.mkdir(parents=True)
+        cloudpickle_dump(("success", 5), folder / "77_0_result.pkl")  # the orphan step measures
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shared, "submit", killed_as_it_starts)
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(_answer, {"value": 0}, spec, stage_dir, name="job-profile")
+    monkeypatch.setattr(shared, "submit", type(shared).submit.__get__(shared))
+    assert launch.run(_answer, {"value": 0}, spec, stage_dir, name="job-profile") == 5
+    assert "srun" not in log.read_text()  # not measured again
+
+
+def test_a_steps_srun_that_no_record_names_is_found_by_its_folder(tmp_path):
+    """A driver killed before it recorded the srun, which may still wait for the step's resources."""
+    folder = tmp_path / "profile" / "submit-20261125-0731-cc22dd"
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nsleep 30\n")
+    srun.chmod(0o755)
+    waiting = subprocess.Popen([str(srun), "--jobid=77", "-m", "submitit.core._submit", str(folder)])
+    try:
+        wait_for(lambda: psutil.Process(waiting.pid).name() == "srun", 10, "the fake srun to start")
+        record = {"launcher": "slurm_shared", "name": "job-profile", "job_id": "77", "folder": str(folder)}
+        job = launch.LAUNCHERS["slurm_shared"].reattach({**record, "tasks": 1})
+        assert job.srun == (waiting.pid, psutil.Process(waiting.pid).create_time()) and job.srun_alive()
+    finally:
+        waiting.kill()
+
+
+def test_an_sbatch_job_whose_driver_died_before_recording_its_id_is_found_by_name_and_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "train" / "submit-20261125-0731-cc22dd"
+    listed = f"537|{folder}/.submission_file_0d9e1f22.sh"
+    log = _fake_commands(
+        tmp_path, monkeypatch, squeue=f'case "$*" in *--name*) echo "{listed}";; *) echo RUNNING;; esac'
+    )
+    record = {"launcher": "slurm", "name": "job-train", "job_id": None, "folder": str(folder), "tasks": 1}
+    assert launch.LAUNCHERS["slurm"].reattach(record).job_id == "537"
+    assert "squeue -h --name=job-train -o %i|%o" in log.read_text()
+    assert launch.LAUNCHERS["local"].reattach(record) is None  # a local job dies with its driver
 
 
 def test_a_step_whose_results_are_written_is_done_after_a_grace_though_slurm_still_lists_it(tmp_path, monkeypatch):

@@ -128,7 +128,7 @@ def test_the_last_planned_profile_gives_the_measuring_allocation_back(gpu_job, l
     """Two planned profiles: the first written gives nothing back, the second (every one now written under the
     current settings) gives the allocation back at once; a profile written under other settings does not count."""
     released = []
-    monkeypatch.setattr(profiling.launch, "release_allocation", lambda work_dir: released.append(work_dir) or True)
+    monkeypatch.setattr(profiling, "release_allocation", lambda work_dir: released.append(work_dir) or True)
     candidates = [{"nodes": n, "gpus_per_node": 4, "batch": 64} for n in (1, 2)]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"candidates": candidates, "profile": candidates, "max_batch_per_device": 64}))

@@ -88,6 +88,15 @@ def test_a_steps_end_is_its_last_run_in_accounting():
     assert slurm_states.parse_step_state(SACCT_STEPS, "job-profile-N2-B64") is None  # not in accounting yet
 
 
+def test_a_job_is_found_by_the_folder_submitit_wrote_its_batch_script_into():
+    """`squeue -h --name=NAME -o %i|%o` as the local cluster printed it for a submitit job (its script path)."""
+    listed = "536|/w/work/j/train/submit-20261125-0730-aa11bb/.submission_file_7ec4fe65.sh\n"
+    listed += "537|/w/work/j/train/submit-20261125-0731-cc22dd/.submission_file_0d9e1f22.sh\n"
+    assert slurm_states.parse_submitted_from(listed, "submit-20261125-0731-cc22dd") == "537"
+    assert slurm_states.parse_submitted_from(listed, "submit-20261125-0732-ee33ff") is None
+    assert slurm_states.parse_submitted_from("", "submit-20261125-0731-cc22dd") is None
+
+
 def test_a_cancel_is_tried_again_while_slurmctld_does_not_answer_and_fails_naming_the_command(tmp_path, monkeypatch):
     """scancel fails while slurmctld restarts: the allocation must not be left holding its nodes."""
     count, refused = tmp_path / "count", 'echo "Unable to contact slurm controller" >&2; exit 1'

@@ -71,8 +71,8 @@ def chosen_nodes(wildcards, input):
 
 
 def release_measuring_allocations():
-    """On the way out of a failure no measuring allocation keeps its nodes (tula_hpc.launch.release_allocation)."""
-    from tula_hpc.launch import release_allocation
+    """On the way out of a failure no measuring allocation keeps its nodes (tula_hpc.allocation.release_allocation)."""
+    from tula_hpc.allocation import release_allocation
 
     for job in JOBS:
         release_allocation(os.path.join("work", job))

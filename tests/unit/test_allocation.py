@@ -1,0 +1,39 @@
+"""allocation: the measuring phase's holder job asked for, kept and given back, against fake Slurm commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import fake_commands as _fake_commands
+from tests.unit.test_launch import PARTITION, shared_spec
+from tula_hpc import allocation, slurm_states
+
+
+def test_the_allocation_asks_slurm_for_the_phases_time_and_memory_not_one_steps():
+    holder = allocation.holder_command(shared_spec(Path("/w"), nodes=2), "job-allocation", 2)
+    assert holder[:4] == ["sbatch", "--parsable", "--job-name=job-allocation", "--nodes=2"]
+    assert {"--time=60", "--partition=debug", "--mem=1024M"} <= set(holder)
+    assert holder[-2:] == ["--wrap", "exec sleep infinity"]
+
+
+def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.write_text("RUNNING")
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        sbatch="echo 77",
+        squeue=f"cat {state}",
+        scancel="exit 0",
+        sacct="echo CANCELLED",
+        scontrol=f"echo '{PARTITION}'",
+    )
+    spec = shared_spec(tmp_path)
+    assert allocation.hold_allocation(spec) == "77" and allocation.hold_allocation(spec) == "77"
+    assert sum(line.startswith("sbatch") for line in log.read_text().splitlines()) == 1
+    state.write_text("")  # squeue forgot it: accounting says it ended
+    monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
+    (tmp_path / "bin" / "sbatch").write_text(f'#!/bin/sh\necho "sbatch $*" >>{log}\necho 78\nprintf RUNNING >{state}\n')
+    assert allocation.hold_allocation(spec) == "78"
+    assert allocation.release_allocation(tmp_path / "work") and not allocation.release_allocation(tmp_path / "work")
+    assert log.read_text().splitlines()[-1] == "scancel 78"
