@@ -3,7 +3,7 @@
 Sections (bench/gpu_memory.py, bench/gpu_steps.py), each a function of the device and a size preset (PRESETS)
 returning its figures and its targets as met or not, with the figure:
 - memory: for each model, image size and precision (fp32, bf16), the probe stage's own probes and fit, then real
-  steady steps (`memory.run_in_fresh_process("trial")`) at batches from twice the largest probe up to the largest
+  steady steps (`memory_probes.run_in_fresh_process("trial")`) at batches from twice the largest probe up to the largest
   batch the model gives for the card (and no tensor of 2^31 elements, `index_cap`): relative error of the predicted
   peak, median and max, against the allocator's peaks (max_memory_allocated) and reserved peaks
   (max_memory_reserved, what sizes the batch).

@@ -85,10 +85,10 @@ def index_cap(job: dict, splits) -> int:
 
 def compared(models: dict, batch: int, measured: dict, buckets: int = 0) -> dict:
     """Each figure's predicted peak at `batch` (plus DDP's buckets) against the measured one, where measured."""
-    from tula_hpc import memory
+    from tula_hpc import memory_model
 
     rows = {}
-    for figure, key in memory.PEAK.items():
+    for figure, key in memory_model.PEAK.items():
         predicted, truth = float(models[figure].predict([batch])[0]) + buckets, measured.get(key)
         error = (predicted - truth) / truth if truth else None
         rows[figure] = {"predicted_bytes": round(predicted), "measured_bytes": truth, "rel_error": error}
@@ -101,12 +101,12 @@ def compared(models: dict, batch: int, measured: dict, buckets: int = 0) -> dict
 
 def memory_trials(job: dict, models: dict, batches: list[int], budget: int) -> list[dict]:
     """The stage's verification trial (steady steps in a fresh process) at each batch, the card as its budget."""
-    from tula_hpc import memory
+    from tula_hpc import memory_probes
 
     rows = []
     for batch in batches:
         try:  # a batch the model puts under the room must fit
-            trial = memory.run_in_fresh_process("trial", job=job, batch=batch, budget=budget, ddp=False)
+            trial = memory_probes.run_in_fresh_process("trial", job=job, batch=batch, budget=budget, ddp=False)
         except RuntimeError as err:  # a crash at one batch is a finding, not the end of the section
             trial = {"outcome": "error", "error": str(err)[-2000:]}
         print(f"  {job['name']} b={batch}: {trial['outcome']}", flush=True)
@@ -117,7 +117,7 @@ def memory_trials(job: dict, models: dict, batches: list[int], budget: int) -> l
 def memory_case(job: dict, batches: int) -> dict:
     """The probe stage's model of one job against its real steady steps at about `batches` batches from twice the
     largest probe up to the card's limit (and `index_cap`)."""
-    from tula_hpc import memory
+    from tula_hpc import memory, memory_model
     from tula_hpc.budget import budget_bytes
     from tula_hpc.data import load_splits
 
@@ -126,12 +126,12 @@ def memory_case(job: dict, batches: int) -> dict:
     started = time.perf_counter()
     probes = memory.run_probes(job, len(splits.train), budget)  # as the stage: no probe above the training set
     probe_seconds = time.perf_counter() - started
-    ran = memory.measured(probes)
+    ran = memory_model.measured(probes)
     if len(ran) < 2:
         return {"job": job["name"], "error": "fewer than two probes ran", "probes": probes}
-    models = {figure: memory.fit_probes(ran, figure) for figure in memory.PEAK}
-    room = memory.room_for_steps(job, budget, probes)
-    largest, cap = models[memory.DECIDING_FIGURE].max_batch(room), index_cap(job, splits)
+    models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
+    room = memory_model.room_for_steps(job, budget, probes)
+    largest, cap = models[memory_model.DECIDING_FIGURE].max_batch(room), index_cap(job, splits)
     top = min(largest, cap)
     lowest = 2 * ran[-1]["batch"] if 2 * ran[-1]["batch"] < top else ran[-1]["batch"] + 1
     rows = memory_trials(job, models, spread(lowest, top, batches), budget)
@@ -142,7 +142,7 @@ def memory_case(job: dict, batches: int) -> dict:
         "precision": job["train"]["precision"],
         "budget_bytes": budget,
         "room_bytes": room,
-        "deciding_figure": memory.DECIDING_FIGURE,
+        "deciding_figure": memory_model.DECIDING_FIGURE,
         "predicted_max_batch": largest,
         "index_cap": cap,
         "probe_batches": [p["batch"] for p in ran],
@@ -153,13 +153,13 @@ def memory_case(job: dict, batches: int) -> dict:
         "not_fitting": [f"b={r['batch']} {r['outcome']}" for r in rows if r["outcome"] != "fits"],
         "errors": {
             f: error_summary({str(r["batch"]): r[f]["rel_error"] for r in rows if r["outcome"] == "fits"})
-            for f in memory.PEAK
+            for f in memory_model.PEAK
         },
     }
 
 
 def memory_section(device: str, preset: dict, scratch: Path) -> dict:
-    from tula_hpc.memory import PEAK
+    from tula_hpc.memory_model import PEAK
 
     spec = preset["memory"]
     cases = []
@@ -210,7 +210,7 @@ def train_peak_worker(job: dict, global_batch: int, run_dir: str) -> dict:
     """In a launched process: the train stage's own worker at `global_batch` (at N = 1, as the stage runs it: one
     rank, no process group, no DDP wrapper), then the device's peaks over the whole run. Running out of memory is
     an answer here, not a crash."""
-    from tula_hpc import memory
+    from tula_hpc import memory_model
     from tula_hpc.budget import DeviceBudgetError, device_memory, is_out_of_memory
     from tula_hpc.distributed import init_distributed
     from tula_hpc.train import train_worker
@@ -230,7 +230,7 @@ def train_peak_worker(job: dict, global_batch: int, run_dir: str) -> dict:
             "failed_at_bytes": device_memory.failed_at(device, err),
             "error": str(err)[:500],
         }
-    return {**found, **{key: device_memory.peak(device, figure) for figure, key in memory.PEAK.items()}}
+    return {**found, **{key: device_memory.peak(device, figure) for figure, key in memory_model.PEAK.items()}}
 
 
 def trained(job: dict, batch: int, folder: Path) -> dict:
@@ -261,7 +261,7 @@ def memory_limited_budget(job: dict, proposal: dict) -> float:
 def training_case(job_at, budget_gb, folder: Path) -> dict:
     """The memory stage itself (probes, fit, verification trials with their correction) for the job `job_at` gives
     at a budget, then the train stage's worker at the batch it proposes and ABOVE_PROPOSED times it."""
-    from tula_hpc import memory
+    from tula_hpc import memory, memory_model
     from tula_hpc.budget import budget_source
 
     def above(proposal: dict) -> int:
@@ -274,8 +274,8 @@ def training_case(job_at, budget_gb, folder: Path) -> dict:
         job = job_at(memory_limited_budget(job, proposal))
         budget_note += f" leaves no batch above the proposal; again at {job['resources']['device_memory_gb']:.4f} GB"
         proposal = memory.probe_memory(job, folder / "memory.json", folder / "limited")
-    ran = memory.measured(proposal["probes"])
-    models = {figure: memory.fit_probes(ran, figure) for figure in memory.PEAK}
+    ran = memory_model.measured(proposal["probes"])
+    models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
     rows = []
     for batch in (proposal["max_batch_per_device"], above(proposal)):
         run = trained(job, batch, folder / f"b{batch}")
@@ -339,18 +339,22 @@ def training_section(device: str, preset: dict, scratch: Path) -> dict:
 
 def oom_section(device: str, preset: dict, scratch: Path) -> dict:
     """The train stage under a budget its selected batch does not fit (a real out-of-memory error) but half does."""
-    from tula_hpc import memory
+    from tula_hpc import memory_model, memory_probes
     from tula_hpc.budget import GB, budget_bytes
     from tula_hpc.files import read_json
     from tula_hpc.train import train
 
     spec = preset["oom"]
-    batch, key = spec["batch"], memory.PEAK[memory.DECIDING_FIGURE]  # the figure the device's cap applies to
+    batch, key = (
+        spec["batch"],
+        memory_model.PEAK[memory_model.DECIDING_FIGURE],
+    )  # the figure the device's cap applies to
     changes = {"train": {"epochs": spec["epochs"], "lr_milestones": []}}
     roomy = case_job(device, spec, "gpu-check-oom", resources={"device_memory_gb": "auto"}, **changes)
     card = budget_bytes(roomy, torch_device(device))
     steps = {
-        b: memory.run_in_fresh_process("trial", job=roomy, batch=b, budget=card, ddp=False) for b in (batch // 2, batch)
+        b: memory_probes.run_in_fresh_process("trial", job=roomy, batch=b, budget=card, ddp=False)
+        for b in (batch // 2, batch)
     }
     if any(s["outcome"] != "fits" for s in steps.values()):
         return {"error": "the steps do not fit the card at the OOM job's batch", "trials": steps}

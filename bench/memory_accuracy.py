@@ -60,7 +60,8 @@ def bench_case(job: dict, batches: list[int]) -> tuple[list[dict], dict]:
 
     from tula_hpc.budget import budget_bytes
     from tula_hpc.data import load_splits
-    from tula_hpc.memory import fit_probes, measured, run_probes
+    from tula_hpc.memory import run_probes
+    from tula_hpc.memory_model import fit_probes, measured
 
     model_name, side = job["model"]["name"], job["data"]["image_size"]
     started = time.perf_counter()

@@ -31,7 +31,7 @@ def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
 
     from tula_hpc.budget import budget_bytes, device_memory, is_out_of_memory, model_bytes
     from tula_hpc.distributed import Context
-    from tula_hpc.memory import PEAK
+    from tula_hpc.memory_model import PEAK
     from tula_hpc.strategies import build_strategy
     from tula_hpc.training import build_for_job, training_step
 
