@@ -453,43 +453,64 @@ def build_strategy(
         optimizer = torch.optim.SGD(params, **sgd)
     precision.attach_state(optimizer)
     samples = train_samples or steps_per_epoch * global_batch
-    strategy = _build(name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
+    strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
     if _world_size(net) > 1 and not polo:
         strategy.noise_scale = NoiseScaleHook(_world_size(net))
         strategy.noise_scale.attach(net)
     return strategy
 
 
-def _build(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo) -> Strategy:
-    """The strategy object of `name` around the optimiser (see `build_strategy`)."""
-    if name in ("static", "ags"):
-        ags = train_cfg["ags"]
-        world = _world_size(net)
-        tula = TulaOptimizer(
-            optimizer,
-            mode="static" if name == "static" else "adaptive",
-            delta=ags["delta"],
-            large_batch_size=global_batch,
-            small_batch_size=min(ags["small_batch"], global_batch // world),
-            granularity=ags["granularity"],
-            s_min=ags["s_min"],
-            static_scale=ags["static_scale"],
-            update_every_steps=ags["update_every_steps"],
-            seed=train_cfg["seed"],
-        )
-        return ScalingStrategy(name, tula, train_cfg, steps_per_epoch, precision)
-    if polo:
-        switch = train_cfg["polo"]["sync_epochs"] * steps_per_epoch
-        hook_state = PostLocalSGDState(
-            process_group=None, subgroup=None, start_localSGD_iter=switch, post_local_gradient_allreduce=False
-        )
-        net.register_comm_hook(hook_state, post_localSGD_hook)
-        period = max(1, steps_per_epoch // train_cfg["polo"]["averages_per_epoch"])
-        averager = PeriodicModelAverager(period=period, warmup_steps=switch)
-        return PostLocalSGDStrategy(
-            name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state
-        )
-    if name == "adascale":
-        return AdaScaleStrategy(name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples)
-    # lbt, lrs, lars, and polo on a single process (local SGD with one worker is plain SGD).
+def _scaling(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+    """ags and static: Tula's gradient scaling around the optimiser (Algorithm 1; Eq. 8's step function)."""
+    ags = train_cfg["ags"]
+    world = _world_size(net)
+    tula = TulaOptimizer(
+        optimizer,
+        mode="static" if name == "static" else "adaptive",
+        delta=ags["delta"],
+        large_batch_size=global_batch,
+        small_batch_size=min(ags["small_batch"], global_batch // world),
+        granularity=ags["granularity"],
+        s_min=ags["s_min"],
+        static_scale=ags["static_scale"],
+        update_every_steps=ags["update_every_steps"],
+        seed=train_cfg["seed"],
+    )
+    return ScalingStrategy(name, tula, train_cfg, steps_per_epoch, precision)
+
+
+def _post_local(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+    """polo: post-local SGD over DDP; on a single process (local SGD with one worker is plain SGD) plain."""
+    if not polo:
+        return _plain(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo)
+    switch = train_cfg["polo"]["sync_epochs"] * steps_per_epoch
+    hook_state = PostLocalSGDState(
+        process_group=None, subgroup=None, start_localSGD_iter=switch, post_local_gradient_allreduce=False
+    )
+    net.register_comm_hook(hook_state, post_localSGD_hook)
+    period = max(1, steps_per_epoch // train_cfg["polo"]["averages_per_epoch"])
+    averager = PeriodicModelAverager(period=period, warmup_steps=switch)
+    return PostLocalSGDStrategy(
+        name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state
+    )
+
+
+def _adascale(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+    return AdaScaleStrategy(name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples)
+
+
+def _plain(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+    """lbt, lrs, lars: the optimiser as it is (the recipe, `recipe`, chose its rate, warm-up and LARS)."""
     return Strategy(name, optimizer, train_cfg, steps_per_epoch, precision)
+
+
+# The registry of train.strategy: each name's builder (the schema's enum is checked against it by a test).
+BUILDERS = {
+    "ags": _scaling,
+    "static": _scaling,
+    "lbt": _plain,
+    "lrs": _plain,
+    "lars": _plain,
+    "polo": _post_local,
+    "adascale": _adascale,
+}

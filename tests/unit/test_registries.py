@@ -1,0 +1,53 @@
+"""One registry per concept the job schema names: the schema's enum (or the names its pattern allows beside a
+user's package.module:callable) lists exactly the names the code's registry holds, so a name added in one place
+and not the other fails here rather than in a user's job."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tula_hpc import data, models, pricing, selection, strategies
+from tula_hpc.config import SCHEMA_PATH
+
+
+def job_field(*path: str) -> dict:
+    """The schema of a job's field, e.g. ("train", "strategy")."""
+    node = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["jobs"]["additionalProperties"]
+    for key in path:
+        node = node["properties"][key]
+    return node
+
+
+def builtin_names(pattern: str) -> set[str]:
+    """The literal names of a pattern `^(a|b|...|<a user's package.module:callable>)$`."""
+    alternatives = re.fullmatch(r"\^\((.*)\)\$", pattern).group(1).split("|")
+    return {name for name in alternatives if re.fullmatch(r"[a-z0-9_]+", name)}
+
+
+def pricing_names() -> set[str]:
+    objective = {"price_per_node_hour": 1.0, "price_per_gb_hour": 1.0, "charge_factors": {"default": 1.0}}
+    memory = {"fit": {"intercept_bytes": 1, "slope_bytes_per_sample": 1}}
+    return set(pricing.costs(3600.0, 1, 1, 1, objective, memory, None))
+
+
+@pytest.mark.parametrize(
+    ("path", "registry"),
+    [
+        (("model", "name"), lambda: set(models.BUILTINS)),
+        (("data", "name"), lambda: set(data.LOADERS)),
+        (("train", "strategy"), lambda: set(strategies.BUILDERS)),
+        (("objective", "minimize"), lambda: set(selection.GOALS) | {"knee"}),  # the knee: ranked apart (_rank)
+        (("objective", "pricing"), pricing_names),
+    ],
+)
+def test_the_schema_names_exactly_what_the_registry_holds(path, registry):
+    field = job_field(*path)
+    named = set(field["enum"]) if "enum" in field else builtin_names(field["pattern"])
+    assert named == registry(), f"{'.'.join(path)}: schema {sorted(named)}, code {sorted(registry())}"
+
+
+def test_table_ones_strategies_are_registered():
+    assert set(strategies.STRATEGIES) <= set(strategies.BUILDERS)
