@@ -448,10 +448,16 @@ def render(
     summary: dict,
     evaluation: dict,
 ) -> str:
-    chosen = selection["chosen"]
-    candidates = [c for row in _rows_by_shape(perfmodel["candidates"]).values() for c in row]
-    restarts = summary["restarts_at_steps"]
-    knees = selection["knees"]
+    return (
+        _choice(job, links, plan, perfmodel, selection, summary)
+        + _outcome(links, memory, selection, summary, evaluation)
+        + _memory_model(memory, plan, perfmodel)
+        + _every_candidate(perfmodel)
+    )
+
+
+def _choice(job: str, links: dict[str, str], plan: dict, perfmodel: dict, selection: dict, summary: dict) -> str:
+    chosen, knees = selection["chosen"], selection["knees"]
     return f"""# tula-hpc report: {job}
 
 ## Choice
@@ -471,7 +477,12 @@ knee objective used the {selection.get("knee_used", selection["knee_method"])} k
 
 ![cost surface]({links["cost"]})
 
-## Outcome
+"""
+
+
+def _outcome(links: dict[str, str], memory: dict, selection: dict, summary: dict, evaluation: dict) -> str:
+    restarts = summary["restarts_at_steps"]
+    return f"""## Outcome
 | | predicted | measured |
 |---|---|---|
 | training time (s, steps only) | {evaluation["predicted_train_time_s"]:.2f} | {
@@ -490,7 +501,11 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
 
 ![predicted vs measured]({links["accuracy"]})
 
-## Memory model
+"""
+
+
+def _memory_model(memory: dict, plan: dict, perfmodel: dict) -> str:
+    return f"""## Memory model
 Peak device memory of a steady step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
 + {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
 it prices memory-based cost), of which fixed {_fixed(memory)};
@@ -517,7 +532,12 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
         )
     }
 {_model_section(plan, perfmodel)}
-### Every candidate
+"""
+
+
+def _every_candidate(perfmodel: dict) -> str:
+    candidates = [c for row in _rows_by_shape(perfmodel["candidates"]).values() for c in row]
+    return f"""### Every candidate
 {
         _table(
             candidates,
