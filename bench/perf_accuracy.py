@@ -52,8 +52,7 @@ import time
 from pathlib import Path
 
 from common import RESULTS, WORK, bench_job, bench_parser, files_digest, write_result
-
-from tula_hpc.search import SECOND_BATCHES as RULES  # partial search's second batch at the largest N
+from perf_replay import MEASUREMENT, OBJECTIVES, RULED, RULES, SEARCHES, disturbed, evaluate_model
 
 DIGITS = {"name": "digits", "image_size": 8}  # the default job's data
 FASHION_MNIST = {"name": "fashion_mnist", "root": None, "image_size": 14, "augment": "standard"}
@@ -74,19 +73,15 @@ PER_DEVICE = (8, 512)
 ROUNDS = 9  # at most; at least MIN_ROUNDS, and no round that would end after BUDGET_S
 MIN_ROUNDS = 3
 BUDGET_S = 1020.0
-MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempts": 3, "interference_tolerance": 0.1}
 # Adaptive search stops on predictions confirmed within this; here it is set to about this machine's noise
 # floor (a tighter tolerance cannot be confirmed on it and turns adaptive into full search).
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 # What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
 MEASURING_CODE = [
     f"tula_hpc/{name}.py"
-    for name in ("step_timing", "training", "strategies", "models", "data", "distributed", "launch")
+    for name in ("step_timing", "training", "strategies", "models", "data", "distributed", "launch", "launch_spec")
 ]
 MODES = ("partial", "adaptive", "full")
-RULED = tuple(f"{mode}/{rule}" for mode in ("partial", "adaptive") for rule in RULES)  # searches under one rule
-SEARCHES = RULED + ("full",)
-OBJECTIVES = ("time", "cost", "knee")
 # Step-time errors in multiples of the noise floor measured in the same run; the rest as fractions.
 TARGETS = {
     "partial_median": 1.2,
@@ -96,9 +91,6 @@ TARGETS = {
     "knee_regret": 0.03,
     "partial_cost_share": 0.25,
 }
-# Costs are node-hours (the bench jobs' pricing), which read no memory.json; pricing.costs prices every
-# pricing model at once, so it gets a zero memory line for the one this bench does not use.
-NO_MEMORY = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 
 
 class StaleMeasurements(ValueError):
@@ -219,152 +211,6 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float
         WORK / f"perf_accuracy_{job['launcher']}",
         name="bench-perf-accuracy",
     )
-
-
-def _key(c: dict) -> tuple[int, int]:
-    return c["nodes"], c["batch"]
-
-
-def disturbed(record: dict) -> bool:
-    return record["interference"] > MEASUREMENT["interference_tolerance"]
-
-
-def _rel(predicted: float, measured: float) -> float:
-    return float(abs(predicted / measured - 1))
-
-
-def stage_prediction(job: dict, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
-    """T and cost of every candidate as the fit_model stage computes them from these profiles."""
-    from tula_hpc.perfmodel import fit_and_predict
-
-    return fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)[3]
-
-
-def regrets(predicted: list[dict], measured: list[dict], objective: dict) -> dict[str, float]:
-    """Per objective: what the select stage's choice on the prediction measures, against its choice on the truth."""
-    from tula_hpc.selection import select
-
-    truth = {_key(c): c for c in measured}
-    found = {}
-    for goal in OBJECTIVES:
-        wanted = {**objective, "minimize": goal}
-        chosen = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)["chosen"]
-        best = select({"candidates": measured, "pricing": objective["pricing"]}, wanted)["chosen"]
-        field = "cost" if goal == "cost" else "time_s"
-        regret = truth[_key(chosen)][field] / best[field] - 1
-        found[f"{goal}_regret"] = abs(regret) if goal == "knee" else regret
-    return found
-
-
-def evaluate_model(name: str, job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
-    """One model's raw figures, each labelled with where it comes from: step-time errors per search (SEARCHES),
-    one campaign (profiling cost, regrets) per search and round, and every measurement's distance from the truth."""
-    from tula_hpc.layout import devices_per_node
-    from tula_hpc.perfmodel import predict_candidates
-    from tula_hpc.performance import candidate_row, fit_profiles, model_params
-    from tula_hpc.search import adaptive_search, planned
-
-    devices, launcher = devices_per_node(job), job["launcher"]
-
-    def row(c: dict) -> list[float]:
-        return candidate_row(c, devices, launcher)
-
-    rounds = sorted({r["round"] for r in records})
-    by_round = {r: {_key(x): x for x in records if x["round"] == r} for r in rounds}
-    settings = model_params(job)
-    adaptive_settings = job["search"]["adaptive"]
-
-    def truth(c, excluded):
-        """Median over the other rounds, of their quiet measurements when there are any."""
-        others = [by_round[r][_key(c)] for r in rounds if r != excluded]
-        quiet = [x for x in others if not disturbed(x)] or others
-        return statistics.median(x["median"]["step_s"] for x in quiet)
-
-    def measured_run(excluded) -> list[dict]:
-        """T and cost of every candidate from its true step (weight 1: the model only scales the last step)."""
-        elsewhere = [x for r in rounds if r != excluded for x in by_round[r].values()]
-        steps = {(c["nodes"] * devices, c["per_device_batch"]): truth(c, excluded) for c in candidates}
-        model = fit_profiles(elsewhere, **settings)
-        return predict_candidates(model, candidates, job, train_samples, NO_MEMORY, steps, 1.0)
-
-    def where(c: dict, r: int) -> dict:
-        return {"model": name, "round": r, "nodes": c["nodes"], "batch": c["batch"]}
-
-    errors: dict[str, list[dict]] = {search: [] for search in SEARCHES}
-    campaigns: dict[str, list[dict]] = {search: [] for search in SEARCHES}
-    for current in rounds:
-        profiles = by_round[current]
-
-        def measure(c: dict, profiles=profiles) -> dict:
-            """The round's measurement stands in for a profile job."""
-            return profiles[_key(c)]
-
-        used = {"full": planned("full", candidates, devices, launcher)}
-        fit_settings = {"full": settings}
-        for rule in RULES:
-            used[f"partial/{rule}"] = planned("partial", candidates, devices, launcher, second_batch=rule)
-            fit_settings[f"partial/{rule}"] = settings
-            adaptive = adaptive_search(
-                candidates,
-                planned("adaptive", candidates, devices, launcher, second_batch=rule),
-                measure,
-                row,
-                settings,
-                adaptive_settings["tolerance"],
-                adaptive_settings["max_profiles"],
-            )
-            used[f"adaptive/{rule}"] = adaptive["profiled"]
-            fit_settings[f"adaptive/{rule}"] = {
-                **settings,
-                "discrepancy_per_octave": adaptive["discrepancy_per_octave"],
-            }
-        for search, chosen in used.items():
-            if search == "full":  # leave-one-out
-                judged = candidates
-                steps = [
-                    fit_profiles([measure(c) for c in candidates if c is not held], **settings).predict([row(held)])[0]
-                    for held in candidates
-                ]
-            else:  # adaptive search that profiled everything leaves nothing unseen to judge
-                judged = [c for c in candidates if c not in chosen]
-                model = fit_profiles([measure(c) for c in chosen], **settings)
-                steps = model.predict([row(c) for c in judged]) if judged else []
-            errors[search] += [
-                {**where(c, current), "error": _rel(step, truth(c, current))} for c, step in zip(judged, steps)
-            ]
-        measured = measured_run(current)
-        full_cost = sum(measure(c)["measure_wall_s"] * c["nodes"] for c in candidates)
-        for search, chosen in used.items():
-            predicted = stage_prediction(
-                job, [measure(c) for c in chosen], candidates, train_samples, fit_settings[search]
-            )
-            cost = sum(measure(c)["measure_wall_s"] * c["nodes"] for c in chosen)
-            campaigns[search].append(
-                {
-                    "model": name,
-                    "round": current,
-                    "profiled": len(chosen),
-                    "cost_s": cost,
-                    "cost_share": cost / full_cost,
-                    **regrets(predicted, measured, job["objective"]),
-                }
-            )
-    noise = [
-        {
-            **where(c, r),
-            "error": _rel(by_round[r][_key(c)]["median"]["step_s"], truth(c, r)),
-            "disturbed": disturbed(by_round[r][_key(c)]),
-        }
-        for r in rounds
-        for c in candidates
-    ]
-    return {
-        "configs": len(candidates),
-        "rounds": len(rounds),
-        "errors": errors,
-        "campaigns": campaigns,
-        "noise": noise,
-    }
 
 
 def largest(items: list[dict], key: str) -> dict | None:
