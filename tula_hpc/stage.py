@@ -64,10 +64,11 @@ def stage_main(
         print(f"tula-hpc {name}: error: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # a failed job or a bug: show what to read, exit non-zero
+        from .allocation import AllocationFailed
         from .launch import JobFailed
         from .slurm_states import CancelFailed
 
-        if not isinstance(err, (JobFailed, CancelFailed)):
+        if not isinstance(err, (JobFailed, AllocationFailed, CancelFailed)):
             traceback.print_exc()
         print(f"tula-hpc {name}: failed: {err}", file=sys.stderr)
         return 1
