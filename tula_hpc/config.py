@@ -19,6 +19,7 @@ import yaml
 
 from .datacheck import DataError, check_data
 from .devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
+from .job import Job
 from .layout import ranks_per_host
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
@@ -117,20 +118,21 @@ STAGE_SETTINGS = {
 }
 
 
-def stage_settings(job: dict, stage: str) -> dict[str, Any]:
-    """The settings `stage` depends on (STAGE_SETTINGS), keyed by their dotted names."""
+def stage_settings(settings: dict, stage: str) -> dict[str, Any]:
+    """The settings `stage` depends on (STAGE_SETTINGS), keyed by their dotted names, from a job's settings as plain
+    data (a rule's config, or Job.as_dict())."""
     picked = {}
     for name in STAGE_SETTINGS[stage]:
-        value: Any = job
+        value: Any = settings
         for key in name.split("."):
             value = value.get(key) if isinstance(value, dict) else None
         picked[name] = value
     return picked
 
 
-def fingerprint(job: dict, stage: str) -> str:
+def fingerprint(job: Job, stage: str) -> str:
     """A short hash of what `stage` depends on: equal fingerprints mean reusable results."""
-    settings = stage_settings(job, stage)
+    settings = stage_settings(job.as_dict(), stage)
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -391,7 +393,7 @@ def load_config(paths: list[str | Path], overrides: dict | None = None) -> dict:
         raise ConfigError(f"{names}: {err}") from None
 
 
-def job_settings(config: dict, name: str) -> dict[str, Any]:
+def job_settings(config: dict, name: str) -> Job:
     """The validated settings of one job, with the cluster-wide launcher settings folded in."""
     if name not in config["jobs"]:
         raise ConfigError(f"job '{name}' is not defined; defined jobs: {', '.join(config['jobs'])}")
@@ -399,4 +401,4 @@ def job_settings(config: dict, name: str) -> dict[str, Any]:
     job["name"] = name
     job["launcher"] = config.get("launcher", "local")
     job["resources"]["slurm"] = {**config.get("slurm", {}), **job["resources"].get("slurm", {})}
-    return job
+    return Job.from_dict(job)
