@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import platform
 import statistics
@@ -41,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from tula_hpc.config import job_settings, load_config  # noqa: E402
 from tula_hpc.files import read_json, write_json  # noqa: E402
+from tula_hpc.job import TrainSettings  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import build_strategy  # noqa: E402
 from tula_hpc.training import training_step  # noqa: E402
@@ -65,12 +67,14 @@ def timed(fn, n: int) -> list[float]:
     return times
 
 
-def strategy_for(model: torch.nn.Module, train_cfg: dict, steps: int, **ags):
-    cfg = {**train_cfg, "strategy": "ags" if ags else "lbt", "ags": {**train_cfg["ags"], **ags}}
+def strategy_for(model: torch.nn.Module, train_cfg: TrainSettings, steps: int, **ags):
+    cfg = dataclasses.replace(
+        train_cfg, strategy="ags" if ags else "lbt", ags=dataclasses.replace(train_cfg.ags, **ags)
+    )
     return build_strategy(model, cfg, BATCH, steps)
 
 
-def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
+def measure_model(name: str, train_cfg: TrainSettings, rounds: int, steps: int) -> dict:
     size, repeats = MODELS[name]
     rounds, steps = rounds * repeats, steps * repeats
     torch.manual_seed(0)
@@ -136,7 +140,9 @@ def measure_model(name: str, train_cfg: dict, rounds: int, steps: int) -> dict:
     return result
 
 
-def measure_epochs(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, train_cfg: dict, rounds: int) -> dict:
+def measure_epochs(
+    base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, train_cfg: TrainSettings, rounds: int
+) -> dict:
     """Digits-sized epochs through training_step and the strategy hooks (a sensitive step is not scaled).
 
     A second lbt model, timed in the same rotation, gives the noise floor: what the same work differs by here.
@@ -145,7 +151,7 @@ def measure_epochs(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, trai
     strategies = {}
     for key, name in (("lbt", "lbt"), ("lbt_again", "lbt"), ("ags", "ags")):
         model = copy.deepcopy(base)
-        strategies[key] = (model, build_strategy(model, {**train_cfg, "strategy": name}, BATCH, steps))
+        strategies[key] = (model, build_strategy(model, dataclasses.replace(train_cfg, strategy=name), BATCH, steps))
 
     def epoch(model, strategy):
         def run():
@@ -199,7 +205,7 @@ def judge(result: dict) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(2)
-    train_cfg = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn")["train"]
+    train_cfg = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn").train
     models = {name: measure_model(name, train_cfg, args.rounds, args.steps) for name in MODELS}
     return {
         "setup": {

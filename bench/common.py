@@ -27,6 +27,7 @@ import yaml
 
 from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
 from tula_hpc.files import write_json
+from tula_hpc.job import Job
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -65,7 +66,7 @@ def bench_config(name: str = DEFAULT_JOB, *, as_name: str | None = None, launche
         raise ConfigError(f"bench job from {JOBS_FILE.name} '{name}' with {sections}: {err}") from None
 
 
-def bench_job(name: str = DEFAULT_JOB, *, as_name: str | None = None, launcher: str = "local", **sections) -> dict:
+def bench_job(name: str = DEFAULT_JOB, *, as_name: str | None = None, launcher: str = "local", **sections) -> Job:
     """The validated settings of that bench job, as a stage receives them (`job_settings`)."""
     return job_settings(bench_config(name, as_name=as_name, launcher=launcher, **sections), as_name or name)
 
@@ -158,7 +159,7 @@ def error_summary(errors: dict[str, float | None]) -> dict:
     }
 
 
-def train_cell(job: dict, global_batch: int, run_dir: Path, world: int, name: str) -> dict:
+def train_cell(job: Job, global_batch: int, run_dir: Path, world: int, name: str) -> dict:
     """One training run as the train stage runs it: train_worker on `world` ranks, a job of its own (launch.run);
     the summary. A run interrupted earlier resumes from its checkpoint in `run_dir`, which gives the
     uninterrupted result."""
@@ -187,7 +188,7 @@ def train_cell(job: dict, global_batch: int, run_dir: Path, world: int, name: st
     return summary
 
 
-def trained_scores(job: dict, model_path: Path) -> dict:
+def trained_scores(job: Job, model_path: Path) -> dict:
     """The evaluate stage's scores of the saved model (test accuracy after precise BN and as trained), and its
     validation accuracy after precise BN, the figure benchmarks choose settings on (the evaluate stage scores the
     test split only, so the validation split is scored here with its functions)."""
@@ -198,8 +199,8 @@ def trained_scores(job: dict, model_path: Path) -> dict:
     from tula_hpc.evaluate import evaluate_worker, load_trained_model, score
 
     model = load_trained_model(model_path)
-    splits = load_splits(job["data"], job["train"]["seed"])
-    val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val, seed=job["train"]["seed"])
+    splits = load_splits(job.data, job.train.seed)
+    val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val, seed=job.train.seed)
     return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}
 
 

@@ -19,7 +19,6 @@ training setting and the training code's digest), so a stopped run continues and
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -46,12 +45,12 @@ SUMMARY = ("goodput_accuracy_minus_reference", "goodput_time_over_reference", "a
 def goodput_changes(model: str) -> dict:
     """The goodput job: the reference cell's job (the recipe) with adascale, the goodput objective and the search
     over this machine's 2 ranks."""
-    job = cell_job(SCALE, model, "adascale", TUNING_SEED, None)
+    recipe = cell_job(SCALE, model, "adascale", TUNING_SEED, None).as_dict()
     return {
-        "model": job["model"],
-        "data": job["data"],
-        "train": job["train"],
-        "resources": {k: job["resources"][k] for k in ("gpus_per_node", "cpus_per_task")},
+        "model": recipe["model"],
+        "data": recipe["data"],
+        "train": recipe["train"],
+        "resources": {k: recipe["resources"][k] for k in ("gpus_per_node", "cpus_per_task")},
         "search": {"nodes": {"min": WORLD, "max": WORLD}, "batch": {"min": 32, "max": 4096}},
         "objective": {"minimize": "goodput"},
     }
@@ -201,7 +200,7 @@ def figures(cells: list[dict], done: dict[str, dict], choices: dict[str, dict]) 
             "small_batch": SMALL_BATCH,
             "tuning_seed_of_the_goodput_choice": TUNING_SEED,
             "accuracy_margin_points": ACCURACY_MARGIN,
-            "example_job": json.loads(json.dumps(cell_job(SCALE, MODELS[0], "adascale", 0, None))),
+            "example_job": cell_job(SCALE, MODELS[0], "adascale", 0, None).as_dict(),
         },
     }
 

@@ -35,6 +35,7 @@ from common import WORK, bench_job, bench_parser, train_cell, trained_scores, wr
 
 from tula_hpc.data import load_splits
 from tula_hpc.files import append_jsonl, read_jsonl, write_jsonl
+from tula_hpc.job import Job
 from tula_hpc.strategies import STRATEGIES
 
 WORLD = 2
@@ -54,7 +55,7 @@ ABLATION = {
 ABLATION_BATCHES = (256, 1024)
 
 
-def cell_job(cell: dict) -> dict:
+def cell_job(cell: dict) -> Job:
     epochs = cell["epochs"]
     return bench_job(
         as_name="bench-generalization",
@@ -269,8 +270,9 @@ def main() -> None:
     if args.fresh:
         done_path.unlink(missing_ok=True)
     base = bench_job()
-    splits = load_splits(base["data"], base["train"]["seed"])  # sizes only: each seed splits anew
-    cells = plan_cells(args.runs, args.seeds, args.ablation, base["train"]["ags"], args.batches, args.strategies)
+    splits = load_splits(base.data, base.train.seed)  # sizes only: each seed splits anew
+    plain = base.as_dict()
+    cells = plan_cells(args.runs, args.seeds, args.ablation, plain["train"]["ags"], args.batches, args.strategies)
     if args.rescore and done_path.exists():
         write_jsonl(done_path, rescore(read_jsonl(done_path), cells, args.scratch))
     done = {r["key"] for r in read_jsonl(done_path)} if done_path.exists() else set()
@@ -283,11 +285,11 @@ def main() -> None:
     records = [r for r in {r["key"]: r for r in read_jsonl(done_path)}.values() if r["key"] in wanted]
     settings = {
         "data": {
-            "name": base["data"]["name"],
+            "name": base.data.name,
             **{part: len(getattr(splits, part)) for part in ("train", "val", "test")},
         },
         "world_size": WORLD,
-        "threads_per_rank": base["resources"]["cpus_per_task"],
+        "threads_per_rank": base.resources.cpus_per_task,
         "runs": args.runs,
         "seeds": args.seeds,
         "batches": args.batches,
@@ -299,7 +301,7 @@ def main() -> None:
         "baselines": list(BASELINES),
         "score": "test_accuracy = after precise BN (BN statistics recomputed on the training set); "
         "as_trained_mean = with the running statistics training left",
-        "job": base,
+        "job": plain,
     }
     figures = {
         **aggregate(records, args.runs, args.batches),

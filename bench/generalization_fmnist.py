@@ -46,6 +46,7 @@ from scipy import stats
 
 from tula_hpc.config import stage_settings
 from tula_hpc.files import append_jsonl, read_jsonl
+from tula_hpc.job import Job
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")
 BASELINES = ("lbt", "lrs", "lars", "polo")  # the paper's Table I
@@ -121,18 +122,15 @@ def world_size(scale: dict) -> int:
     return max(1, min(2, torch.cuda.device_count()))
 
 
-def cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: str | None) -> dict:
-    """The validated job of one cell: the variant's settings merged into the strategy's section of train."""
-    return json.loads(_cell_job(scale_name, model, strategy, seed, variant))
-
-
 @functools.cache
-def _cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: str | None) -> str:
+def cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: str | None) -> Job:
+    """The validated job of one cell: the variant's settings merged into the strategy's section of train (validated
+    once: a Job is frozen, so every caller may share it)."""
     scale, settings = SCALES[scale_name], TUNED[strategy][variant] if variant else {}
     epochs = scale["epochs"]
     decays = [round(epochs * 2 / 3), round(epochs * 5 / 6)]
     section = {"ags": "ags", "static": "ags", "lars": "lars"}.get(strategy)
-    job = bench_job(
+    return bench_job(
         as_name="bench-generalization-fmnist",
         model={"name": model, "kwargs": scale["models"][model]},
         data={"name": "fashion_mnist", "root": None, "image_size": scale["image_size"], "augment": "standard"},
@@ -148,16 +146,15 @@ def _cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: st
         },
         resources={name: scale[name] for name in ("gpus_per_node", "cpus_per_task")},
     )
-    return json.dumps(job)
 
 
-def cell_key(job: dict, batch: int, world: int, digest: str) -> str:
+def cell_key(job: Job, batch: int, world: int, digest: str) -> str:
     """The cache key of a cell: what its scores depend on (the train stage's settings, the processes they run on,
     the batch) and the training code's digest; other settings (search, objective) do not
     enter, so a change there reuses every cell."""
     settings = {
-        **stage_settings(job, "train"),  # model, data, train: all the evaluate stage's scores depend on as well
-        **{f"resources.{name}": job["resources"][name] for name in ("gpus_per_node", "cpus_per_task")},
+        **stage_settings(job.as_dict(), "train"),  # model, data, train: all the evaluate stage's scores depend on too
+        **{f"resources.{name}": getattr(job.resources, name) for name in ("gpus_per_node", "cpus_per_task")},
     }
     return hashlib.sha256(json.dumps([settings, batch, world, digest], sort_keys=True).encode()).hexdigest()[:20]
 
@@ -418,7 +415,7 @@ def main() -> None:
         "code_digest": digest,
         "training_code": TRAINING_CODE,
         "score": "test accuracy after precise BN (BatchNorm statistics recomputed on 8192 training samples)",
-        "example_job": cell_job(args.scale, next(iter(scale["models"])), "ags", 0, None),
+        "example_job": cell_job(args.scale, next(iter(scale["models"])), "ags", 0, None).as_dict(),
     }
     write_result(args.out, settings, figures)
     print(json.dumps({k: figures.get(k) for k in ("choices", "ags_minus_lbt_mean_points", "targets")}, indent=1))

@@ -18,6 +18,7 @@ import numpy as np
 from common import bench_job, error_summary, verdict
 
 from tula_hpc.files import write_json
+from tula_hpc.job import Job
 
 # A launched process cannot import bench/'s modules: its worker (train_peak_worker) travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -43,7 +44,7 @@ def spread(low: int, high: int, count: int) -> list[int]:
     return sorted({int(round(b)) for b in np.geomspace(low, high, count)})
 
 
-def case_job(device: str, case: dict, name: str, **sections) -> dict:
+def case_job(device: str, case: dict, name: str, **sections) -> Job:
     """The bench job of one case (model, image size, precision) on digits, on `device`."""
     resources = {"gpus_per_node": gpus(device), **sections.pop("resources", {})}
     # One node: the GPU machine has one GPU, and two NCCL ranks cannot share it (validation refuses more).
@@ -61,14 +62,14 @@ def case_job(device: str, case: dict, name: str, **sections) -> dict:
 # --- memory: the model against real steps --------------------------------------------------------------
 
 
-def index_cap(job: dict, splits) -> int:
+def index_cap(job: Job, splits) -> int:
     """The largest batch at which no module's output holds 2^31 elements or more (a forward pass on the meta
     device): beyond, CUDA kernels split the batch or index in 64 bits, which no probe's small batch shows."""
     import torch
 
     from tula_hpc.models import build_model
 
-    side, largest = job["data"]["image_size"], 0
+    side, largest = job.data.image_size, 0
 
     def see(_module, _inputs, output) -> None:
         nonlocal largest
@@ -76,7 +77,7 @@ def index_cap(job: dict, splits) -> int:
             largest = max(largest, output.numel() // 2)
 
     with torch.device("meta"):
-        model = build_model(job["model"]["name"], splits.num_classes, splits.in_channels, side).eval()
+        model = build_model(job.model.name, splits.num_classes, splits.in_channels, side).eval()
         for module in model.modules():
             module.register_forward_hook(see)
         model(torch.empty(2, splits.in_channels, side, side))
@@ -99,7 +100,7 @@ def compared(models: dict, batch: int, measured: dict, buckets: int = 0) -> dict
     return rows
 
 
-def memory_trials(job: dict, models: dict, batches: list[int], budget: int) -> list[dict]:
+def memory_trials(job: Job, models: dict, batches: list[int], budget: int) -> list[dict]:
     """The stage's verification trial (steady steps in a fresh process) at each batch, the card as its budget."""
     from tula_hpc import memory_probes
 
@@ -109,26 +110,26 @@ def memory_trials(job: dict, models: dict, batches: list[int], budget: int) -> l
             trial = memory_probes.run_in_fresh_process("trial", job=job, batch=batch, budget=budget, ddp=False)
         except RuntimeError as err:  # a crash at one batch is a finding, not the end of the section
             trial = {"outcome": "error", "error": str(err)[-2000:]}
-        print(f"  {job['name']} b={batch}: {trial['outcome']}", flush=True)
+        print(f"  {job.name} b={batch}: {trial['outcome']}", flush=True)
         rows.append({**trial, "batch": batch, **compared(models, batch, trial)})
     return rows
 
 
-def memory_case(job: dict, batches: int) -> dict:
+def memory_case(job: Job, batches: int) -> dict:
     """The probe stage's model of one job against its real steady steps at about `batches` batches from twice the
     largest probe up to the card's limit (and `index_cap`)."""
     from tula_hpc import memory, memory_model
     from tula_hpc.budget import budget_bytes
     from tula_hpc.data import load_splits
 
-    budget = budget_bytes(job, torch_device("cuda" if job["resources"]["gpus_per_node"] else "cpu"))
-    splits = load_splits(job["data"], job["train"]["seed"])
+    budget = budget_bytes(job, torch_device("cuda" if job.resources.gpus_per_node else "cpu"))
+    splits = load_splits(job.data, job.train.seed)
     started = time.perf_counter()
     probes = memory.run_probes(job, len(splits.train), budget)  # as the stage: no probe above the training set
     probe_seconds = time.perf_counter() - started
     ran = memory_model.measured(probes)
     if len(ran) < 2:
-        return {"job": job["name"], "error": "fewer than two probes ran", "probes": probes}
+        return {"job": job.name, "error": "fewer than two probes ran", "probes": probes}
     models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
     room = memory_model.room_for_steps(job, budget, probes)
     largest, cap = models[memory_model.DECIDING_FIGURE].max_batch(room), index_cap(job, splits)
@@ -136,10 +137,10 @@ def memory_case(job: dict, batches: int) -> dict:
     lowest = 2 * ran[-1]["batch"] if 2 * ran[-1]["batch"] < top else ran[-1]["batch"] + 1
     rows = memory_trials(job, models, spread(lowest, top, batches), budget)
     return {
-        "job": job["name"],
-        "model": job["model"]["name"],
-        "image_size": job["data"]["image_size"],
-        "precision": job["train"]["precision"],
+        "job": job.name,
+        "model": job.model.name,
+        "image_size": job.data.image_size,
+        "precision": job.train.precision,
         "budget_bytes": budget,
         "room_bytes": room,
         "deciding_figure": memory_model.DECIDING_FIGURE,
@@ -206,7 +207,7 @@ def memory_section(device: str, preset: dict, scratch: Path) -> dict:
 # --- training: the proposed batch trained for real ----------------------------------------------------
 
 
-def train_peak_worker(job: dict, global_batch: int, run_dir: str) -> dict:
+def train_peak_worker(job: Job, global_batch: int, run_dir: str) -> dict:
     """In a launched process: the train stage's own worker at `global_batch` (at N = 1, as the stage runs it: one
     rank, no process group, no DDP wrapper), then the device's peaks over the whole run. Running out of memory is
     an answer here, not a crash."""
@@ -215,7 +216,7 @@ def train_peak_worker(job: dict, global_batch: int, run_dir: str) -> dict:
     from tula_hpc.distributed import init_distributed
     from tula_hpc.train import train_worker
 
-    device = init_distributed(job["resources"]["gpus_per_node"] > 0).device
+    device = init_distributed(job.resources.gpus_per_node > 0).device
     files = {name: str(Path(run_dir) / name) for name in ("checkpoint.pt", "model.pt", "metrics.jsonl")}
     try:
         summary = train_worker(job, global_batch, *files.values())
@@ -233,7 +234,7 @@ def train_peak_worker(job: dict, global_batch: int, run_dir: str) -> dict:
     return {**found, **{key: device_memory.peak(device, figure) for figure, key in memory_model.PEAK.items()}}
 
 
-def trained(job: dict, batch: int, folder: Path) -> dict:
+def trained(job: Job, batch: int, folder: Path) -> dict:
     """`train_peak_worker` launched as the train stage launches its worker."""
     from tula_hpc import launch
 
@@ -243,11 +244,11 @@ def trained(job: dict, batch: int, folder: Path) -> dict:
         dict(job=job, global_batch=batch, run_dir=str(folder)),
         launch.LaunchSpec.for_job(job, nodes=1),
         folder,
-        name=f"{job['name']}-b{batch}",
+        name=f"{job.name}-b{batch}",
     )
 
 
-def memory_limited_budget(job: dict, proposal: dict) -> float:
+def memory_limited_budget(job: Job, proposal: dict) -> float:
     """A budget (GB) under which the memory model's largest batch is half the training set: a proposal that the
     training set caps says nothing about memory, and digits' training set is small next to a card. The budget
     limits the device (budget.device_memory) in the stage and in training alike, so it stands in for a card."""
@@ -255,7 +256,7 @@ def memory_limited_budget(job: dict, proposal: dict) -> float:
 
     fit, half = proposal["fit"], proposal["dataset"]["train"] // 2
     need = fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * half
-    return need / (1 - job["resources"]["memory_headroom"]) / GB
+    return need / (1 - job.resources.memory_headroom) / GB
 
 
 def training_case(job_at, budget_gb, folder: Path) -> dict:
@@ -272,17 +273,17 @@ def training_case(job_at, budget_gb, folder: Path) -> dict:
     budget_note = budget_source(job)
     if above(proposal) > proposal["dataset"]["train"]:  # no batch above the proposal would be trained
         job = job_at(memory_limited_budget(job, proposal))
-        budget_note += f" leaves no batch above the proposal; again at {job['resources']['device_memory_gb']:.4f} GB"
+        budget_note += f" leaves no batch above the proposal; again at {job.resources.device_memory_gb:.4f} GB"
         proposal = memory.probe_memory(job, folder / "memory.json", folder / "limited")
     ran = memory_model.measured(proposal["probes"])
     models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
     rows = []
     for batch in (proposal["max_batch_per_device"], above(proposal)):
         run = trained(job, batch, folder / f"b{batch}")
-        print(f"  {job['name']} trained at b={batch}: {run['outcome']}", flush=True)
+        print(f"  {job.name} trained at b={batch}: {run['outcome']}", flush=True)
         rows.append({"batch": batch, **run, **compared(models, batch, run, proposal["ddp_bucket_bytes"])})
     return {
-        "job": job["name"],
+        "job": job.name,
         "budget": budget_note,
         "budget_bytes": proposal["device_memory_bytes"],
         "usable_bytes": proposal["usable_bytes"],
@@ -301,7 +302,7 @@ def training_section(device: str, preset: dict, scratch: Path) -> dict:
     for case in spec["cases"]:
         name = f"gpu-check-train-{case['model']}-{case['image_size']}-{case['precision']}"
 
-        def job_at(budget_gb, case=case, name=name) -> dict:
+        def job_at(budget_gb, case=case, name=name) -> Job:
             return case_job(device, case, name, resources={"device_memory_gb": budget_gb}, **changes)
 
         try:
@@ -383,7 +384,7 @@ def oom_section(device: str, preset: dict, scratch: Path) -> dict:
     return {
         "description": f"train stage at global batch {batch} under a budget {OOM_BUDGET_AT} of the way from the "
         f"peak at {batch // 2} to the peak at {batch} ({key})",
-        "job": job,
+        "job": job.as_dict(),
         "peaks_bytes": {str(b): peak for b, peak in peaks.items()},
         "budget_bytes": budget,
         "seconds": time.perf_counter() - started,

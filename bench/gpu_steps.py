@@ -31,6 +31,7 @@ from common import (
 from gpu_memory import gpus
 
 from tula_hpc.files import read_jsonl
+from tula_hpc.job import Job
 
 # A launched process cannot import bench/'s modules: its worker (steps_worker) travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -42,13 +43,13 @@ NO_MEMORY_PRICE = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 # --- step time --------------------------------------------------------------------------------------
 
 
-def steps_worker(jobs: dict, schedule: list[dict]) -> list[dict]:
+def steps_worker(jobs: dict[str, Job], schedule: list[dict]) -> list[dict]:
     """In a launched process: `step_timing.measure` at each scheduled (job, per-device batch), one rank."""
     from tula_hpc.distributed import init_distributed, shutdown
     from tula_hpc.step_timing import measure
 
     job = next(iter(jobs.values()))
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+    ctx = init_distributed(job.resources.gpus_per_node > 0)
     records = []
     for item in schedule:
         record = measure(jobs[item["case"]], ctx, item["per_device_batch"])
@@ -107,7 +108,7 @@ def step_time_figures(records: list[dict], settings: dict) -> dict:
     }
 
 
-def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict, dict, list[dict]]:
+def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, list[dict]]:
     """(jobs, grids, records): `step_timing.measure` over each case's whole batch axis at N = 1 (the plan stage's
     grid of a full search), in shuffled rounds inside one launched process."""
     from tula_hpc import launch
@@ -126,8 +127,8 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict, dict,
         for case in spec["cases"]
     }
     first = next(iter(jobs.values()))
-    train_samples = len(load_splits(first["data"], first["train"]["seed"]).train)
-    grids = {name: candidate_grid(job["search"], 1, spec["batch"]["max"], train_samples) for name, job in jobs.items()}
+    train_samples = len(load_splits(first.data, first.train.seed).train)
+    grids = {name: candidate_grid(job.search, spec["batch"]["max"], train_samples) for name, job in jobs.items()}
     rng, schedule = random.Random(0), []
     for n in range(spec["rounds"]):
         order = [
@@ -147,7 +148,7 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict, dict,
     return jobs, grids, records
 
 
-def epoch_check(job: dict, grid: list[dict], profiles: list[dict], folder: Path) -> dict:
+def epoch_check(job: Job, grid: list[dict], profiles: list[dict], folder: Path) -> dict:
     """The train stage's measured epochs (metrics.jsonl's epoch_time_s) at the middle of the profiled grid against
     the epoch the performance model predicts there, fitted and used as the perfmodel stage does on `profiles` (one
     round: what the profile stage gives). The first epoch (loader start, kernel choice) is reported, not judged."""
@@ -156,9 +157,9 @@ def epoch_check(job: dict, grid: list[dict], profiles: list[dict], folder: Path)
     from tula_hpc.performance import model_params
 
     candidate = grid[len(grid) // 2]
-    train_samples = len(load_splits(job["data"], job["train"]["seed"]).train)
+    train_samples = len(load_splits(job.data, job.train.seed).train)
     _, _, _, [row] = fit_and_predict(job, profiles, [candidate], train_samples, NO_MEMORY_PRICE, model_params(job))
-    summary = train_cell(job, candidate["batch"], folder, world=1, name=f"{job['name']}-train")
+    summary = train_cell(job, candidate["batch"], folder, world=1, name=f"{job.name}-train")
     epochs = [r["epoch_time_s"] for r in read_jsonl(folder / "metrics.jsonl")]
     errors = {f"epoch {i + 1}": t / row["epoch_s"] - 1 for i, t in enumerate(epochs)}
     judged = dict(list(errors.items())[1:]) or errors
@@ -201,7 +202,7 @@ def steptime_section(device: str, preset: dict, scratch: Path) -> dict:
             "trained_epoch_median": verdict(epoch, TARGETS["epoch_time"]),
         },
         "cases": cases,
-        "jobs": jobs,
+        "jobs": {name: job.as_dict() for name, job in jobs.items()},
         "measurements": records,
     }
 

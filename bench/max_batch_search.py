@@ -21,6 +21,8 @@ import time
 import steady_truth
 from common import bench_job, bench_parser, write_result
 
+from tula_hpc.job import Job
+
 # (model, image side) -> device budget, GB: each largest batch stays below the digits training set (1258
 # samples), beyond which the probe stage does not go (no device of the job ever sees a larger batch).
 BUDGET_GB = {
@@ -36,7 +38,7 @@ TARGETS = {"rel_error": 0.05, "trial_runs": 2}
 class Trials:
     """Trial runs of one job under its budget, each a fresh process, with what each answered."""
 
-    def __init__(self, job: dict):
+    def __init__(self, job: Job):
         import torch
 
         from tula_hpc.budget import budget_bytes
@@ -76,7 +78,7 @@ def true_largest(trials: Trials, found: int) -> int:
     return found
 
 
-def ours(job: dict) -> dict:
+def ours(job: Job) -> dict:
     from tula_hpc.memory import probe_worker, summarise
 
     started = time.perf_counter()
@@ -93,7 +95,7 @@ def ours(job: dict) -> dict:
     }
 
 
-def budget_job(model: str, side: int) -> dict:
+def budget_job(model: str, side: int) -> Job:
     """The model's job under its budget, on one device (no DDP buckets, as in the trials), headroom 0."""
     return bench_job(
         as_name=f"bench-{model}-{side}",
@@ -104,8 +106,8 @@ def budget_job(model: str, side: int) -> dict:
     )
 
 
-def bench_model(job: dict) -> dict:
-    model, side = job["model"]["name"], job["data"]["image_size"]
+def bench_model(job: Job) -> dict:
+    model, side = job.model.name, job.data.image_size
     found = ours(job)
     trials = Trials(job)
     lightning = lightning_binsearch(trials)
@@ -114,7 +116,7 @@ def bench_model(job: dict) -> dict:
         "model": model,
         "input": [1, side, side],
         "budget_bytes": trials.budget,
-        "strategy": job["train"]["strategy"],
+        "strategy": job.train.strategy,
         "true_max_batch": truth,
         "ours": {
             **found,
@@ -156,7 +158,11 @@ def main() -> None:
     }
     write_result(
         args.out,
-        {"budget_gb": {f"{m}-{s}": gb for (m, s), gb in BUDGET_GB.items()}, "lightning": LIGHTNING, "jobs": jobs},
+        {
+            "budget_gb": {f"{m}-{s}": gb for (m, s), gb in BUDGET_GB.items()},
+            "lightning": LIGHTNING,
+            "jobs": {name: job.as_dict() for name, job in jobs.items()},
+        },
         figures,
     )
     print(

@@ -22,6 +22,8 @@ import steady_truth
 from common import bench_job, bench_parser, write_result
 from sklearn.linear_model import LinearRegression
 
+from tula_hpc.job import Job
+
 # (model, image side) -> batches to predict. At 8x8 only these networks run (config.MIN_IMAGE_SIZE); resnet18
 # at 32x32 trains at about 28 images/s here, so its batches stop at 512.
 CASES = {
@@ -38,7 +40,7 @@ EQ3_GROWING = ("activation_bytes", "batch_bytes")
 EQ3_FIXED = ("param_bytes", "buffer_bytes", "grad_bytes", "optimizer_bytes")
 
 
-def case_job(model: str, side: int) -> dict:
+def case_job(model: str, side: int) -> Job:
     """The default job with another model on digits at another size, two threads, no budget to speak of."""
     return bench_job(
         as_name=f"bench-{model}-{side}",
@@ -55,7 +57,7 @@ def eq3_prediction(probes: list[dict], batch: int) -> float:
     return float(sum(probes[-1][t] for t in EQ3_FIXED) + growing.sum())
 
 
-def bench_case(job: dict, batches: list[int]) -> tuple[list[dict], dict]:
+def bench_case(job: Job, batches: list[int]) -> tuple[list[dict], dict]:
     import torch
 
     from tula_hpc.budget import budget_bytes
@@ -63,9 +65,9 @@ def bench_case(job: dict, batches: list[int]) -> tuple[list[dict], dict]:
     from tula_hpc.memory import run_probes
     from tula_hpc.memory_model import fit_probes, measured
 
-    model_name, side = job["model"]["name"], job["data"]["image_size"]
+    model_name, side = job.model.name, job.data.image_size
     started = time.perf_counter()
-    cap = len(load_splits(job["data"], job["train"]["seed"]).train)
+    cap = len(load_splits(job.data, job.train.seed).train)
     probes = measured(run_probes(job, cap, budget=budget_bytes(job, torch.device("cpu"))))  # a figure: any device
     probe_seconds = time.perf_counter() - started
     model = fit_probes(probes, "allocated")  # the truth's figure; on the CPU the reserved one is the same count
@@ -140,7 +142,7 @@ def main() -> None:
         {
             "cases": {f"{m}-{s}": b for (m, s), b in chosen.items()},
             "truth": steady_truth.__doc__.split("\n\n")[1],
-            "jobs": jobs,
+            "jobs": {name: job.as_dict() for name, job in jobs.items()},
         },
         figures,
     )

@@ -50,9 +50,13 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common import RESULTS, WORK, bench_job, bench_parser, files_digest, write_result
 from perf_replay import MEASUREMENT, OBJECTIVES, RULED, RULES, SEARCHES, disturbed, evaluate_model
+
+if TYPE_CHECKING:
+    from tula_hpc.job import Job
 
 DIGITS = {"name": "digits", "image_size": 8}  # the default job's data
 FASHION_MNIST = {"name": "fashion_mnist", "root": None, "image_size": 14, "augment": "standard"}
@@ -97,7 +101,7 @@ class StaleMeasurements(ValueError):
     """Stored measurements were made by other measuring code or settings: re-analysing them judges other code."""
 
 
-def bench_jobs(launcher: str) -> dict[str, dict]:
+def bench_jobs(launcher: str) -> dict[str, Job]:
     return {
         model: bench_job(
             as_name=f"bench-{model}",
@@ -117,12 +121,12 @@ def bench_jobs(launcher: str) -> dict[str, dict]:
     }
 
 
-def measurement_digest(jobs: dict[str, dict]) -> str:
+def measurement_digest(jobs: dict[str, Job]) -> str:
     """The measuring code and what each job's profiles depend on (stage_settings "profile": model, data, step and
     MEASUREMENT settings), with the launcher and the grid's bounds."""
     from tula_hpc.config import stage_settings
 
-    settings = {m: {**stage_settings(job, "profile"), "launcher": job["launcher"]} for m, job in jobs.items()}
+    settings = {m: {**stage_settings(job.as_dict(), "profile"), "launcher": job.launcher} for m, job in jobs.items()}
     return files_digest(MEASURING_CODE, {"jobs": settings, "nodes": NODES, "per_device_batch": PER_DEVICE})
 
 
@@ -137,18 +141,15 @@ def reusable(stored: dict, path: Path, digest: str) -> list[dict]:
     return stored["measurements"]
 
 
-def grid(job: dict, train_samples: int) -> list[dict]:
-    from tula_hpc.layout import devices_per_node
+def grid(job: Job, train_samples: int) -> list[dict]:
     from tula_hpc.plan import candidate_grid
 
     return [
-        c
-        for c in candidate_grid(job["search"], devices_per_node(job), PER_DEVICE[1], train_samples)
-        if c["per_device_batch"] >= PER_DEVICE[0]
+        c for c in candidate_grid(job.search, PER_DEVICE[1], train_samples) if c["per_device_batch"] >= PER_DEVICE[0]
     ]
 
 
-def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[dict] | None:
+def pool_worker(jobs: dict[str, Job], rounds: list[list[dict]], budget_s: float) -> list[dict] | None:
     """Both ranks walk the rounds; one-rank configurations run on rank 0 while rank 1 waits (idle).
 
     After MIN_ROUNDS, another round starts only if it should end within `budget_s`: on a busy machine
@@ -181,7 +182,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
             dist.barrier()
             if ctx.rank == 0:
                 record.pop("per_step")
-                hosts = ranks_per_host(job["launcher"], item["nodes"], devices_per_node(job))
+                hosts = ranks_per_host(job.launcher, item["nodes"], devices_per_node(job))
                 records.append({**item, **record, "ranks_per_host": hosts})
                 print(
                     f"round {item['round']} {item['model']} N={item['nodes']} b={item['per_device_batch']}: "
@@ -192,7 +193,7 @@ def pool_worker(jobs: dict, rounds: list[list[dict]], budget_s: float) -> list[d
     return records if ctx.rank == 0 else None
 
 
-def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
+def measure_all(jobs: dict[str, Job], grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
     from tula_hpc import launch
 
     rng = random.Random(seed)
@@ -208,7 +209,7 @@ def measure_all(jobs: dict, grids: dict, rounds: int, seed: int, budget_s: float
         pool_worker,
         dict(jobs=jobs, rounds=schedule, budget_s=budget_s),
         spec,
-        WORK / f"perf_accuracy_{job['launcher']}",
+        WORK / f"perf_accuracy_{job.launcher}",
         name="bench-perf-accuracy",
     )
 
@@ -411,7 +412,7 @@ def main() -> int:
         records = reusable(stored, args.reuse, digest) if stored else None
     except StaleMeasurements as err:
         parser.error(str(err))
-    train_samples = {m: len(load_splits(job["data"], job["train"]["seed"]).train) for m, job in jobs.items()}
+    train_samples = {m: len(load_splits(job.data, job.train.seed).train) for m, job in jobs.items()}
     grids = {m: grid(jobs[m], train_samples[m]) for m in jobs}
     if records is None:
         started = time.time()
@@ -434,7 +435,7 @@ def main() -> int:
         "budget_s": BUDGET_S,
         "measurement": MEASUREMENT,
         "adaptive": ADAPTIVE,
-        "jobs": jobs,
+        "jobs": {m: job.as_dict() for m, job in jobs.items()},
     }
     disturbed_share = sum(map(disturbed, records)) / len(records)
     figures = {

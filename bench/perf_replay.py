@@ -3,9 +3,14 @@ profiles stand in for profile jobs), judged against the median of the other roun
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+from typing import TYPE_CHECKING
 
 from tula_hpc.search import SECOND_BATCHES as RULES  # partial search's second batch at the largest N
+
+if TYPE_CHECKING:
+    from tula_hpc.job import Job, ObjectiveSettings
 
 MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempts": 3, "interference_tolerance": 0.1}
 OBJECTIVES = ("time", "cost", "knee")
@@ -29,23 +34,23 @@ def _rel(predicted: float, measured: float) -> float:
     return float(abs(predicted / measured - 1))
 
 
-def stage_prediction(job: dict, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
+def stage_prediction(job: Job, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
     """T and cost of every candidate as the fit_model stage computes them from these profiles."""
     from tula_hpc.perfmodel import fit_and_predict
 
     return fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)[3]
 
 
-def regrets(predicted: list[dict], measured: list[dict], objective: dict) -> dict[str, float]:
+def regrets(predicted: list[dict], measured: list[dict], objective: ObjectiveSettings) -> dict[str, float]:
     """Per objective: what the select stage's choice on the prediction measures, against its choice on the truth."""
     from tula_hpc.selection import select
 
     truth = {_key(c): c for c in measured}
     found = {}
     for goal in OBJECTIVES:
-        wanted = {**objective, "minimize": goal}
-        chosen = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)["chosen"]
-        best = select({"candidates": measured, "pricing": objective["pricing"]}, wanted)["chosen"]
+        wanted = dataclasses.replace(objective, minimize=goal)
+        chosen = select({"candidates": predicted, "pricing": objective.pricing}, wanted)["chosen"]
+        best = select({"candidates": measured, "pricing": objective.pricing}, wanted)["chosen"]
         field = "cost" if goal == "cost" else "time_s"
         regret = truth[_key(chosen)][field] / best[field] - 1
         found[f"{goal}_regret"] = abs(regret) if goal == "knee" else regret
@@ -56,12 +61,12 @@ class ModelReplay:
     """One model's rounds of measurements replayed: each round's profiles stand in for profile jobs, and the median
     of the other rounds (their quiet measurements where there are any) is the truth they are judged against."""
 
-    def __init__(self, name: str, job: dict, candidates: list[dict], records: list[dict], train_samples: int):
+    def __init__(self, name: str, job: Job, candidates: list[dict], records: list[dict], train_samples: int):
         from tula_hpc.layout import devices_per_node
         from tula_hpc.performance import model_params
 
         self.name, self.job, self.candidates, self.train_samples = name, job, candidates, train_samples
-        self.devices, self.launcher = devices_per_node(job), job["launcher"]
+        self.devices, self.launcher = devices_per_node(job), job.launcher
         self.rounds = sorted({r["round"] for r in records})
         self.by_round = {r: {_key(x): x for x in records if x["round"] == r} for r in self.rounds}
         self.settings = model_params(job)
@@ -94,7 +99,7 @@ class ModelReplay:
         from tula_hpc.search import adaptive_search, planned
 
         candidates, devices, launcher, settings = self.candidates, self.devices, self.launcher, self.settings
-        adaptive_settings = self.job["search"]["adaptive"]
+        adaptive_settings = self.job.search.adaptive
         used = {"full": planned("full", candidates, devices, launcher)}
         fit_settings = {"full": settings}
         for rule in RULES:
@@ -106,8 +111,8 @@ class ModelReplay:
                 lambda c: self.by_round[current][_key(c)],
                 self.row,
                 settings,
-                adaptive_settings["tolerance"],
-                adaptive_settings["max_profiles"],
+                adaptive_settings.tolerance,
+                adaptive_settings.max_profiles,
             )
             used[f"adaptive/{rule}"] = adaptive["profiled"]
             fit_settings[f"adaptive/{rule}"] = {
@@ -151,7 +156,7 @@ class ModelReplay:
             "profiled": len(chosen),
             "cost_s": cost,
             "cost_share": cost / full_cost,
-            **regrets(predicted, measured, self.job["objective"]),
+            **regrets(predicted, measured, self.job.objective),
         }
 
     def noise(self) -> list[dict]:
@@ -167,7 +172,7 @@ class ModelReplay:
         ]
 
 
-def evaluate_model(name: str, job: dict, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
+def evaluate_model(name: str, job: Job, candidates: list[dict], records: list[dict], train_samples: int) -> dict:
     """One model's raw figures, each labelled with where it comes from: step-time errors per search (SEARCHES),
     one campaign (profiling cost, regrets) per search and round, and every measurement's distance from the truth."""
     replay = ModelReplay(name, job, candidates, records, train_samples)

@@ -19,11 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tula_hpc.job import Job
+
 STEPS_PER_EPOCH = 2
 EPOCHS = 3
 
 
-def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
+def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     """The peak over the steady steps of a short training run at per-device batch `batch`."""
     import torch
     from torch import nn
@@ -35,12 +37,12 @@ def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
     from tula_hpc.strategies import build_strategy
     from tula_hpc.training import build_for_job, training_step
 
-    torch.set_num_threads(job["resources"]["cpus_per_task"])
-    use_gpu = job["resources"]["gpus_per_node"] > 0 and torch.cuda.is_available()
+    torch.set_num_threads(job.resources.cpus_per_task)
+    use_gpu = job.resources.gpus_per_node > 0 and torch.cuda.is_available()
     device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
     splits, model = build_for_job(job, Context(0, 1, 0, device))
     device_memory.limit(device, budget or budget_bytes(job, device), model_bytes(model), job)
-    strategy = build_strategy(model, job["train"], batch, STEPS_PER_EPOCH)
+    strategy = build_strategy(model, job.train, batch, STEPS_PER_EPOCH)
     loss_fn = nn.CrossEntropyLoss()
     sampler = RandomSampler(splits.train, replacement=True, num_samples=batch * STEPS_PER_EPOCH)
     loader = DataLoader(splits.train, batch_size=batch, sampler=sampler)
@@ -61,10 +63,12 @@ def steady_peak(job: dict, batch: int, budget: int | None) -> dict:
     return {"batch": batch, "fits": True, "steps": steps, **peaks}
 
 
-def measure(job: dict, batch: int, budget: int | None = None) -> dict:
-    """`steady_peak` in a fresh interpreter (its answer is the last line it prints)."""
+def measure(job: Job, batch: int, budget: int | None = None) -> dict:
+    """`steady_peak` in a fresh interpreter, the job crossing as its plain settings (its answer is the last line
+    it prints)."""
+    arguments = {"job": job.as_dict(), "batch": batch, "budget": budget}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), json.dumps({"job": job, "batch": batch, "budget": budget})],
+        [sys.executable, str(Path(__file__).resolve()), json.dumps(arguments)],
         capture_output=True,
         text=True,
     )
@@ -74,4 +78,5 @@ def measure(job: dict, batch: int, budget: int | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(steady_peak(**json.loads(sys.argv[1]))))
+    arguments = json.loads(sys.argv[1])
+    print(json.dumps(steady_peak(Job.from_dict(arguments.pop("job")), **arguments)))

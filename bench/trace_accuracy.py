@@ -55,12 +55,17 @@ Run:  .venv/bin/python bench/trace_accuracy.py [--traces DIR] [--out FILE]   (ab
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from common import REPO, bench_job, bench_parser, provenance, write_and_report
+
+if TYPE_CHECKING:
+    from tula_hpc.job import Job, ObjectiveSettings
 
 TRACES = REPO / "bench" / "data" / "pollux"
 MODES = ("partial", "full", "adaptive")
@@ -112,7 +117,7 @@ def read_trace(folder: Path) -> dict:
     return {"name": folder.name, "meta": meta, "points": dict(sorted(points.items())), "gpus": gpus}
 
 
-def trace_job(name: str, gpus: tuple[int, ...], meta: dict, nodes: list[int], mapping: str) -> dict:
+def trace_job(name: str, gpus: tuple[int, ...], meta: dict, nodes: list[int], mapping: str) -> Job:
     """The bench job the replay stands in for: GPUs per node a choice among `gpus` on a Slurm cluster, the trace's
     epochs, node-hours; the latent sync fit (the GPU default) unless a mapping gives the profiles a sync part."""
     search = {"nodes": {"min": min(nodes), "max": max(nodes)}, "gpus_per_node": {"min": min(gpus), "max": max(gpus)}}
@@ -151,7 +156,7 @@ def _point(c: dict) -> tuple[int, int, int]:
     return c["nodes"], c["gpus_per_node"], c["per_device_batch"]
 
 
-def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float | None], grad_bytes: float) -> dict:
+def trace_profile(candidate: dict, job: Job, split: tuple[float, float, float | None], grad_bytes: float) -> dict:
     """A profile record (step_timing.measure's keys, plus what profile_one adds) read from a trace row."""
     from tula_hpc.layout import candidate_devices, ranks_per_host
 
@@ -164,7 +169,7 @@ def trace_profile(candidate: dict, job: dict, split: tuple[float, float, float |
         "nodes": nodes,
         "gpus_per_node": candidate["gpus_per_node"],
         "world_size": nodes * devices,
-        "ranks_per_host": ranks_per_host(job["launcher"], nodes, devices),
+        "ranks_per_host": ranks_per_host(job.launcher, nodes, devices),
         "per_device_batch": b,
         "global_batch": candidate["batch"],
         "steps": 1,
@@ -194,21 +199,21 @@ def traced_step(steps: dict, nodes: int, g: int, b: int) -> float:
     return max(steps[(nodes, g, low)] + slope * (b - low), 0.0)
 
 
-def true_candidates(job: dict, candidates: list[dict], steps: dict, train_samples: int) -> list[dict]:
+def true_candidates(job: Job, candidates: list[dict], steps: dict, train_samples: int) -> list[dict]:
     """Candidates with their true T and cost: T = epochs x (the traced step for every step of an epoch but the
     last, and the trace at the last one's smaller batch for it), as predict_candidates counts an epoch."""
     from tula_hpc.layout import candidate_devices, last_batch, steps_per_epoch
     from tula_hpc.pricing import costs
 
-    objective = job["objective"]
+    objective = job.objective
     rows = []
     for c in candidates:
         ranks, b = c["nodes"] * candidate_devices(c, job), c["per_device_batch"]
         step = steps[_point(c)]
         last = traced_step(steps, c["nodes"], c["gpus_per_node"], last_batch(train_samples, ranks, b))
-        total = job["train"]["epochs"] * ((steps_per_epoch(train_samples, ranks, b) - 1) * step + last)
+        total = job.train.epochs * ((steps_per_epoch(train_samples, ranks, b) - 1) * step + last)
         price = costs(total, c["nodes"], ranks, b, objective, NO_MEMORY, None)
-        rows.append({**c, "step_s": step, "time_s": total, "cost": price[objective["pricing"]]})
+        rows.append({**c, "step_s": step, "time_s": total, "cost": price[objective.pricing]})
         rows[-1]["rel_uncertainty"] = 0.0
     return rows
 
@@ -221,7 +226,7 @@ def _shape(c: dict) -> dict:
     return {"nodes": c["nodes"], "gpus_per_node": c["gpus_per_node"], "batch": c["batch"]}
 
 
-def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[dict]:
+def choices(predicted: list[dict], truth: list[dict], objective: ObjectiveSettings) -> list[dict]:
     """Per max_nodes: time and cost regret of select's choice on the prediction, and the knee against the true knee."""
     from tula_hpc.selection import select
 
@@ -230,15 +235,15 @@ def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[d
     for max_nodes in MAX_NODES:
         case = {"max_nodes": max_nodes}
         for goal, field in (("time", "time_s"), ("cost", "cost")):
-            wanted = {**objective, "max_nodes": max_nodes, "minimize": goal}
-            chosen = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)["chosen"]
-            best = select({"candidates": truth, "pricing": objective["pricing"]}, wanted)["chosen"]
+            wanted = dataclasses.replace(objective, max_nodes=max_nodes, minimize=goal)
+            chosen = select({"candidates": predicted, "pricing": objective.pricing}, wanted)["chosen"]
+            best = select({"candidates": truth, "pricing": objective.pricing}, wanted)["chosen"]
             case[f"{goal}_regret"] = true_of[_key(chosen)][field] / best[field] - 1
             case[f"{goal}_chosen"], case[f"{goal}_best"] = _shape(chosen), _shape(best)
             case[f"{goal}_same_gpus_per_node"] = chosen["gpus_per_node"] == best["gpus_per_node"]
-        wanted = {**objective, "max_nodes": max_nodes, "minimize": "knee"}
-        knee_p = select({"candidates": predicted, "pricing": objective["pricing"]}, wanted)
-        knee_t = select({"candidates": truth, "pricing": objective["pricing"]}, wanted)
+        wanted = dataclasses.replace(objective, max_nodes=max_nodes, minimize="knee")
+        knee_p = select({"candidates": predicted, "pricing": objective.pricing}, wanted)
+        knee_t = select({"candidates": truth, "pricing": objective.pricing}, wanted)
         case["knee_batch"] = knee_p["knees"][knee_p["knee_used"]]
         case["true_knee_batch"] = knee_t["knees"][knee_t["knee_used"]]
         case["knee_same"] = case["knee_batch"] == case["true_knee_batch"]
@@ -246,26 +251,26 @@ def choices(predicted: list[dict], truth: list[dict], objective: dict) -> list[d
     return found
 
 
-def searched(job: dict, candidates: list[dict], measure) -> dict[str, tuple[list[dict], dict, dict | None]]:
+def searched(job: Job, candidates: list[dict], measure) -> dict[str, tuple[list[dict], dict, dict | None]]:
     """Per mode: the candidates it profiles, the fit settings, and adaptive search's record (search.py decides)."""
     from tula_hpc.layout import candidate_devices, devices_per_node
     from tula_hpc.performance import candidate_row, model_params
     from tula_hpc.search import adaptive_search, planned
 
-    devices, launcher, search = devices_per_node(job), job["launcher"], job["search"]
+    devices, launcher, search = devices_per_node(job), job.launcher, job.search
     settings = model_params(job)
     used = {
-        mode: (planned(mode, candidates, devices, launcher, search["partial_second_batch"]), settings, None)
+        mode: (planned(mode, candidates, devices, launcher, search.partial_second_batch), settings, None)
         for mode in ("partial", "full")
     }
     adaptive = adaptive_search(
         candidates,
-        planned("adaptive", candidates, devices, launcher, search["partial_second_batch"]),
+        planned("adaptive", candidates, devices, launcher, search.partial_second_batch),
         measure,
         lambda c: candidate_row(c, candidate_devices(c, job), launcher),
         settings,
-        search["adaptive"]["tolerance"],
-        search["adaptive"]["max_profiles"],
+        search.adaptive.tolerance,
+        search.adaptive.max_profiles,
     )
     record = {
         "profiled": len(adaptive["profiled"]),
@@ -322,7 +327,7 @@ def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) 
             "leave_one_out": loo,
             "measurement_weight": weight,
             "errors": errors,
-            "choices": choices(rows, truth, job["objective"]),
+            "choices": choices(rows, truth, job.objective),
             "adaptive": record,
         }
     result["roughness"] = roughness(points, name)
@@ -425,7 +430,7 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0]) -> dict:
     loaded = [read_trace(folder) for folder in folders]
     cases = [replay(trace, (g,), mapping) for trace in loaded for g in trace["gpus"]]
     shapes = [replay(trace, tuple(trace["gpus"]), mapping) for trace in loaded if len(trace["gpus"]) > 1]
-    default_mode = bench_job()["search"]["mode"]
+    default_mode = bench_job().search.mode
     rough = [r for case in cases for r in case["roughness"]]
     rough_median = _median([r["error"] for r in rough])
     summary = summarise(cases, default_mode)

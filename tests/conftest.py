@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 import yaml
 
 from tula_hpc.config import job_settings, validate_config
+from tula_hpc.job import Job
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = "digits-cnn"  # the one job config/jobs.yaml defines
@@ -38,7 +39,7 @@ def job_config(**sections: dict) -> dict:
     return config
 
 
-def default_job(**sections: dict) -> dict:
+def default_job(**sections: dict) -> Job:
     """The job's settings as a stage sees them: `job_config(**sections)` validated, so a test's job is one a user
     could write."""
     return job_settings(validate_config(job_config(**sections)), JOB)

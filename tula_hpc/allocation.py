@@ -52,7 +52,7 @@ def hold_allocation(spec: LaunchSpec) -> str:
             recorded = None
         if recorded is None:
             name = f"{folder.parent.name}-allocation"
-            limits = partition_limits(spec.slurm.get("partition"))
+            limits = partition_limits(spec.slurm.partition)
             nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
             done = subprocess.run(holder_command(spec, name, nodes), capture_output=True, text=True)
             if done.returncode != 0:

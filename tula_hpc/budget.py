@@ -22,8 +22,12 @@ import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .layout import devices_per_node
+
+if TYPE_CHECKING:
+    from .job import Job
 
 GB = 1e9
 OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
@@ -101,7 +105,7 @@ class _DeviceMemory:
     device = None
     resident = origin = 0
 
-    def limit(self, device, budget_bytes: int, resident_bytes: int, job: dict) -> None:
+    def limit(self, device, budget_bytes: int, resident_bytes: int, job: Job) -> None:
         """From now on the device holds at most `budget_bytes`: an allocation beyond fails as out of memory."""
         import torch
 
@@ -109,8 +113,8 @@ class _DeviceMemory:
             resident_bytes = torch.cuda.memory_allocated(device)
         if resident_bytes >= budget_bytes:
             raise DeviceBudgetError(
-                f"job '{job['name']}': field 'resources.device_memory_gb': a budget of {budget_bytes:,} bytes cannot "
-                f"hold {job['model']['name']} at all: the model alone needs {resident_bytes:,} bytes"
+                f"job '{job.name}': field 'resources.device_memory_gb': a budget of {budget_bytes:,} bytes cannot "
+                f"hold {job.model.name} at all: the model alone needs {resident_bytes:,} bytes"
             )
         self.device = device
         if device.type == "cuda":
@@ -244,30 +248,30 @@ def nccl_ring_buffer_bytes(env: Mapping[str, str]) -> int:
     return int(env.get("NCCL_MAX_NCHANNELS", NCCL_CHANNELS)) * NCCL_RING_PEERS * per_connection
 
 
-def budget_bytes(job: dict, device) -> int:
+def budget_bytes(job: Job, device) -> int:
     """The memory a rank on `device` may use: resources.device_memory_gb, or with `auto` the device's own.
 
     A GPU's own is its card's memory. On the CPU it is the host memory the job asks of each node
     (resources.mem_gb), shared by the node's ranks.
     """
-    resources = job["resources"]
-    if resources["device_memory_gb"] != "auto":
-        return int(resources["device_memory_gb"] * GB)
+    resources = job.resources
+    if resources.device_memory_gb != "auto":
+        return int(resources.device_memory_gb * GB)
     if device.type == "cuda":
         return device_memory.card_bytes(device)
-    return int(resources["mem_gb"] * GB / devices_per_node(job))
+    return int(resources.mem_gb * GB / devices_per_node(job))
 
 
-def budget_source(job: dict) -> str:
+def budget_source(job: Job) -> str:
     """Which budget applied, in words for memory.json and the report."""
-    if job["resources"]["device_memory_gb"] == "auto":
+    if job.resources.device_memory_gb == "auto":
         return "the device's own memory (resources.device_memory_gb: auto)"
-    return f"resources.device_memory_gb: {job['resources']['device_memory_gb']}"
+    return f"resources.device_memory_gb: {job.resources.device_memory_gb}"
 
 
-def usable_bytes(job: dict, budget: int) -> int:
+def usable_bytes(job: Job, budget: int) -> int:
     """The part of `budget` the largest batch may fill, resources.memory_headroom kept free."""
-    return int(budget * (1 - job["resources"]["memory_headroom"]))
+    return int(budget * (1 - job.resources.memory_headroom))
 
 
 def model_bytes(model) -> int:

@@ -15,6 +15,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from .job import Job, SlurmSettings
+
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE")
 
 
@@ -158,53 +160,54 @@ def start_wait_s(nodes: int, gpus_per_node: int, time_min: int, sbatch_args: lis
 STARTUP_S = 300  # a job's start before its first step: prolog, interpreter, data set, model, process group
 
 
-def train_time_limit_s(job: dict, candidate: dict, run_s: float, max_time_s: float | None) -> float:
+def train_time_limit_s(job: Job, candidate: dict, run_s: float, max_time_s: float | None) -> float:
     """The wall time a train job of `candidate` asks for when it is to run `run_s` seconds: the run plus twice its
     relative uncertainty, plus one epoch (the checkpoint cadence: what a requeue repeats), all times 1 +
     resources.time_margin, plus STARTUP_S; at most the partition's MaxTime. A job that outlives it is requeued
     from its checkpoint."""
-    epoch_s = candidate["time_s"] / job["train"]["epochs"]
+    epoch_s = candidate["time_s"] / job.train.epochs
     spread = 1 + 2 * candidate.get("rel_uncertainty", 0.0)
-    limit = (run_s * spread + epoch_s) * (1 + job["resources"]["time_margin"]) + STARTUP_S
+    limit = (run_s * spread + epoch_s) * (1 + job.resources.time_margin) + STARTUP_S
     return limit if max_time_s is None else min(limit, max_time_s)
 
 
-def sbatch_args(slurm: dict, cpus_per_task: int, mem_gb: float) -> list[str]:
+def sbatch_args(slurm: SlurmSettings, cpus_per_task: int, mem_gb: float) -> list[str]:
     """The options a job's sbatch carries besides its shape (resources.slurm and the job's resources), so that
     --test-only asks about the job that would be submitted."""
     args = [f"--cpus-per-task={cpus_per_task}", f"--mem={math.ceil(mem_gb * 1024)}M"]
-    args += [f"--{key}={slurm[key]}" for key in ("partition", "account", "qos", "constraint") if slurm.get(key)]
-    return args + list(slurm.get("extra_args", []))
+    options = {"partition": slurm.partition, "account": slurm.account, "qos": slurm.qos, "constraint": slurm.constraint}
+    args += [f"--{key}={value}" for key, value in options.items() if value]
+    return args + list(slurm.extra_args or ())
 
 
-def train_minutes(job: dict, candidate: dict, run_s: float | None, max_time_s: float | None) -> int:
+def train_minutes(job: Job, candidate: dict, run_s: float | None, max_time_s: float | None) -> int:
     """The minutes a train job of `candidate` asks for when it is to run `run_s` seconds: resources.time_min where
     the limit is fixed, on the local launcher (no queue to gain a place in; its limit only kills) or without a
     prediction; else `train_time_limit_s`."""
-    resources = job["resources"]
-    if resources["time_limit"] == "fixed" or job["launcher"] != "slurm" or run_s is None:
-        return resources["time_min"]
+    resources = job.resources
+    if resources.time_limit == "fixed" or job.launcher != "slurm" or run_s is None:
+        return resources.time_min
     return format_minutes(train_time_limit_s(job, candidate, run_s, max_time_s))
 
 
-def max_time_s(job: dict) -> float | None:
+def max_time_s(job: Job) -> float | None:
     """The MaxTime of the job's partition on Slurm (None: unlimited, or the local launcher)."""
-    if job["launcher"] != "slurm":
+    if job.launcher != "slurm":
         return None
-    return partition_limits(job["resources"]["slurm"].get("partition")).max_time_s
+    return partition_limits(job.resources.slurm.partition).max_time_s
 
 
-def train_job_minutes(job: dict, selection: dict) -> int:
+def train_job_minutes(job: Job, selection: dict) -> int:
     """The minutes the train job of `selection` (selection.json, its prediction) asks for."""
     predicted = selection.get("predicted") or {}
     return train_minutes(job, selection["chosen"], predicted.get("time_s"), max_time_s(job))
 
 
-def queue_waits(job: dict, candidates: list[dict], run_seconds: list[float]) -> list[float]:
+def queue_waits(job: Job, candidates: list[dict], run_seconds: list[float]) -> list[float]:
     """Slurm's estimate of how long each candidate's train job (its shape, the wall time it would ask for to run
     `run_seconds`) would wait to start; one `sbatch --test-only` per distinct request."""
-    resources = job["resources"]
-    args = sbatch_args(resources["slurm"], resources["cpus_per_task"], resources["mem_gb"])
+    resources = job.resources
+    args = sbatch_args(resources.slurm, resources.cpus_per_task, resources.mem_gb)
     limit, asked = max_time_s(job), {}
     waits = []
     for candidate, run_s in zip(candidates, run_seconds):

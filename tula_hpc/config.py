@@ -9,6 +9,7 @@ checked below, and defaults that depend on other fields (search.sync_prior, by d
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 
 from .datacheck import DataError, check_data
 from .devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
-from .job import Job
+from .job import Job, TrainSettings
 from .layout import ranks_per_host
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
@@ -49,12 +50,12 @@ WARMUP_RECIPES = frozenset({"lrs", "lars", "polo"})
 LR_SCALING_RECIPES = frozenset({"lrs", "lars"})
 
 
-def recipe(train: dict) -> str:
+def recipe(train: TrainSettings) -> str:
     """The strategy whose optimiser, peak rate and warm-up a run follows: static and ags scale the gradients of
     train.ags.base (sgd, the paper's: plain SGD at lr without warm-up, as lbt), every other strategy its own."""
-    if train["strategy"] in ("static", "ags"):
-        return {"sgd": "lbt"}.get(train["ags"]["base"], train["ags"]["base"])
-    return train["strategy"]
+    if train.strategy in ("static", "ags"):
+        return {"sgd": "lbt"}.get(train.ags.base, train.ags.base)
+    return train.strategy
 
 
 # What a training step is made of, apart from how many there are and the learning-rate schedule.
@@ -201,108 +202,106 @@ def _fill_by_device(job: dict) -> None:
 
 
 def _bandwidths(prior: dict) -> str:
+    """A sync prior's bandwidths, for people: a preset of devices.SYNC_PRIORS, or a job's as plain data."""
     return ", ".join(f"{kind} {terms['bandwidth_gb_s']:g} GB/s" for kind, terms in prior.items())
 
 
-def _check_semantics(name: str, job: dict, launcher: str) -> None:
+def _check_semantics(job: Job) -> None:
     def fail(field: str, message: str) -> None:
-        raise ConfigError(f"job '{name}': field '{field}': {message}")
+        raise ConfigError(f"job '{job.name}': field '{field}': {message}")
 
-    nodes, batch = job["search"]["nodes"], job["search"]["batch"]
-    if nodes["min"] > nodes["max"]:
-        fail("search.nodes", f"min ({nodes['min']}) is larger than max ({nodes['max']})")
-    if batch["max"] != "auto" and batch["min"] > batch["max"]:
-        fail("search.batch", f"min ({batch['min']}) is larger than max ({batch['max']})")
-    objective = job["objective"]
-    if objective["max_nodes"] is not None and objective["max_nodes"] < nodes["min"]:
+    nodes, batch = job.search.nodes, job.search.batch
+    if nodes.min > nodes.max:
+        fail("search.nodes", f"min ({nodes.min}) is larger than max ({nodes.max})")
+    if batch.max != "auto" and batch.min > batch.max:
+        fail("search.batch", f"min ({batch.min}) is larger than max ({batch.max})")
+    objective = job.objective
+    if objective.max_nodes is not None and objective.max_nodes < nodes.min:
         fail(
             "objective.max_nodes",
-            f"{objective['max_nodes']} is below search.nodes.min ({nodes['min']}): no candidate "
-            f"could meet it; allowed: at least {nodes['min']}",
+            f"{objective.max_nodes} is below search.nodes.min ({nodes.min}): no candidate "
+            f"could meet it; allowed: at least {nodes.min}",
         )
-    if objective["max_batch"] is not None and objective["max_batch"] < batch["min"]:
+    if objective.max_batch is not None and objective.max_batch < batch.min:
         fail(
             "objective.max_batch",
-            f"{objective['max_batch']} is below search.batch.min ({batch['min']}): no candidate "
-            f"could meet it; allowed: at least {batch['min']}",
+            f"{objective.max_batch} is below search.batch.min ({batch.min}): no candidate "
+            f"could meet it; allowed: at least {batch.min}",
         )
-    data = job["data"]
+    data = job.data
     try:
         check_data(data)
     except DataError as err:
-        raise ConfigError(f"job '{name}': {err}") from None
-    if data["val_fraction"] + data["test_fraction"] >= 1:
+        raise ConfigError(f"job '{job.name}': {err}") from None
+    if data.val_fraction + data.test_fraction >= 1:
         fail("data", "val_fraction + test_fraction must be below 1")
-    model = job["model"]
-    if ":" in model["name"] or model["kwargs"]:
+    model = job.model
+    if ":" in model.name or model.kwargs:
         # Built once for the data set's shape and run on two images on the meta device. torch (seconds to import)
         # only here: the built-ins without kwargs are known to build, at MIN_IMAGE_SIZE and above.
         from .data import data_shape
         from .models import ModelError, check_model
 
         try:
-            check_model(model["name"], *data_shape(data), data["image_size"], model["kwargs"])
+            check_model(model.name, *data_shape(data), data.image_size, model.kwargs)
         except ModelError as err:
             fail(err.field, str(err))
-    elif data["image_size"] < MIN_IMAGE_SIZE[model["name"]]:
+    elif data.image_size < MIN_IMAGE_SIZE[model.name]:
         fail(
             "data.image_size",
-            f"{model['name']} needs images of at least {MIN_IMAGE_SIZE[model['name']]} pixels, "
-            f"got {data['image_size']}",
+            f"{model.name} needs images of at least {MIN_IMAGE_SIZE[model.name]} pixels, got {data.image_size}",
         )
-    epochs = job["train"]["epochs"]
-    late = [m for m in job["train"]["lr_milestones"] if m > epochs]
+    train, epochs = job.train, job.train.epochs
+    late = [m for m in train.lr_milestones if m > epochs]
     if late:
         fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
-    train = job["train"]
-    if recipe(train) in WARMUP_RECIPES and train["warmup_epochs"] >= epochs:
+    if recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
         fail(
             "train.warmup_epochs",
-            f"strategy '{train['strategy']}' ({recipe(train)}'s recipe) would warm up for {train['warmup_epochs']} "
+            f"strategy '{train.strategy}' ({recipe(train)}'s recipe) would warm up for {train.warmup_epochs} "
             f"of {epochs} epochs and never train at its full rate; allowed: below {epochs}",
         )
-    probes = job["resources"]["memory_probe_batches"]
+    probes = list(job.resources.memory_probe_batches)
     if probes != sorted(set(probes)):
         fail("resources.memory_probe_batches", f"{probes} must be distinct batches in increasing order")
-    if train["strategy"] == "ags" and probes[0] < train["ags"]["small_batch"]:
+    if train.strategy == "ags" and probes[0] < train.ags.small_batch:
         fail(
             "resources.memory_probe_batches",
-            f"{probes[0]} is below train.ags.small_batch ({train['ags']['small_batch']}): "
-            f"that probe would skip the per-epoch scaling update; allowed: at least "
-            f"{train['ags']['small_batch']}",
+            f"{probes[0]} is below train.ags.small_batch ({train.ags.small_batch}): "
+            f"that probe would skip the per-epoch scaling update; allowed: at least {train.ags.small_batch}",
         )
-    if train["strategy"] == "polo" and train["polo"]["sync_epochs"] >= epochs:
+    if train.strategy == "polo" and train.polo.sync_epochs >= epochs:
         fail(
             "train.polo.sync_epochs",
-            f"{train['polo']['sync_epochs']} synchronous epochs of {epochs} would never "
+            f"{train.polo.sync_epochs} synchronous epochs of {epochs} would never "
             f"start local SGD; allowed: below {epochs}",
         )
     _check_gpus_per_node(job, fail)
-    _check_gpu_job(job, launcher, fail)
+    _check_gpu_job(job, fail)
 
 
-def _check_gpus_per_node(job: dict, fail) -> None:
+def _check_gpus_per_node(job: Job, fail) -> None:
     """search.gpus_per_node within the node: Slurm is asked for resources.gpus_per_node at most, and a CPU job has
     no GPUs to choose from (`fail`: _check_semantics' error for a field)."""
-    shape, gpus = job["search"]["gpus_per_node"], job["resources"]["gpus_per_node"]
-    if not gpus and (shape["min"], shape["max"]) != (0, 0):
+    shape, gpus = job.search.gpus_per_node, job.resources.gpus_per_node
+    if not gpus and (shape.min, shape.max) != (0, 0):
         fail(
             "search.gpus_per_node",
-            f"{{min: {shape['min']}, max: {shape['max']}}} on a CPU job (resources.gpus_per_node: 0, one process "
+            f"{{min: {shape.min}, max: {shape.max}}} on a CPU job (resources.gpus_per_node: 0, one process "
             f"per node); allowed: {{min: 0, max: 0}}, or leave it out",
         )
-    if gpus and not 1 <= shape["min"] <= shape["max"] <= gpus:
+    if gpus and not 1 <= shape.min <= shape.max <= gpus:
         fail(
             "search.gpus_per_node",
-            f"{{min: {shape['min']}, max: {shape['max']}}} does not fit the node's {gpus} GPU(s) "
+            f"{{min: {shape.min}, max: {shape.max}}} does not fit the node's {gpus} GPU(s) "
             f"(resources.gpus_per_node); allowed: 1 <= min <= max <= {gpus}",
         )
 
 
-def _check_gpu_job(job: dict, launcher: str, fail) -> None:
+def _check_gpu_job(job: Job, fail) -> None:
     """What a GPU job needs that a CPU job does not: host memory per GPU rank, NCCL's sync priors, and on the local
     launcher a usable GPU of its own for every rank (`fail`: _check_semantics' error for a field)."""
-    gpus, mem_gb = job["resources"]["gpus_per_node"], job["resources"]["mem_gb"]
+    gpus, mem_gb = job.resources.gpus_per_node, job.resources.mem_gb
     if gpus and mem_gb < gpus * HOST_GB_PER_GPU_RANK:
         fail(
             "resources.mem_gb",
@@ -310,20 +309,20 @@ def _check_gpu_job(job: dict, launcher: str, fail) -> None:
             f"each of which needs at least {HOST_GB_PER_GPU_RANK} GB of its own (its CUDA context, torch's CUDA "
             f"libraries, loader workers); allowed: at least {gpus * HOST_GB_PER_GPU_RANK}",
         )
-    prior, cpu = job["search"]["sync_prior"], SYNC_PRIORS["cpu"]
-    if gpus and all(prior[kind]["bandwidth_gb_s"] <= cpu[kind]["bandwidth_gb_s"] for kind in cpu):
+    prior, cpu = job.search.sync_prior, SYNC_PRIORS["cpu"]
+    if gpus and all(getattr(prior, kind).bandwidth_gb_s <= terms["bandwidth_gb_s"] for kind, terms in cpu.items()):
         fail(
             "search.sync_prior",
-            f"bandwidths of {_bandwidths(prior)} are gloo's on CPUs, but this job runs on GPUs "
+            f"bandwidths of {_bandwidths(dataclasses.asdict(prior))} are gloo's on CPUs, but this job runs on GPUs "
             f"(resources.gpus_per_node: {gpus}), whose NCCL sync they would predict about 100 times too slow; "
             f"allowed: a bandwidth above gloo's ({_bandwidths(cpu)}) for at least one kind: leave "
             f"search.sync_prior out for the GPU preset ({_bandwidths(SYNC_PRIORS['gpu'])}) or write your "
             f"cluster's own figures",
         )
-    if gpus and launcher == "local":
+    if gpus and job.launcher == "local":
         # Every node runs on this machine, so ask its CUDA now, before anything is submitted (torch, seconds to
         # import, only here). On Slurm a login node has no GPU to ask: each rank checks its own (rank_gpu).
-        here, nodes = usable_gpus(), job["search"]["nodes"]["max"]
+        here, nodes = usable_gpus(), job.search.nodes.max
         if not here:
             fail(
                 "resources.gpus_per_node",
@@ -359,7 +358,7 @@ def validate_config(config: dict) -> dict:
         )
     for name, job in config["jobs"].items():
         _fill_by_device(job)
-        _check_semantics(name, job, config["launcher"])
+        _check_semantics(job_settings(config, name))
     return config
 
 

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from .datacheck import FASHION_MNIST_HINT, DataError, fashion_mnist_files, user_data_sets
+from .job import DataSettings, Job
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 FASHION_MNIST_MEAN_STD = ((0.2860,), (0.3530,))
@@ -122,14 +123,14 @@ class TensorImages(Samples):
         return padded.gather(2, where).view(n, channels, height, width)
 
 
-def _tensor_splits(train, test, cfg: dict, seed: int, *, num_classes: int, **recipe) -> Splits:
+def _tensor_splits(train, test, cfg: DataSettings, seed: int, *, num_classes: int, **recipe) -> Splits:
     """Train/val/test of a data set held as ((images, targets), (images, targets)); val is carved from train by
     seed, and only train is augmented (`recipe`: mean_std, pad, flip)."""
-    train_indices, val_indices = _split_indices(len(train[1]), [cfg["val_fraction"]], seed)
-    augment = cfg["augment"] == "standard"
+    train_indices, val_indices = _split_indices(len(train[1]), [cfg.val_fraction], seed)
+    augment = cfg.augment == "standard"
 
     def part(data, indices, augmented):
-        return TensorImages(*data, indices, image_size=cfg["image_size"], seed=seed, augment=augmented, **recipe)
+        return TensorImages(*data, indices, image_size=cfg.image_size, seed=seed, augment=augmented, **recipe)
 
     return Splits(
         part(train, train_indices, augment),
@@ -140,21 +141,21 @@ def _tensor_splits(train, test, cfg: dict, seed: int, *, num_classes: int, **rec
     )
 
 
-def _digits(cfg: dict, seed: int) -> Splits:
+def _digits(cfg: DataSettings, seed: int) -> Splits:
     """sklearn's 8x8 digits, never augmented (see data.augment in the schema)."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     images = (images - images.mean()) / images.std()
-    if cfg["image_size"] != images.shape[-1]:
-        images = torch.nn.functional.interpolate(images, size=cfg["image_size"], mode="bilinear", align_corners=False)
+    if cfg.image_size != images.shape[-1]:
+        images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear", align_corners=False)
     full = TensorDataset(images, torch.tensor(digits.target, dtype=torch.long))
-    train, val, test = _split_indices(len(full), [cfg["val_fraction"], cfg["test_fraction"]], seed)
+    train, val, test = _split_indices(len(full), [cfg.val_fraction, cfg.test_fraction], seed)
     return Splits(Subset(full, train), Subset(full, val), Subset(full, test), num_classes=10, in_channels=1)
 
 
-def fashion_mnist_cache(cfg: dict) -> Path:
+def fashion_mnist_cache(cfg: DataSettings) -> Path:
     """A folder where torchvision's FashionMNIST finds the files: data.root's .gz files decompressed once into
     CACHE_DIR/fashion_mnist-<key>/FashionMNIST/raw, the key from the files' paths, sizes and mtimes.
 
@@ -193,7 +194,7 @@ def fashion_mnist_cache(cfg: dict) -> Path:
     return cache
 
 
-def _fashion_mnist(cfg: dict, seed: int) -> Splits:
+def _fashion_mnist(cfg: DataSettings, seed: int) -> Splits:
     """Fashion-MNIST; standard augmentation is the MNIST family's: a random crop after padding 4 pixels."""
     from torchvision.datasets import FashionMNIST
 
@@ -211,15 +212,15 @@ def _fashion_mnist(cfg: dict, seed: int) -> Splits:
     )
 
 
-def _cifar(cfg: dict, seed: int) -> Splits:
+def _cifar(cfg: DataSettings, seed: int) -> Splits:
     """CIFAR-10/100; standard augmentation is a random crop after padding 4 pixels and a horizontal flip."""
     from torchvision import datasets
 
-    cls = datasets.CIFAR10 if cfg["name"] == "cifar10" else datasets.CIFAR100
+    cls = datasets.CIFAR10 if cfg.name == "cifar10" else datasets.CIFAR100
     try:
-        train, test = (cls(cfg["root"], train=split, download=False) for split in (True, False))
+        train, test = (cls(cfg.root, train=split, download=False) for split in (True, False))
     except RuntimeError as err:
-        raise DataError(f"field 'data.root': no {cfg['name']} files in '{cfg['root']}' ({err})") from None
+        raise DataError(f"field 'data.root': no {cfg.name} files in '{cfg.root}' ({err})") from None
 
     def held(split):
         return torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(split.targets)
@@ -256,28 +257,28 @@ class FileImages(Samples):
             return self.transform(image), label
 
 
-def _imagefolder(cfg: dict, seed: int) -> Splits:
+def _imagefolder(cfg: DataSettings, seed: int) -> Splits:
     """ImageNet layout (root/train, root/val) or Caltech layout (root/<class>/...), split by seed."""
     from torchvision import datasets
 
-    root = Path(cfg["root"])
+    root = Path(cfg.root)
     load = lambda folder: datasets.ImageFolder(folder, loader=_rgb_loader)  # noqa: E731
     try:
         if (root / "train").is_dir() and (root / "val").is_dir():
             train_full, test_full = load(root / "train"), load(root / "val")
-            train, val = _split_indices(len(train_full), [cfg["val_fraction"]], seed)
+            train, val = _split_indices(len(train_full), [cfg.val_fraction], seed)
             test = np.arange(len(test_full))
         else:
             train_full = test_full = load(root)
-            train, val, test = _split_indices(len(train_full), [cfg["val_fraction"], cfg["test_fraction"]], seed)
+            train, val, test = _split_indices(len(train_full), [cfg.val_fraction, cfg.test_fraction], seed)
     except (FileNotFoundError, RuntimeError) as err:
         raise DataError(f"field 'data.root': '{root}' is not an image folder ({err})") from None
 
     def part(folder, indices, augment):
-        return FileImages(folder, indices, image_size=cfg["image_size"], seed=seed, augment=augment)
+        return FileImages(folder, indices, image_size=cfg.image_size, seed=seed, augment=augment)
 
     return Splits(
-        part(train_full, train, cfg["augment"] == "standard"),
+        part(train_full, train, cfg.augment == "standard"),
         part(train_full, val, False),
         part(test_full, test, False),
         len(train_full.classes),
@@ -292,10 +293,10 @@ def _rgb_loader(path: str):
         return Image.open(handle).convert("RGB")
 
 
-def _user(cfg: dict, seed: int) -> Splits:
+def _user(cfg: DataSettings, seed: int) -> Splits:
     """A `package.module:callable` data set (see datacheck.user_data_sets), used as given: no augmentation."""
     train, test, num_classes, in_channels = user_data_sets(cfg)
-    train_indices, val_indices = _split_indices(len(train), [cfg["val_fraction"]], seed)
+    train_indices, val_indices = _split_indices(len(train), [cfg.val_fraction], seed)
     return Splits(Subset(train, train_indices), Subset(train, val_indices), test, num_classes, in_channels)
 
 
@@ -308,8 +309,8 @@ LOADERS = {
 }
 
 
-def load_splits(data_cfg: dict, seed: int) -> Splits:
-    return LOADERS.get(data_cfg["name"], _user)(data_cfg, seed)
+def load_splits(data: DataSettings, seed: int) -> Splits:
+    return LOADERS.get(data.name, _user)(data, seed)
 
 
 class EpochSampler(DistributedSampler):
@@ -341,15 +342,15 @@ def start_epoch(loader: DataLoader, epoch: int, samples_done: int = 0) -> None:
         loader.dataset.set_epoch(epoch)
 
 
-def loader_workers(job: dict) -> int:
+def loader_workers(job: Job) -> int:
     """DataLoader worker processes per rank: `data.num_workers`, or for `auto` one per core of the rank's
     `resources.cpus_per_task` but the one its own process trains on (none with a single core, where a worker
     would only take turns with training on it)."""
-    workers = job["data"]["num_workers"]
-    return max(0, job["resources"]["cpus_per_task"] - 1) if workers == "auto" else workers
+    workers = job.data.num_workers
+    return max(0, job.resources.cpus_per_task - 1) if workers == "auto" else workers
 
 
-def loader_options(job: dict, device: torch.device) -> dict:
+def loader_options(job: Job, device: torch.device) -> dict:
     """How a rank's loaders load: `loader_workers` processes, and on a GPU into pinned (page-locked) memory,
     without which a `non_blocking` copy to the device is a synchronous one."""
     return {"num_workers": loader_workers(job), "pin_memory": device.type == "cuda"}
@@ -398,15 +399,15 @@ def make_eval_loader(
 DATA_SHAPES = {"digits": (10, 1), "fashion_mnist": (10, 1), "cifar10": (10, 3), "cifar100": (100, 3)}
 
 
-def data_shape(data_cfg: dict) -> tuple[int, int]:
+def data_shape(data: DataSettings) -> tuple[int, int]:
     """(num_classes, in_channels) of a data set without loading its images: what validation builds the model for.
 
     An imagefolder's classes are its class folders (as torchvision's ImageFolder counts them), its images RGB."""
-    name = data_cfg["name"]
+    name = data.name
     if name == "imagefolder":
-        root = Path(data_cfg["root"])
+        root = Path(data.root)
         folder = root / "train" if (root / "train").is_dir() and (root / "val").is_dir() else root
         return sum(entry.is_dir() for entry in folder.iterdir()), 3
     if name in DATA_SHAPES:
         return DATA_SHAPES[name]
-    return user_data_sets(data_cfg)[2:]
+    return user_data_sets(data)[2:]

@@ -7,6 +7,7 @@ callable brings torch in. Every message begins with the field to change: "field 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import importlib
@@ -17,6 +18,8 @@ import struct
 import zlib
 from pathlib import Path
 from typing import Any, NoReturn
+
+from .job import DataSettings
 
 FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
 FASHION_MNIST_FOLDER = Path("/usr/share/datasets/fashion-mnist")  # where Debian's package puts the files
@@ -42,33 +45,33 @@ def _fail(field: str, message: str) -> NoReturn:
     raise DataError(f"field 'data.{field}': {message}")
 
 
-def check_data(data_cfg: dict) -> None:
-    """Raise DataError unless the data set of `data_cfg` (a validated `data` section) can be loaded."""
-    name = data_cfg["name"]
+def check_data(data: DataSettings) -> None:
+    """Raise DataError unless the data set of a job's `data` section can be loaded."""
+    name = data.name
     if ":" in name:
-        user_data_sets(data_cfg)
+        user_data_sets(data)
     elif name == "fashion_mnist":
-        fashion_mnist_files(data_cfg)
+        fashion_mnist_files(data)
     elif name != "digits":  # cifar10, cifar100, imagefolder: their own files under root
-        if not data_cfg["root"]:
+        if not data.root:
             _fail("root", f"data set '{name}' needs a root folder holding its files (nothing is downloaded)")
-        root = Path(data_cfg["root"])
+        root = Path(data.root)
         if not root.is_dir():
             _fail("root", f"folder '{root}' does not exist")
         if name == "imagefolder" and not any(entry.is_dir() for entry in root.iterdir()):
             _fail("root", f"'{root}' has no class folders (root/<class>/... or root/train/<class>/...)")
 
 
-def fashion_mnist_root(data_cfg: dict) -> Path:
-    return Path(data_cfg["root"] or FASHION_MNIST_FOLDER)
+def fashion_mnist_root(data: DataSettings) -> Path:
+    return Path(data.root or FASHION_MNIST_FOLDER)
 
 
-def fashion_mnist_files(data_cfg: dict) -> dict[Path, int]:
+def fashion_mnist_files(data: DataSettings) -> dict[Path, int]:
     """Fashion-MNIST's four .gz files under data.root, each with the bytes it decompresses to.
 
     Cheap: each file's idx header (inside the gzip stream) says how many bytes follow, and the gzip trailer (the
     last 4 bytes) how many the stream holds; a truncated file ends mid-stream, so its last 4 bytes disagree."""
-    root = fashion_mnist_root(data_cfg)
+    root = fashion_mnist_root(data)
     if not root.is_dir():
         _fail("root", f"folder '{root}' does not exist; fashion_mnist reads its files from there; {FASHION_MNIST_HINT}")
     sizes, counts = {}, {}
@@ -110,7 +113,7 @@ def _idx_gz(path: Path, magic: int, shape: tuple) -> tuple[int, int]:
     return count, size
 
 
-def user_data_sets(data_cfg: dict) -> tuple[Any, Any, int, int]:
+def user_data_sets(data: DataSettings) -> tuple[Any, Any, int, int]:
     """(train, test, num_classes, in_channels) of a `package.module:callable` data set, its answer checked.
 
     The callable gets `root` and `image_size` if its signature names them, and data.kwargs; it returns (train,
@@ -121,13 +124,13 @@ def user_data_sets(data_cfg: dict) -> tuple[Any, Any, int, int]:
 
     Remembered for the last `data` section asked about: validation asks twice (check_data, then the model's
     check), and a stage validates its config before it loads the data, so the callable runs once per process."""
-    return _user_data_sets(json.dumps(data_cfg, sort_keys=True))
+    return _user_data_sets(json.dumps(dataclasses.asdict(data), sort_keys=True))
 
 
 @functools.lru_cache(maxsize=1)
 def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
-    data_cfg = json.loads(data_json)
-    spec = data_cfg["name"]
+    data = DataSettings(**json.loads(data_json))
+    spec = data.name
     module_name, attr = spec.split(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
@@ -139,7 +142,7 @@ def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
         named = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin without a signature: it gets data.kwargs only
         named = {}
-    arguments = {key: data_cfg[key] for key in ("root", "image_size") if key in named} | data_cfg["kwargs"]
+    arguments = {key: getattr(data, key) for key in ("root", "image_size") if key in named} | data.kwargs
     try:
         answer = factory(**arguments)
     except Exception as err:  # the user's code: whatever it raises is theirs to read
@@ -156,7 +159,7 @@ def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         _fail("name", f"'{spec}' returned num_classes {num_classes!r}; expected a positive int")
     channels = {
-        _check_samples(spec, part, dataset, num_classes, data_cfg["image_size"])
+        _check_samples(spec, part, dataset, num_classes, data.image_size)
         for part, dataset in (("training", train), ("test", test))
     }
     if len(channels) > 1:

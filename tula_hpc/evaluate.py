@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,9 @@ from .models import build_model
 from .pricing import costs
 from .stage import stage_main
 from .training import evaluate_accuracy
+
+if TYPE_CHECKING:
+    from .job import Job
 
 # Precise BN's sample: thousands of samples estimate the statistics well, and the bound keeps evaluation's cost
 # apart from the training set's size.
@@ -95,11 +99,11 @@ def load_trained_model(model_path: str | Path) -> nn.Module:
     return model
 
 
-def evaluate_worker(job: dict, model_path: str) -> dict:
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
-    splits = load_splits(job["data"], job["train"]["seed"])
+def evaluate_worker(job: Job, model_path: str) -> dict:
+    ctx = init_distributed(job.resources.gpus_per_node > 0)
+    splits = load_splits(job.data, job.train.seed)
     model = load_trained_model(model_path).to(ctx.device)
-    scores = score(model, splits, ctx, splits.test, seed=job["train"]["seed"], **loader_options(job, ctx.device))
+    scores = score(model, splits, ctx, splits.test, seed=job.train.seed, **loader_options(job, ctx.device))
     shutdown()
     return {
         "test_accuracy": scores["accuracy"],
@@ -108,19 +112,19 @@ def evaluate_worker(job: dict, model_path: str) -> dict:
     }
 
 
-def measured_costs(job: dict, summary: dict, memory: dict) -> dict[str, float | None]:
+def measured_costs(job: Job, summary: dict, memory: dict) -> dict[str, float | None]:
     """The trained run's cost in the job's pricing, priced as the prediction was (pricing.costs): for the epochs
     that count (`train_time_s`, what was predicted) and with the work lost to kills or OOM (what was spent)."""
-    objective, partition = job["objective"], job["resources"]["slurm"].get("partition")
+    objective, partition = job.objective, job.resources.slurm.partition
     run = (summary["nodes"], summary["world_size"], summary["per_device_batch"], objective, memory, partition)
     return {
-        "measured_cost": costs(summary["train_time_s"], *run)[objective["pricing"]],
-        "measured_cost_with_lost_work": costs(summary["train_time_with_lost_work_s"], *run)[objective["pricing"]],
+        "measured_cost": costs(summary["train_time_s"], *run)[objective.pricing],
+        "measured_cost_with_lost_work": costs(summary["train_time_with_lost_work_s"], *run)[objective.pricing],
     }
 
 
 def evaluate(
-    job: dict, model_path: Path, summary_path: Path, selection_path: Path, memory_path: Path, out: Path, work_dir: Path
+    job: Job, model_path: Path, summary_path: Path, selection_path: Path, memory_path: Path, out: Path, work_dir: Path
 ) -> dict:
     summary, selection = read_json(summary_path), read_json(selection_path)
     chosen = selection["chosen"]
@@ -131,12 +135,12 @@ def evaluate(
         dict(job=job, model_path=str(Path(model_path).resolve())),
         spec,
         Path(work_dir) / "evaluate",
-        name=f"{job['name']}-evaluate",
+        name=f"{job.name}-evaluate",
     )
     # The prediction is the time of the epochs that count; lost work is reported beside it, not compared.
     measured, predicted = summary["train_time_s"], selection["predicted"]["time_s"]
     result = {
-        "job": job["name"],
+        "job": job.name,
         **scores,
         "nodes": chosen["nodes"],
         "global_batch": chosen["batch"],
@@ -144,7 +148,7 @@ def evaluate(
         "measured_train_time_with_lost_work_s": summary["train_time_with_lost_work_s"],
         "predicted_train_time_s": predicted,
         "time_rel_error": (predicted - measured) / measured,
-        "pricing": job["objective"]["pricing"],
+        "pricing": job.objective.pricing,
         **measured_costs(job, summary, memory),
         "predicted_cost": selection["predicted"]["cost"],
         "wall_time_s": summary["wall_time_s"],

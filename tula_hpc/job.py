@@ -9,44 +9,19 @@ mapping of the schema (a model's or data set's kwargs, charge factors) stays a d
 from __future__ import annotations
 
 import copy
-import dataclasses
-import typing
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-
-class _Section:
-    """A job's section, read by key as the dict it replaces was."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in {f.name for f in dataclasses.fields(self)}:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-    def keys(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self) if not _left_out(self, f)]
-
-
-def _left_out(section: Any, spec: dataclasses.Field) -> bool:
-    """A key the user may leave out, and left out (resources.slurm's): absent from as_dict(), as from the dict."""
-    return spec.metadata.get("optional", False) and getattr(section, spec.name) is None
-
-
-def _optional(default: Any = None) -> Any:
-    return field(default=default, metadata={"optional": True})
+from .frozen import from_plain, optional, to_plain
 
 
 @dataclass(frozen=True)
-class ModelSettings(_Section):
+class ModelSettings:
     name: str
     kwargs: dict
 
 
 @dataclass(frozen=True)
-class DataSettings(_Section):
+class DataSettings:
     name: str
     root: str | None
     augment: str
@@ -58,7 +33,7 @@ class DataSettings(_Section):
 
 
 @dataclass(frozen=True)
-class AgsSettings(_Section):
+class AgsSettings:
     delta: float
     small_batch: int
     granularity: str
@@ -69,18 +44,18 @@ class AgsSettings(_Section):
 
 
 @dataclass(frozen=True)
-class LarsSettings(_Section):
+class LarsSettings:
     trust_coefficient: float
 
 
 @dataclass(frozen=True)
-class PoloSettings(_Section):
+class PoloSettings:
     sync_epochs: int
     averages_per_epoch: int
 
 
 @dataclass(frozen=True)
-class TrainSettings(_Section):
+class TrainSettings:
     epochs: int
     optimizer: str
     lr: float
@@ -100,7 +75,7 @@ class TrainSettings(_Section):
 
 
 @dataclass(frozen=True)
-class Span(_Section):
+class Span:
     """A searched range, both ends included: max "auto" for search.batch is the memory stage's largest batch."""
 
     min: int
@@ -108,25 +83,25 @@ class Span(_Section):
 
 
 @dataclass(frozen=True)
-class SyncTerms(_Section):
+class SyncTerms:
     latency_s: float
     bandwidth_gb_s: float
 
 
 @dataclass(frozen=True)
-class SyncPrior(_Section):
+class SyncPrior:
     intra_node: SyncTerms
     inter_node: SyncTerms
 
 
 @dataclass(frozen=True)
-class AdaptiveSettings(_Section):
+class AdaptiveSettings:
     tolerance: float
     max_profiles: int | None
 
 
 @dataclass(frozen=True)
-class SearchSettings(_Section):
+class SearchSettings:
     mode: str
     partial_second_batch: str
     nodes: Span
@@ -146,18 +121,18 @@ class SearchSettings(_Section):
 
 
 @dataclass(frozen=True)
-class SlurmSettings(_Section):
+class SlurmSettings:
     """What sbatch is told beside the resources; a key the user left out is not passed."""
 
-    partition: str | None = _optional()
-    account: str | None = _optional()
-    qos: str | None = _optional()
-    constraint: str | None = _optional()
-    extra_args: tuple[str, ...] | None = _optional()
+    partition: str | None = optional()
+    account: str | None = optional()
+    qos: str | None = optional()
+    constraint: str | None = optional()
+    extra_args: tuple[str, ...] | None = optional()
 
 
 @dataclass(frozen=True)
-class ResourceSettings(_Section):
+class ResourceSettings:
     gpus_per_node: int
     cpus_per_task: int
     mem_gb: float
@@ -176,7 +151,7 @@ class ResourceSettings(_Section):
 
 
 @dataclass(frozen=True)
-class ObjectiveSettings(_Section):
+class ObjectiveSettings:
     minimize: str
     queue: str
     knee_method: str
@@ -192,7 +167,7 @@ class ObjectiveSettings(_Section):
 
 
 @dataclass(frozen=True)
-class Job(_Section):
+class Job:
     """One job as every stage sees it: its sections, its name, and the launcher that runs its stages."""
 
     name: str
@@ -207,45 +182,15 @@ class Job(_Section):
     @classmethod
     def from_dict(cls, settings: dict) -> Job:
         """The view of a validated job's settings (config.job_settings's, or as_dict()'s)."""
-        return _build(cls, settings)
+        return from_plain(cls, settings, "")
 
     def as_dict(self) -> dict:
         """The settings as plain data: what is fingerprinted, written to JSON and handed to another process."""
-        return _plain(self)
+        return to_plain(self)
 
     def updated(self, **sections: dict) -> Job:
         """This job with some settings changed key by key, e.g. updated(train={"epochs": 3})."""
         return Job.from_dict(_merged(self.as_dict(), sections))
-
-
-def _build(kind: type, settings: dict) -> Any:
-    hints = typing.get_type_hints(kind)
-    values = {}
-    for spec in dataclasses.fields(kind):
-        if spec.name not in settings:
-            continue  # an optional key left out: its default
-        value, hint = settings[spec.name], hints[spec.name]
-        if dataclasses.is_dataclass(hint):
-            value = _build(hint, value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        elif isinstance(value, dict):
-            value = copy.deepcopy(value)
-        values[spec.name] = value
-    unknown = set(settings) - set(values) - {f.name for f in dataclasses.fields(kind)}
-    if unknown:
-        raise TypeError(f"{kind.__name__} has no field(s) {', '.join(sorted(unknown))}")
-    return kind(**values)
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if not _left_out(value, f)}
-    if isinstance(value, tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
 
 
 def _merged(base: dict, changes: dict) -> dict:

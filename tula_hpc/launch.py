@@ -181,7 +181,7 @@ class SlurmLauncher(Launcher):
     def shape(self, spec: LaunchSpec) -> dict[str, Any]:
         slurm = spec.slurm
         extra = {}
-        for arg in slurm.get("extra_args", []):
+        for arg in slurm.extra_args or ():
             key, _, value = arg.lstrip("-").partition("=")
             extra[key] = value or True  # a bare flag (--exclusive): submitit writes True as `--key`
         return dict(
@@ -189,10 +189,10 @@ class SlurmLauncher(Launcher):
             tasks_per_node=spec.tasks_per_node,
             gpus_per_node=spec.gpus_per_node or None,
             mem_gb=spec.mem_gb,
-            slurm_partition=slurm.get("partition"),
-            slurm_account=slurm.get("account"),
-            slurm_qos=slurm.get("qos"),
-            slurm_constraint=slurm.get("constraint"),
+            slurm_partition=slurm.partition,
+            slurm_account=slurm.account,
+            slurm_qos=slurm.qos,
+            slurm_constraint=slurm.constraint,
             slurm_additional_parameters=extra or None,
             # One dead rank ends the whole step at once instead of leaving the others in a collective.
             slurm_srun_args=["--kill-on-bad-exit=1"],

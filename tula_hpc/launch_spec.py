@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .job import Job, SlurmSettings
+
 
 @dataclass(frozen=True)
 class Allocation:
@@ -20,12 +22,11 @@ class Allocation:
     time_min: int
 
     @classmethod
-    def for_job(cls, job: dict, folder: Path) -> Allocation:
+    def for_job(cls, job: Job, folder: Path) -> Allocation:
         """As many nodes as the plan may profile (search.nodes.max; `hold_allocation` asks for no more than the
         partition allows)."""
-        nodes = job["search"]["nodes"]["max"]
-        resources = job["resources"]
-        return cls(str(folder), nodes, resources["gpus_per_node"], resources["time_min"])
+        resources = job.resources
+        return cls(str(folder), job.search.nodes.max, resources.gpus_per_node, resources.time_min)
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,14 @@ class LaunchSpec:
     cpus_per_task: int = 1
     mem_gb: float = 4
     time_min: int = 60
-    slurm: dict = field(default_factory=dict)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
     max_requeues: int = 3
     allocation: Allocation | None = None
 
     @classmethod
     def for_job(
         cls,
-        job: dict,
+        job: Job,
         nodes: int = 1,
         one_device: bool = False,
         gpus_per_node: int | None = None,
@@ -55,18 +56,18 @@ class LaunchSpec:
         resources.gpus_per_node); `one_device`: at most one GPU each (probing, evaluation). A measurement (probe,
         profile) passes its job's work folder as `measuring_in`: with resources.allocation shared on Slurm it runs
         as a step of the measuring phase's one allocation, and either way for resources.measure_time_min."""
-        res = job["resources"]
-        gpus = res["gpus_per_node"] if gpus_per_node is None else gpus_per_node
-        shared = measuring_in is not None and job["launcher"] == "slurm" and res["allocation"] == "shared"
+        res = job.resources
+        gpus = res.gpus_per_node if gpus_per_node is None else gpus_per_node
+        shared = measuring_in is not None and job.launcher == "slurm" and res.allocation == "shared"
         return cls(
-            launcher=job["launcher"],
+            launcher=job.launcher,
             nodes=nodes,
             gpus_per_node=min(gpus, 1) if one_device else gpus,
-            cpus_per_task=res["cpus_per_task"],
-            mem_gb=res["mem_gb"],
-            time_min=res["time_min"] if measuring_in is None else res["measure_time_min"],
-            slurm=dict(res.get("slurm", {})),
-            max_requeues=res["max_requeues"],
+            cpus_per_task=res.cpus_per_task,
+            mem_gb=res.mem_gb,
+            time_min=res.time_min if measuring_in is None else res.measure_time_min,
+            slurm=res.slurm,
+            max_requeues=res.max_requeues,
             allocation=Allocation.for_job(job, Path(measuring_in) / "allocation") if shared else None,
         )
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 
+from .job import Job
 
-def devices_per_node(job: dict) -> int:
+
+def devices_per_node(job: Job) -> int:
     """Ranks per node: one per GPU, or one CPU rank on a node without GPUs."""
-    return max(1, job["resources"]["gpus_per_node"])
+    return max(1, job.resources.gpus_per_node)
 
 
-def candidate_devices(candidate: dict, job: dict) -> int:
+def candidate_devices(candidate: dict, job: Job) -> int:
     """Ranks per node of one candidate: its own GPUs per node (search.gpus_per_node makes it a choice), else the
     job's; a plan made before that choice existed has no such key."""
     gpus = candidate.get("gpus_per_node")
@@ -27,11 +29,11 @@ def node_shape(candidate: dict, nodes: str = "{} node(s)") -> str:
     return nodes.format(candidate["nodes"]) + (f" x {gpus} GPU(s)" if gpus else "")
 
 
-def profile_name(candidate: dict, job: dict) -> str:
+def profile_name(candidate: dict, job: Job) -> str:
     """A candidate's profile file stem: N{n}_B{b} at the job's own GPUs per node (as before GPUs per node was a
     choice, so nothing profiled then changes name), N{n}_G{g}_B{b} at any other."""
-    gpus = candidate.get("gpus_per_node", job["resources"]["gpus_per_node"])
-    shape = "" if gpus == job["resources"]["gpus_per_node"] else f"_G{gpus}"
+    gpus = candidate.get("gpus_per_node", job.resources.gpus_per_node)
+    shape = "" if gpus == job.resources.gpus_per_node else f"_G{gpus}"
     return f"N{candidate['nodes']}{shape}_B{candidate['batch']}"
 
 

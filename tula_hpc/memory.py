@@ -12,6 +12,7 @@ import argparse
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import launch
 from .budget import (
@@ -39,30 +40,31 @@ from .memory_model import (
 from .memory_probes import probe_device, run_in_fresh_process
 from .stage import StageError, stage_main
 
+if TYPE_CHECKING:
+    from .job import Job
+
 PROBES_AT_ONCE = 2  # on the CPU: the rule's threads (workflow/rules/memory.smk)
 
 
-def run_probes(job: dict, cap: int, budget: int) -> list[dict]:
+def run_probes(job: Job, cap: int, budget: int) -> list[dict]:
     """The configured probes (a fresh process each; two at once on two cores, one at a time on a GPU), then
     those `next_probe` adds, in the order they ran."""
     # On the CPU two probes share the cores; a GPU holds one probe at a time, each allowed the whole budget.
-    at_once = 1 if job["resources"]["gpus_per_node"] > 0 else min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))
+    at_once = 1 if job.resources.gpus_per_node > 0 else min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         probes = list(
-            pool.map(
-                lambda b: run_in_fresh_process("measure", job=job, batch=b), job["resources"]["memory_probe_batches"]
-            )
+            pool.map(lambda b: run_in_fresh_process("measure", job=job, batch=b), job.resources.memory_probe_batches)
         )
     while not any(p["outcome"] == "budget_too_small" for p in probes) and (batch := next_probe(probes, cap, budget)):
         probes.append(run_in_fresh_process("measure", job=job, batch=batch))
     return probes
 
 
-def probe_worker(job: dict) -> dict:
+def probe_worker(job: Job) -> dict:
     """Probes, then the verification trials at the usable budget (never above a batch that failed)."""
     from .data import load_splits
 
-    splits, device = load_splits(job["data"], job["train"]["seed"]), probe_device(job)
+    splits, device = load_splits(job.data, job.train.seed), probe_device(job)
     cap, budget, ring = len(splits.train), budget_bytes(job, device), collective_buffer_bytes(job, device)
     probes = run_probes(job, cap, budget)
     trials: list[dict] = []
@@ -97,16 +99,16 @@ def fit_summary(model: StepMemoryModel, largest: int, ran: list[dict], unprobed:
     }
 
 
-def _refuse(job: dict, budget: int, message: str) -> StageError:
-    res = job["resources"]
+def _refuse(job: Job, budget: int, message: str) -> StageError:
+    res = job.resources
     return StageError(
-        f"job '{job['name']}': field 'resources.device_memory_gb': {res['device_memory_gb']} "
-        f"({budget:,} bytes, {usable_bytes(job, budget):,} after {res['memory_headroom']:.0%} headroom) "
+        f"job '{job.name}': field 'resources.device_memory_gb': {res.device_memory_gb} "
+        f"({budget:,} bytes, {usable_bytes(job, budget):,} after {res.memory_headroom:.0%} headroom) "
         f"{message}"
     )
 
 
-def summarise(job: dict, measured_steps: dict) -> dict:
+def summarise(job: Job, measured_steps: dict) -> dict:
     """memory.json from the probes and trials; a budget that cannot hold batch 1 is a clear error."""
     probes, budget = measured_steps["probes"], measured_steps["device_memory_bytes"]
     for probe in probes:
@@ -118,7 +120,7 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         raise _refuse(
             job,
             budget,
-            f"runs out of memory in a training step of {job['model']['name']} at batch {smallest['batch']}"
+            f"runs out of memory in a training step of {job.model.name} at batch {smallest['batch']}"
             + (f": it needs more than {smallest['failed_at_bytes']:,} bytes" if smallest.get("failed_at_bytes") else "")
             + "; the memory model needs steps at two batches",
         )
@@ -131,14 +133,14 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         raise _refuse(
             job,
             budget,
-            f"cannot hold a training step of {job['model']['name']} even at batch 1: it needs "
+            f"cannot hold a training step of {job.model.name} even at batch 1: it needs "
             f"{needed:,} bytes ({needed / GB:.3f} GB)",
         )
     fitting_probes = [p["batch"] for p in ran if p[PEAK[DECIDING_FIGURE]] <= available]
     largest, verified = settle(measured_steps["trials"], max(fitting_probes, default=1))
     allocated = fit_probes(ran, "allocated")
     return {
-        "job": job["name"],
+        "job": job.name,
         "model": "phase_lines",
         "probes": probes,
         "decided_by": DECIDING_FIGURE,
@@ -150,7 +152,7 @@ def summarise(job: dict, measured_steps: dict) -> dict:
         "collective_buffer_bytes": ring,
         "device_memory_bytes": budget,
         "device_memory_source": budget_source(job),
-        "headroom": job["resources"]["memory_headroom"],
+        "headroom": job.resources.memory_headroom,
         "usable_bytes": usable,
         "outside_allocator_bytes": max((p.get("outside_allocator_bytes", 0) for p in ran), default=0),
         "collective_library_bytes": max((p.get("collective_library_bytes", 0) for p in ran), default=0),
@@ -164,10 +166,10 @@ def summarise(job: dict, measured_steps: dict) -> dict:
     }
 
 
-def probe_memory(job: dict, out: Path, work_dir: Path) -> dict:
+def probe_memory(job: Job, out: Path, work_dir: Path) -> dict:
     spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True, measuring_in=work_dir)
     measured = launch.run(
-        probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory", name=f"{job['name']}-probe-memory"
+        probe_worker, dict(job=job), spec, Path(work_dir) / "probe_memory", name=f"{job.name}-probe-memory"
     )
     result = summarise(job, measured)
     write_json(out, result)

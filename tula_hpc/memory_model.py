@@ -36,6 +36,7 @@ has, are reserved as NCCL's defaults size them (budget.nccl_ring_buffer_bytes), 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -44,6 +45,9 @@ from .budget import (
     nccl_ring_buffer_bytes,
     usable_bytes,
 )
+
+if TYPE_CHECKING:
+    from .job import Job
 
 PHASES = ("forward", "backward", "update")
 STEP_KINDS = ("ordinary", "update")
@@ -124,7 +128,7 @@ def fit_probes(probes: list[dict], figure: str = DECIDING_FIGURE) -> StepMemoryM
     )
 
 
-def room_for_steps(job: dict, budget: int, probes: list[dict]) -> int:
+def room_for_steps(job: Job, budget: int, probes: list[dict]) -> int:
     """What the steps may fill: the budget, but never more of the card than its allocator can have (the card
     less what the probes saw held outside it), less resources.memory_headroom."""
     cards = [p["card_bytes"] - p["outside_allocator_bytes"] for p in probes if p.get("card_bytes")]
@@ -152,16 +156,16 @@ def next_probe(probes: list[dict], cap: int, budget: int) -> int | None:
     return bigger if model.predict([bigger])[0] <= budget else None
 
 
-def runs_on_several_devices(job: dict) -> bool:
-    return job["search"]["nodes"]["max"] * max(1, job["resources"]["gpus_per_node"]) > 1
+def runs_on_several_devices(job: Job) -> bool:
+    return job.search.nodes.max * max(1, job.resources.gpus_per_node) > 1
 
 
-def ddp_bucket_bytes(job: dict, probes: list[dict]) -> int:
+def ddp_bucket_bytes(job: Job, probes: list[dict]) -> int:
     """DDP's reducer keeps one more copy of the gradients on every rank of a multi-device run."""
     return probes[0]["grad_bytes"] if runs_on_several_devices(job) else 0
 
 
-def collective_buffer_bytes(job: dict, device) -> int:
+def collective_buffer_bytes(job: Job, device) -> int:
     """NCCL's ring buffers for its peers on every rank of a multi-GPU run (none on the CPU, whose gloo keeps
     its buffers in host memory outside the budget)."""
     return nccl_ring_buffer_bytes(os.environ) if device.type == "cuda" and runs_on_several_devices(job) else 0

@@ -19,6 +19,7 @@ from .budget import (
     optimizer_state_bytes,
     saved_tensor_bytes,
 )
+from .job import Job
 from .memory_model import PART_PEAKS, PARTS, PEAK, PHASES, runs_on_several_devices
 
 # The steps a probe runs: the first builds the optimiser state and is not measured; then the steps
@@ -27,16 +28,16 @@ from .memory_model import PART_PEAKS, PARTS, PEAK, PHASES, runs_on_several_devic
 STEPS = ("first", "ordinary", "update", "ordinary")
 
 
-def probe_device(job: dict):
+def probe_device(job: Job):
     """The probe's device: the node's first GPU on a GPU job (never the CPU in its stead: `rank_gpu`)."""
     import torch
 
     from .devices import rank_gpu
 
-    return torch.device("cuda", rank_gpu(0)) if job["resources"]["gpus_per_node"] > 0 else torch.device("cpu")
+    return torch.device("cuda", rank_gpu(0)) if job.resources.gpus_per_node > 0 else torch.device("cpu")
 
 
-def _build(job: dict):
+def _build(job: Job):
     """Data, model (on the device) and loss of the job, as training builds them."""
     import torch
     from torch import nn
@@ -44,7 +45,7 @@ def _build(job: dict):
     from .distributed import Context
     from .training import build_for_job
 
-    torch.set_num_threads(job["resources"]["cpus_per_task"])
+    torch.set_num_threads(job.resources.cpus_per_task)
     splits, model = build_for_job(job, Context(0, 1, 0, probe_device(job)))
     return splits, model, nn.CrossEntropyLoss()
 
@@ -97,7 +98,7 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[s
     return peaks
 
 
-def measure_probe(job: dict, batch: int) -> dict:
+def measure_probe(job: Job, batch: int) -> dict:
     """One probe: the peak of every part of the steady steps at `batch` under the device budget, and
     the measured terms of Eq. 3 (parameters, gradients, optimiser state, saved activations, the batch)."""
     from .data import loader_workers
@@ -106,7 +107,7 @@ def measure_probe(job: dict, batch: int) -> dict:
     splits, model, loss_fn = _build(job)
     device = probe_device(job)
     device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)
-    strategy = build_strategy(model, job["train"], batch, 1)
+    strategy = build_strategy(model, job.train, batch, 1)
     peaks = steady_steps(model, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
     params = list(model.parameters())
     resident, param_bytes = model_bytes(model), sum(p.nbytes for p in params)
@@ -136,7 +137,7 @@ def measure_probe(job: dict, batch: int) -> dict:
     }
 
 
-def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
+def trial_step(job: Job, batch: int, budget: int, ddp: bool) -> dict:
     """The steady steps at `batch` with the device limited to `budget`, as training runs them."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -150,7 +151,7 @@ def trial_step(job: dict, batch: int, budget: int, ddp: bool) -> dict:
     if ddp:  # a one-rank group gives the model DDP's gradient buckets, which every rank holds
         join_one_rank_group(device)
         net = DDP(model)
-    strategy = build_strategy(net, job["train"], batch, 1)
+    strategy = build_strategy(net, job.train, batch, 1)
     peaks = steady_steps(net, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
     return {"batch": batch, "outcome": "fits", **{PEAK[f]: max(part_peaks.values()) for f, part_peaks in peaks.items()}}
 
@@ -163,11 +164,12 @@ def peak_fields(peaks: dict[str, dict[str, int]]) -> dict:
     return fields
 
 
-def run_in_fresh_process(kind: str, **kwargs) -> dict:
-    """`measure_probe` or `trial_step` in a new interpreter; its answer is the last line it prints."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(kwargs["job"]["resources"]["cpus_per_task"])}
+def run_in_fresh_process(kind: str, job: Job, **kwargs) -> dict:
+    """`measure_probe` or `trial_step` of `job` in a new interpreter, the job crossing as its plain settings; its
+    answer is the last line it prints."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.resources.cpus_per_task)}
     proc = subprocess.run(
-        [sys.executable, "-m", "tula_hpc.memory_probes", kind, json.dumps(kwargs)],
+        [sys.executable, "-m", "tula_hpc.memory_probes", kind, json.dumps({"job": job.as_dict(), **kwargs})],
         capture_output=True,
         text=True,
         env=env,
@@ -177,10 +179,10 @@ def run_in_fresh_process(kind: str, **kwargs) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _answer_in_process(kind: str, kwargs: dict) -> dict:
+def _answer_in_process(kind: str, job: Job, kwargs: dict) -> dict:
     """The probe's or trial's result; running out of memory (or budget) is an answer, not a crash."""
     try:
-        return {"measure": measure_probe, "trial": trial_step}[kind](**kwargs)
+        return {"measure": measure_probe, "trial": trial_step}[kind](job, **kwargs)
     except DeviceBudgetError as err:
         return {"batch": kwargs["batch"], "outcome": "budget_too_small", "error": str(err)}
     except Exception as err:
@@ -189,15 +191,16 @@ def _answer_in_process(kind: str, kwargs: dict) -> dict:
         return {
             "batch": kwargs["batch"],
             "outcome": "out_of_memory",
-            "failed_at_bytes": device_memory.failed_at(probe_device(kwargs["job"]), err),
+            "failed_at_bytes": device_memory.failed_at(probe_device(job), err),
             "error": str(err)[:500],
         }
 
 
 def main(argv: list[str] | None = None) -> int:
-    kind, kwargs = sys.argv[1:] if argv is None else argv
+    kind, arguments = sys.argv[1:] if argv is None else argv
+    kwargs = json.loads(arguments)
     with contextlib.redirect_stdout(sys.stderr):
-        answer = _answer_in_process(kind, json.loads(kwargs))
+        answer = _answer_in_process(kind, Job.from_dict(kwargs.pop("job")), kwargs)
     print(json.dumps(answer))
     return 0
 

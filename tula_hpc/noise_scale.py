@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .job import TrainSettings
 
 # Weight of a step's estimate in the moving averages: about the last 1/(1 - SMOOTHING) = 100 steps.
 SMOOTHING = 0.99
@@ -47,10 +51,10 @@ def adascale_gain(gradient_sq, trace_at_base, scale):
     return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
 
 
-def recipe_steps(train_cfg: dict, train_samples: int) -> int:
+def recipe_steps(train_cfg: TrainSettings, train_samples: int) -> int:
     """The steps of the user's recipe, train.epochs at train.lr_base_batch: the progress AdaScale and the goodput
     objectives train to."""
-    return train_cfg["epochs"] * math.ceil(train_samples / train_cfg["lr_base_batch"])
+    return train_cfg.epochs * math.ceil(train_samples / train_cfg.lr_base_batch)
 
 
 def steps_to_progress(base_steps: float, b_noise: float, base_batch: int, batch: int) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,11 +29,14 @@ from .performance import (
 from .pricing import charge_factor, costs
 from .stage import StageError, stage_main
 
+if TYPE_CHECKING:
+    from .job import Job
+
 
 def predict_candidates(
     model: PerfModel,
     candidates: list[dict],
-    job: dict,
+    job: Job,
     train_samples: int,
     memory: dict,
     measured: dict[tuple[int, ...], float] | None = None,
@@ -41,14 +45,14 @@ def predict_candidates(
     """T and cost of every candidate, each on its own GPUs per node; a profiled one's step is its measurement
     weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`)."""
     measured = measured or {}
-    objective, epochs = job["objective"], job["train"]["epochs"]
-    partition = job["resources"]["slurm"].get("partition")
-    if objective["pricing"] == "service_units" and charge_factor(objective, partition) is None:
+    objective, epochs = job.objective, job.train.epochs
+    partition = job.resources.slurm.partition
+    if objective.pricing == "service_units" and charge_factor(objective, partition) is None:
         raise StageError(
-            f"job '{job['name']}': field 'objective.charge_factors': no factor for partition "
+            f"job '{job.name}': field 'objective.charge_factors': no factor for partition "
             f"'{partition}' and no 'default'; allowed: add '{partition}: <SU per node-hour>' or 'default'"
         )
-    X = np.array([candidate_row(c, candidate_devices(c, job), job["launcher"]) for c in candidates], float)
+    X = np.array([candidate_row(c, candidate_devices(c, job), job.launcher) for c in candidates], float)
     parts = model.predict_parts(X)
     steps = estimate_steps(model, X, measured, weight)
     uncertainty = model.predict_uncertainty(X)
@@ -80,20 +84,20 @@ def predict_candidates(
                 "rel_uncertainty": float(uncertainty[i]),
                 "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
                 "costs": price,
-                "cost": price[objective["pricing"]],
+                "cost": price[objective.pricing],
             }
         )
     return rows
 
 
 def fit_and_predict(
-    job: dict, profiles: list[dict], candidates: list[dict], train_samples: int, memory: dict, settings: dict
+    job: Job, profiles: list[dict], candidates: list[dict], train_samples: int, memory: dict, settings: dict
 ) -> tuple[PerfModel, list[float], float, list[dict]]:
     """The model fitted to `profiles`, its leave-one-out errors, the weight of a profiled candidate's own
     measurement, and T and cost of every candidate: the stage's whole computation, short of files."""
     model = fit_profiles(profiles, **settings)
     loo = leave_one_out(profiles, **settings)
-    weight = measurement_weight(loo, job["search"]["noise_prior"])
+    weight = measurement_weight(loo, job.search.noise_prior)
     rows = predict_candidates(model, candidates, job, train_samples, memory, measured_steps(profiles), weight)
     noise = measured_noise_scale(profiles)
     if noise is not None:
@@ -101,13 +105,13 @@ def fit_and_predict(
     return model, loo, weight, rows
 
 
-def to_progress(rows: list[dict], job: dict, train_samples: int, b_noise: float) -> None:
+def to_progress(rows: list[dict], job: Job, train_samples: int, b_noise: float) -> None:
     """Each candidate's steps, epochs, time and cost to the recipe's progress (train.epochs at train.lr_base_batch)
     at the measured noise scale (noise_scale.steps_to_progress): what the goodput objectives compare. Time is
     the steps times the predicted step; cost scales with time under every pricing."""
-    base_steps = recipe_steps(job["train"], train_samples)
+    base_steps = recipe_steps(job.train, train_samples)
     for row in rows:
-        steps = steps_to_progress(base_steps, b_noise, job["train"]["lr_base_batch"], row["batch"])
+        steps = steps_to_progress(base_steps, b_noise, job.train.lr_base_batch, row["batch"])
         time_s = steps * row["step_s"]
         row.update(
             progress_steps=steps,
@@ -118,7 +122,7 @@ def to_progress(rows: list[dict], job: dict, train_samples: int, b_noise: float)
 
 
 def fit_model(
-    job: dict,
+    job: Job,
     plan_path: Path,
     memory_path: Path,
     profile_paths: list[Path],
@@ -138,7 +142,7 @@ def fit_model(
     if manifest is not None:
         profiles += manifest["added"]
     if not profiles:
-        raise StageError(f"job '{job['name']}': no profiles to fit the performance model to")
+        raise StageError(f"job '{job.name}': no profiles to fit the performance model to")
     settings = model_params(job)
     if manifest is not None:
         settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
@@ -159,7 +163,7 @@ def fit_model(
         }
         for p, s in zip(profiles, predicted)
     ]
-    tolerance = job["search"]["interference_tolerance"]
+    tolerance = job.search.interference_tolerance
     disturbed = [
         f"profile {node_shape(p, 'N={}')} B={p['global_batch']} stayed disturbed by other work after re-measuring "
         f"(interference {p['interference']:.0%} > {tolerance:.0%}): its times may be far off; profile it again "
@@ -168,15 +172,15 @@ def fit_model(
         if p.get("interference", 0.0) > tolerance
     ]
     result = {
-        "job": job["name"],
+        "job": job.name,
         "collective": model.collective,
         "params": model.coefficients(),
         "identified": model.identified_,
         "notes": model.notes_ + disturbed,
         "grad_bytes": model.grad_bytes,
         "train_samples": plan["dataset"]["train"],
-        "epochs": job["train"]["epochs"],
-        "pricing": job["objective"]["pricing"],
+        "epochs": job.train.epochs,
+        "pricing": job.objective.pricing,
         "profiled": measured,
         "search": {
             "mode": plan["mode"],

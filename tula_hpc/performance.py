@@ -45,8 +45,10 @@ How sync is laid out over hosts, how it overlaps compute, and its latent fit: co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import minimize_scalar, nnls
@@ -66,6 +68,9 @@ from .collective_cost import (
 )
 from .devices import SYNC_PRIORS
 from .layout import ranks_per_host
+
+if TYPE_CHECKING:
+    from .job import Job
 
 HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01
@@ -480,16 +485,17 @@ def candidate_row(candidate: dict, devices_per_node: int, launcher: str) -> list
     )
 
 
-def model_params(job: dict) -> dict:
-    """Fit settings from the job's `search` section (PerfModel's parameters and how profiles are weighed)."""
-    search = job["search"]
+def model_params(job: Job) -> dict:
+    """Fit settings from the job's `search` section (PerfModel's parameters and how profiles are weighed), as plain
+    data: the sync prior a dict, as PerfModel takes it and the benches write it to JSON."""
+    search = job.search
     return {
-        "collective": search["collective"],
-        "sync_fit": search["sync_fit"],
-        "sync_prior": search["sync_prior"],
-        "noise_prior": search["noise_prior"],
-        "discrepancy_per_octave": search["discrepancy_per_octave"],
-        "interference_tolerance": search["interference_tolerance"],
+        "collective": search.collective,
+        "sync_fit": search.sync_fit,
+        "sync_prior": dataclasses.asdict(search.sync_prior),
+        "noise_prior": search.noise_prior,
+        "discrepancy_per_octave": search.discrepancy_per_octave,
+        "interference_tolerance": search.interference_tolerance,
     }
 
 

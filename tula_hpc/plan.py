@@ -21,7 +21,8 @@ from pathlib import Path
 from . import search
 from .cluster import partition_limits, within_partition
 from .files import read_json, write_json
-from .layout import candidate_devices, devices_per_node
+from .job import Job, SearchSettings
+from .layout import candidate_devices
 from .stage import StageError, stage_main
 
 
@@ -33,24 +34,23 @@ def _doublings(low: int, high: int) -> list[int]:
     return values
 
 
-def gpu_counts(search: dict, devices_per_node: int) -> list[int]:
-    """GPUs per node the grid holds: doublings of search.gpus_per_node's min, and its max; 0 alone on a CPU job.
-    A search without the field (one built outside a job's config) holds the job's `devices_per_node` alone."""
-    shape = search.get("gpus_per_node", {"min": devices_per_node, "max": devices_per_node})
-    if shape["max"] == 0:
+def gpu_counts(search: SearchSettings) -> list[int]:
+    """GPUs per node the grid holds: doublings of search.gpus_per_node's min, and its max; 0 alone on a CPU job."""
+    shape = search.gpus_per_node
+    if shape.max == 0:
         return [0]
-    counts = _doublings(shape["min"], shape["max"])
-    return counts if counts[-1] == shape["max"] else counts + [shape["max"]]
+    counts = _doublings(shape.min, shape.max)
+    return counts if counts[-1] == shape.max else counts + [shape.max]
 
 
-def candidate_grid(search: dict, devices_per_node: int, max_batch_per_device: int, train_samples: int) -> list[dict]:
+def candidate_grid(search: SearchSettings, max_batch_per_device: int, train_samples: int) -> list[dict]:
     grid = []
-    for nodes in _doublings(search["nodes"]["min"], search["nodes"]["max"]):
-        for gpus in gpu_counts(search, devices_per_node):
+    for nodes in _doublings(search.nodes.min, search.nodes.max):
+        for gpus in gpu_counts(search):
             ranks = nodes * max(1, gpus)
             memory_cap = ranks * max_batch_per_device
-            batch_max = memory_cap if search["batch"]["max"] == "auto" else min(search["batch"]["max"], memory_cap)
-            for batch in _doublings(search["batch"]["min"], min(batch_max, train_samples)):
+            batch_max = memory_cap if search.batch.max == "auto" else min(search.batch.max, memory_cap)
+            for batch in _doublings(search.batch.min, min(batch_max, train_samples)):
                 if batch % ranks == 0:
                     grid.append(
                         {"nodes": nodes, "gpus_per_node": gpus, "batch": batch, "per_device_batch": batch // ranks}
@@ -58,43 +58,41 @@ def candidate_grid(search: dict, devices_per_node: int, max_batch_per_device: in
     return grid
 
 
-def _within_the_partition(job: dict, grid: list[dict]) -> tuple[list[dict], dict | None]:
+def _within_the_partition(job: Job, grid: list[dict]) -> tuple[list[dict], dict | None]:
     """On Slurm, the candidates the job's partition can run (cluster.PartitionLimits) and what it allows; a grid
     it cannot run at all is an error naming the limits."""
-    if job["launcher"] != "slurm" or not grid:
+    if job.launcher != "slurm" or not grid:
         return grid, None
-    limits = partition_limits(job["resources"]["slurm"].get("partition"))
+    limits = partition_limits(job.resources.slurm.partition)
     kept, excluded = within_partition(grid, limits)
     if not kept:
         raise StageError(
-            f"job '{job['name']}': fields 'search.nodes'/'search.gpus_per_node': partition {limits.partition} can run "
+            f"job '{job.name}': fields 'search.nodes'/'search.gpus_per_node': partition {limits.partition} can run "
             f"none of the candidates: {excluded[0]['breaks'][0]} (every candidate breaks a limit: "
             f"{'; '.join(sorted({b for c in excluded for b in c['breaks']}))})"
         )
     return kept, {**asdict(limits), "excluded": excluded}
 
 
-def plan(job: dict, memory_path: Path, out: Path) -> dict:
+def plan(job: Job, memory_path: Path, out: Path) -> dict:
     memory = read_json(memory_path)
-    grid = candidate_grid(
-        job["search"], devices_per_node(job), memory["max_batch_per_device"], memory["dataset"]["train"]
-    )
+    grid = candidate_grid(job.search, memory["max_batch_per_device"], memory["dataset"]["train"])
     grid, partition = _within_the_partition(job, grid)
     if not grid:
         raise StageError(
-            f"job '{job['name']}': fields 'search.nodes'/'search.gpus_per_node'/'search.batch': no (nodes, batch) "
+            f"job '{job.name}': fields 'search.nodes'/'search.gpus_per_node'/'search.batch': no (nodes, batch) "
             f"candidate fits: batches must be multiples of nodes x GPUs per node, at most "
             f"{memory['max_batch_per_device']} per device (memory.json) and at most "
             f"{memory['dataset']['train']} (the training set)"
         )
-    mode = job["search"]["mode"]
+    mode = job.search.mode
     # Devices per node of a grid with one such value (a grid of several: partial_set reads each candidate's).
     devices = candidate_devices(grid[0], job)
     result = {
-        "job": job["name"],
+        "job": job.name,
         "mode": mode,
         "candidates": grid,
-        "profile": search.planned(mode, grid, devices, job["launcher"], job["search"]["partial_second_batch"]),
+        "profile": search.planned(mode, grid, devices, job.launcher, job.search.partial_second_batch),
         "max_batch_per_device": memory["max_batch_per_device"],
         "dataset": memory["dataset"],
         "partition": partition,

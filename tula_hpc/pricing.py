@@ -4,7 +4,12 @@ memory, HPC service units. The same function prices a prediction (fit_model) and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .budget import GB
+
+if TYPE_CHECKING:
+    from .job import ObjectiveSettings
 
 HOUR_S = 3600.0
 
@@ -16,20 +21,26 @@ def device_memory_gb(memory: dict, per_device_batch: int) -> float:
     return (fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * per_device_batch) / GB
 
 
-def charge_factor(objective: dict, partition: str | None) -> float | None:
+def charge_factor(objective: ObjectiveSettings, partition: str | None) -> float | None:
     """Service units per node-hour on `partition` (its own factor, else `default`; None if neither)."""
-    factors = objective["charge_factors"]
+    factors = objective.charge_factors
     return factors.get(partition, factors.get("default")) if partition else factors.get("default")
 
 
 def costs(
-    time_s: float, nodes: int, ranks: int, per_device_batch: int, objective: dict, memory: dict, partition: str | None
+    time_s: float,
+    nodes: int,
+    ranks: int,
+    per_device_batch: int,
+    objective: ObjectiveSettings,
+    memory: dict,
+    partition: str | None,
 ) -> dict[str, float | None]:
     """Cost of a run under each pricing model: node-hours, GB-hours of device memory, service units."""
     hours = time_s / HOUR_S
     factor = charge_factor(objective, partition)
     return {
-        "node_hour": hours * nodes * objective["price_per_node_hour"],
-        "memory": hours * ranks * device_memory_gb(memory, per_device_batch) * objective["price_per_gb_hour"],
+        "node_hour": hours * nodes * objective.price_per_node_hour,
+        "memory": hours * ranks * device_memory_gb(memory, per_device_batch) * objective.price_per_gb_hour,
         "service_units": None if factor is None else hours * nodes * factor,
     }

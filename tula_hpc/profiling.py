@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import launch
 from .allocation import release_allocation
@@ -22,23 +23,26 @@ from .performance import candidate_row, model_params
 from .search import adaptive_search, adds_profiles
 from .stage import StageError, stage_main
 
+if TYPE_CHECKING:
+    from .job import Job
+
 PROFILE_WORKER = launch.Worker("tula_hpc.step_timing", "profile_worker")
 
 
 def _out_of_memory_error(
-    job: dict, nodes: int, batch: int, world_size: int, record: dict, max_per_device: int
+    job: Job, nodes: int, batch: int, world_size: int, record: dict, max_per_device: int
 ) -> StageError:
     """A profile that ran out of memory: the memory model (memory.json, via the plan) sized the batch wrong."""
     return StageError(
-        f"job '{job['name']}': the profile at nodes={nodes}, global batch {batch} ({batch // world_size} per device) "
+        f"job '{job.name}': the profile at nodes={nodes}, global batch {batch} ({batch // world_size} per device) "
         f"ran out of memory on rank {record['rank']}, though the memory model (memory.json) allows up to "
-        f"{max_per_device} per device; rerun probe_memory (delete results/{job['name']}/memory.json) if the "
+        f"{max_per_device} per device; rerun probe_memory (delete results/{job.name}/memory.json) if the "
         f"device, the model or the job's settings changed, raise resources.memory_headroom, or lower "
         f"search.batch.max. Error: {record['error']}"
     )
 
 
-def profile_one(job: dict, candidate: dict, out: Path, work_dir: Path, max_per_device: int) -> dict:
+def profile_one(job: Job, candidate: dict, out: Path, work_dir: Path, max_per_device: int) -> dict:
     """Run one profile job at a plan candidate's (nodes, GPUs per node, batch) and write its file atomically;
     `max_per_device` is memory.json's largest batch per device, for the error when the profile runs out of memory."""
     nodes, batch = candidate["nodes"], candidate["batch"]
@@ -52,7 +56,7 @@ def profile_one(job: dict, candidate: dict, out: Path, work_dir: Path, max_per_d
         dict(job=job, global_batch=batch),
         spec,
         Path(work_dir) / "profile" / name,
-        name=f"{job['name']}-profile-{name.replace('_', '-')}",
+        name=f"{job.name}-profile-{name.replace('_', '-')}",
     )
     if out_of_memory is not None:
         raise _out_of_memory_error(job, nodes, batch, spec.world_size, out_of_memory, max_per_device)
@@ -69,23 +73,23 @@ def profile_one(job: dict, candidate: dict, out: Path, work_dir: Path, max_per_d
 
 
 def profile(
-    job: dict, plan_path: Path, nodes: int, batch: int, out: Path, work_dir: Path, gpus_per_node: int | None = None
+    job: Job, plan_path: Path, nodes: int, batch: int, out: Path, work_dir: Path, gpus_per_node: int | None = None
 ) -> dict:
     """Profile one planned candidate; `gpus_per_node` None: the node's own (resources.gpus_per_node)."""
     plan = read_json(plan_path)
-    gpus = job["resources"]["gpus_per_node"] if gpus_per_node is None else gpus_per_node
+    gpus = job.resources.gpus_per_node if gpus_per_node is None else gpus_per_node
     candidate = {"nodes": nodes, "gpus_per_node": gpus, "batch": batch}
     if not any(profile_name(c, job) == profile_name(candidate, job) for c in plan["profile"]):
         raise StageError(
-            f"job '{job['name']}': (nodes={nodes}, gpus_per_node={gpus}, batch={batch}) is not in the plan {plan_path}"
+            f"job '{job.name}': (nodes={nodes}, gpus_per_node={gpus}, batch={batch}) is not in the plan {plan_path}"
         )
     result = profile_one(job, candidate, out, work_dir, plan["max_batch_per_device"])
-    if not adds_profiles(job["search"]["mode"]) and _plan_profiled(job, plan, out.parent):
+    if not adds_profiles(job.search.mode) and _plan_profiled(job, plan, out.parent):
         _give_back(work_dir)
     return result
 
 
-def _plan_profiled(job: dict, plan: dict, folder: Path) -> bool:
+def _plan_profiled(job: Job, plan: dict, folder: Path) -> bool:
     """Whether every profile the plan asks for is written under the job's current settings."""
     current = fingerprint(job, "profile")
     paths = [folder / f"{profile_name(c, job)}.json" for c in plan["profile"]]
@@ -98,7 +102,7 @@ def _give_back(work_dir: Path) -> None:
         print("[profile] the last measurement is written: gave the measuring allocation back", flush=True)
 
 
-def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
+def adapt(job: Job, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
     """Adaptive search: from the plan's profiles, add one profile at a time until the model is sure enough.
 
     adaptive.json holds the profiles it added, its history and why it stopped. Each added profile is also
@@ -122,18 +126,18 @@ def adapt(job: dict, plan_path: Path, profile_paths: list[Path], out: Path, work
         added.append(record)
         return record
 
-    search = job["search"]
+    adaptive = job.search.adaptive
     result = adaptive_search(
         plan["candidates"],
         plan["profile"],
         measure_candidate,
-        lambda c: candidate_row(c, candidate_devices(c, job), job["launcher"]),
+        lambda c: candidate_row(c, candidate_devices(c, job), job.launcher),
         model_params(job),
-        search["adaptive"]["tolerance"],
-        search["adaptive"]["max_profiles"],
+        adaptive.tolerance,
+        adaptive.max_profiles,
     )
     manifest = {
-        "job": job["name"],
+        "job": job.name,
         "added": added,
         "history": result["history"],
         "discrepancy_per_octave": result["discrepancy_per_octave"],
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             "resources.gpus_per_node), or results/{job}/adaptive.json with --adaptive",
         )
 
-    def run(job: dict, args: argparse.Namespace):
+    def run(job: Job, args: argparse.Namespace):
         if args.adaptive:
             return adapt(job, args.plan, args.profiles or [], args.out, args.work_dir)
         if args.nodes is None or args.batch is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -20,6 +21,9 @@ from .layout import node_shape
 from .performance import SYNC_KINDS
 from .stage import stage_main
 from .training_report import strategy_section
+
+if TYPE_CHECKING:
+    from .job import Job
 
 INPUTS = ("memory", "plan", "perfmodel", "selection", "summary", "evaluation")
 PLOTS = ("time", "cost", "accuracy", "training")
@@ -555,7 +559,7 @@ def _every_candidate(perfmodel: dict) -> str:
     }"""
 
 
-def report(job: dict, inputs: dict[str, Path], out: Path, plots: dict[str, Path]) -> None:
+def report(job: Job, inputs: dict[str, Path], out: Path, plots: dict[str, Path]) -> None:
     """Read the files in `inputs` (keys INPUTS), write `out` and the plots in `plots` (keys PLOTS), nothing else."""
     data = {name: read_json(inputs[name]) for name in INPUTS}
     plot_time_vs_batch(data["perfmodel"], data["selection"], plots["time"])
@@ -563,7 +567,7 @@ def report(job: dict, inputs: dict[str, Path], out: Path, plots: dict[str, Path]
     plot_predicted_vs_measured(data["perfmodel"], data["summary"], data["selection"], plots["accuracy"])
     scaling = strategy_section(data["summary"], plots["training"], out)
     links = {key: link(path, out) for key, path in plots.items()}
-    write_text(out, render(job["name"], links, **data) + scaling)
+    write_text(out, render(job.name, links, **data) + scaling)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -583,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         ]:
             parser.add_argument(flag, dest=dest, required=True, type=Path, help=f"results/{{job}}/{example}")
 
-    def run(job: dict, args: argparse.Namespace) -> None:
+    def run(job: Job, args: argparse.Namespace) -> None:
         inputs = {name: getattr(args, name) for name in INPUTS}
         report(job, inputs, args.out, {key: getattr(args, key) for key in PLOTS})
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kneed import KneeLocator
 
@@ -27,6 +28,9 @@ from .cluster import queue_waits
 from .files import read_json, write_json
 from .layout import node_shape
 from .stage import StageError, stage_main
+
+if TYPE_CHECKING:
+    from .job import Job, ObjectiveSettings
 
 RUNNERS_UP = 5
 # What selection.json keeps of each runner-up; gpus_per_node where the plan made it a choice.
@@ -82,21 +86,23 @@ def model_knee(curve: list[dict], min_saving: float) -> int:
     return curve[-1]["batch"]
 
 
-def violations(candidate: dict, objective: dict) -> dict[str, float]:
+def violations(candidate: dict, objective: ObjectiveSettings) -> dict[str, float]:
     """Each broken constraint with its relative excess (0.25 = 25 % over the limit)."""
     broken = {}
     for key, (field, _) in CONSTRAINTS.items():
-        limit = objective.get(key)
+        limit = getattr(objective, key)
         if limit is not None and candidate[field] > limit:
             broken[key] = candidate[field] / limit - 1 if limit > 0 else float("inf")
     return broken
 
 
-def _describe(candidate: dict, objective: dict) -> str:
+def _describe(candidate: dict, objective: ObjectiveSettings) -> str:
     parts = []
     for key, excess in violations(candidate, objective).items():
         field, unit = CONSTRAINTS[key]
-        parts.append(f"{field} {candidate[field]:.6g}{unit} > {key} {objective[key]:.6g}{unit} (+{excess:.0%})")
+        parts.append(
+            f"{field} {candidate[field]:.6g}{unit} > {key} {getattr(objective, key):.6g}{unit} (+{excess:.0%})"
+        )
     return f"{node_shape(candidate, 'N={}')}, B={candidate['batch']}: " + "; ".join(parts)
 
 
@@ -129,7 +135,7 @@ def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> li
     return at_knee + rest
 
 
-def select(perfmodel: dict, objective: dict) -> dict:
+def select(perfmodel: dict, objective: ObjectiveSettings) -> dict:
     candidates = perfmodel["candidates"]
     if not candidates:
         raise StageError("perfmodel.json has no candidates to choose from")
@@ -142,31 +148,31 @@ def select(perfmodel: dict, objective: dict) -> dict:
             "no candidate meets the constraints; closest: " + " | ".join(_describe(c, objective) for c in closest)
         )
     curve = best_time_per_batch(feasible)
-    knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve, objective["knee_min_saving"])}
+    knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve, objective.knee_min_saving)}
     # Kneedle finds no knee on a curve without one (e.g. still falling steeply): the model knee stands in.
-    knee_used = objective["knee_method"] if knees[objective["knee_method"]] is not None else "model"
+    knee_used = objective.knee_method if knees[objective.knee_method] is not None else "model"
     knee = knees[knee_used]
-    ranked = _rank(feasible, curve, objective["minimize"], knee)
+    ranked = _rank(feasible, curve, objective.minimize, knee)
     return {
-        "objective": objective["minimize"],
+        "objective": objective.minimize,
         "pricing": perfmodel["pricing"],
-        "knee_method": objective["knee_method"],
-        "knee_min_saving": objective["knee_min_saving"],
+        "knee_method": objective.knee_method,
+        "knee_min_saving": objective.knee_min_saving,
         "chosen": ranked[0],
         "knees": knees,
         "knee_used": knee_used,
         "runners_up": [{k: c[k] for k in RUNNER_UP_FIELDS if k in c} for c in ranked[1 : 1 + RUNNERS_UP]],
-        "constraints": {key: objective.get(key) for key in CONSTRAINTS},
+        "constraints": {key: getattr(objective, key) for key in CONSTRAINTS},
         "feasible": len(feasible),
         "candidates": len(candidates),
         "best_time_curve": [{k: c[k] for k in ("batch", "nodes", "gpus_per_node", "time_s") if k in c} for c in curve],
     }
 
 
-def predicted_run(job: dict, chosen: dict) -> dict:
+def predicted_run(job: Job, chosen: dict) -> dict:
     """Time and cost of the training the train stage will run: to the recipe's progress under a goodput objective
     or with adascale (which trains until it) where the noise scale was measured, else the recipe's epochs."""
-    to_progress = job["objective"]["minimize"] in ("goodput", "goodput_cost") or job["train"]["strategy"] == "adascale"
+    to_progress = job.objective.minimize in ("goodput", "goodput_cost") or job.train.strategy == "adascale"
     if to_progress and "progress_time_s" in chosen:
         run = {"time_s": chosen["progress_time_s"], "cost": chosen["progress_cost"], "to": "progress"}
     else:
@@ -176,23 +182,23 @@ def predicted_run(job: dict, chosen: dict) -> dict:
     return run
 
 
-def with_queue_waits(job: dict, perfmodel: dict) -> dict:
+def with_queue_waits(job: Job, perfmodel: dict) -> dict:
     """perfmodel.json with each candidate's `wait_s` (cluster.queue_waits, for the training it would run) where
     objective.queue is estimate on Slurm; as it is elsewhere (the local launcher has no queue)."""
-    if job["objective"]["queue"] != "estimate" or job["launcher"] != "slurm":
+    if job.objective.queue != "estimate" or job.launcher != "slurm":
         return perfmodel
     candidates = perfmodel["candidates"]
     waits = queue_waits(job, candidates, [predicted_run(job, c)["time_s"] for c in candidates])
     return {**perfmodel, "candidates": [{**c, "wait_s": wait} for c, wait in zip(candidates, waits)]}
 
 
-def run_select(job: dict, perfmodel_path: Path, out: Path) -> dict:
+def run_select(job: Job, perfmodel_path: Path, out: Path) -> dict:
     try:
-        choice = select(with_queue_waits(job, read_json(perfmodel_path)), job["objective"])
+        choice = select(with_queue_waits(job, read_json(perfmodel_path)), job.objective)
     except InfeasibleError as err:
-        fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if job["objective"].get(key) is not None)
-        raise InfeasibleError(f"job '{job['name']}': fields '{fields}': {err}") from None
-    result = {"job": job["name"], **choice, "predicted": predicted_run(job, choice["chosen"])}
+        fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if getattr(job.objective, key) is not None)
+        raise InfeasibleError(f"job '{job.name}': fields '{fields}': {err}") from None
+    result = {"job": job.name, **choice, "predicted": predicted_run(job, choice["chosen"])}
     write_json(out, result)
     return result
 

@@ -12,13 +12,14 @@ from pathlib import Path
 
 from .config import ConfigError, job_settings, load_config
 from .files import StageInputError
+from .job import Job
 
 
 class StageError(RuntimeError):
     """A stage cannot go on; the message says why and what to change."""
 
 
-def load_job(config_paths: list[Path], job_name: str, launcher: str | None = None, slurm: dict | None = None) -> dict:
+def load_job(config_paths: list[Path], job_name: str, launcher: str | None = None, slurm: dict | None = None) -> Job:
     config = load_config(config_paths, {"launcher": launcher, "slurm": slurm})
     return job_settings(config, job_name)
 
@@ -26,7 +27,7 @@ def load_job(config_paths: list[Path], job_name: str, launcher: str | None = Non
 def stage_main(
     name: str,
     add_args: Callable[[argparse.ArgumentParser], None],
-    run: Callable[[dict, argparse.Namespace], object],
+    run: Callable[[Job, argparse.Namespace], object],
     argv: list[str] | None = None,
 ) -> int:
     parser = argparse.ArgumentParser(prog=f"tula-hpc {name}", description=f"tula-hpc stage {name}")

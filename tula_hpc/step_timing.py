@@ -39,6 +39,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -51,6 +52,9 @@ from .layout import steps_per_epoch
 from .preemption import StopRequests
 from .strategies import build_strategy
 from .training import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp
+
+if TYPE_CHECKING:
+    from .job import Job, SearchSettings
 
 PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
 MAX_STEPS = 200
@@ -195,14 +199,14 @@ def _summary(values: list[float]) -> tuple[float, float]:
     return median, (q3 - q1) / median
 
 
-def _profile_loader(job: dict, ctx: Context, splits, per_device_batch: int):
+def _profile_loader(job: Job, ctx: Context, splits, per_device_batch: int):
     """The training loader as the train stage builds it (full batches only: every timed step is one of them)."""
     return make_loader(
         splits.train,
         per_device_batch,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        seed=job["train"]["seed"],
+        seed=job.train.seed,
         shuffle=True,
         drop_last=True,
         **loader_options(job, ctx.device),
@@ -210,31 +214,31 @@ def _profile_loader(job: dict, ctx: Context, splits, per_device_batch: int):
 
 
 def _measured_attempts(
-    search: dict, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
+    search: SearchSettings, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
 ) -> list[tuple[list[list[float]], float]]:
     """Blocks of `pairs` step pairs, each with how much other work disturbed it (see Interference), measured
     again after a back-off while that share exceeds search.interference_tolerance, search.max_attempts at most."""
     attempts = []
-    for attempt in range(search["max_attempts"]):
+    for attempt in range(search.max_attempts):
         time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
         interference = Interference(ctx)
         attempts.append(([step_pair(interference) for _ in range(pairs)], interference.share()))
-        if attempts[-1][1] <= search["interference_tolerance"]:
+        if attempts[-1][1] <= search.interference_tolerance:
             break
     return attempts
 
 
-def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
+def measure(job: Job, ctx: Context, per_device_batch: int) -> dict | None:
     """Time training steps at `per_device_batch` on the ranks of `ctx`; rank 0 returns the profile."""
     started = time.perf_counter()
-    search = job["search"]
+    search = job.search
     splits, model = build_for_job(job, ctx)
     net = wrap_ddp(model, ctx)
     # The job's own strategy and step (training.py): AGS's reference gradients, LARS's norms and PoLo's
     # hook cost what they cost in training, so the model fitted to these times predicts training.
     strategy = build_strategy(
         net,
-        job["train"],
+        job.train,
         per_device_batch * ctx.world_size,
         steps_per_epoch(len(splits.train), ctx.world_size, per_device_batch),
         len(splits.train),
@@ -268,10 +272,10 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
         loop_step(net, strategy, loss_fn, next(batches), ctx.device, stop)
         return clock.seconds([(start, clock.mark())])[0]
 
-    warmup = [full_step() for _ in range(max(1, search["warmup_steps"]))]
+    warmup = [full_step() for _ in range(max(1, search.warmup_steps))]
     # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
     pair_s = 2 * max(_max_over_ranks([statistics.median(warmup)], ctx)[0], 1e-6)
-    pairs = min(MAX_STEPS, max(search["steps"], math.ceil(search["min_measure_s"] / pair_s)))
+    pairs = min(MAX_STEPS, max(search.steps, math.ceil(search.min_measure_s / pair_s)))
     attempts = _measured_attempts(
         search, ctx, lambda interference: interference.around(split_step) + [full_step()], pairs
     )
@@ -303,9 +307,9 @@ def measure(job: dict, ctx: Context, per_device_batch: int) -> dict | None:
     }
 
 
-def profile_worker(job: dict, global_batch: int, failure_dir: str | None = None) -> dict | None:
+def profile_worker(job: Job, global_batch: int, failure_dir: str | None = None) -> dict | None:
     """`measure` on every rank; a rank that runs out of memory records it in `failure_dir` and ends the job step."""
-    ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+    ctx = init_distributed(job.resources.gpus_per_node > 0)
     try:
         with out_of_memory_ends_job_step(failure_dir):
             return measure(job, ctx, global_batch // ctx.world_size)

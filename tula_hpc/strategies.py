@@ -33,9 +33,10 @@ measure the noise with: r stays 1 (lbt at lr) and the run says so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from .ags import TulaOptimizer
 from .config import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
 from .noise_scale import NoiseScaleHook, adascale_gain, recipe_steps
+
+if TYPE_CHECKING:
+    from .job import TrainSettings
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")  # Table I's
 ADAPTIVE_SCHEDULES = ("adascale",)  # strategies that decide how long they train (not a row of Table I)
@@ -114,14 +118,14 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def peak_lr(train_cfg: dict, global_batch: int) -> float:
+def peak_lr(train_cfg: TrainSettings, global_batch: int) -> float:
     """The learning rate after warm-up and before decay: linearly scaled for lrs and lars (and AGS on them)."""
     if recipe(train_cfg) in LR_SCALING_RECIPES:
-        return train_cfg["lr"] * global_batch / train_cfg["lr_base_batch"]
-    return train_cfg["lr"]
+        return train_cfg.lr * global_batch / train_cfg.lr_base_batch
+    return train_cfg.lr
 
 
-def lr_factor(train_cfg: dict, steps_per_epoch: int) -> Callable[[int], float]:
+def lr_factor(train_cfg: TrainSettings, steps_per_epoch: int) -> Callable[[int], float]:
     """Multiplier of the peak rate at optimiser step k (0-based): linear warm-up, then step decay.
 
     Warm-up ramps (k + 1) / (warmup_epochs x steps_per_epoch) to 1, per step as in Goyal et al.
@@ -129,8 +133,8 @@ def lr_factor(train_cfg: dict, steps_per_epoch: int) -> Callable[[int], float]:
     whose rate is not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as
     MultiStepLR stepped once per epoch does.
     """
-    warm_steps = train_cfg["warmup_epochs"] * steps_per_epoch if recipe(train_cfg) in WARMUP_RECIPES else 0
-    milestones, gamma = train_cfg["lr_milestones"], train_cfg["lr_gamma"]
+    warm_steps = train_cfg.warmup_epochs * steps_per_epoch if recipe(train_cfg) in WARMUP_RECIPES else 0
+    milestones, gamma = train_cfg.lr_milestones, train_cfg.lr_gamma
 
     def factor(step: int) -> float:
         epoch = step // steps_per_epoch
@@ -232,7 +236,7 @@ class Strategy:
         self,
         name: str,
         optimizer: torch.optim.Optimizer,
-        train_cfg: dict,
+        train_cfg: TrainSettings,
         steps_per_epoch: int,
         precision: Precision,
     ) -> None:
@@ -373,11 +377,11 @@ class AdaScaleStrategy(Strategy):
     """adascale: the base recipe's schedule, advanced by AdaScale's gain each step (see the module's docstring)."""
 
     def __init__(self, name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples) -> None:
-        self.base_batch, self.scale = train_cfg["lr_base_batch"], global_batch / train_cfg["lr_base_batch"]
+        self.base_batch, self.scale = train_cfg.lr_base_batch, global_batch / train_cfg.lr_base_batch
         self.target, self.steps_at_batch = recipe_steps(train_cfg, train_samples), steps_per_epoch
-        base_steps = self.target // train_cfg["epochs"]  # steps per epoch at the base batch
-        super().__init__(name, optimizer, {**train_cfg, "warmup_epochs": 0}, base_steps, precision)
-        self.base_factor = lr_factor({**train_cfg, "strategy": "lbt"}, base_steps)
+        base_steps = self.target // train_cfg.epochs  # steps per epoch at the base batch
+        super().__init__(name, optimizer, dataclasses.replace(train_cfg, warmup_epochs=0), base_steps, precision)
+        self.base_factor = lr_factor(dataclasses.replace(train_cfg, strategy="lbt"), base_steps)
         self.progress, self.gain = 0.0, 1.0
 
     def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
@@ -426,28 +430,28 @@ def _world_size(net: nn.Module) -> int:
 
 
 def build_strategy(
-    net: nn.Module, train_cfg: dict, global_batch: int, steps_per_epoch: int, train_samples: int | None = None
+    net: nn.Module, train_cfg: TrainSettings, global_batch: int, steps_per_epoch: int, train_samples: int | None = None
 ) -> Strategy:
-    """The strategy named by train_cfg["strategy"] for `net` (DDP-wrapped when there are several ranks).
+    """The strategy named by train_cfg.strategy for `net` (DDP-wrapped when there are several ranks).
 
     `train_samples` is an epoch's samples (default: `steps_per_epoch` full global batches); adascale trains to the
     recipe's steps over them. `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
     averaging period are laid out in steps. The step's precision (train.precision, train.channels_last)
     runs on the device of `net`'s parameters.
     """
-    name = train_cfg["strategy"]
+    name = train_cfg.strategy
     lr = peak_lr(train_cfg, global_batch)
-    sgd = dict(lr=lr, momentum=train_cfg["momentum"], weight_decay=train_cfg["weight_decay"])
+    sgd = dict(lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     params = list(net.parameters())
     polo = name == "polo" and isinstance(net, DistributedDataParallel)
-    precision = Precision(train_cfg["precision"], params[0].device, train_cfg["channels_last"], local_steps=polo)
+    precision = Precision(train_cfg.precision, params[0].device, train_cfg.channels_last, local_steps=polo)
     if recipe(train_cfg) == "lars":
         layers = [p for p in params if p.ndim > 1]
         others = [p for p in params if p.ndim <= 1]
         optimizer = LARS(
             [{"params": layers}, {"params": others, "adapt": False}],
             **sgd,
-            trust_coefficient=train_cfg["lars"]["trust_coefficient"],
+            trust_coefficient=train_cfg.lars.trust_coefficient,
         )
     else:
         optimizer = torch.optim.SGD(params, **sgd)
@@ -462,19 +466,19 @@ def build_strategy(
 
 def _scaling(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
     """ags and static: Tula's gradient scaling around the optimiser (Algorithm 1; Eq. 8's step function)."""
-    ags = train_cfg["ags"]
+    ags = train_cfg.ags
     world = _world_size(net)
     tula = TulaOptimizer(
         optimizer,
         mode="static" if name == "static" else "adaptive",
-        delta=ags["delta"],
+        delta=ags.delta,
         large_batch_size=global_batch,
-        small_batch_size=min(ags["small_batch"], global_batch // world),
-        granularity=ags["granularity"],
-        s_min=ags["s_min"],
-        static_scale=ags["static_scale"],
-        update_every_steps=ags["update_every_steps"],
-        seed=train_cfg["seed"],
+        small_batch_size=min(ags.small_batch, global_batch // world),
+        granularity=ags.granularity,
+        s_min=ags.s_min,
+        static_scale=ags.static_scale,
+        update_every_steps=ags.update_every_steps,
+        seed=train_cfg.seed,
     )
     return ScalingStrategy(name, tula, train_cfg, steps_per_epoch, precision)
 
@@ -483,12 +487,12 @@ def _post_local(name, net, train_cfg, global_batch, steps_per_epoch, train_sampl
     """polo: post-local SGD over DDP; on a single process (local SGD with one worker is plain SGD) plain."""
     if not polo:
         return _plain(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo)
-    switch = train_cfg["polo"]["sync_epochs"] * steps_per_epoch
+    switch = train_cfg.polo.sync_epochs * steps_per_epoch
     hook_state = PostLocalSGDState(
         process_group=None, subgroup=None, start_localSGD_iter=switch, post_local_gradient_allreduce=False
     )
     net.register_comm_hook(hook_state, post_localSGD_hook)
-    period = max(1, steps_per_epoch // train_cfg["polo"]["averages_per_epoch"])
+    period = max(1, steps_per_epoch // train_cfg.polo.averages_per_epoch)
     averager = PeriodicModelAverager(period=period, warmup_steps=switch)
     return PostLocalSGDStrategy(
         name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state

@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -43,6 +44,9 @@ from .preemption import StopRequests
 from .stage import StageError, stage_main
 from .strategies import build_strategy
 from .training import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
+
+if TYPE_CHECKING:
+    from .job import Job
 
 LOOP_LOG_EVERY_S = 10.0
 STEP_TRACE_ENV = "TULA_STEP_TRACE"
@@ -134,7 +138,7 @@ class TimedBatches:
 
 
 def train_worker(
-    job: dict,
+    job: Job,
     global_batch: int,
     checkpoint_path: str,
     model_path: str,
@@ -174,7 +178,7 @@ class Trainer:
 
     def __init__(
         self,
-        job: dict,
+        job: Job,
         global_batch: int,
         checkpoint_path: Path,
         metrics_path: Path,
@@ -183,19 +187,21 @@ class Trainer:
     ):
         self.job, self.global_batch, self.accumulation = job, global_batch, accumulation
         self.checkpoint_path, self.metrics_path = checkpoint_path, metrics_path
-        self.ctx = ctx = init_distributed(job["resources"]["gpus_per_node"] > 0)
+        self.ctx = ctx = init_distributed(job.resources.gpus_per_node > 0)
         self.per_device = global_batch // ctx.world_size
         self.splits, self.model = build_for_job(job, ctx)
         device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(self.model), job)
         self.net = wrap_ddp(self.model, ctx)
         self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
         # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks around the step.
-        self.strategy = build_strategy(
-            self.net, job["train"], global_batch, self.steps_per_epoch, len(self.splits.train)
-        )
+        self.strategy = build_strategy(self.net, job.train, global_batch, self.steps_per_epoch, len(self.splits.train))
         # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older
         # one is ignored with a line saying so, not misread).
-        self.run = {**stage_settings(job, "train"), "selected_batch": selected_batch, "format": CHECKPOINT_FORMAT}
+        self.run = {
+            **stage_settings(job.as_dict(), "train"),
+            "selected_batch": selected_batch,
+            "format": CHECKPOINT_FORMAT,
+        }
         self.checkpointer = Checkpointer(checkpoint_path, self.run, ctx)
         self.state = TrainState()
         self.resumed_from = self.resume()
@@ -206,13 +212,13 @@ class Trainer:
             self.per_device,
             rank=ctx.rank,
             world_size=ctx.world_size,
-            seed=job["train"]["seed"],
+            seed=job.train.seed,
             shuffle=True,
             **self.loader_options,
         )
         self.batches, self.device_clock = TimedBatches(self.loader), clock_for(ctx.device)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.epochs = self.strategy.max_epochs(job["train"]["epochs"])  # adascale decides when it is done
+        self.epochs = self.strategy.max_epochs(job.train.epochs)  # adascale decides when it is done
 
     def train(self, model_path: Path, loop_log_path: Path | None) -> dict | None:
         """Every epoch left, each checkpointed; the final model and the summary (rank 0's; None elsewhere)."""
@@ -276,7 +282,7 @@ class Trainer:
 
     def checkpoint_due(self, step: int) -> bool:
         """resources.checkpoint_every_steps: the same steps on every rank, so that they save together."""
-        every = self.job["resources"]["checkpoint_every_steps"]
+        every = self.job.resources.checkpoint_every_steps
         return every is not None and step % every == 0
 
     def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
@@ -382,17 +388,17 @@ class Trainer:
         }
 
 
-def _save_model(path: Path, model: nn.Module, job: dict, splits) -> None:
+def _save_model(path: Path, model: nn.Module, job: Job, splits) -> None:
     """The final model with what evaluation needs to rebuild it."""
     with atomic_path(path) as tmp:
         torch.save(
             {
                 "model": model.state_dict(),
-                "model_name": job["model"]["name"],
-                "model_kwargs": job["model"]["kwargs"],
+                "model_name": job.model.name,
+                "model_kwargs": job.model.kwargs,
                 "num_classes": splits.num_classes,
                 "in_channels": splits.in_channels,
-                "image_size": job["data"]["image_size"],
+                "image_size": job.data.image_size,
             },
             tmp,
         )
@@ -413,7 +419,7 @@ def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world
     return per_device // 2 * world_size, accumulation
 
 
-def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
+def _next_attempt(job: Job, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
     """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk."""
     if not attempts:
         return chosen["batch"], 1
@@ -421,30 +427,30 @@ def _next_attempt(job: dict, chosen: dict, attempts: list[dict], world_size: int
     if last["outcome"] != "out_of_memory":
         attempts.pop()
         return last["global_batch"], last["accumulation"]
-    shrunk = after_out_of_memory(job["resources"]["on_oom"], last["global_batch"], last["accumulation"], world_size)
+    shrunk = after_out_of_memory(job.resources.on_oom, last["global_batch"], last["accumulation"], world_size)
     if shrunk is None:
         raise StageError(
-            f"job '{job['name']}': training ran out of memory even with {last['micro_batch']} sample per device "
+            f"job '{job.name}': training ran out of memory even with {last['micro_batch']} sample per device "
             f"at once ({len(attempts)} attempts): field 'resources.device_memory_gb' "
             f"({budget_source(job)}) "
-            f"cannot train {job['model']['name']} with strategy {job['train']['strategy']}; last error: {last['error']}"
+            f"cannot train {job.model.name} with strategy {job.train.strategy}; last error: {last['error']}"
         )
     return shrunk
 
 
-def stretched_to_progress(job: dict, chosen: dict) -> dict:
+def stretched_to_progress(job: Job, chosen: dict) -> Job:
     """Under a goodput objective, the job with train.epochs (and its milestones with them) stretched to the epochs
     the chosen batch needs to make the recipe's progress (perfmodel.to_progress); adascale reaches that progress
     by its own gain, and the other objectives train the recipe's epochs."""
-    if job["objective"]["minimize"] not in ("goodput", "goodput_cost") or job["train"]["strategy"] == "adascale":
+    if job.objective.minimize not in ("goodput", "goodput_cost") or job.train.strategy == "adascale":
         return job
-    train_cfg, epochs = job["train"], max(1, math.ceil(chosen["progress_epochs"]))
-    stretch = epochs / train_cfg["epochs"]
-    milestones = [max(1, round(m * stretch)) for m in train_cfg["lr_milestones"]]
-    return {**job, "train": {**train_cfg, "epochs": epochs, "lr_milestones": milestones}}
+    epochs = max(1, math.ceil(chosen["progress_epochs"]))
+    stretch = epochs / job.train.epochs
+    milestones = [max(1, round(m * stretch)) for m in job.train.lr_milestones]
+    return job.updated(train={"epochs": epochs, "lr_milestones": milestones})
 
 
-def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> dict:
+def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> dict:
     """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
 
     Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
@@ -487,7 +493,7 @@ def train(job: dict, selection_path: Path, summary_path: Path, model_path: Path,
             ),
             spec,
             stage_dir,
-            name=f"{job['name']}-train",
+            name=f"{job.name}-train",
         )
         result = result if out_of_memory is None else out_of_memory
         attempt.update(
@@ -521,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--summary", required=True, type=Path, help="results/{job}/train/summary.json")
         parser.add_argument("--model", required=True, type=Path, help="results/{job}/train/model.pt")
 
-    def run(job: dict, args: argparse.Namespace) -> dict:
+    def run(job: Job, args: argparse.Namespace) -> dict:
         return train(job, args.selection, args.summary, args.model, args.work_dir)
 
     return stage_main("train", add_args, run, argv)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data import load_splits, make_eval_loader
 from .distributed import Context, seed_everything
 from .models import build_model
+
+if TYPE_CHECKING:
+    from .job import Job
 
 
 class Clock:
@@ -62,15 +66,13 @@ def clock_for(device: torch.device) -> Clock:
     return CudaClock(device) if device.type == "cuda" else Clock()
 
 
-def build_for_job(job: dict, ctx: Context):
+def build_for_job(job: Job, ctx: Context):
     """Data splits and the model on this rank's device (channels_last if train.channels_last), seeded so every
     rank starts identical."""
-    seed_everything(job["train"]["seed"])
-    splits = load_splits(job["data"], job["train"]["seed"])
-    model = build_model(
-        job["model"]["name"], splits.num_classes, splits.in_channels, job["data"]["image_size"], job["model"]["kwargs"]
-    )
-    layout = torch.channels_last if job["train"]["channels_last"] else torch.preserve_format
+    seed_everything(job.train.seed)
+    splits = load_splits(job.data, job.train.seed)
+    model = build_model(job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs)
+    layout = torch.channels_last if job.train.channels_last else torch.preserve_format
     return splits, model.to(ctx.device, memory_format=layout)
 
 

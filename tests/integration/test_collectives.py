@@ -21,6 +21,7 @@ from tests.conftest import JOB, REPO, tiny_job_config
 from tests.integration.collective_workers import CollectiveSpy, served_device_types, spied_on_two_ranks
 from tula_hpc.config import HOST_GB_PER_GPU_RANK, job_settings, validate_config
 from tula_hpc.evaluate import evaluate_worker
+from tula_hpc.job import Job
 from tula_hpc.step_timing import profile_worker
 from tula_hpc.train import train_worker
 
@@ -33,7 +34,7 @@ DDP_BUCKETS = "DDP gradient bucket (allreduce_hook)"  # DDP's own hook, where no
 MEASURED_BUCKETS = "DDP gradient bucket (_measured_all_reduce)"
 
 
-def _job(**train) -> dict:
+def _job(**train) -> Job:
     """The tiny job, two epochs and a short profile; polo goes local after one epoch, AGS updates every 2 steps."""
     config = tiny_job_config()
     job = config["jobs"][JOB]

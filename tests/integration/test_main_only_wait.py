@@ -20,12 +20,13 @@ import tula_hpc.checkpoint as checkpoint_module
 import tula_hpc.train as train_module
 import tula_hpc.training as training_module
 from tests.conftest import default_job, free_port
+from tula_hpc.job import Job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SLOW_SAVE_S = 6
 
 
-def _rank(rank: int, port: int, job: dict, folder: str) -> None:
+def _rank(rank: int, port: int, job: Job, folder: str) -> None:
     """train_worker on one of two ranks: rank 0's first save is slow; each rank's RNG is seeded apart (after
     the set-up seeds them alike) and what it restores on a resume is written down."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
@@ -59,7 +60,7 @@ def _rank(rank: int, port: int, job: dict, folder: str) -> None:
     train_module.train_worker(job, 128, **paths)
 
 
-def _train_on_two_ranks(job: dict, folder) -> None:
+def _train_on_two_ranks(job: Job, folder) -> None:
     mp.spawn(_rank, args=(free_port(), job, str(folder)), nprocs=2, join=True)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.conftest import default_job, free_port
+from tula_hpc.job import Job
 from tula_hpc.noise_scale import NoiseScaleHook, two_batch_estimates
 
 pytestmark = [pytest.mark.integration]
@@ -66,7 +67,7 @@ def test_the_hook_all_reduces_as_ddp_does_and_reads_both_batch_sizes(tmp_path):
         assert record["estimate"] == pytest.approx(record["expected"], rel=1e-5)
 
 
-def _train(rank: int, port: int, job: dict, folder: str) -> None:
+def _train(rank: int, port: int, job: Job, folder: str) -> None:
     from tula_hpc.train import train_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
@@ -76,8 +77,7 @@ def _train(rank: int, port: int, job: dict, folder: str) -> None:
 
 
 def test_training_records_the_noise_scale_every_epoch(tmp_path):
-    job = default_job()
-    job["train"].update(epochs=2, lr_milestones=[])
+    job = default_job(train=dict(epochs=2, lr_milestones=[]))
     mp.start_processes(_train, args=(free_port(), job, str(tmp_path)), nprocs=2, start_method="spawn")
     epochs = [json.loads(line) for line in (tmp_path / "metrics").read_text().splitlines()]
     assert len(epochs) == 2
@@ -86,7 +86,7 @@ def test_training_records_the_noise_scale_every_epoch(tmp_path):
         assert noise["steps"] == epoch["step"] and noise["trace_sigma"] > 0
 
 
-def _train_adascale(rank: int, port: int, job: dict, folder: str) -> None:
+def _train_adascale(rank: int, port: int, job: Job, folder: str) -> None:
     from tula_hpc.train import train_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
@@ -101,8 +101,7 @@ def _train_adascale(rank: int, port: int, job: dict, folder: str) -> None:
 def test_adascale_trains_until_the_base_recipes_progress_in_fewer_steps(tmp_path):
     """The recipe: 2 epochs at batch 32; AdaScale at 128 (4x) trains more epochs than 2, fewer steps than the
     recipe's, and stops once its progress reaches the recipe's steps."""
-    job = default_job()
-    job["train"].update(strategy="adascale", epochs=2, lr_milestones=[], lr_base_batch=32)
+    job = default_job(train=dict(strategy="adascale", epochs=2, lr_milestones=[], lr_base_batch=32))
     mp.start_processes(_train_adascale, args=(free_port(), job, str(tmp_path)), nprocs=2, start_method="spawn")
     summary = json.loads((tmp_path / "summary.json").read_text())
     last = summary["history"][-1]["adascale"]

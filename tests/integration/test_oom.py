@@ -17,6 +17,7 @@ from tests.integration.workers import NEVER_NOTICES_S, train_beside_a_rank_that_
 from tula_hpc import launch
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.distributed import failure_records
+from tula_hpc.job import Job
 from tula_hpc.train import train, train_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIGHT_GB = 0.012
 
 
-def _job(tmp_path, **resources) -> dict:
+def _job(tmp_path, **resources) -> Job:
     config = tiny_job_config()
     job = config["jobs"]["digits-cnn"]
     job["train"].update(epochs=3, lr_milestones=[])
@@ -35,7 +36,7 @@ def _job(tmp_path, **resources) -> dict:
     return job_settings(load_config([tmp_path / "jobs.yaml"]), "digits-cnn")
 
 
-def _checkpoint_at_epoch_1(job: dict, batch: int, stage_dir, monkeypatch) -> None:
+def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None:
     """A run of the same selection that died in its second epoch, with a budget it fitted in."""
     evaluate, calls = train_module.evaluate_accuracy, []
 
@@ -45,7 +46,7 @@ def _checkpoint_at_epoch_1(job: dict, batch: int, stage_dir, monkeypatch) -> Non
             raise RuntimeError("node lost")
         return evaluate(*args, **kwargs)
 
-    roomy = {**job, "resources": {**job["resources"], "device_memory_gb": 1}}
+    roomy = job.updated(resources={"device_memory_gb": 1})
     monkeypatch.setattr(train_module, "evaluate_accuracy", lose_the_node_in_epoch_2)
     with pytest.raises(RuntimeError, match="node lost"):
         train_worker(
@@ -103,7 +104,7 @@ def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
     assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512
 
 
-def out_of_memory_beside_a_rank_that_never_notices(job: dict, spec: launch.LaunchSpec, folder) -> tuple[dict, float]:
+def out_of_memory_beside_a_rank_that_never_notices(job: Job, spec: launch.LaunchSpec, folder) -> tuple[dict, float]:
     """Rank 1 runs out of memory for real while rank 0 waits as NCCL's ranks do (forever): the job must fail.
     Returns rank 1's record and when the stage knew the job had ended."""
     with pytest.raises(launch.JobFailed):
@@ -120,7 +121,7 @@ def out_of_memory_beside_a_rank_that_never_notices(job: dict, spec: launch.Launc
             ),
             spec,
             folder / "stage",
-            name=f"{job['name']}-oom",
+            name=f"{job.name}-oom",
         )
     noticed = time.time()
     [record] = failure_records(folder / "failures")

@@ -42,8 +42,7 @@ def test_the_partitions_limits_come_from_scontrol(slurm_cluster):
 def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving(second_node_busy):
     """2 nodes train faster than 1 but start when the competing job's limit ends: chosen when they save 2 minutes
     more than Slurm says they wait, passed over when they save 2 minutes less."""
-    job = default_job(objective={"minimize": "time", "queue": "estimate"})
-    job["launcher"] = "slurm"
+    job = default_job(objective={"minimize": "time", "queue": "estimate"}).updated(launcher="slurm")
 
     def perfmodel(saving_s: float) -> dict:
         one = {"nodes": 1, "batch": 64, "per_device_batch": 64, "time_s": 2000.0, "cost": 1.0, "rel_uncertainty": 0.05}
@@ -51,7 +50,7 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
         return {"candidates": [one, two], "pricing": "node_hour"}
 
     def choose(saving_s: float) -> int:
-        return select(with_queue_waits(job, perfmodel(saving_s)), job["objective"])["chosen"]["nodes"]
+        return select(with_queue_waits(job, perfmodel(saving_s)), job.objective)["chosen"]["nodes"]
 
     waits = {c["nodes"]: c["wait_s"] for c in with_queue_waits(job, perfmodel(0.0))["candidates"]}
     assert waits[1] == 0.0 and BLOCK_MIN * 60 - 120 < waits[2] <= BLOCK_MIN * 60, waits

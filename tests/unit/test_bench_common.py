@@ -21,10 +21,10 @@ def test_changes_merge_key_by_key_into_the_default_job():
     job = common.bench_job(
         as_name="bench-x", launcher="slurm", search={"nodes": {"max": 1}}, model={"name": "resnet18"}
     )
-    assert job["name"] == "bench-x" and job["launcher"] == "slurm"
-    assert job["search"]["nodes"] == {"min": default["search"]["nodes"]["min"], "max": 1}
-    assert job["model"]["name"] == "resnet18"
-    assert job["train"] == default["train"]
+    assert job.name == "bench-x" and job.launcher == "slurm"
+    assert (job.search.nodes.min, job.search.nodes.max) == (default.search.nodes.min, 1)
+    assert job.model.name == "resnet18"
+    assert job.train == default.train
 
 
 def test_a_bench_job_leaves_the_next_one_alone():

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import default_job
 from tula_hpc import cluster
+from tula_hpc.job import Job
 
 # `scontrol show partition -o` of a cluster with a GPU partition (its default) and a CPU one
 PARTITIONS = (
@@ -78,12 +79,8 @@ def test_test_only_start_and_its_command():
     assert not any("gpus" in part for part in cluster.test_only_command(1, 0, 5, []))
 
 
-def _slurm_job(**resources) -> dict:
-    job = default_job()
-    job["launcher"] = "slurm"
-    job["resources"].update(resources)
-    job["train"]["epochs"] = 10
-    return job
+def _slurm_job(**resources) -> Job:
+    return default_job().updated(launcher="slurm", resources=resources, train={"epochs": 10})
 
 
 def test_the_train_wall_time_follows_the_prediction_capped_by_max_time():
@@ -94,9 +91,9 @@ def test_the_train_wall_time_follows_the_prediction_capped_by_max_time():
     assert cluster.train_time_limit_s(job, candidate, 1000.0, 600.0) == 600.0
     assert cluster.train_minutes(job, candidate, 1000.0, None) == 38  # 2250 s, rounded up
     assert cluster.train_minutes(_slurm_job(time_limit="fixed", time_min=45), candidate, 1000.0, None) == 45
-    assert cluster.train_minutes(job, candidate, None, None) == job["resources"]["time_min"]
-    local = {**job, "launcher": "local"}
-    assert cluster.train_minutes(local, candidate, 1000.0, None) == job["resources"]["time_min"]
+    assert cluster.train_minutes(job, candidate, None, None) == job.resources.time_min
+    local = job.updated(launcher="local")
+    assert cluster.train_minutes(local, candidate, 1000.0, None) == job.resources.time_min
 
 
 def test_queue_waits_ask_once_per_distinct_request(monkeypatch):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -86,16 +86,20 @@ def test_bad_input_names_job_field_and_allowed(label, mutate, expected):
 def test_default_config_is_valid_and_filled_with_defaults():
     config = validate_config(job_config())
     job = job_settings(config, "digits-cnn")
-    assert job["launcher"] == "local"
-    assert job["resources"]["slurm"] == {}
-    assert job["search"]["batch"] == {"min": 32, "max": 256}
+    assert job.launcher == "local"
+    assert job.as_dict()["resources"]["slurm"] == {}
+    assert (job.search.batch.min, job.search.batch.max) == (32, 256)
 
 
 def test_profile_slurm_settings_are_overridden_per_job():
     config = job_config(resources={"slurm": {"partition": "gpu", "extra_args": ["--exclusive"]}})
     config.update(launcher="slurm", slurm={"partition": "debug", "account": "proj1"})
     job = job_settings(validate_config(config), "digits-cnn")
-    assert job["resources"]["slurm"] == {"partition": "gpu", "account": "proj1", "extra_args": ["--exclusive"]}
+    assert job.as_dict()["resources"]["slurm"] == {
+        "partition": "gpu",
+        "account": "proj1",
+        "extra_args": ["--exclusive"],
+    }
 
 
 def test_later_files_update_earlier_ones(tmp_path):
@@ -104,8 +108,8 @@ def test_later_files_update_earlier_ones(tmp_path):
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"jobs": {"digits-cnn": {"train": {"epochs": 3, "lr_milestones": []}}}}))
     job = load_job([base, override], "digits-cnn")
-    assert job["train"]["epochs"] == 3
-    assert job["train"]["lr"] == job_config()["jobs"]["digits-cnn"]["train"]["lr"]
+    assert job.train.epochs == 3
+    assert job.train.lr == job_config()["jobs"]["digits-cnn"]["train"]["lr"]
 
 
 def test_unknown_job_lists_defined_ones(tmp_path):
@@ -155,7 +159,7 @@ def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path):
 
 
 def test_every_stage_dependency_names_a_real_setting():
-    job = default_job()
+    job = default_job().as_dict()
     for stage, names in STAGE_SETTINGS.items():
         for name in names:
             value = job
@@ -166,7 +170,7 @@ def test_every_stage_dependency_names_a_real_setting():
 
 
 def _settings(tree: dict, path: tuple = ()):
-    """The path of every single setting (a leaf, an empty mapping included) of a job."""
+    """The path of every single setting (a leaf, an empty mapping included) of a job as plain data."""
     for key, value in tree.items():
         if isinstance(value, dict) and value:
             yield from _settings(value, (*path, key))
@@ -174,17 +178,24 @@ def _settings(tree: dict, path: tuple = ()):
             yield (*path, key)
 
 
+def _changed(settings, path: tuple, value):
+    """`settings` (a job, one of its sections or a mapping in it) with the setting at `path` set to `value`,
+    unchecked: any setting can take a value of another type."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    if isinstance(settings, dict):
+        return {**settings, key: _changed(settings[key], rest, value)}
+    return dataclasses.replace(settings, **{key: _changed(getattr(settings, key), rest, value)})
+
+
 @pytest.mark.parametrize("stage", STAGE_SETTINGS)
 def test_a_fingerprint_changes_with_every_setting_in_its_stage_table_and_no_other(stage):
     """A profile or checkpoint is reused exactly when nothing its stage depends on changed."""
     job = default_job()
     table = [tuple(name.split(".")) for name in STAGE_SETTINGS[stage]]
-    for path in _settings(job):
-        changed = copy.deepcopy(job)
-        section = changed
-        for key in path[:-1]:
-            section = section[key]
-        section[path[-1]] = "changed"
+    for path in _settings(job.as_dict()):
+        changed = _changed(job, path, "changed")
         depends = any(path[: len(name)] == name for name in table)
         assert (fingerprint(changed, stage) != fingerprint(job, stage)) == depends, ".".join(path)
 
@@ -266,7 +277,7 @@ def test_a_model_that_does_not_build_for_the_data_names_the_job_and_the_field(la
     ],
 )
 def test_factories_and_torchvision_builders_that_build_for_the_data_are_valid(model):
-    assert default_job(model=model)["model"] == {"kwargs": {}, **model}
+    assert default_job(model=model).as_dict()["model"] == {"kwargs": {}, **model}
 
 
 def test_validating_a_built_in_model_leaves_torch_unimported():
@@ -315,8 +326,8 @@ def test_bad_data_names_the_job_and_the_field(label, name, damage, field, fragme
 
 
 def test_fashion_mnist_from_debians_folder_and_a_data_set_callable_are_valid():
-    assert default_job(data={"name": "fashion_mnist", "image_size": 28})["data"]["root"] is None
-    assert default_job(data={"name": "tests.unit.user_datasets:counted", "kwargs": {"n": 20}})["data"]["kwargs"]
+    assert default_job(data={"name": "fashion_mnist", "image_size": 28}).data.root is None
+    assert default_job(data={"name": "tests.unit.user_datasets:counted", "kwargs": {"n": 20}}).data.kwargs
 
 
 @pytest.mark.parametrize("data", [{"name": "fashion_mnist", "damage": "truncated"}, {"name": BAD_DATA[3][1]}])
@@ -373,12 +384,12 @@ def _gpu_config(launcher: str = "slurm", gpus: int = 1, **sections) -> dict:
 def test_sync_priors_left_out_are_chosen_by_device_and_a_figure_written_replaces_its_presets():
     """config/jobs.yaml writes none: a CPU job gets gloo's, a GPU job NCCL's, each from the one table."""
     assert "sync_prior" not in job_config()["jobs"]["digits-cnn"]["search"]
-    assert default_job()["search"]["sync_prior"] == SYNC_PRIORS["cpu"]
+    assert default_job().as_dict()["search"]["sync_prior"] == SYNC_PRIORS["cpu"]
     gpu = job_settings(validate_config(_gpu_config()), "digits-cnn")
-    assert gpu["search"]["sync_prior"] == SYNC_PRIORS["gpu"]
+    assert gpu.as_dict()["search"]["sync_prior"] == SYNC_PRIORS["gpu"]
     mine = job_settings(
         validate_config(_gpu_config(search={"sync_prior": {"inter_node": {"bandwidth_gb_s": 25}}})), "digits-cnn"
-    )["search"]["sync_prior"]
+    ).as_dict()["search"]["sync_prior"]
     assert mine == {**SYNC_PRIORS["gpu"], "inter_node": {**SYNC_PRIORS["gpu"]["inter_node"], "bandwidth_gb_s": 25}}
 
 
@@ -393,7 +404,7 @@ def test_the_snakefile_and_a_stage_see_the_same_filled_priors_and_fingerprint():
     snakefile_job = config["jobs"]["digits-cnn"]
     stage_job = job_settings(validate_config(_gpu_config()), "digits-cnn")
     assert stage_settings(snakefile_job, "fit_model")["search.sync_prior"] == SYNC_PRIORS["gpu"]
-    assert fingerprint(snakefile_job, "fit_model") == fingerprint(stage_job, "fit_model")
+    assert stage_settings(snakefile_job, "fit_model") == stage_settings(stage_job.as_dict(), "fit_model")
     assert fingerprint(default_job(), "fit_model") != fingerprint(stage_job, "fit_model")
 
 
@@ -466,7 +477,7 @@ def test_a_slurm_gpu_job_is_not_refused_for_the_login_nodes_lack_of_cuda(monkeyp
 
     monkeypatch.setattr(config_module, "usable_gpus", ask)
     job = job_settings(validate_config(_gpu_config("slurm", gpus=4)), "digits-cnn")
-    assert job["resources"]["gpus_per_node"] == 4 and job["launcher"] == "slurm"
+    assert job.resources.gpus_per_node == 4 and job.launcher == "slurm"
 
 
 def test_a_local_gpu_job_needing_more_gpus_than_this_machine_has_is_refused(monkeypatch):
@@ -503,12 +514,12 @@ def test_a_stage_stops_on_a_local_gpu_job_without_cuda_before_submitting(tmp_pat
 
 
 def test_gpus_per_node_defaults_to_the_nodes_own_and_a_half_given_range_fills_the_other_end():
-    assert default_job()["search"]["gpus_per_node"] == {"min": 0, "max": 0}  # CPU jobs: one process per node
+    assert default_job().as_dict()["search"]["gpus_per_node"] == {"min": 0, "max": 0}  # CPU jobs: one process per node
     job = job_settings(validate_config(_gpu_config(gpus=4)), "digits-cnn")
-    assert job["search"]["gpus_per_node"] == {"min": 4, "max": 4}
+    assert job.as_dict()["search"]["gpus_per_node"] == {"min": 4, "max": 4}
     job = job_settings(validate_config(_gpu_config(gpus=4, search={"gpus_per_node": {"min": 1}})), "digits-cnn")
-    assert job["search"]["gpus_per_node"] == {"min": 1, "max": 4}
-    assert stage_settings(job, "plan")["search.gpus_per_node"] == {"min": 1, "max": 4}
+    assert job.as_dict()["search"]["gpus_per_node"] == {"min": 1, "max": 4}
+    assert stage_settings(job.as_dict(), "plan")["search.gpus_per_node"] == {"min": 1, "max": 4}
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ Debian's Fashion-MNIST files, augmentation of training only, users' data-set cal
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from tula_hpc.data import (
 )
 from tula_hpc.datacheck import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, check_data
 
-DIGITS = default_job()["data"]
+DIGITS = default_job().data
 
 
 def test_digits_split_is_seeded_disjoint_and_complete():
@@ -66,7 +67,7 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
         (tmp_path / cls).mkdir()
         for i in range(10):
             Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
-    cfg = {**DIGITS, "name": "imagefolder", "root": str(tmp_path), "image_size": 8}
+    cfg = replace(DIGITS, name="imagefolder", root=str(tmp_path), image_size=8)
     splits = load_splits(cfg, seed=0)
     assert (splits.num_classes, splits.in_channels) == (3, 3)
     assert len(splits.train) + len(splits.val) + len(splits.test) == 30
@@ -76,17 +77,17 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
 
 def test_cifar_without_files_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="field 'data.root': no cifar10 files in"):
-        load_splits({**DIGITS, "name": "cifar10", "root": str(tmp_path), "image_size": 32}, seed=0)
+        load_splits(replace(DIGITS, name="cifar10", root=str(tmp_path), image_size=32), seed=0)
 
 
 def test_loader_workers_default_to_the_cores_of_a_rank_but_the_one_it_trains_on():
     config = job_config()
     del config["jobs"][JOB]["data"]["num_workers"]
     job = job_settings(validate_config(config), JOB)
-    assert job["data"]["num_workers"] == "auto"
+    assert job.data.num_workers == "auto"
     assert loader_workers(job) == 0  # one core per rank: loading stays in the training process
     for cores, workers in [(2, 1), (8, 7)]:
-        assert loader_workers({**job, "resources": {**job["resources"], "cpus_per_task": cores}}) == workers
+        assert loader_workers(job.updated(resources={"cpus_per_task": cores})) == workers
 
 
 @pytest.mark.parametrize("workers", [0, 3])
@@ -111,7 +112,7 @@ def test_batches_are_pinned_for_a_gpu_only():
 
 # --- Fashion-MNIST from Debian's package (`make data` installs it) ------------------------------------------
 
-FASHION = {**DIGITS, "name": "fashion_mnist", "root": str(FASHION_MNIST_FOLDER), "image_size": 28}
+FASHION = replace(DIGITS, name="fashion_mnist", root=str(FASHION_MNIST_FOLDER), image_size=28)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def fashion(tmp_path_factory):
 def test_fashion_mnist_reads_debians_files_and_caches_under_work_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in FASHION_MNIST_FOLDER.iterdir())
-    splits = load_splits({**FASHION, "root": None}, seed=0)  # null: Debian's folder
+    splits = load_splits(replace(FASHION, root=None), seed=0)  # null: Debian's folder
     assert (len(splits.train), len(splits.val), len(splits.test)) == (54_000, 6_000, 10_000)
     assert (splits.num_classes, splits.in_channels) == (10, 1)
     (cache,) = (tmp_path / "work" / "data").iterdir()
@@ -162,7 +163,7 @@ def test_fashion_mnist_images_are_normalised_and_resized(fashion, tmp_path, monk
     labels = [fashion.test[i][1] for i in range(10_000)]
     assert sorted(set(labels)) == list(range(10)) and labels.count(0) == 1_000
     monkeypatch.chdir(tmp_path)
-    small = load_splits({**FASHION, "image_size": 14}, seed=0)
+    small = load_splits(replace(FASHION, image_size=14), seed=0)
     assert small.train[0][0].shape == small.test[0][0].shape == (1, 14, 14)
     assert list(small.val.indices) == list(fashion.val.indices)
 
@@ -182,7 +183,7 @@ def _shifts(augmented: torch.Tensor, plain: torch.Tensor, pad: int, flip: bool) 
 
 def test_only_training_images_are_augmented_by_the_mnist_recipe(fashion, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    plain = load_splits({**FASHION, "augment": "none"}, seed=0)
+    plain = load_splits(replace(FASHION, augment="none"), seed=0)
     assert list(plain.train.indices) == list(fashion.train.indices)
     first = [fashion.train[i][0] for i in range(50)]
     assert all(torch.equal(fashion.train[i][0], first[i]) for i in range(50))  # a function of the epoch, not a draw
@@ -243,7 +244,7 @@ def test_imagefolder_augments_training_images_only(tmp_path):
         (tmp_path / cls).mkdir()
         for i in range(10):
             Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
-    splits = load_splits({**DIGITS, "name": "imagefolder", "root": str(tmp_path), "image_size": 16}, seed=0)
+    splits = load_splits(replace(DIGITS, name="imagefolder", root=str(tmp_path), image_size=16), seed=0)
     before = {split: getattr(splits, split)[0][0] for split in ("train", "val", "test")}
     assert torch.equal(splits.train[0][0], before["train"])
     for split in ("train", "val", "test"):
@@ -284,7 +285,7 @@ BAD_FOLDERS = [
 @pytest.mark.parametrize("label, damage, expected", BAD_FOLDERS, ids=[c[0] for c in BAD_FOLDERS])
 def test_a_damaged_fashion_mnist_folder_is_named_with_the_package(label, damage, expected, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = {**FASHION, "root": _fashion_copy(tmp_path, damage)}
+    cfg = replace(FASHION, root=_fashion_copy(tmp_path, damage))
     for attempt in (check_data, lambda c: load_splits(c, seed=0)):
         with pytest.raises(DataError) as err:
             attempt(cfg)
@@ -303,7 +304,7 @@ def test_a_damaged_stream_with_an_intact_trailer_fails_to_decompress(tmp_path, m
         data[len(data) // 2] ^= 0xFF
         (folder / "train-images-idx3-ubyte.gz").write_bytes(bytes(data))
 
-    cfg = {**FASHION, "root": _fashion_copy(tmp_path, corrupt)}
+    cfg = replace(FASHION, root=_fashion_copy(tmp_path, corrupt))
     check_data(cfg)
     with pytest.raises(DataError, match="field 'data.root': .*train-images-idx3-ubyte.gz' does not decompress"):
         load_splits(cfg, seed=0)
@@ -312,19 +313,19 @@ def test_a_damaged_stream_with_an_intact_trailer_fails_to_decompress(tmp_path, m
 
 # --- users' data-set callables -----------------------------------------------------------------------------
 
-USER = {**DIGITS, "image_size": 8}
+USER = replace(DIGITS, image_size=8)
 
 
 def test_a_data_set_callable_gets_the_arguments_it_names_and_is_split_for_validation():
-    splits = load_splits({**USER, "name": "tests.unit.user_datasets:counted", "kwargs": {"channels": 3}}, seed=0)
+    splits = load_splits(replace(USER, name="tests.unit.user_datasets:counted", kwargs={"channels": 3}), seed=0)
     assert (splits.num_classes, splits.in_channels) == (3, 3)
     assert (len(splits.train), len(splits.val), len(splits.test)) == (45, 5, 12)
     assert splits.train[0][0].shape == (3, 8, 8)
-    named = load_splits({**USER, "name": "tests.unit.user_datasets:with_classes", "image_size": 6}, seed=0)
+    named = load_splits(replace(USER, name="tests.unit.user_datasets:with_classes", image_size=6), seed=0)
     assert (named.num_classes, named.in_channels, len(named.test)) == (4, 1, 8)
-    bare = load_splits({**USER, "name": "tests.unit.user_datasets:without_arguments"}, seed=0)
+    bare = load_splits(replace(USER, name="tests.unit.user_datasets:without_arguments"), seed=0)
     assert (bare.num_classes, len(bare.train) + len(bare.val)) == (3, 30)
-    assert data_shape({**USER, "name": "tests.unit.user_datasets:with_classes"}) == (4, 1)
+    assert data_shape(replace(USER, name="tests.unit.user_datasets:with_classes")) == (4, 1)
 
 
 BAD_CALLABLES = [
@@ -345,7 +346,7 @@ BAD_CALLABLES = [
 
 @pytest.mark.parametrize("function, field, expected", BAD_CALLABLES, ids=[c[0] for c in BAD_CALLABLES])
 def test_a_bad_data_set_callable_is_named_with_the_field(function, field, expected):
-    cfg = {**USER, "name": f"tests.unit.user_datasets:{function}"}
+    cfg = replace(USER, name=f"tests.unit.user_datasets:{function}")
     for attempt in (check_data, lambda c: load_splits(c, seed=0)):
         with pytest.raises(DataError) as err:
             attempt(cfg)

@@ -120,8 +120,10 @@ def test_the_headline_averages_ags_minus_lbt_over_cells_per_seed_and_finds_the_w
 def test_a_cell_key_follows_the_training_settings_and_the_code_but_not_the_search_settings():
     job = bench.cell_job("cpu", MODELS[0], "ags", 0, bench.PAPER_AGS)
     key = bench.cell_key(job, 1024, 2, "d")
-    assert bench.cell_key({**job, "search": {}, "objective": {}}, 1024, 2, "d") == key
-    other = {**job, "train": {**job["train"], "ags": {**job["train"]["ags"], "delta": 0.2}}}
+    elsewhere = job.updated(search={"mode": "full", "steps": 7}, objective={"minimize": "time", "pricing": "memory"})
+    assert elsewhere.search != job.search and elsewhere.objective != job.objective
+    assert bench.cell_key(elsewhere, 1024, 2, "d") == key
+    other = job.updated(train={"ags": {"delta": 0.2}})
     assert (
         len(
             {

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import default_job
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 import common  # noqa: E402  (bench scripts import their siblings as top-level modules)
@@ -92,7 +94,7 @@ def test_all_verdicts_name_their_section():
 
 
 def test_the_index_cap_keeps_every_activation_below_2_to_the_31_elements():
-    job = {"model": {"name": "tiny_cnn"}, "data": {"image_size": 32}}
+    job = default_job(model={"name": "tiny_cnn"}, data={"image_size": 32})
     # tiny_cnn's largest output is its second convolution's, 64 x 32 x 32 per image.
     assert gpu_memory.index_cap(job, SimpleNamespace(num_classes=10, in_channels=1)) == (2**31 - 1) // (64 * 32 * 32)
 
@@ -200,7 +202,7 @@ def test_error_summary_leaves_out_what_was_not_measured():
 
 
 def test_a_proposal_the_training_set_caps_is_sized_again_at_half_the_training_set():
-    job = {"resources": {"memory_headroom": 0.1}}
+    job = default_job(resources={"memory_headroom": 0.1})
     proposal = {"fit": {"intercept_bytes": 1e6, "slope_bytes_per_sample": 1e3}, "dataset": {"train": 1001}}
     assert gpu_memory.memory_limited_budget(job, proposal) == pytest.approx((1e6 + 500 * 1e3) / 0.9 / 1e9)
 

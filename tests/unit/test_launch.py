@@ -16,10 +16,11 @@ import psutil
 import pytest
 import submitit
 
+from tests.conftest import default_job, wait_for
 from tests.conftest import fake_commands as _fake_commands
-from tests.conftest import wait_for
 from tests.unit.test_slurm_states import SACCT_STEPS
 from tula_hpc import launch, launch_spec, slurm_states
+from tula_hpc.job import Job, SlurmSettings
 
 DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "slurm"
@@ -44,7 +45,7 @@ def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
         cpus_per_task=4,
         mem_gb=16,
         time_min=30,
-        slurm={"partition": "gpu", "account": "proj", "qos": "normal", "extra_args": ["--exclusive", "--comment=x"]},
+        slurm=SlurmSettings(partition="gpu", account="proj", qos="normal", extra_args=("--exclusive", "--comment=x")),
         max_requeues=5,
     )
     folder = tmp_path / "submit"
@@ -56,24 +57,24 @@ def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
     assert script == (DATA / "sbatch_2_nodes_2_gpus.txt").read_text()
 
 
+def _slurm_gpu_job() -> Job:
+    """A Slurm job on nodes of 4 GPUs."""
+    resources = {"gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 32, "time_min": 60, "max_requeues": 3}
+    return default_job().updated(launcher="slurm", resources=resources)
+
+
 def test_one_device_keeps_at_most_one_gpu_per_node():
-    job = {
-        "launcher": "slurm",
-        "resources": {"gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 32, "time_min": 60, "max_requeues": 3},
-    }
+    job = _slurm_gpu_job()
     assert launch.LaunchSpec.for_job(job, nodes=2).world_size == 8
     one = launch.LaunchSpec.for_job(job, nodes=2, one_device=True)
     assert (one.gpus_per_node, one.world_size, one.cpus_per_task) == (1, 2, 8)
-    cpu_job = {**job, "resources": {**job["resources"], "gpus_per_node": 0}}
+    cpu_job = job.updated(resources={"gpus_per_node": 0})
     assert launch.LaunchSpec.for_job(cpu_job, one_device=True).gpus_per_node == 0
 
 
 def test_a_candidates_own_gpus_per_node_sets_the_ranks_on_each_node():
     """A node shape of 2 GPUs on nodes of 4 (search.gpus_per_node): Slurm is asked for 2 tasks and 2 GPUs each."""
-    job = {
-        "launcher": "slurm",
-        "resources": {"gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 32, "time_min": 60, "max_requeues": 3},
-    }
+    job = _slurm_gpu_job()
     spec = launch.LaunchSpec.for_job(job, nodes=2, gpus_per_node=2)
     assert (spec.gpus_per_node, spec.tasks_per_node, spec.world_size) == (2, 2, 4)
     assert launch.LaunchSpec.for_job(job, nodes=2, gpus_per_node=2, one_device=True).world_size == 2
@@ -126,7 +127,7 @@ PARTITION = "PartitionName=debug Default=YES MaxNodes=UNLIMITED MaxTime=04:00:00
 def shared_spec(tmp_path: Path, nodes: int = 1) -> launch.LaunchSpec:
     """A measurement of `nodes` nodes in a 2-node shared allocation recorded under tmp_path/work/allocation."""
     shared = launch_spec.Allocation(str(tmp_path / "work" / "allocation"), nodes=2, gpus_per_node=0, time_min=60)
-    slurm = {"partition": "debug"}
+    slurm = SlurmSettings(partition="debug")
     return launch.LaunchSpec("slurm", nodes=nodes, mem_gb=1, time_min=20, slurm=slurm, allocation=shared)
 
 

@@ -13,7 +13,8 @@ from tula_hpc.layout import (
 
 
 def test_a_node_runs_one_rank_per_gpu_or_one_cpu_rank():
-    assert devices_per_node({"resources": {"gpus_per_node": 4}}) == 4  # a cluster's node (no GPU asked for here)
+    # a cluster's node (no GPU asked for here)
+    assert devices_per_node(default_job().updated(resources={"gpus_per_node": 4})) == 4
     assert devices_per_node(default_job(resources={"gpus_per_node": 0})) == 1
 
 
@@ -30,10 +31,10 @@ def test_steps_per_epoch_follow_distributed_sampler_and_the_last_step_takes_the_
 
 
 def test_a_candidate_runs_on_its_own_gpus_per_node_and_profiles_at_another_get_their_own_name():
-    job = {"resources": {"gpus_per_node": 4}}
+    job = default_job().updated(resources={"gpus_per_node": 4})
     assert candidate_devices({"nodes": 2, "gpus_per_node": 2}, job) == 2
     assert candidate_devices({"nodes": 2}, job) == 4  # a plan made before GPUs per node was a choice
-    assert candidate_devices({"nodes": 2, "gpus_per_node": 0}, {"resources": {"gpus_per_node": 0}}) == 1
+    assert candidate_devices({"nodes": 2, "gpus_per_node": 0}, default_job()) == 1
     assert profile_name({"nodes": 2, "gpus_per_node": 4, "batch": 64}, job) == "N2_B64"  # as before
     assert profile_name({"nodes": 2, "gpus_per_node": 2, "batch": 64}, job) == "N2_G2_B64"
     assert node_shape({"nodes": 2, "gpus_per_node": 2}) == "2 node(s) x 2 GPU(s)"

@@ -23,6 +23,7 @@ from tests.unit.test_memory_model import (
 from tula_hpc import memory, memory_model
 from tula_hpc.budget import GB, budget_bytes, nccl_ring_buffer_bytes
 from tula_hpc.config import ConfigError, load_config
+from tula_hpc.job import Job
 from tula_hpc.memory import run_probes, summarise
 from tula_hpc.memory_model import collective_buffer_bytes
 from tula_hpc.memory_probes import peak_fields
@@ -34,7 +35,7 @@ from tula_hpc.stage import StageError
 SUMMARY_PARTS = {**step_parts(2e6, 5e4), "update/update": (6e6, 1e3)}
 
 
-def summarise_with(job: dict, probes: list[dict], trials: list[dict], train: int = 100_000, ring: int = 0) -> dict:
+def summarise_with(job: Job, probes: list[dict], trials: list[dict], train: int = 100_000, ring: int = 0) -> dict:
     """memory.json from these probes and trials, as a probe job under the job's budget returns them (on the CPU,
     or on GPUs whose NCCL rings reserve `ring` bytes)."""
     steps = {
@@ -47,7 +48,7 @@ def summarise_with(job: dict, probes: list[dict], trials: list[dict], train: int
     return summarise(job, steps)
 
 
-def job_with(device_memory_gb: float, nodes: int = 2) -> dict:
+def job_with(device_memory_gb: float, nodes: int = 2) -> Job:
     return default_job(
         resources={"device_memory_gb": device_memory_gb, "memory_headroom": 0.1},
         search={"nodes": {"min": 1, "max": nodes}},
@@ -198,7 +199,7 @@ def test_probes_share_the_cpu_two_at_a_time_but_a_gpu_holds_one(monkeypatch, gpu
 
     monkeypatch.setattr(memory, "run_in_fresh_process", probe_slowly)
     monkeypatch.setattr(memory.os, "sched_getaffinity", lambda pid: {0, 1})
-    job = default_job()  # GPUs set after validation, which refuses them on the local launcher of a machine without
-    job["resources"]["gpus_per_node"] = gpus_per_node
+    # GPUs set after validation, which refuses them on the local launcher of a machine without GPUs
+    job = default_job().updated(resources={"gpus_per_node": gpus_per_node})
     run_probes(job, cap=1000, budget=10**9)
     assert max(most) == at_once

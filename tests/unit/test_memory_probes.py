@@ -57,12 +57,9 @@ def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(r
 def test_a_gpu_jobs_probe_never_runs_on_the_cpu_in_its_stead(monkeypatch):
     """CUDA unusable where the probe runs: an error naming this host's CUDA, not a CPU-sized budget."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    job = default_job()
-    job["resources"]["gpus_per_node"] = 1
     with pytest.raises(DeviceError, match="CUDA unusable"):
-        memory_probes.probe_device(job)
-    job["resources"]["gpus_per_node"] = 0
-    assert memory_probes.probe_device(job).type == "cpu"
+        memory_probes.probe_device(default_job().updated(resources={"gpus_per_node": 1}))
+    assert memory_probes.probe_device(default_job().updated(resources={"gpus_per_node": 0})).type == "cpu"
 
 
 def format_size(size: int) -> str:
@@ -99,7 +96,7 @@ def test_gpu_trials_settle_near_the_cards_largest_batch(monkeypatch):
     )
     while (batch := next_trial(model, available, trials, ANY_CAP)) is not None:
         trials.append(
-            memory_probes._answer_in_process("trial", dict(job=default_job(), batch=batch, budget=available, ddp=False))
+            memory_probes._answer_in_process("trial", default_job(), dict(batch=batch, budget=available, ddp=False))
         )
     assert [(t["batch"], t["outcome"]) for t in trials] == [(384, "out_of_memory"), (345, "fits"), (368, "fits")]
     assert trials[0]["failed_at_bytes"] > available

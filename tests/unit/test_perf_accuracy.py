@@ -150,9 +150,9 @@ def test_measurements_made_by_other_measuring_code_are_refused(tmp_path, monkeyp
 def test_the_digest_follows_the_measuring_code_and_the_profile_settings(monkeypatch):
     jobs = bench.bench_jobs("local")
     digest = bench.measurement_digest(jobs)
-    slower = {m: {**job, "search": {**job["search"], "steps": 8}} for m, job in jobs.items()}
+    slower = {m: job.updated(search={"steps": 8}) for m, job in jobs.items()}
     assert bench.measurement_digest(slower) != digest
-    fitted = {m: {**job, "search": {**job["search"], "noise_prior": 0.5}} for m, job in jobs.items()}
+    fitted = {m: job.updated(search={"noise_prior": 0.5}) for m, job in jobs.items()}
     assert bench.measurement_digest(fitted) == digest  # a fit setting does not change what was measured
     monkeypatch.setattr(bench, "MEASURING_CODE", [*bench.MEASURING_CODE, "tula_hpc/performance.py"])
     assert bench.measurement_digest(jobs) != digest

@@ -1,16 +1,19 @@
 """Stage fit_model: T and cost of every candidate (Eq. 4) from a fitted model and the measured steps."""
 
+import dataclasses
+
 import pytest
 
 from tests.conftest import default_job
 from tests.unit.test_performance import fit, synthetic
+from tula_hpc.job import Job
 from tula_hpc.layout import steps_per_epoch
 from tula_hpc.perfmodel import predict_candidates
 from tula_hpc.performance import estimate_steps
 from tula_hpc.stage import StageError
 
 
-def _job(**objective) -> dict:
+def _job(**objective) -> Job:
     """The default job on Slurm partition gpu, 3 epochs at 3.6 per node-hour, `objective` changed."""
     return default_job(
         train={"epochs": 3, "lr_milestones": []},
@@ -59,7 +62,8 @@ def test_a_profiled_candidate_moves_toward_its_measurement_and_an_unprofiled_one
 def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
     model = fit(synthetic([1, 1], [10, 40]))
     job = _job(pricing="service_units")
-    job["objective"]["charge_factors"] = {"cpu": 1.0}  # no default either
+    # no default either: replaced, not merged into the jobs file's factors
+    job = dataclasses.replace(job, objective=dataclasses.replace(job.objective, charge_factors={"cpu": 1.0}))
     with pytest.raises(
         StageError, match="job 'digits-cnn': field 'objective.charge_factors': no factor for partition 'gpu'"
     ):
@@ -74,7 +78,7 @@ def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_ap
     shapes = [{"nodes": n, "gpus_per_node": g, "batch": 64, "per_device_batch": 16} for n, g in ((2, 2), (4, 1))]
     profile = {"world_size": 4, "per_device_batch": 16, "ranks_per_host": 2, "median": {"step_s": 1.0}}
     assert measured_steps([profile]) == {(4, 16, 2): 1.0}
-    job = {**_job(), "launcher": "slurm"}
+    job = dataclasses.replace(_job(), launcher="slurm")
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
     rows = predict_candidates(model, shapes, job, 1000, memory, measured_steps([profile]), 0.5)
     assert [(r["ranks"], r["ranks_per_host"], r["profiled"]) for r in rows] == [(4, 2, True), (4, 1, False)]

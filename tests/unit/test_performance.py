@@ -1,8 +1,12 @@
 """The performance model on synthetic timings of known coefficients, and adaptive search over them."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from tests.conftest import default_job
+from tula_hpc.job import Span
 from tula_hpc.performance import (
     OVERLAP_GAMMA_BOUNDS,
     SYNC_TERMS,
@@ -99,7 +103,8 @@ def test_fit_recovers_known_coefficients_from_noisy_timings():
 
 
 def test_partial_profiles_predict_every_unprofiled_candidate_without_noise():
-    grid = candidate_grid({"nodes": {"min": 1, "max": 8}, "batch": {"min": 8, "max": "auto"}}, 1, 512, 100_000)
+    search = replace(default_job().search, nodes=Span(1, 8), batch=Span(8, "auto"), gpus_per_node=Span(1, 1))
+    grid = candidate_grid(search, 512, 100_000)
     chosen = partial_set(grid, devices_per_node=1, launcher="local")
     d = synthetic([c["nodes"] for c in chosen], [c["per_device_batch"] for c in chosen])
     model = fit(d)
@@ -283,7 +288,7 @@ def test_measurement_weight_is_inverse_variance_of_model_error_against_profile_n
 def test_sync_no_profile_holds_is_predicted_at_the_prior_of_the_jobs_device():
     """Profiles on one host leave inter-node sync to the prior: NCCL's for a GPU job, gloo's (about 100 times
     slower) for a CPU job, each job's search.sync_prior filled by device; a model outside a job takes NCCL's."""
-    from tests.conftest import default_job, job_config
+    from tests.conftest import job_config
     from tula_hpc.config import job_settings, validate_config
     from tula_hpc.devices import SYNC_PRIORS
     from tula_hpc.performance import model_params

@@ -68,8 +68,7 @@ def test_a_profile_that_fails_otherwise_is_not_taken_for_running_out_of_memory(j
 @pytest.fixture
 def gpu_job(job):
     """The default job on Slurm nodes of 4 GPUs, each candidate choosing how many of them to use."""
-    job["launcher"], job["resources"]["gpus_per_node"] = "slurm", 4
-    return job
+    return job.updated(launcher="slurm", resources={"gpus_per_node": 4})
 
 
 @pytest.fixture
@@ -132,9 +131,9 @@ def test_the_last_planned_profile_gives_the_measuring_allocation_back(gpu_job, l
     candidates = [{"nodes": n, "gpus_per_node": 4, "batch": 64} for n in (1, 2)]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"candidates": candidates, "profile": candidates, "max_batch_per_device": 64}))
-    gpu_job["search"]["mode"] = "partial"
+    job = gpu_job.updated(search={"mode": "partial"})
     (tmp_path / "N2_B64.json").write_text(json.dumps({"fingerprint": "made under other settings"}))
-    profiling.profile(gpu_job, plan, 1, 64, tmp_path / "N1_B64.json", tmp_path / "work")
+    profiling.profile(job, plan, 1, 64, tmp_path / "N1_B64.json", tmp_path / "work")
     assert released == []
-    profiling.profile(gpu_job, plan, 2, 64, tmp_path / "N2_B64.json", tmp_path / "work")
+    profiling.profile(job, plan, 2, 64, tmp_path / "N2_B64.json", tmp_path / "work")
     assert released == [tmp_path / "work"]

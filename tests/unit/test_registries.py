@@ -4,11 +4,13 @@ and not the other fails here rather than in a user's job."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import yaml
 
+from tests.conftest import default_job
 from tula_hpc import data, models, pricing, selection, strategies
 from tula_hpc.config import SCHEMA_PATH
 
@@ -28,7 +30,9 @@ def builtin_names(pattern: str) -> set[str]:
 
 
 def pricing_names() -> set[str]:
-    objective = {"price_per_node_hour": 1.0, "price_per_gb_hour": 1.0, "charge_factors": {"default": 1.0}}
+    objective = dataclasses.replace(
+        default_job().objective, price_per_node_hour=1.0, price_per_gb_hour=1.0, charge_factors={"default": 1.0}
+    )
     memory = {"fit": {"intercept_bytes": 1, "slope_bytes_per_sample": 1}}
     return set(pricing.costs(3600.0, 1, 1, 1, objective, memory, None))
 

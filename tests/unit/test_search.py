@@ -5,17 +5,16 @@ import numpy as np
 import pytest
 
 from tests.unit.test_performance import PRIOR, TRUE, profile_record
+from tests.unit.test_plan import SEARCH, search_over
 from tula_hpc.collective_cost import sync_features
 from tula_hpc.layout import ranks_per_host
 from tula_hpc.performance import PerfModel, candidate_row
 from tula_hpc.plan import candidate_grid
 from tula_hpc.search import MODES, SECOND_BATCHES, VALIDATIONS, adaptive_search, adds_profiles, partial_set, planned
 
-SEARCH = {"nodes": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
-
 
 def test_each_mode_plans_its_profiles_and_only_adaptive_adds_more():
-    grid = candidate_grid(SEARCH, devices_per_node=1, max_batch_per_device=64, train_samples=10_000)
+    grid = candidate_grid(SEARCH, max_batch_per_device=64, train_samples=10_000)
     assert planned("full", grid, 1, "local") == planned("full", grid, 1, "local", "middle") == grid
     for second_batch in SECOND_BATCHES:
         partial = partial_set(grid, 1, "local", second_batch)
@@ -30,7 +29,7 @@ def test_each_mode_plans_its_profiles_and_only_adaptive_adds_more():
 
 
 def test_partial_plans_the_extremes_the_largest_configuration_and_a_second_multi_rank_size():
-    grid = candidate_grid(SEARCH, devices_per_node=1, max_batch_per_device=64, train_samples=10_000)
+    grid = candidate_grid(SEARCH, max_batch_per_device=64, train_samples=10_000)
     # Smallest and largest batch at N=1; at N=4 the smallest and the largest, which the time objective usually
     # picks; N=2's smallest batch separates latency from bandwidth. On a cluster (every node holds the same
     # ranks) the same: the second batch at N=4 tells how the overlap grows with the batch there too.
@@ -54,7 +53,7 @@ def test_partial_plans_the_extremes_the_largest_configuration_and_a_second_multi
 
 
 def test_partial_on_one_node_count_has_no_duplicates():
-    grid = candidate_grid({"nodes": {"min": 1, "max": 1}, "batch": {"min": 32, "max": 32}}, 1, 64, 1000)
+    grid = candidate_grid(search_over(nodes=(1, 1), batch=(32, 32)), 64, 1000)
     assert partial_set(grid, 1, "local") == grid
 
 
@@ -80,8 +79,8 @@ CASES = [((1, 2), 1, "local"), ((1, 8), 1, "local"), ((2, 8), 1, "local"), ((1, 
 
 
 def _partial(nodes, devices, launcher, second_batch="largest"):
-    search = {"nodes": {"min": nodes[0], "max": nodes[1]}, "batch": {"min": 8 * devices, "max": "auto"}}
-    grid = candidate_grid(search, devices, max_batch_per_device=512, train_samples=1_000_000)
+    search = search_over(nodes, batch=(8 * devices, "auto"), gpus=(devices, devices))
+    grid = candidate_grid(search, max_batch_per_device=512, train_samples=1_000_000)
     return grid, partial_set(grid, devices, launcher, second_batch)
 
 
@@ -110,7 +109,7 @@ def test_beyond_the_corners_no_partial_profile_is_spare(nodes, devices, launcher
 def _adaptive(curvature, tolerance=0.05):
     grid = [
         c
-        for c in candidate_grid({"nodes": {"min": 1, "max": 2}, "batch": {"min": 8, "max": 1024}}, 1, 512, 100_000)
+        for c in candidate_grid(search_over(nodes=(1, 2), batch=(8, 1024)), 512, 100_000)
         if c["per_device_batch"] >= 8
     ]
     settings = {
@@ -143,7 +142,7 @@ def test_adaptive_search_keeps_profiling_where_the_model_is_wrong():
 
 # --- node shapes: several GPUs per node (issue 25) -----------------------------------------------------------------
 
-SHAPES = {"nodes": {"min": 1, "max": 4}, "gpus_per_node": {"min": 1, "max": 4}, "batch": {"min": 32, "max": "auto"}}
+SHAPES = search_over(nodes=(1, 4), batch=(32, "auto"), gpus=(1, 4))
 
 
 def _shapes_identified(configs) -> dict:
@@ -155,7 +154,7 @@ def _shapes_identified(configs) -> dict:
 
 
 def test_partial_over_node_shapes_profiles_each_term_where_it_is_alone():
-    grid = candidate_grid(SHAPES, devices_per_node=4, max_batch_per_device=64, train_samples=10_000)
+    grid = candidate_grid(SHAPES, max_batch_per_device=64, train_samples=10_000)
     chosen = partial_set(grid, 4, "slurm")
     # Compute on one rank at both batch extremes; intra-node sync on one node of 4 GPUs and of 2; inter-node sync at
     # 4 and at 2 hosts of 4 GPUs; how the overlap grows with the batch at the largest configuration.
@@ -181,14 +180,18 @@ def test_partial_over_node_shapes_profiles_each_term_where_it_is_alone():
 def test_the_second_sync_size_is_the_middle_one_not_the_smallest():
     """Eight hosts' worth of node counts: the second inter-node size at the geometric middle of 2..16 (N = 4 or 8
     nearest sqrt(32) = 5.7, ties to the smaller), not at 2."""
-    grid = candidate_grid({**SEARCH, "nodes": {"min": 1, "max": 16}}, 1, 64, 100_000)
+    grid = candidate_grid(search_over(nodes=(1, 16), batch=(32, "auto")), 64, 100_000)
     second = [c["nodes"] for c in partial_set(grid, 1, "slurm") if c["nodes"] not in (1, 16)]
     assert second == [4]
 
 
+def _without_shape(candidates: list[dict]) -> list[dict]:
+    """The candidates as a plan made before GPUs per node was a choice holds them."""
+    return [{key: value for key, value in c.items() if key != "gpus_per_node"} for c in candidates]
+
+
 def test_one_node_shape_is_searched_as_before():
-    one = {**SEARCH, "gpus_per_node": {"min": 2, "max": 2}}
-    shaped = candidate_grid(one, devices_per_node=4, max_batch_per_device=64, train_samples=10_000)
-    plain = candidate_grid(SEARCH, devices_per_node=2, max_batch_per_device=64, train_samples=10_000)
+    shaped = candidate_grid(search_over(nodes=(1, 4), batch=(32, "auto"), gpus=(2, 2)), 64, 10_000)
+    assert {c["gpus_per_node"] for c in shaped} == {2}
     for launcher in ("local", "slurm"):
-        assert partial_set(shaped, 2, launcher) == partial_set(plain, 2, launcher)
+        assert _without_shape(partial_set(shaped, 2, launcher)) == partial_set(_without_shape(shaped), 2, launcher)

@@ -1,5 +1,6 @@
 """Stage select: the fastest, cheapest or knee candidate within the constraints, or why none meets them."""
 
+import dataclasses
 import json
 
 import pytest
@@ -35,7 +36,7 @@ def perfmodel(candidates):
 
 def objective(**changes):
     """The default job's objective (kneedle, a 10 % model-knee saving, no constraints), minimising time."""
-    return default_job(objective={"minimize": "time", **changes})["objective"]
+    return default_job(objective={"minimize": "time", **changes}).objective
 
 
 def curve(a, c, batches, nodes=1):
@@ -181,6 +182,6 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
 
     assert pick(39.0) == 4 and pick(41.0) == 2 and pick(1e6, "cost") == 2 and pick(0.0, "cost") == 2
     job = default_job(objective={"minimize": "time", "queue": "estimate"})
-    assert with_queue_waits({**job, "launcher": "local"}, perfmodel(grid)) == perfmodel(grid)
+    assert with_queue_waits(dataclasses.replace(job, launcher="local"), perfmodel(grid)) == perfmodel(grid)
     run = predicted_run(job, {**grid[1], "wait_s": 41.0})
     assert run["result_time_s"] == pytest.approx(101.0) and run["wait_s"] == 41.0

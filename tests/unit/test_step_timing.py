@@ -88,7 +88,7 @@ def test_on_a_gpu_each_step_is_timed_by_events_read_after_one_synchronize(job, s
 
 def test_a_disturbed_measurement_is_repeated_and_the_quietest_attempt_kept(job, monkeypatch):
     monkeypatch.setattr(step_timing, "BACKOFF_S", 0.0)
-    job["search"].update(max_attempts=2, interference_tolerance=0.0)  # nothing is quiet enough: both attempts run
+    job = job.updated(search=dict(max_attempts=2, interference_tolerance=0.0))  # nothing is quiet: both attempts run
     profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=8)
     attempts = profile["attempts_interference"]
     assert len(attempts) == 2 or attempts[0] == 0.0

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.conftest import REPO, default_job, run_on_two_ranks
 from tula_hpc.ags import TulaOptimizer
 from tula_hpc.config import ConfigError, load_config, validate_config
+from tula_hpc.job import TrainSettings
 from tula_hpc.strategies import LARS, build_strategy
 from tula_hpc.training import training_step
 
@@ -67,7 +68,7 @@ def test_ags_reads_the_reference_gradient_off_the_training_step_as_a_separate_pa
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))  # no BatchNorm: micro-batches are exact
     separate = copy.deepcopy(model)
-    train_cfg = default_job(train={"strategy": "ags"})["train"]
+    train_cfg = default_job(train={"strategy": "ags"}).train
     fused, reference = (build_strategy(m, train_cfg, 128, steps_per_epoch=4) for m in (model, separate))
     for strategy in (fused, reference):
         strategy.end_epoch()  # an epoch-cadence update is due
@@ -88,7 +89,7 @@ def test_fp16_ags_separate_reference_pass_runs_at_the_step_precision_and_is_unsc
     """A batch of exactly B_small is its own reference: the factors of the same samples are 1, not clamped at s_max."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))
-    strategy = build_strategy(model, default_job(train={"strategy": "ags", "precision": "fp16"})["train"], 128, 4)
+    strategy = build_strategy(model, default_job(train={"strategy": "ags", "precision": "fp16"}).train, 128, 4)
     strategy.end_epoch()
     dtypes = []
     model[0].register_forward_hook(lambda module, inputs, out: dtypes.append(out.dtype))
@@ -101,7 +102,7 @@ def test_fp16_ags_separate_reference_pass_runs_at_the_step_precision_and_is_unsc
 
 @pytest.mark.parametrize("name", ["lbt", "lars", "ags"])
 def test_the_fp16_loss_scale_survives_a_checkpoint(name):
-    cfg = default_job(train={"strategy": name, "precision": "fp16"})["train"]
+    cfg = default_job(train={"strategy": name, "precision": "fp16"}).train
 
     def fresh():
         model = nn.Linear(4, 3)
@@ -123,7 +124,7 @@ def test_the_fp16_loss_scale_survives_a_checkpoint(name):
     assert resumed.precision.loss_scale() == 2.0**15
 
 
-def _polo_fp16_worker(rank: int, train_cfg: dict, outdir: str) -> None:
+def _polo_fp16_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:
     """Local SGD from the first step; only rank 1's gradient overflows."""
     torch.manual_seed(0)
     net = DistributedDataParallel(nn.Linear(4, 3))
@@ -144,14 +145,14 @@ def _polo_fp16_worker(rank: int, train_cfg: dict, outdir: str) -> None:
 def test_fp16_local_sgd_ranks_skip_a_step_together_when_one_overflows(tmp_path):
     """Each local-SGD rank holds its own gradient; a rank stepping alone would leave the model averages unmatched."""
     train = dict(strategy="polo", precision="fp16", polo={"sync_epochs": 0, "averages_per_epoch": 2})
-    run_on_two_ranks(_polo_fp16_worker, default_job(train=train)["train"], str(tmp_path))
+    run_on_two_ranks(_polo_fp16_worker, default_job(train=train).train, str(tmp_path))
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert results == [{"unchanged": True, "scale": 2.0**15, "averager_step": 0}] * 2
 
 
 def test_lrs_scales_linearly_and_warms_up_per_step():
     train = dict(strategy="lrs", lr=0.05, lr_base_batch=128, warmup_epochs=2, lr_milestones=[3], lr_gamma=0.1)
-    strategy = build_strategy(nn.Linear(2, 2), default_job(train=train)["train"], global_batch=512, steps_per_epoch=4)
+    strategy = build_strategy(nn.Linear(2, 2), default_job(train=train).train, global_batch=512, steps_per_epoch=4)
     peak = 0.05 * 512 / 128
     expected = [peak * (k + 1) / 8 for k in range(8)] + [peak] * 4 + [peak * 0.1] * 4
     assert _lrs(strategy, 16) == pytest.approx(expected)
@@ -163,7 +164,7 @@ def test_ags_on_another_recipe_scales_the_gradients_of_its_optimiser_rate_and_wa
     train["ags"] = {"base": base}
     model = nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
-    strategy = build_strategy(model, default_job(train=train)["train"], global_batch=512, steps_per_epoch=4)
+    strategy = build_strategy(model, default_job(train=train).train, global_batch=512, steps_per_epoch=4)
     assert isinstance(strategy.optimizer, TulaOptimizer) and type(strategy.optimizer.optimizer) is optimizer
     peak = 0.05 * 512 / 128
     assert _lrs(strategy, 16) == pytest.approx([peak * (k + 1) / 8 for k in range(8)] + [peak] * 4 + [peak / 10] * 4)
@@ -174,11 +175,11 @@ def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
     train = dict(strategy=name, lr=0.05, lr_milestones=[1, 2], lr_gamma=0.5)
     model = nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
-    strategy = build_strategy(model, default_job(train=train)["train"], global_batch=512, steps_per_epoch=3)
+    strategy = build_strategy(model, default_job(train=train).train, global_batch=512, steps_per_epoch=3)
     assert _lrs(strategy, 9) == pytest.approx([0.05] * 3 + [0.025] * 3 + [0.0125] * 3)
 
 
-def _polo_worker(rank: int, train_cfg: dict, outdir: str) -> None:
+def _polo_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:
     """Three epochs of 4 steps on rank-specific data: in sync for one, then local SGD averaged every 2 steps."""
 
     def build():
@@ -246,7 +247,7 @@ def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
         lr_milestones=[],
         polo={"sync_epochs": 1, "averages_per_epoch": 2},
     )
-    train_cfg = default_job(train=train)["train"]
+    train_cfg = default_job(train=train).train
     run_on_two_ranks(_polo_worker, train_cfg, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     # Per epoch: 4 steps then the end-of-epoch check. Local phase averages after its 1st and 3rd steps
@@ -285,7 +286,7 @@ def _lr_after_steps(strategy, steps: int) -> float:
 def test_a_resume_at_another_batch_follows_the_new_batch_schedule_from_the_same_epoch(name):
     """shrink_global_batch after running out of memory: 2 epochs done at B=256, the run goes on at B=128."""
     train = dict(strategy=name, lr=0.05, lr_base_batch=128, warmup_epochs=3, lr_milestones=[4], lr_gamma=0.1)
-    cfg = default_job(train=train)["train"]
+    cfg = default_job(train=train).train
 
     def fresh(batch: int, steps_per_epoch: int):
         model = nn.Linear(4, 3)
@@ -316,7 +317,7 @@ def test_a_resume_at_another_batch_follows_the_new_batch_schedule_from_the_same_
 
 
 def test_a_resume_at_the_same_batch_is_the_saved_schedule_exactly():
-    cfg = default_job(train=dict(strategy="lrs", warmup_epochs=2, lr_milestones=[3]))["train"]
+    cfg = default_job(train=dict(strategy="lrs", warmup_epochs=2, lr_milestones=[3])).train
     whole, first = (build_strategy(nn.Linear(2, 2), cfg, global_batch=512, steps_per_epoch=4) for _ in range(2))
     expected = [_lr_after_steps(whole, 1) for _ in range(16)]
     _lr_after_steps(first, 6)
@@ -325,17 +326,9 @@ def test_a_resume_at_the_same_batch_is_the_saved_schedule_exactly():
     assert [_lr_after_steps(again, 1) for _ in range(10)] == expected[6:]
 
 
-def _adascale_cfg(**changes) -> dict:
-    return {
-        **default_job()["train"],
-        "strategy": "adascale",
-        "lr": 0.1,
-        "lr_base_batch": 32,
-        "epochs": 2,
-        "lr_milestones": [1],
-        "lr_gamma": 0.1,
-        **changes,
-    }
+def _adascale_cfg(**changes) -> TrainSettings:
+    train = dict(strategy="adascale", lr=0.1, lr_base_batch=32, epochs=2, lr_milestones=[1], lr_gamma=0.1)
+    return default_job(train={**train, **changes}).train
 
 
 def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():

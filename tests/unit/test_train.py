@@ -1,6 +1,5 @@
 """Stage train: every strategy trains, a resume continues exactly, out of memory relaunches, lost work is timed."""
 
-import copy
 import json
 import os
 import signal
@@ -12,6 +11,7 @@ import torch
 import tula_hpc.train as train_module
 import tula_hpc.training as training_module
 from tests.conftest import default_job
+from tula_hpc.job import Job
 from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
@@ -27,7 +27,7 @@ from tula_hpc.train import (
 from tula_hpc.training_report import strategy_section
 
 
-def _run_training(job: dict, tmp_path, batch: int = 256) -> tuple[dict, dict]:
+def _run_training(job: Job, tmp_path, batch: int = 256) -> tuple[dict, dict]:
     paths = dict(
         checkpoint_path=str(tmp_path / "checkpoint.pt"),
         model_path=str(tmp_path / "model.pt"),
@@ -50,7 +50,7 @@ def _requeue_signal_during_step(monkeypatch, number: int) -> None:
     monkeypatch.setattr(training_module, "training_step", signalled)
 
 
-def _crashed_then_resumed(job: dict, folder, monkeypatch, module, function: str, at_call: int, batch: int = 256):
+def _crashed_then_resumed(job: Job, folder, monkeypatch, module, function: str, at_call: int, batch: int = 256):
     """Training whose `module.function` raises at its `at_call`-th call (no signal, nothing saved on the way out), then
     run again: (the resumed run's summary, its weights, every step rank 0 ran, in order: train.StepTrace)."""
     original, calls = getattr(module, function), []
@@ -65,9 +65,9 @@ def _crashed_then_resumed(job: dict, folder, monkeypatch, module, function: str,
     monkeypatch.setattr(module, function, crashing)
     monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     with pytest.raises(RuntimeError, match="node lost"):
-        _run_training(copy.deepcopy(job), folder, batch=batch)
+        _run_training(job, folder, batch=batch)
     monkeypatch.setattr(module, function, original)
-    summary, resumed = _run_training(copy.deepcopy(job), folder, batch=batch)
+    summary, resumed = _run_training(job, folder, batch=batch)
     return summary, resumed, [int(step) for step in trace.read_text().split()]
 
 
@@ -99,7 +99,7 @@ def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
 @pytest.mark.parametrize("name", ["ags", "lrs", "adascale"])  # adascale: its progress resumes too
 def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
     job = default_job(train=dict(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4]))
-    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole")
+    _, uninterrupted = _run_training(job, tmp_path / "whole")
 
     # the third epoch's validation crashes: its steps ran before the crash, and again
     summary, resumed, steps = _crashed_then_resumed(
@@ -120,19 +120,19 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
     """submitit's requeue signal in the middle of an epoch: the step it arrives in is finished and saved with
     the sampler's position and the RNG, and the resumed run matches an uninterrupted one bit for bit."""
     job = default_job(train=dict(strategy=name, epochs=3, warmup_epochs=1, lr_milestones=[2]))
-    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
+    _, uninterrupted = _run_training(job, tmp_path / "whole", batch=128)
 
     _requeue_signal_during_step(monkeypatch, 12)
     trace = tmp_path / "steps.trace"
     monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     with pytest.raises(Preempted):
-        _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+        _run_training(job, tmp_path / "split", batch=128)
     monkeypatch.undo()
     monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)
     # Steps are agreed on before they start: the signal noted during step 12 stops the run after step 13.
     assert (saved["state"]["epoch"], saved["state"]["step"], saved["state"]["samples_done"]) == (1, 13, 3 * 128)
-    summary, resumed = _run_training(copy.deepcopy(job), tmp_path / "split", batch=128)
+    summary, resumed = _run_training(job, tmp_path / "split", batch=128)
 
     assert summary["restarts_at_steps"] == [13] and summary["resumed_from_step"] == 13
     assert [int(step) for step in trace.read_text().split()] == list(range(1, 31))  # no step ran twice
@@ -146,7 +146,7 @@ def test_a_kill_without_warning_costs_at_most_the_steps_since_the_last_interval_
     """resources.checkpoint_every_steps: 3. A crash in step 15 (no signal: nothing is saved on the way out) resumes
     from step 12's checkpoint, so steps 13 and 14 run twice, and the weights end as an uninterrupted run's."""
     job = default_job(train=dict(strategy="ags", epochs=3, lr_milestones=[2]), resources=dict(checkpoint_every_steps=3))
-    _, uninterrupted = _run_training(copy.deepcopy(job), tmp_path / "whole", batch=128)
+    _, uninterrupted = _run_training(job, tmp_path / "whole", batch=128)
 
     summary, resumed, steps = _crashed_then_resumed(
         job, tmp_path / "split", monkeypatch, training_module, "training_step", 15, batch=128
@@ -248,8 +248,8 @@ def test_the_time_the_loop_waited_for_its_loader_is_counted_per_epoch(tmp_path):
 def test_a_goodput_choice_trains_the_epochs_its_batch_needs_with_the_schedule_stretched():
     job = default_job(train={"epochs": 10, "lr_milestones": [5, 8]}, objective={"minimize": "goodput"})
     stretched = train_module.stretched_to_progress(job, {"progress_epochs": 19.2})
-    assert stretched["train"]["epochs"] == 20 and stretched["train"]["lr_milestones"] == [10, 16]
-    assert job["train"]["epochs"] == 10  # the job itself is not changed
+    assert stretched.train.epochs == 20 and stretched.train.lr_milestones == (10, 16)
+    assert job.train.epochs == 10  # the job itself is not changed
     for unchanged in (
         default_job(train={"epochs": 10, "lr_milestones": [5, 8]}),  # the recipe's epochs for time, cost, knee
         default_job(

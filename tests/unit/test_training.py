@@ -21,7 +21,7 @@ def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
     weights, losses = [], []
     for slices in (1, 4):
         model = copy.deepcopy(template)
-        strategy = build_strategy(model, job["train"], 50, 1)
+        strategy = build_strategy(model, job.train, 50, 1)
         losses.append(training_step(model, strategy, nn.CrossEntropyLoss(), x, y, slices))
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(losses[0], losses[1])
@@ -63,7 +63,7 @@ def _images(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_a_bf16_step_autocasts_the_forward_and_keeps_the_loss_and_the_weights_fp32():
     model = _conv_net()
     before = copy.deepcopy(model)
-    strategy = build_strategy(model, default_job(train={"strategy": "lbt", "precision": "bf16"})["train"], 16, 1)
+    strategy = build_strategy(model, default_job(train={"strategy": "lbt", "precision": "bf16"}).train, 16, 1)
     outputs = []
     for layer in (model[0], model[3]):
         layer.register_forward_hook(lambda module, inputs, out: outputs.append(out.dtype))
@@ -81,7 +81,7 @@ def _mlp() -> nn.Module:
 
 def _ags(model: nn.Module, precision: str):
     """An AGS strategy at B=128 (B_small=32) with its epoch-cadence update due, recording what before_step sees."""
-    strategy = build_strategy(model, default_job(train={"strategy": "ags", "precision": precision})["train"], 128, 4)
+    strategy = build_strategy(model, default_job(train={"strategy": "ags", "precision": precision}).train, 128, 4)
     strategy.end_epoch()
     seen, hook = {}, strategy.before_step
 
@@ -150,7 +150,7 @@ def test_channels_last_puts_the_weights_and_the_images_of_every_slice_in_that_fo
 
     model = _conv_net().to(memory_format=torch.channels_last)
     job = default_job(train={"strategy": "ags", "channels_last": True})
-    strategy = build_strategy(model, job["train"], 64, 1)
+    strategy = build_strategy(model, job.train, 64, 1)
     strategy.end_epoch()  # the reference sub-batch is a slice of its own
     seen = []
 
@@ -167,7 +167,7 @@ def test_channels_last_puts_the_weights_and_the_images_of_every_slice_in_that_fo
 
 def test_the_loop_step_is_the_training_step_and_reports_a_stop_noted_before_it_began():
     """Training runs it and profiling times it: the same update as training_step, with the stop-flag exchange."""
-    cfg = default_job()["train"]
+    cfg = default_job().train
     x, y = torch.randn(16, 4), torch.arange(16) % 3
     nets = [nn.Linear(4, 3) for _ in range(2)]
     nets[1].load_state_dict(nets[0].state_dict())

@@ -7,7 +7,7 @@ from snakemake.utils import validate
 
 from tula_hpc import search
 from tula_hpc.cli import record_driver, remove_stale_lock
-from tula_hpc.config import ConfigError, stage_settings, validate_config
+from tula_hpc.config import ConfigError, job_settings, stage_settings, validate_config
 from tula_hpc.layout import profile_name
 
 # Clear, per-field messages first; then Snakemake's own validation against the same schema.
@@ -50,7 +50,7 @@ def planned_profiles(wildcards):
     plan_file = checkpoints.plan.get(job=wildcards.job).output[0]
     with open(plan_file) as handle:
         planned = json.load(handle)["profile"]
-    job = config["jobs"][wildcards.job]
+    job = job_settings(config, wildcards.job)
     return [f"results/{wildcards.job}/profile/{profile_name(c, job)}.json" for c in planned]
 
 

@@ -1,0 +1,55 @@
+"""The files stages hand each other: written and read back field by field, and a file another version wrote (a
+field missing or unknown) is a clear error naming the file and the field, not a KeyError deep in the next stage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tula_hpc.files import StageInputError
+from tula_hpc.records import Selection
+
+SELECTION = {
+    "job": "digits-cnn",
+    "objective": "knee",
+    "pricing": "node_hour",
+    "knee_method": "kneedle",
+    "knee_min_saving": 0.1,
+    "chosen": {"nodes": 2, "batch": 256, "time_s": 10.0},
+    "knees": {"kneedle": 256, "model": 128},
+    "runners_up": [{"nodes": 1, "batch": 128, "time_s": 12.0}],
+    "constraints": {"max_nodes": None},
+    "feasible": 2,
+    "candidates": 2,
+    "best_time_curve": [{"batch": 256, "nodes": 2, "time_s": 10.0}],
+}
+
+
+def test_a_record_reads_back_what_was_written(tmp_path):
+    record = Selection(**SELECTION, knee_used="kneedle", predicted={"time_s": 10.0, "cost": 1.0, "to": "epochs"})
+    record.write(tmp_path / "selection.json")
+    assert Selection.read(tmp_path / "selection.json") == record
+    assert json.loads((tmp_path / "selection.json").read_text())["chosen"] == SELECTION["chosen"]
+
+
+def test_an_optional_field_left_out_is_not_written_and_reads_as_none(tmp_path):
+    Selection(**SELECTION).write(tmp_path / "selection.json")
+    assert "predicted" not in json.loads((tmp_path / "selection.json").read_text())
+    assert Selection.read(tmp_path / "selection.json").predicted is None
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda d: d.pop("chosen"), "field 'chosen' is missing"),
+        (lambda d: d.update(chosen_config={}), r"unknown field\(s\) chosen_config"),
+    ],
+)
+def test_a_file_of_another_shape_names_the_file_and_the_field(tmp_path, change, named):
+    plain = dict(SELECTION)
+    change(plain)
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps(plain))
+    with pytest.raises(StageInputError, match=f"selection.json: Selection: {named}"):
+        Selection.read(path)

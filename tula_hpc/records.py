@@ -1,0 +1,104 @@
+"""The files one stage hands the next, as small typed records: perfmodel.json (fit-model), selection.json
+(select) and train/summary.json (train). The writer builds the record and the reader gets it back field by field,
+so a field renamed or dropped by one stage fails where the file is read, naming the file and the field. The rows
+inside (candidates, profiles, history) stay dicts: the performance model's rows are built in one place
+(performance.py) and carry what its variant knows."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .files import StageInputError, read_json, write_json
+from .frozen import from_plain, optional, to_plain
+
+R = TypeVar("R", bound="StageRecord")
+
+
+class StageRecord:
+    """A stage's output file: read(path) and write(path), the file's fields those of the dataclass."""
+
+    @classmethod
+    def read(cls: type[R], path: str | os.PathLike) -> R:
+        try:
+            return from_plain(cls, read_json(path), cls.__name__)
+        except KeyError as err:
+            raise StageInputError(f"{path}: {err.args[0]} (written by another version: rerun the stage)") from None
+
+    def write(self, path: str | os.PathLike) -> None:
+        write_json(path, self.as_dict())
+
+    def as_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+
+@dataclass(frozen=True)
+class PerfModel(StageRecord):
+    """The fitted parallel performance model and its prediction for every candidate (fit-model's)."""
+
+    job: str
+    collective: str
+    params: dict
+    identified: dict
+    notes: list[str]
+    grad_bytes: float
+    train_samples: int
+    epochs: int
+    pricing: str
+    profiled: list[dict]
+    search: dict
+    leave_one_out: dict
+    measurement_weight: float
+    noise_scale: dict | None
+    candidates: list[dict]
+
+
+@dataclass(frozen=True)
+class Selection(StageRecord):
+    """The configuration chosen for training, why, and what it is predicted to take (select's)."""
+
+    job: str
+    objective: str
+    pricing: str
+    knee_method: str
+    knee_min_saving: float
+    chosen: dict
+    knees: dict
+    runners_up: list[dict]
+    constraints: dict
+    feasible: int
+    candidates: int
+    best_time_curve: list[dict]
+    knee_used: str | None = optional()
+    predicted: dict | None = optional()
+
+
+@dataclass(frozen=True)
+class TrainSummary(StageRecord):
+    """What training did: its configuration, time, progress and every attempt (train's, from rank 0's summary)."""
+
+    nodes: int
+    global_batch: int
+    per_device_batch: int
+    world_size: int
+    accumulation: int
+    micro_batch: int
+    epochs: int
+    steps: int
+    steps_per_epoch: int
+    strategy: str
+    train_samples: int
+    train_time_s: float
+    resumed_from_epoch: int | None
+    resumed_from_step: int | None
+    restarts_at_steps: list[int]
+    history: list[dict]
+    train_time_with_lost_work_s: float
+    wall_time_s: float
+    outside_allocator_bytes: int | None = optional()
+    peak_reserved_bytes: int | None = optional()
+    max_epochs: int | None = optional()
+    gpus_per_node: int | None = optional()
+    time_limit_min: int | None = optional()
+    attempts: list[dict] | None = optional()
