@@ -45,7 +45,7 @@ from tula_hpc.files import read_json, write_json  # noqa: E402
 from tula_hpc.job import TrainSettings  # noqa: E402
 from tula_hpc.models import build_model  # noqa: E402
 from tula_hpc.strategies import build_strategy  # noqa: E402
-from tula_hpc.training import training_step  # noqa: E402
+from tula_hpc.training_step import training_step  # noqa: E402
 
 BATCH = 256
 SMALL = 32

@@ -104,7 +104,7 @@ SCALES = {
 TRAINING_CODE = [
     f"tula_hpc/{name}.py"
     for name in (
-        "ags checkpoint data datacheck distributed evaluate launch models preemption strategies train training"
+        "ags checkpoint data datacheck distributed evaluate launch models preemption strategies train training_step"
     ).split()
 ]
 

@@ -118,14 +118,14 @@ def memory_trials(job: Job, models: dict, batches: list[int], budget: int) -> li
 def memory_case(job: Job, batches: int) -> dict:
     """The probe stage's model of one job against its real steady steps at about `batches` batches from twice the
     largest probe up to the card's limit (and `index_cap`)."""
-    from tula_hpc import memory, memory_model
+    from tula_hpc import memory_model, probe_memory
     from tula_hpc.budget import budget_bytes
     from tula_hpc.data import load_splits
 
     budget = budget_bytes(job, torch_device("cuda" if job.resources.gpus_per_node else "cpu"))
     splits = load_splits(job.data, job.train.seed)
     started = time.perf_counter()
-    probes = memory.run_probes(job, len(splits.train), budget)  # as the stage: no probe above the training set
+    probes = probe_memory.run_probes(job, len(splits.train), budget)  # as the stage: no probe above the training set
     probe_seconds = time.perf_counter() - started
     ran = memory_model.measured(probes)
     if len(ran) < 2:
@@ -262,19 +262,19 @@ def memory_limited_budget(job: Job, proposal: dict) -> float:
 def training_case(job_at, budget_gb, folder: Path) -> dict:
     """The memory stage itself (probes, fit, verification trials with their correction) for the job `job_at` gives
     at a budget, then the train stage's worker at the batch it proposes and ABOVE_PROPOSED times it."""
-    from tula_hpc import memory, memory_model
+    from tula_hpc import memory_model, probe_memory
     from tula_hpc.budget import budget_source
 
     def above(proposal: dict) -> int:
         return max(proposal["max_batch_per_device"] + 1, math.ceil(proposal["max_batch_per_device"] * ABOVE_PROPOSED))
 
     job = job_at(budget_gb)
-    proposal = memory.probe_memory(job, folder / "memory.json", folder / "card")
+    proposal = probe_memory.probe_memory(job, folder / "memory.json", folder / "card")
     budget_note = budget_source(job)
     if above(proposal) > proposal["dataset"]["train"]:  # no batch above the proposal would be trained
         job = job_at(memory_limited_budget(job, proposal))
         budget_note += f" leaves no batch above the proposal; again at {job.resources.device_memory_gb:.4f} GB"
-        proposal = memory.probe_memory(job, folder / "memory.json", folder / "limited")
+        proposal = probe_memory.probe_memory(job, folder / "memory.json", folder / "limited")
     ran = memory_model.measured(proposal["probes"])
     models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
     rows = []

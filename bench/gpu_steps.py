@@ -153,7 +153,7 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], folder: Path) 
     the epoch the performance model predicts there, fitted and used as the perfmodel stage does on `profiles` (one
     round: what the profile stage gives). The first epoch (loader start, kernel choice) is reported, not judged."""
     from tula_hpc.data import load_splits
-    from tula_hpc.perfmodel import fit_and_predict
+    from tula_hpc.fit_model import fit_and_predict
     from tula_hpc.performance import model_params
 
     candidate = grid[len(grid) // 2]

@@ -79,7 +79,7 @@ def true_largest(trials: Trials, found: int) -> int:
 
 
 def ours(job: Job) -> dict:
-    from tula_hpc.memory import probe_worker, summarise
+    from tula_hpc.probe_memory import probe_worker, summarise
 
     started = time.perf_counter()
     measured_steps = probe_worker(job)

@@ -62,8 +62,8 @@ def bench_case(job: Job, batches: list[int]) -> tuple[list[dict], dict]:
 
     from tula_hpc.budget import budget_bytes
     from tula_hpc.data import load_splits
-    from tula_hpc.memory import run_probes
     from tula_hpc.memory_model import fit_probes, measured
+    from tula_hpc.probe_memory import run_probes
 
     model_name, side = job.model.name, job.data.image_size
     started = time.perf_counter()

@@ -83,7 +83,7 @@ ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 # What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
 MEASURING_CODE = [
     f"tula_hpc/{name}.py"
-    for name in ("step_timing", "training", "strategies", "models", "data", "distributed", "launch", "launch_spec")
+    for name in ("step_timing", "training_step", "strategies", "models", "data", "distributed", "launch", "launch_spec")
 ]
 MODES = ("partial", "adaptive", "full")
 # Step-time errors in multiples of the noise floor measured in the same run; the rest as fractions.

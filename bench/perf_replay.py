@@ -36,7 +36,7 @@ def _rel(predicted: float, measured: float) -> float:
 
 def stage_prediction(job: Job, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
     """T and cost of every candidate as the fit_model stage computes them from these profiles."""
-    from tula_hpc.perfmodel import fit_and_predict
+    from tula_hpc.fit_model import fit_and_predict
 
     return fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)[3]
 
@@ -49,8 +49,8 @@ def regrets(predicted: list[dict], measured: list[dict], objective: ObjectiveSet
     found = {}
     for goal in OBJECTIVES:
         wanted = dataclasses.replace(objective, minimize=goal)
-        chosen = select({"candidates": predicted, "pricing": objective.pricing}, wanted)["chosen"]
-        best = select({"candidates": measured, "pricing": objective.pricing}, wanted)["chosen"]
+        chosen = select(predicted, objective.pricing, wanted)["chosen"]
+        best = select(measured, objective.pricing, wanted)["chosen"]
         field = "cost" if goal == "cost" else "time_s"
         regret = truth[_key(chosen)][field] / best[field] - 1
         found[f"{goal}_regret"] = abs(regret) if goal == "knee" else regret
@@ -83,7 +83,7 @@ class ModelReplay:
 
     def measured_run(self, excluded: int) -> list[dict]:
         """T and cost of every candidate from its true step (weight 1: the model only scales the last step)."""
-        from tula_hpc.perfmodel import predict_candidates
+        from tula_hpc.fit_model import predict_candidates
         from tula_hpc.performance import fit_profiles
 
         elsewhere = [x for r in self.rounds if r != excluded for x in self.by_round[r].values()]

@@ -20,7 +20,7 @@ record"); "from B0" is reported beside it.
 
 Overhead (`--overhead`): what measuring the noise scale costs a training step, measured directly as
 bench/ags_overhead.py does: two gloo ranks of one thread each train torchvision's resnet18 (CIFAR-sized 32x32
-images, PER_RANK per rank) through `training.training_step`, one DDP copy with DDP's own all-reduce and one with the
+images, PER_RANK per rank) through `training_step.training_step`, one DDP copy with DDP's own all-reduce and one with the
 noise-scale hook (noise_scale.py, the strategy's `end_step` after every step), alternating epochs of EPOCH_STEPS
 steps, each first in half the rounds, so that drift on the shared machine hits both alike; the figure is the
 median of the per-round ratios of epoch times, minus 1 (target <= 1 %).
@@ -105,7 +105,7 @@ def _overhead_rank(rank: int, port: int, out: str) -> None:
 
     from tula_hpc.models import build_model
     from tula_hpc.strategies import build_strategy
-    from tula_hpc.training import training_step
+    from tula_hpc.training_step import training_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

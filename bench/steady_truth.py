@@ -1,7 +1,7 @@
 """Ground truth for the memory benchmarks: the device's peak over steady training, measured apart from the model.
 
-The memory model (tula_hpc.memory) is built from phase-by-phase peaks of probe steps it runs itself. The
-truth here shares none of that path: the training loop's own step (`training.training_step`) on batches
+The memory model (tula_hpc.probe_memory) is built from phase-by-phase peaks of probe steps it runs itself. The
+truth here shares none of that path: the training loop's own step (`training_step.training_step`) on batches
 from a DataLoader (sampled with replacement, so a batch may exceed the digits set), STEPS_PER_EPOCH steps
 per epoch for EPOCHS epochs with the strategy's epoch end between them (so AGS runs its update step each
 epoch), and the device's high-water mark over every step after the first (which builds the optimiser
@@ -35,7 +35,7 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     from tula_hpc.distributed import Context
     from tula_hpc.memory_model import PEAK
     from tula_hpc.strategies import build_strategy
-    from tula_hpc.training import build_for_job, training_step
+    from tula_hpc.training_step import build_for_job, training_step
 
     torch.set_num_threads(job.resources.cpus_per_task)
     use_gpu = job.resources.gpus_per_node > 0 and torch.cuda.is_available()

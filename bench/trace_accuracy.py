@@ -236,14 +236,14 @@ def choices(predicted: list[dict], truth: list[dict], objective: ObjectiveSettin
         case = {"max_nodes": max_nodes}
         for goal, field in (("time", "time_s"), ("cost", "cost")):
             wanted = dataclasses.replace(objective, max_nodes=max_nodes, minimize=goal)
-            chosen = select({"candidates": predicted, "pricing": objective.pricing}, wanted)["chosen"]
-            best = select({"candidates": truth, "pricing": objective.pricing}, wanted)["chosen"]
+            chosen = select(predicted, objective.pricing, wanted)["chosen"]
+            best = select(truth, objective.pricing, wanted)["chosen"]
             case[f"{goal}_regret"] = true_of[_key(chosen)][field] / best[field] - 1
             case[f"{goal}_chosen"], case[f"{goal}_best"] = _shape(chosen), _shape(best)
             case[f"{goal}_same_gpus_per_node"] = chosen["gpus_per_node"] == best["gpus_per_node"]
         wanted = dataclasses.replace(objective, max_nodes=max_nodes, minimize="knee")
-        knee_p = select({"candidates": predicted, "pricing": objective.pricing}, wanted)
-        knee_t = select({"candidates": truth, "pricing": objective.pricing}, wanted)
+        knee_p = select(predicted, objective.pricing, wanted)
+        knee_t = select(truth, objective.pricing, wanted)
         case["knee_batch"] = knee_p["knees"][knee_p["knee_used"]]
         case["true_knee_batch"] = knee_t["knees"][knee_t["knee_used"]]
         case["knee_same"] = case["knee_batch"] == case["true_knee_batch"]
@@ -287,7 +287,7 @@ def searched(job: Job, candidates: list[dict], measure) -> dict[str, tuple[list[
 def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) -> dict:
     """One model over the node shapes of `gpus` GPUs per node (one value: that g alone; several: g a choice too):
     every search mode's errors, coverage, regrets and knees against the trace."""
-    from tula_hpc.perfmodel import fit_and_predict
+    from tula_hpc.fit_model import fit_and_predict
 
     name, meta = trace["name"], trace["meta"]
     points = {key: value for key, value in trace["points"].items() if key[1] in gpus}

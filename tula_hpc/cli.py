@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 STAGES = {
-    "probe-memory": "tula_hpc.memory",
+    "probe-memory": "tula_hpc.probe_memory",
     "plan": "tula_hpc.plan",
     "profile": "tula_hpc.profiling",
-    "fit-model": "tula_hpc.perfmodel",
+    "fit-model": "tula_hpc.fit_model",
     "select": "tula_hpc.selection",
     "train": "tula_hpc.train",
     "evaluate": "tula_hpc.evaluate",

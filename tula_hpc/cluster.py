@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .job import Job, SlurmSettings
+from .records import Selection
 
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE")
 
@@ -197,10 +198,10 @@ def max_time_s(job: Job) -> float | None:
     return partition_limits(job.resources.slurm.partition).max_time_s
 
 
-def train_job_minutes(job: Job, selection: dict) -> int:
+def train_job_minutes(job: Job, selection: Selection) -> int:
     """The minutes the train job of `selection` (selection.json, its prediction) asks for."""
-    predicted = selection.get("predicted") or {}
-    return train_minutes(job, selection["chosen"], predicted.get("time_s"), max_time_s(job))
+    predicted = selection.predicted or {}
+    return train_minutes(job, selection.chosen, predicted.get("time_s"), max_time_s(job))
 
 
 def queue_waits(job: Job, candidates: list[dict], run_seconds: list[float]) -> list[float]:

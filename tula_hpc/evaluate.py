@@ -23,8 +23,9 @@ from .distributed import Context, init_distributed, shutdown
 from .files import read_json, write_json
 from .models import build_model
 from .pricing import costs
+from .records import Selection, TrainSummary
 from .stage import stage_main
-from .training import evaluate_accuracy
+from .training_step import evaluate_accuracy
 
 if TYPE_CHECKING:
     from .job import Job
@@ -112,22 +113,22 @@ def evaluate_worker(job: Job, model_path: str) -> dict:
     }
 
 
-def measured_costs(job: Job, summary: dict, memory: dict) -> dict[str, float | None]:
+def measured_costs(job: Job, summary: TrainSummary, memory: dict) -> dict[str, float | None]:
     """The trained run's cost in the job's pricing, priced as the prediction was (pricing.costs): for the epochs
     that count (`train_time_s`, what was predicted) and with the work lost to kills or OOM (what was spent)."""
     objective, partition = job.objective, job.resources.slurm.partition
-    run = (summary["nodes"], summary["world_size"], summary["per_device_batch"], objective, memory, partition)
+    run = (summary.nodes, summary.world_size, summary.per_device_batch, objective, memory, partition)
     return {
-        "measured_cost": costs(summary["train_time_s"], *run)[objective.pricing],
-        "measured_cost_with_lost_work": costs(summary["train_time_with_lost_work_s"], *run)[objective.pricing],
+        "measured_cost": costs(summary.train_time_s, *run)[objective.pricing],
+        "measured_cost_with_lost_work": costs(summary.train_time_with_lost_work_s, *run)[objective.pricing],
     }
 
 
 def evaluate(
     job: Job, model_path: Path, summary_path: Path, selection_path: Path, memory_path: Path, out: Path, work_dir: Path
 ) -> dict:
-    summary, selection = read_json(summary_path), read_json(selection_path)
-    chosen = selection["chosen"]
+    summary, selection = TrainSummary.read(summary_path), Selection.read(selection_path)
+    chosen = selection.chosen
     memory = read_json(memory_path)
     spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
     scores = launch.run(
@@ -138,20 +139,20 @@ def evaluate(
         name=f"{job.name}-evaluate",
     )
     # The prediction is the time of the epochs that count; lost work is reported beside it, not compared.
-    measured, predicted = summary["train_time_s"], selection["predicted"]["time_s"]
+    measured, predicted = summary.train_time_s, selection.predicted["time_s"]
     result = {
         "job": job.name,
         **scores,
         "nodes": chosen["nodes"],
         "global_batch": chosen["batch"],
         "measured_train_time_s": measured,
-        "measured_train_time_with_lost_work_s": summary["train_time_with_lost_work_s"],
+        "measured_train_time_with_lost_work_s": summary.train_time_with_lost_work_s,
         "predicted_train_time_s": predicted,
         "time_rel_error": (predicted - measured) / measured,
         "pricing": job.objective.pricing,
         **measured_costs(job, summary, memory),
-        "predicted_cost": selection["predicted"]["cost"],
-        "wall_time_s": summary["wall_time_s"],
+        "predicted_cost": selection.predicted["cost"],
+        "wall_time_s": summary.wall_time_s,
     }
     write_json(out, result)
     return result

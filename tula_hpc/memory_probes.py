@@ -43,7 +43,7 @@ def _build(job: Job):
     from torch import nn
 
     from .distributed import Context
-    from .training import build_for_job
+    from .training_step import build_for_job
 
     torch.set_num_threads(job.resources.cpus_per_task)
     splits, model = build_for_job(job, Context(0, 1, 0, probe_device(job)))
@@ -65,7 +65,7 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[s
     the gradients being accumulated, the update applied; the device's high-water marks are read and reset
     at each cut.
     """
-    from .training import accumulate_gradients, apply_update
+    from .training_step import accumulate_gradients, apply_update
 
     peaks = {figure: dict.fromkeys(PARTS, 0) for figure in PART_PEAKS}
     cuts: dict[tuple[str, str], int] = {}

@@ -20,9 +20,13 @@ class StageRecord:
     """A stage's output file: read(path) and write(path), the file's fields those of the dataclass."""
 
     @classmethod
+    def from_dict(cls: type[R], data: dict) -> R:
+        return from_plain(cls, data, cls.__name__)
+
+    @classmethod
     def read(cls: type[R], path: str | os.PathLike) -> R:
         try:
-            return from_plain(cls, read_json(path), cls.__name__)
+            return cls.from_dict(read_json(path))
         except KeyError as err:
             raise StageInputError(f"{path}: {err.args[0]} (written by another version: rerun the stage)") from None
 
@@ -34,7 +38,7 @@ class StageRecord:
 
 
 @dataclass(frozen=True)
-class PerfModel(StageRecord):
+class FitResult(StageRecord):
     """The fitted parallel performance model and its prediction for every candidate (fit-model's)."""
 
     job: str

@@ -19,6 +19,7 @@ from .figures import link, plt, save_png
 from .files import read_json, write_text
 from .layout import node_shape
 from .performance import SYNC_KINDS
+from .records import FitResult, Selection, TrainSummary
 from .stage import stage_main
 from .training_report import strategy_section
 
@@ -68,9 +69,9 @@ def _log_axis(ax, which: str, scale: float = 1.0) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
+def plot_time_vs_batch(perfmodel: FitResult, selection: Selection, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
-    for row in _rows_by_shape(perfmodel["candidates"]).values():
+    for row in _rows_by_shape(perfmodel.candidates).values():
         shape = node_shape(row[0], "N={}")
         (line,) = ax.plot(
             [c["batch"] for c in row], [c["time_s"] for c in row], marker=".", label=f"estimated, {shape}"
@@ -86,7 +87,7 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
         # A profile's T: the candidate's predicted T scaled by how its measured step compares with the prediction.
         # The per-device batch tells the GPUs per node apart at the same N and B.
         predicted = {(c["nodes"], c["batch"], c["per_device_batch"]): c["time_s"] / c["step_s"] for c in row}
-        at = [(p, (p["nodes"], p["batch"], p["per_device_batch"])) for p in perfmodel["profiled"]]
+        at = [(p, (p["nodes"], p["batch"], p["per_device_batch"])) for p in perfmodel.profiled]
         measured = [(p, key) for p, key in at if key in predicted]
         ax.scatter(
             [p["batch"] for p, _ in measured],
@@ -96,18 +97,18 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
             color=line.get_color(),
             label=f"profiled, {shape}",
         )
-    progress = [c for c in perfmodel["candidates"] if "progress_time_s" in c]
+    progress = [c for c in perfmodel.candidates if "progress_time_s" in c]
     if progress:  # the best shape's time to the recipe's progress at each batch (goodput's curve)
         best: dict[int, float] = {}
         for c in progress:
             best[c["batch"]] = min(best.get(c["batch"], math.inf), c["progress_time_s"])
         batches = sorted(best)
         ax.plot(batches, [best[b] for b in batches], color="black", linestyle="-.", label="to the recipe's progress")
-    knees = selection["knees"]
+    knees = selection.knees
     if knees["kneedle"] is not None:
         ax.axvline(knees["kneedle"], color="grey", linestyle="--", label=f"Kneedle knee B={knees['kneedle']}")
     ax.axvline(knees["model"], color="black", linestyle=":", label=f"model knee B={knees['model']}")
-    chosen = selection["chosen"]
+    chosen = selection.chosen
     ax.scatter(
         [chosen["batch"]],
         [chosen["time_s"]],
@@ -121,7 +122,7 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     ax.set(
         xlabel="global batch B",
         ylabel="training time T (s)",
-        title=f"{perfmodel['job']}: time vs batch ({selection['objective']} objective)",
+        title=f"{perfmodel.job}: time vs batch ({selection.objective} objective)",
     )
     ax.set_xscale("log", base=2)
     _log_axis(ax, "y")
@@ -129,9 +130,9 @@ def plot_time_vs_batch(perfmodel: dict, selection: dict, out: Path) -> None:
     save_png(fig, out)
 
 
-def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
-    rows = _rows_by_shape(perfmodel["candidates"])
-    batches = sorted({c["batch"] for c in perfmodel["candidates"]})
+def plot_cost_surface(perfmodel: FitResult, selection: Selection, out: Path) -> None:
+    rows = _rows_by_shape(perfmodel.candidates)
+    batches = sorted({c["batch"] for c in perfmodel.candidates})
     grid = [[math.nan] * len(batches) for _ in rows]
     for i, row in enumerate(rows.values()):
         for c in row:
@@ -151,7 +152,7 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
                 fontsize=7,
                 color="white" if dark else "black",
             )
-    chosen = selection["chosen"]
+    chosen = selection.chosen
     ax.add_patch(
         plt.Rectangle(
             (batches.index(chosen["batch"]) - 0.5, list(rows).index(_shape(chosen)) - 0.5),
@@ -167,19 +168,19 @@ def plot_cost_surface(perfmodel: dict, selection: dict, out: Path) -> None:
     ax.set(
         xlabel="global batch B",
         ylabel="nodes N (x GPUs per node)",
-        title=f"predicted cost ({perfmodel['pricing']} pricing); red: chosen",
+        title=f"predicted cost ({perfmodel.pricing} pricing); red: chosen",
     )
     fig.colorbar(image, ax=ax, label="cost")
     save_png(fig, out)
 
 
-def plot_predicted_vs_measured(perfmodel: dict, summary: dict, selection: dict, out: Path) -> None:
+def plot_predicted_vs_measured(perfmodel: FitResult, summary: TrainSummary, selection: Selection, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(4.8, 4.4))
-    measured = [p["measured_step_s"] for p in perfmodel["profiled"]]
-    predicted = [p["predicted_step_s"] for p in perfmodel["profiled"]]
+    measured = [p["measured_step_s"] for p in perfmodel.profiled]
+    predicted = [p["predicted_step_s"] for p in perfmodel.profiled]
     ax.scatter(measured, predicted, marker="x", label="profiled configurations")
-    trained = summary["train_time_s"] / max(summary["steps"], 1)
-    ax.scatter([trained], [selection["chosen"]["step_s"]], marker="o", color="red", label="training run (mean step)")
+    trained = summary.train_time_s / max(summary.steps, 1)
+    ax.scatter([trained], [selection.chosen["step_s"]], marker="o", color="red", label="training run (mean step)")
     low, high = min(measured + predicted + [trained]) / 1.3, max(measured + predicted + [trained]) * 1.3
     ax.plot([low, high], [low, high], color="black", linewidth=1)
     ax.fill_between(
@@ -235,29 +236,29 @@ def _per_sample(memory: dict) -> str:
     return ", ".join(f"{name.replace('_', ' ')} {size / 1e3:.2f} kB" for name, size in parts.items())
 
 
-def _loading(selection: dict, summary: dict) -> str:
+def _loading(selection: Selection, summary: TrainSummary) -> str:
     """Training's wait for its loader beside the profiles' data part: the profiles synchronise every step, so
     their loading cannot overlap the device's work, while training's can (on a GPU); the gap shows how much."""
-    waited = sum(r["data_wait_s"] for r in summary["history"])
-    chosen = selection["chosen"]
+    waited = sum(r["data_wait_s"] for r in summary.history)
+    chosen = selection.chosen
     return (
-        f"Data loading: training waited {waited:.2f} s for its loader ({waited / summary['train_time_s']:.1%} of "
+        f"Data loading: training waited {waited:.2f} s for its loader ({waited / summary.train_time_s:.1%} of "
         f"the steps' time); the profiles' synchronised steps load for {chosen['data_s'] / chosen['step_s']:.1%} of "
         f"a step at this configuration."
     )
 
 
-def _device_memory(memory: dict, summary: dict) -> str:
+def _device_memory(memory: dict, summary: TrainSummary) -> str:
     """The device as training found it against the memory model at the batch each device computed at once."""
-    fit, micro_batch = memory["fit"], summary["micro_batch"]
+    fit, micro_batch = memory["fit"], summary.micro_batch
     predicted = fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * micro_batch
     text = (
-        f"Training's peak device memory {summary['peak_reserved_bytes'] / 1e6:.2f} MB (reserved) against "
+        f"Training's peak device memory {summary.peak_reserved_bytes / 1e6:.2f} MB (reserved) against "
         f"{predicted / 1e6:.2f} MB the memory model predicts at {micro_batch} samples per device at once."
     )
-    if summary["outside_allocator_bytes"]:
+    if summary.outside_allocator_bytes:
         assumed = memory["outside_allocator_bytes"] + memory["collective_buffer_bytes"]
-        outside = summary["outside_allocator_bytes"]
+        outside = summary.outside_allocator_bytes
         text += (
             f" Held outside the allocator (CUDA context, NCCL's communicators) {outside / 1e6:.1f} MB in training, "
             f"against {assumed / 1e6:.1f} MB the probes measured and reserved for NCCL's ring."
@@ -273,9 +274,9 @@ def _restarts(steps: list[int], steps_per_epoch: int) -> str:
     return f"; resumed from its checkpoint at {places}"
 
 
-def _attempts(summary: dict) -> str:
+def _attempts(summary: TrainSummary) -> str:
     """One line when training ran out of memory and was relaunched (train/summary.json's attempts)."""
-    attempts = summary.get("attempts", [])
+    attempts = summary.attempts or []
     if len(attempts) < 2:
         return ""
     tried = "; ".join(
@@ -288,14 +289,14 @@ def _attempts(summary: dict) -> str:
     return f"Training ran out of memory and was relaunched from its checkpoint{known}: {tried}.\n"
 
 
-def _constraints(selection: dict) -> str:
-    set_ = {k: v for k, v in selection["constraints"].items() if v is not None}
+def _constraints(selection: Selection) -> str:
+    set_ = {k: v for k, v in selection.constraints.items() if v is not None}
     if not set_:
         return "No constraints."
     return (
         "Constraints: "
         + ", ".join(f"{k} = {v:g}" for k, v in set_.items())
-        + f" ({selection['feasible']} of {selection['candidates']} candidates meet them)."
+        + f" ({selection.feasible} of {selection.candidates} candidates meet them)."
     )
 
 
@@ -338,17 +339,17 @@ def _compute_kinks(params: dict) -> str:
     return f"\n  times measured compute over that line at each profiled batch, interpolated (kinks): {where}"
 
 
-def _model_section(plan: dict, perfmodel: dict) -> str:
-    p, identified = perfmodel["params"], perfmodel["identified"]
+def _model_section(plan: dict, perfmodel: FitResult) -> str:
+    p, identified = perfmodel.params, perfmodel.identified
     unidentified = [name for name, ok in identified.items() if not ok]
-    loo = perfmodel["leave_one_out"]
+    loo = perfmodel.leave_one_out
     quality = (
         f"leave-one-out over {loo['count']} profiles: median {loo['median_rel_error']:.1%}, "
         f"max {loo['max_rel_error']:.1%}"
         if loo["count"]
         else "no leave-one-out estimate (the profiles exactly identify the model)"
     )
-    search = perfmodel["search"]
+    search = perfmodel.search
     adaptive = ""
     if search["history"]:
         adaptive = (
@@ -366,8 +367,8 @@ def _model_section(plan: dict, perfmodel: dict) -> str:
                 ],
             )
         )
-    notes = "".join(f"\n- {note}" for note in perfmodel["notes"])
-    return f"""## Performance model ({plan["mode"]} search, {len(perfmodel["profiled"])} of {
+    notes = "".join(f"\n- {note}" for note in perfmodel.notes)
+    return f"""## Performance model ({plan["mode"]} search, {len(perfmodel.profiled)} of {
         len(plan["candidates"])
     } candidates profiled)
 t_step = data + (compute^g + sync^g)^(1/g) (g = 1: sync adds to compute; larger g hides more of it behind compute),
@@ -377,7 +378,7 @@ with b the per-device batch and h the ranks per host:
         p["contention_s"] * 1e3:.3f} ms + {p["contention_per_sample_s"] * 1e6:.2f} us x (b - {p["batch_ref"]:g})){
         _compute_kinks(p)
     }
-- sync ({perfmodel["collective"]}) = intra-node part among a host's h ranks + inter-node part among the hosts, {
+- sync ({perfmodel.collective}) = intra-node part among a host's h ranks + inter-node part among the hosts, {
         SYNC_FIT_TEXT[p["sync_fit"]]
     }:
   {_sync_terms(p, identified)}
@@ -386,13 +387,11 @@ with b the per-device batch and h the ranks per host:
 Not identified by these profiles: {", ".join(unidentified) if unidentified else "none"}.{notes}
 Fit error on the profiles (RMS) {p["rms_rel_error"]:.1%}; {quality}. A profiled candidate's step below counts its own
 measurement with weight {
-        perfmodel.get(
-            "measurement_weight", 0.0
-        ):.2f} against the model (its out-of-sample error against the profile noise).
+        perfmodel.measurement_weight:.2f} against the model (its out-of-sample error against the profile noise).
 {adaptive}
 {
         _table(
-            perfmodel["profiled"],
+            perfmodel.profiled,
             [
                 ("N", "nodes", "d"),
                 ("B", "batch", "d"),
@@ -405,12 +404,12 @@ measurement with weight {
     }"""
 
 
-def _progress(selection: dict, perfmodel: dict) -> str:
+def _progress(selection: Selection, perfmodel: FitResult) -> str:
     """Time per recipe against time to the recipe's progress, and why they differ (the noise scale)."""
-    noise, chosen = perfmodel["noise_scale"], selection["chosen"]
+    noise, chosen = perfmodel.noise_scale, selection.chosen
     if noise is None:
         return "No gradient noise scale was measured (no multi-rank profile): every batch is timed for train.epochs."
-    ran = "its progress" if selection["predicted"]["to"] == "progress" else "train.epochs"
+    ran = "its progress" if selection.predicted["to"] == "progress" else "train.epochs"
     return (
         f"At the gradient noise scale the profiles measured (B_noise = {noise['b_noise']:.3g}, median of "
         f"{noise['profiles']}), this batch makes the recipe's progress (train.epochs at train.lr_base_batch) in "
@@ -421,10 +420,10 @@ def _progress(selection: dict, perfmodel: dict) -> str:
     )
 
 
-def _cluster(plan: dict, selection: dict, summary: dict) -> str:
+def _cluster(plan: dict, selection: Selection, summary: TrainSummary) -> str:
     """What the partition left out of the grid, the wait Slurm estimated for the chosen train job (objective.queue
     estimate) and the wall time it asked for."""
-    predicted, parts, partition = selection["predicted"], [], plan.get("partition")
+    predicted, parts, partition = selection.predicted, [], plan.get("partition")
     if partition and partition["excluded"]:
         reasons = sorted({reason for c in partition["excluded"] for reason in c["breaks"]})
         parts.append(
@@ -437,8 +436,8 @@ def _cluster(plan: dict, selection: dict, summary: dict) -> str:
             f"{predicted['result_time_s']:.1f} s to the result; the wait is Slurm's estimate at selection time "
             f"(sbatch --test-only), not a promise."
         )
-    if summary.get("time_limit_min") is not None:
-        parts.append(f"The train job asked for a wall time of {summary['time_limit_min']} min.")
+    if summary.time_limit_min is not None:
+        parts.append(f"The train job asked for a wall time of {summary.time_limit_min} min.")
     return " ".join(parts)
 
 
@@ -447,9 +446,9 @@ def render(
     links: dict[str, str],
     memory: dict,
     plan: dict,
-    perfmodel: dict,
-    selection: dict,
-    summary: dict,
+    perfmodel: FitResult,
+    selection: Selection,
+    summary: TrainSummary,
     evaluation: dict,
 ) -> str:
     return (
@@ -460,23 +459,22 @@ def render(
     )
 
 
-def _choice(job: str, links: dict[str, str], plan: dict, perfmodel: dict, selection: dict, summary: dict) -> str:
-    chosen, knees = selection["chosen"], selection["knees"]
+def _choice(
+    job: str, links: dict[str, str], plan: dict, perfmodel: FitResult, selection: Selection, summary: TrainSummary
+) -> str:
+    chosen, knees = selection.chosen, selection.knees
     return f"""# tula-hpc report: {job}
 
 ## Choice
 **{node_shape(chosen)}, global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
-minimise **{selection["objective"]}** ({selection["pricing"]} pricing). Predicted training time {chosen["time_s"]:.2f} s
+minimise **{selection.objective}** ({selection.pricing} pricing). Predicted training time {chosen["time_s"]:.2f} s
 (+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
 {_progress(selection, perfmodel)} {_cluster(plan, selection, summary)}
 Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
-model-based {knees["model"]} (from there each doubling saves less than {
-        selection["knee_min_saving"]:.0%} of the time); the
-knee objective used the {selection.get("knee_used", selection["knee_method"])} knee (asked for: `{
-        selection["knee_method"]
-    }`).
+model-based {knees["model"]} (from there each doubling saves less than {selection.knee_min_saving:.0%} of the time); the
+knee objective used the {selection.knee_used or selection.knee_method} knee (asked for: `{selection.knee_method}`).
 
-{_table(selection["runners_up"], RUNNER_UP_COLUMNS)}
+{_table(selection.runners_up, RUNNER_UP_COLUMNS)}
 ![time vs batch]({links["time"]})
 
 ![cost surface]({links["cost"]})
@@ -484,8 +482,8 @@ knee objective used the {selection.get("knee_used", selection["knee_method"])} k
 """
 
 
-def _outcome(links: dict[str, str], memory: dict, selection: dict, summary: dict, evaluation: dict) -> str:
-    restarts = summary["restarts_at_steps"]
+def _outcome(links: dict[str, str], memory: dict, selection: Selection, summary: TrainSummary, evaluation: dict) -> str:
+    restarts = summary.restarts_at_steps
     return f"""## Outcome
 | | predicted | measured |
 |---|---|---|
@@ -498,8 +496,8 @@ def _outcome(links: dict[str, str], memory: dict, selection: dict, summary: dict
 Relative time error {evaluation["time_rel_error"]:+.1%}. Test top-1 accuracy **{evaluation["test_accuracy"]:.2%}**
 on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the training set; as trained
 {evaluation.get("test_accuracy_as_trained", evaluation["test_accuracy"]):.2%}). Training wall time {
-        summary["wall_time_s"]:.1f} s over {summary["epochs"]} epochs
-({summary["steps"]} steps){_restarts(restarts, summary["steps_per_epoch"])}.
+        summary.wall_time_s:.1f} s over {summary.epochs} epochs
+({summary.steps} steps){_restarts(restarts, summary.steps_per_epoch)}.
 {_attempts(summary)}
 {_loading(selection, summary)} {_device_memory(memory, summary)}
 
@@ -508,7 +506,7 @@ on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the t
 """
 
 
-def _memory_model(memory: dict, plan: dict, perfmodel: dict) -> str:
+def _memory_model(memory: dict, plan: dict, perfmodel: FitResult) -> str:
     return f"""## Memory model
 Peak device memory of a steady step near the largest batch = {memory["fit"]["intercept_bytes"] / 1e6:.2f} MB
 + {memory["fit"]["slope_bytes_per_sample"] / 1e3:.2f} kB x batch (parameters, optimiser state and DDP buckets included;
@@ -539,8 +537,8 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
 """
 
 
-def _every_candidate(perfmodel: dict) -> str:
-    candidates = [c for row in _rows_by_shape(perfmodel["candidates"]).values() for c in row]
+def _every_candidate(perfmodel: FitResult) -> str:
+    candidates = [c for row in _rows_by_shape(perfmodel.candidates).values() for c in row]
     return f"""### Every candidate
 {
         _table(
@@ -561,13 +559,15 @@ def _every_candidate(perfmodel: dict) -> str:
 
 def report(job: Job, inputs: dict[str, Path], out: Path, plots: dict[str, Path]) -> None:
     """Read the files in `inputs` (keys INPUTS), write `out` and the plots in `plots` (keys PLOTS), nothing else."""
-    data = {name: read_json(inputs[name]) for name in INPUTS}
-    plot_time_vs_batch(data["perfmodel"], data["selection"], plots["time"])
-    plot_cost_surface(data["perfmodel"], data["selection"], plots["cost"])
-    plot_predicted_vs_measured(data["perfmodel"], data["summary"], data["selection"], plots["accuracy"])
-    scaling = strategy_section(data["summary"], plots["training"], out)
+    memory, plan, evaluation = (read_json(inputs[name]) for name in ("memory", "plan", "evaluation"))
+    perfmodel, selection = FitResult.read(inputs["perfmodel"]), Selection.read(inputs["selection"])
+    summary = TrainSummary.read(inputs["summary"])
+    plot_time_vs_batch(perfmodel, selection, plots["time"])
+    plot_cost_surface(perfmodel, selection, plots["cost"])
+    plot_predicted_vs_measured(perfmodel, summary, selection, plots["accuracy"])
+    scaling = strategy_section(summary, plots["training"], out)
     links = {key: link(path, out) for key, path in plots.items()}
-    write_text(out, render(job.name, links, **data) + scaling)
+    write_text(out, render(job.name, links, memory, plan, perfmodel, selection, summary, evaluation) + scaling)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from kneed import KneeLocator
 
 from .cluster import queue_waits
-from .files import read_json, write_json
 from .layout import node_shape
+from .records import FitResult, Selection
 from .stage import StageError, stage_main
 
 if TYPE_CHECKING:
@@ -135,8 +135,9 @@ def _rank(candidates: list[dict], curve: list[dict], goal: str, knee: int) -> li
     return at_knee + rest
 
 
-def select(perfmodel: dict, objective: ObjectiveSettings) -> dict:
-    candidates = perfmodel["candidates"]
+def select(candidates: list[dict], pricing: str, objective: ObjectiveSettings) -> dict:
+    """The choice among perfmodel.json's `candidates` (priced by `pricing`): selection.json's fields but the job's
+    name and the prediction of the run."""
     if not candidates:
         raise StageError("perfmodel.json has no candidates to choose from")
     feasible = [c for c in candidates if not violations(c, objective)]
@@ -155,7 +156,7 @@ def select(perfmodel: dict, objective: ObjectiveSettings) -> dict:
     ranked = _rank(feasible, curve, objective.minimize, knee)
     return {
         "objective": objective.minimize,
-        "pricing": perfmodel["pricing"],
+        "pricing": pricing,
         "knee_method": objective.knee_method,
         "knee_min_saving": objective.knee_min_saving,
         "chosen": ranked[0],
@@ -182,25 +183,25 @@ def predicted_run(job: Job, chosen: dict) -> dict:
     return run
 
 
-def with_queue_waits(job: Job, perfmodel: dict) -> dict:
-    """perfmodel.json with each candidate's `wait_s` (cluster.queue_waits, for the training it would run) where
-    objective.queue is estimate on Slurm; as it is elsewhere (the local launcher has no queue)."""
+def with_queue_waits(job: Job, candidates: list[dict]) -> list[dict]:
+    """perfmodel.json's candidates each with its `wait_s` (cluster.queue_waits, for the training it would run) where
+    objective.queue is estimate on Slurm; as they are elsewhere (the local launcher has no queue)."""
     if job.objective.queue != "estimate" or job.launcher != "slurm":
-        return perfmodel
-    candidates = perfmodel["candidates"]
+        return candidates
     waits = queue_waits(job, candidates, [predicted_run(job, c)["time_s"] for c in candidates])
-    return {**perfmodel, "candidates": [{**c, "wait_s": wait} for c, wait in zip(candidates, waits)]}
+    return [{**c, "wait_s": wait} for c, wait in zip(candidates, waits)]
 
 
-def run_select(job: Job, perfmodel_path: Path, out: Path) -> dict:
+def run_select(job: Job, perfmodel_path: Path, out: Path) -> Selection:
+    perfmodel = FitResult.read(perfmodel_path)
     try:
-        choice = select(with_queue_waits(job, read_json(perfmodel_path)), job.objective)
+        choice = select(with_queue_waits(job, perfmodel.candidates), perfmodel.pricing, job.objective)
     except InfeasibleError as err:
         fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if getattr(job.objective, key) is not None)
         raise InfeasibleError(f"job '{job.name}': fields '{fields}': {err}") from None
-    result = {"job": job.name, **choice, "predicted": predicted_run(job, choice["chosen"])}
-    write_json(out, result)
-    return result
+    selection = Selection(job=job.name, **choice, predicted=predicted_run(job, choice["chosen"]))
+    selection.write(out)
+    return selection
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """What a profile job runs on its nodes: a few real DDP training steps at one per-device batch, timed part by part
 (the profile stage, profiling.py, only submits it and writes what it returns).
 
-Steps are the job's own training step (training.py, with its strategy) and come in pairs. The first of
+Steps are the job's own training step (training_step.py, with its strategy) and come in pairs. The first of
 a pair splits the work into data loading, forward+backward without gradient sync, an explicit
 all-reduce of the gradients (in DDP's bucket size) and the strategy's update, so the performance model can fit
 compute and sync separately. The second is the step as training runs it (sync overlapped with
@@ -51,7 +51,7 @@ from .distributed import Context, init_distributed, out_of_memory_ends_job_step,
 from .layout import steps_per_epoch
 from .preemption import StopRequests
 from .strategies import build_strategy
-from .training import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp
+from .training_step import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp
 
 if TYPE_CHECKING:
     from .job import Job, SearchSettings
@@ -234,7 +234,7 @@ def measure(job: Job, ctx: Context, per_device_batch: int) -> dict | None:
     search = job.search
     splits, model = build_for_job(job, ctx)
     net = wrap_ddp(model, ctx)
-    # The job's own strategy and step (training.py): AGS's reference gradients, LARS's norms and PoLo's
+    # The job's own strategy and step (training_step.py): AGS's reference gradients, LARS's norms and PoLo's
     # hook cost what they cost in training, so the model fitted to these times predicts training.
     strategy = build_strategy(
         net,

@@ -2,7 +2,7 @@
 resources.checkpoint_every_steps steps if set, and at the step where a signal asks the job to stop (preemption.py).
 
 Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up are
-training.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
+training_step.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
 declared output, so Snakemake never deletes them); only rank 0 writes, with every rank's RNG states, while
 the others wait for it outside any collective (distributed.wait_for_main: a checkpoint may outlast the
 collective timeout).
@@ -41,9 +41,10 @@ from .distributed import init_distributed, mean_over_ranks, out_of_memory_ends_j
 from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
 from .preemption import StopRequests
+from .records import Selection, TrainSummary
 from .stage import StageError, stage_main
 from .strategies import build_strategy
-from .training import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
+from .training_step import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
 
 if TYPE_CHECKING:
     from .job import Job
@@ -450,14 +451,14 @@ def stretched_to_progress(job: Job, chosen: dict) -> Job:
     return job.updated(train={"epochs": epochs, "lr_milestones": milestones})
 
 
-def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> dict:
+def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> TrainSummary:
     """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
 
     Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
     last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
     """
-    selection = read_json(selection_path)
-    chosen = selection["chosen"]
+    selection = Selection.read(selection_path)
+    chosen = selection.chosen
     job = stretched_to_progress(job, chosen)
     stage_dir = Path(work_dir) / "train"
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
@@ -508,16 +509,18 @@ def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, 
             f"(recorded {attempt['noticed_after_s']} s before the job's end was known here)",
             flush=True,
         )
-    summary = {
-        **result,
-        "nodes": chosen["nodes"],
-        "gpus_per_node": spec.gpus_per_node,
-        "time_limit_min": spec.time_min,
-        "train_time_with_lost_work_s": loop_time_s(stage_dir / "loop_time.jsonl"),
-        "wall_time_s": time.time() - started,
-        "attempts": attempts,
-    }
-    write_json(summary_path, summary)
+    summary = TrainSummary.from_dict(
+        {
+            **result,
+            "nodes": chosen["nodes"],
+            "gpus_per_node": spec.gpus_per_node,
+            "time_limit_min": spec.time_min,
+            "train_time_with_lost_work_s": loop_time_s(stage_dir / "loop_time.jsonl"),
+            "wall_time_s": time.time() - started,
+            "attempts": attempts,
+        }
+    )
+    summary.write(summary_path)
     return summary
 
 

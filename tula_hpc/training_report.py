@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from .figures import link, plt, save_png
+from .records import TrainSummary
 
 
-def strategy_section(summary: dict, plot: Path, report: Path) -> str:
+def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:
     """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density.
 
     Writes `plot`; the section links to it relative to `report`.
     """
-    strategy = summary.get("strategy", "lbt")
-    history = summary["history"]
+    strategy, history = summary.strategy, summary.history
     epochs = [r for r in history if "ags" in r]
     hist = epochs[-1]["ags"]["scale_hist"] if epochs else None
     noise = [(r["epoch"], r["noise_scale"]["b_noise"]) for r in history if (r["noise_scale"] or {}).get("b_noise")]
@@ -52,9 +52,9 @@ def strategy_section(summary: dict, plot: Path, report: Path) -> str:
         axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
         axes[0][2].minorticks_off()
     if noise:
-        _plot_noise_scale(axes[0][-1], noise, summary["global_batch"])
+        _plot_noise_scale(axes[0][-1], noise, summary.global_batch)
     save_png(fig, plot)
-    figure = f"\n\n![training]({link(plot, report)})\n{noise_scale_line(noise, summary['global_batch'])}"
+    figure = f"\n\n![training]({link(plot, report)})\n{noise_scale_line(noise, summary.global_batch)}"
     if not epochs:
         return f"\n## Training strategy\n`{strategy}`: no gradient scaling.{figure}"
     steps = sum(r["ags"]["steps"] for r in epochs)

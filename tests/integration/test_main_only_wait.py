@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 import tula_hpc.checkpoint as checkpoint_module
 import tula_hpc.train as train_module
-import tula_hpc.training as training_module
+import tula_hpc.training_step as training_module
 from tests.conftest import default_job, free_port
 from tula_hpc.job import Job
 

@@ -149,7 +149,7 @@ def test_a_budget_too_small_for_the_model_fails_the_stage_naming_job_and_bytes(t
         [
             sys.executable,
             "-m",
-            "tula_hpc.memory",
+            "tula_hpc.probe_memory",
             "--config",
             str(tmp_path / "jobs.yaml"),
             "--job",

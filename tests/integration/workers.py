@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 import tula_hpc.train as train_module
-import tula_hpc.training as training_module
+import tula_hpc.training_step as training_module
 
 if TYPE_CHECKING:
     from tula_hpc.job import Job

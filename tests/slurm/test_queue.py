@@ -44,15 +44,15 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
     more than Slurm says they wait, passed over when they save 2 minutes less."""
     job = default_job(objective={"minimize": "time", "queue": "estimate"}).updated(launcher="slurm")
 
-    def perfmodel(saving_s: float) -> dict:
+    def candidates(saving_s: float) -> list[dict]:
         one = {"nodes": 1, "batch": 64, "per_device_batch": 64, "time_s": 2000.0, "cost": 1.0, "rel_uncertainty": 0.05}
         two = {**one, "nodes": 2, "per_device_batch": 32, "time_s": 2000.0 - saving_s, "cost": 2.0}
-        return {"candidates": [one, two], "pricing": "node_hour"}
+        return [one, two]
 
     def choose(saving_s: float) -> int:
-        return select(with_queue_waits(job, perfmodel(saving_s)), job.objective)["chosen"]["nodes"]
+        return select(with_queue_waits(job, candidates(saving_s)), "node_hour", job.objective)["chosen"]["nodes"]
 
-    waits = {c["nodes"]: c["wait_s"] for c in with_queue_waits(job, perfmodel(0.0))["candidates"]}
+    waits = {c["nodes"]: c["wait_s"] for c in with_queue_waits(job, candidates(0.0))}
     assert waits[1] == 0.0 and BLOCK_MIN * 60 - 120 < waits[2] <= BLOCK_MIN * 60, waits
     assert choose(waits[2] + 120) == 2
     assert choose(waits[2] - 120) == 1

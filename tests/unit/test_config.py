@@ -137,7 +137,7 @@ def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path):
         [
             sys.executable,
             "-m",
-            "tula_hpc.memory",
+            "tula_hpc.probe_memory",
             "--config",
             str(config_path),
             "--job",
@@ -338,7 +338,7 @@ def test_a_stage_stops_on_bad_data_before_submitting_and_leaves_results_untouche
     results = tmp_path / "results" / "digits-cnn"
     results.mkdir(parents=True)
     (results / "memory.json").write_text('{"earlier": true}\n')
-    command = [sys.executable, "-m", "tula_hpc.memory", "--config", str(config_path), "--job", "digits-cnn"]
+    command = [sys.executable, "-m", "tula_hpc.probe_memory", "--config", str(config_path), "--job", "digits-cnn"]
     command += ["--out", str(results / "memory.json")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # the callable's module, from this checkout
     proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -500,7 +500,7 @@ def test_a_stage_stops_on_a_local_gpu_job_without_cuda_before_submitting(tmp_pat
     """CUDA_VISIBLE_DEVICES naming no GPU makes CUDA unusable on any machine."""
     config_path = tmp_path / "jobs.yaml"
     config_path.write_text(yaml.safe_dump(_gpu_config("local")))
-    command = [sys.executable, "-m", "tula_hpc.memory", "--config", str(config_path), "--job", "digits-cnn"]
+    command = [sys.executable, "-m", "tula_hpc.probe_memory", "--config", str(config_path), "--job", "digits-cnn"]
     command += ["--launcher", "local", "--out", str(tmp_path / "memory.json")]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)

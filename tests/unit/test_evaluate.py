@@ -9,6 +9,7 @@ from torch.utils.data import TensorDataset
 from tests.conftest import default_job
 from tula_hpc.distributed import Context
 from tula_hpc.evaluate import PRECISE_BN_SAMPLES, measured_costs, recompute_batchnorm_statistics
+from tula_hpc.records import TrainSummary
 
 CPU = Context(0, 1, 0, torch.device("cpu"))
 
@@ -83,13 +84,18 @@ def test_a_model_without_batchnorm_is_left_alone():
 
 def test_measured_cost_is_priced_as_the_prediction_and_lost_work_apart():
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
-    summary = {
+    run = {
         "nodes": 2,
-        "world_size": 2,
+        "global_batch": 200,
         "per_device_batch": 100,
-        "train_time_s": 3600.0,
-        "train_time_with_lost_work_s": 5400.0,
+        "world_size": 2,
+        "accumulation": 1,
+        "micro_batch": 100,
     }
+    progress = {"epochs": 3, "steps": 30, "steps_per_epoch": 10, "strategy": "ags", "train_samples": 2000}
+    times = {"train_time_s": 3600.0, "train_time_with_lost_work_s": 5400.0, "wall_time_s": 5500.0}
+    restarts = {"resumed_from_epoch": 1, "resumed_from_step": 10, "restarts_at_steps": [10], "history": []}
+    summary = TrainSummary(**run, **progress, **times, **restarts)
     for pricing, per_hour in (("node_hour", 2 * 2.48), ("memory", 2 * 3.0 * 0.15)):
         job = default_job(objective={"pricing": pricing})
         assert measured_costs(job, summary, memory) == pytest.approx(

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import default_job
-from tula_hpc import data, models, pricing, selection, strategies
+from tula_hpc import config, data, models, pricing, selection, strategies
 from tula_hpc.config import SCHEMA_PATH
 
 
@@ -55,3 +55,12 @@ def test_the_schema_names_exactly_what_the_registry_holds(path, registry):
 
 def test_table_ones_strategies_are_registered():
     assert set(strategies.STRATEGIES) <= set(strategies.BUILDERS)
+
+
+def test_every_builtin_model_has_its_smallest_image_and_no_other_name_does():
+    """config.MIN_IMAGE_SIZE checks a built-in's images without importing torch: a table per model name."""
+    assert set(config.MIN_IMAGE_SIZE) == set(models.BUILTINS)
+
+
+def test_the_recipes_that_warm_up_or_scale_the_rate_are_strategies():
+    assert config.LR_SCALING_RECIPES <= config.WARMUP_RECIPES <= set(strategies.BUILDERS)

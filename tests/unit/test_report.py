@@ -1,8 +1,10 @@
 """The report stage reads the files it is given and writes exactly the files it is told to (the rule declares them)."""
 
 import json
+from dataclasses import replace
 
 from tests.conftest import REPO
+from tula_hpc.records import FitResult, Selection, TrainSummary
 from tula_hpc.report import main
 
 GRID = [(nodes, batch) for nodes in (1, 2) for batch in (64, 128, 256)]
@@ -115,8 +117,13 @@ INPUTS = {
         "search": {"history": [], "stopped": "full grid"},
         "noise_scale": None,
         "notes": [],
+        "grad_bytes": 4.0e5,
+        "train_samples": 1280,
+        "epochs": 2,
+        "measurement_weight": 0.0,
     },
     "selection": {
+        "job": "toy",
         "chosen": CHOSEN,
         "objective": "time",
         "pricing": "node_hours",
@@ -127,14 +134,22 @@ INPUTS = {
         "knee_min_saving": 0.1,
         "knee_method": "model",
         "runners_up": CANDIDATES[:2],
+        "best_time_curve": [{k: c[k] for k in ("batch", "nodes", "time_s")} for c in CANDIDATES[3:]],
         "predicted": {"time_s": CHOSEN["time_s"], "cost": CHOSEN["cost"], "to": "epochs"},
     },
     "summary": {
         "strategy": "ags",
+        "nodes": 2,
+        "world_size": 2,
         "global_batch": 128,
+        "per_device_batch": 64,
+        "accumulation": 2,
+        "train_samples": 1280,
         "resumed_from_epoch": 1,
+        "resumed_from_step": 13,
         "restarts_at_steps": [13],
         "train_time_s": 9.0,
+        "train_time_with_lost_work_s": 12.5,
         "wall_time_s": 12.0,
         "steps": 20,
         "steps_per_epoch": 10,
@@ -267,18 +282,13 @@ def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_n
 
 
 def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
-    import copy
-
     from tula_hpc.report import _model_section
 
-    perfmodel = copy.deepcopy(INPUTS["perfmodel"])
+    perfmodel = FitResult.from_dict(INPUTS["perfmodel"])
     assert "(split fit)" in _model_section(INPUTS["plan"], perfmodel)
     assert "kinks" not in _model_section(INPUTS["plan"], perfmodel)
-    perfmodel["params"]["sync_fit"] = "latent"
-    perfmodel["params"]["compute_kinks"] = [
-        {"per_device_batch": 32.0, "over_line": 1.0},
-        {"per_device_batch": 64.0, "over_line": 0.8},
-    ]
+    kinks = [{"per_device_batch": 32.0, "over_line": 1.0}, {"per_device_batch": 64.0, "over_line": 0.8}]
+    perfmodel = replace(perfmodel, params={**perfmodel.params, "sync_fit": "latent", "compute_kinks": kinks})
     section = _model_section(INPUTS["plan"], perfmodel)
     assert "latent: fitted with g to the overlapped steps alone" in section
     assert "(kinks): 1.00 at b = 32, 0.80 at b = 64" in section
@@ -287,15 +297,19 @@ def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
 def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():
     from tula_hpc.report import _progress
 
-    selection = {
-        "chosen": {**CHOSEN, "progress_epochs": 3.5, "progress_time_s": 7.25, "progress_cost": 0.5},
-        "predicted": {"time_s": 7.25, "cost": 0.5, "to": "progress"},
-    }
-    perfmodel = {"noise_scale": {"b_noise": 96.0, "profiles": 3, "range": [80.0, 120.0]}}
+    selection = Selection.from_dict(
+        {
+            **INPUTS["selection"],
+            "chosen": {**CHOSEN, "progress_epochs": 3.5, "progress_time_s": 7.25, "progress_cost": 0.5},
+            "predicted": {"time_s": 7.25, "cost": 0.5, "to": "progress"},
+        }
+    )
+    noise_scale = {"b_noise": 96.0, "profiles": 3, "range": [80.0, 120.0]}
+    perfmodel = FitResult.from_dict({**INPUTS["perfmodel"], "noise_scale": noise_scale})
     line = _progress(selection, perfmodel)
     assert "B_noise = 96, median of 3" in line and "in 3.5 epochs, 7.25 s, cost 0.5" in line
     assert line.endswith("Training runs to its progress.")
-    assert "no multi-rank profile" in _progress(selection, {"noise_scale": None})
+    assert "no multi-rank profile" in _progress(selection, replace(perfmodel, noise_scale=None))
 
 
 def test_the_report_names_the_partitions_limits_the_queue_wait_and_the_wall_time_asked_for():
@@ -307,9 +321,13 @@ def test_the_report_names_the_partitions_limits_the_queue_wait_and_the_wall_time
             "excluded": [{"nodes": 8, "breaks": ["8 nodes > partition gpu's MaxNodes=4"]}],
         }
     }
-    selection = {"predicted": {"time_s": 600.0, "wait_s": 300.0, "result_time_s": 900.0}}
-    line = _cluster(plan, selection, {"time_limit_min": 27})
+    selection = Selection.from_dict(
+        {**INPUTS["selection"], "predicted": {"time_s": 600.0, "wait_s": 300.0, "result_time_s": 900.0}}
+    )
+    summary = TrainSummary.from_dict({**INPUTS["summary"], "time_limit_min": 27})
+    line = _cluster(plan, selection, summary)
     assert "Partition gpu left out 1 candidates: 8 nodes > partition gpu's MaxNodes=4." in line
     assert "a wait of 300 s before the 600.0 s of training, 900.0 s to the result" in line
     assert "Slurm's estimate at selection time" in line and "asked for a wall time of 27 min" in line
-    assert _cluster({"partition": None}, {"predicted": {"time_s": 1.0}}, {}) == ""
+    no_wait, no_limit = replace(selection, predicted={"time_s": 1.0}), replace(summary, time_limit_min=None)
+    assert _cluster({"partition": None}, no_wait, no_limit) == ""

@@ -31,7 +31,18 @@ def candidate(nodes, batch, time_s, cost):
 
 
 def perfmodel(candidates):
-    return {"candidates": candidates, "pricing": "node_hour"}
+    """perfmodel.json holding `candidates`."""
+    fitted = {"params": {}, "identified": {}, "notes": [], "grad_bytes": 1.0, "train_samples": 1000, "epochs": 1}
+    search = {"mode": "full", "history": [], "stopped": None}
+    rest = {"profiled": [], "search": search, "leave_one_out": {}, "measurement_weight": 0.0, "noise_scale": None}
+    return {
+        "job": "digits-cnn",
+        "collective": "ring",
+        "pricing": "node_hour",
+        **fitted,
+        **rest,
+        "candidates": candidates,
+    }
 
 
 def objective(**changes):
@@ -49,7 +60,7 @@ GRID = curve(1000.0, 10.0, BATCHES, nodes=1) + curve(600.0, 6.0, BATCHES, nodes=
 
 
 def chosen(**changes):
-    c = select(perfmodel(GRID), objective(**changes))["chosen"]
+    c = select(GRID, "node_hour", objective(**changes))["chosen"]
     return c["nodes"], c["batch"]
 
 
@@ -68,7 +79,7 @@ def test_time_picks_the_fastest_and_cost_the_cheapest():
     ],
 )
 def test_each_constraint_restricts_the_choice(constraint, expected):
-    result = select(perfmodel(GRID), objective(**constraint))
+    result = select(GRID, "node_hour", objective(**constraint))
     assert (result["chosen"]["nodes"], result["chosen"]["batch"]) == expected
     for c in [result["chosen"], *result["runners_up"]]:
         assert c["nodes"] <= (constraint.get("max_nodes") or 99) and c["batch"] <= (
@@ -91,8 +102,8 @@ def test_model_knee_is_where_doubling_stops_paying():
 
 
 def test_knee_objective_follows_the_chosen_knee_method_at_the_fastest_node_count():
-    kneedle = select(perfmodel(GRID), objective(minimize="knee"))
-    model = select(perfmodel(GRID), objective(minimize="knee", knee_method="model"))
+    kneedle = select(GRID, "node_hour", objective(minimize="knee"))
+    model = select(GRID, "node_hour", objective(minimize="knee", knee_method="model"))
     # Kneedle over B = 2^5..2^11 says 256 whatever a and c are; doubling stops saving 10 % from B = 512.
     assert kneedle["chosen"]["batch"] == kneedle["knees"]["kneedle"] == 256
     assert model["chosen"]["batch"] == model["knees"]["model"] == 512
@@ -103,14 +114,14 @@ def test_knee_objective_follows_the_chosen_knee_method_at_the_fastest_node_count
 
 def test_flat_curve_falls_back_to_the_model_knee():
     cands = [candidate(1, b, 10.0, 1.0) for b in (32, 64, 128, 256)]
-    result = select(perfmodel(cands), objective(minimize="knee"))
+    result = select(cands, "node_hour", objective(minimize="knee"))
     assert result["knees"]["kneedle"] is None
     assert result["chosen"]["batch"] == result["knees"]["model"] == 32
     assert result["knee_used"] == "model"
 
 
 def test_selection_names_both_knees_and_runners_up_with_time_and_cost():
-    result = select(perfmodel(GRID), objective(minimize="cost"))
+    result = select(GRID, "node_hour", objective(minimize="cost"))
     assert set(result["knees"]) == {"kneedle", "model"}
     assert all({"nodes", "batch", "time_s", "cost"} <= set(r) for r in result["runners_up"])
     costs = [result["chosen"]["cost"]] + [r["cost"] for r in result["runners_up"]]
@@ -145,12 +156,12 @@ def test_node_shapes_sharing_nodes_and_batch_are_told_apart():
         {**candidate(2, 256, 6.0, 12.0), "gpus_per_node": 1},
         {**candidate(1, 256, 9.0, 9.0), "gpus_per_node": 2, "per_device_batch": 128},
     ]
-    result = select(perfmodel(shapes), objective())
+    result = select(shapes, "node_hour", objective())
     assert (result["chosen"]["nodes"], result["chosen"]["gpus_per_node"]) == (2, 2)
     assert [(r["nodes"], r["gpus_per_node"]) for r in result["runners_up"]] == [(2, 1), (1, 2)]
     assert result["best_time_curve"] == [{"batch": 256, "nodes": 2, "gpus_per_node": 2, "time_s": 4.0}]
     with pytest.raises(InfeasibleError, match=r"N=2 x 2 GPU\(s\), B=256: time_s 4 s > deadline_s 1 s"):
-        select(perfmodel(shapes), objective(deadline_s=1.0))
+        select(shapes, "node_hour", objective(deadline_s=1.0))
 
 
 def test_goodput_counts_the_steps_each_batch_needs_to_the_recipes_progress():
@@ -162,13 +173,13 @@ def test_goodput_counts_the_steps_each_batch_needs_to_the_recipes_progress():
     for c in GRID:
         factor = steps_to_progress(1.0, 256.0, 32, c["batch"]) * c["batch"] / 32  # epochs to progress / recipe's
         grid.append({**c, "progress_time_s": c["time_s"] * factor, "progress_cost": c["cost"] * factor})
-    fastest = select(perfmodel(grid), objective(minimize="time"))["chosen"]
-    goodput = select(perfmodel(grid), objective(minimize="goodput"))["chosen"]
-    cheapest = select(perfmodel(grid), objective(minimize="goodput_cost"))["chosen"]
+    fastest = select(grid, "node_hour", objective(minimize="time"))["chosen"]
+    goodput = select(grid, "node_hour", objective(minimize="goodput"))["chosen"]
+    cheapest = select(grid, "node_hour", objective(minimize="goodput_cost"))["chosen"]
     assert fastest["batch"] == 2048 and goodput["batch"] < 2048 and cheapest["nodes"] == 1
     assert goodput["progress_time_s"] == min(c["progress_time_s"] for c in grid)
     with pytest.raises(StageError, match="field 'objective.minimize': goodput needs the gradient noise scale"):
-        select(perfmodel(GRID), objective(minimize="goodput"))
+        select(GRID, "node_hour", objective(minimize="goodput"))
 
 
 def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving():
@@ -178,10 +189,10 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
 
     def pick(wait_for_four: float, goal: str = "time") -> int:
         waits = [{**grid[0], "wait_s": 0.0}, {**grid[1], "wait_s": wait_for_four}]
-        return select(perfmodel(waits), objective(minimize=goal, queue="estimate"))["chosen"]["nodes"]
+        return select(waits, "node_hour", objective(minimize=goal, queue="estimate"))["chosen"]["nodes"]
 
     assert pick(39.0) == 4 and pick(41.0) == 2 and pick(1e6, "cost") == 2 and pick(0.0, "cost") == 2
     job = default_job(objective={"minimize": "time", "queue": "estimate"})
-    assert with_queue_waits(dataclasses.replace(job, launcher="local"), perfmodel(grid)) == perfmodel(grid)
+    assert with_queue_waits(dataclasses.replace(job, launcher="local"), grid) == grid
     run = predicted_run(job, {**grid[1], "wait_s": 41.0})
     assert run["result_time_s"] == pytest.approx(101.0) and run["wait_s"] == 41.0

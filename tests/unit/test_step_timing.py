@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import default_job, run_on_two_ranks
-from tula_hpc import step_timing, training
+from tula_hpc import step_timing, training_step
 from tula_hpc.distributed import Context
 from tula_hpc.step_timing import measure
 
@@ -57,7 +57,7 @@ def synchronizes(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
-    monkeypatch.setattr(step_timing, "clock_for", training.CudaClock)
+    monkeypatch.setattr(step_timing, "clock_for", training_step.CudaClock)
     return calls
 
 
@@ -65,7 +65,7 @@ def synchronizes(monkeypatch):
 def clock(request):
     if request.param == "cuda":
         request.getfixturevalue("synchronizes")
-    return training.clock_for(torch.device(request.param))
+    return training_step.clock_for(torch.device(request.param))
 
 
 def test_the_parts_between_consecutive_marks_add_up_to_the_step(clock):

@@ -19,7 +19,7 @@ from tula_hpc.ags import TulaOptimizer
 from tula_hpc.config import ConfigError, load_config, validate_config
 from tula_hpc.job import TrainSettings
 from tula_hpc.strategies import LARS, build_strategy
-from tula_hpc.training import training_step
+from tula_hpc.training_step import training_step
 
 
 def _lrs(strategy, steps: int) -> list[float]:

@@ -1,12 +1,32 @@
 """The report's training section on a synthetic summary: the noise-scale panel and what the batch costs."""
 
 from tula_hpc.figures import link
+from tula_hpc.records import TrainSummary
 from tula_hpc.training_report import noise_scale_line, strategy_section
 
 
-def _summary(noise) -> dict:
+def _summary(noise) -> TrainSummary:
     history = [{"epoch": e, "val_accuracy": 0.5 + 0.1 * e, "loss": 1.0 / e, "noise_scale": noise(e)} for e in (1, 2, 3)]
-    return {"strategy": "lbt", "global_batch": 512, "history": history}
+    return TrainSummary(
+        nodes=2,
+        global_batch=512,
+        per_device_batch=256,
+        world_size=2,
+        accumulation=1,
+        micro_batch=256,
+        epochs=3,
+        steps=9,
+        steps_per_epoch=3,
+        strategy="lbt",
+        train_samples=4608,
+        train_time_s=3.0,
+        resumed_from_epoch=None,
+        resumed_from_step=None,
+        restarts_at_steps=[],
+        history=history,
+        train_time_with_lost_work_s=3.0,
+        wall_time_s=4.0,
+    )
 
 
 def test_the_noise_scale_is_plotted_and_its_cost_at_the_trained_batch_said(tmp_path):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .allocation import release_allocation
-from .files import read_json, write_json
+from .files import read_json
 from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
 from .noise_scale import measured_noise_scale, recipe_steps, steps_to_progress
 from .performance import (
@@ -27,6 +27,7 @@ from .performance import (
     profile_row,
 )
 from .pricing import charge_factor, costs
+from .records import FitResult
 from .stage import StageError, stage_main
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def fit_model(
     adaptive_path: Path | None,
     out: Path,
     work_dir: Path | None = None,
-) -> dict:
+) -> FitResult:
     """perfmodel.json from the plan's profiles and, for adaptive search, the profiles adaptive.json added. Every
     measurement is written by now: the measuring phase's shared allocation (if any) is given back first. The last
     planned profile (or adapt) has usually given it back already; releasing is idempotent, and this covers a profile
@@ -171,32 +172,32 @@ def fit_model(
         for p in profiles
         if p.get("interference", 0.0) > tolerance
     ]
-    result = {
-        "job": job.name,
-        "collective": model.collective,
-        "params": model.coefficients(),
-        "identified": model.identified_,
-        "notes": model.notes_ + disturbed,
-        "grad_bytes": model.grad_bytes,
-        "train_samples": plan["dataset"]["train"],
-        "epochs": job.train.epochs,
-        "pricing": job.objective.pricing,
-        "profiled": measured,
-        "search": {
+    result = FitResult(
+        job=job.name,
+        collective=model.collective,
+        params=model.coefficients(),
+        identified=model.identified_,
+        notes=model.notes_ + disturbed,
+        grad_bytes=model.grad_bytes,
+        train_samples=plan["dataset"]["train"],
+        epochs=job.train.epochs,
+        pricing=job.objective.pricing,
+        profiled=measured,
+        search={
             "mode": plan["mode"],
             "history": manifest["history"] if manifest else [],
             "stopped": manifest["stopped"] if manifest else None,
         },
-        "leave_one_out": {
+        leave_one_out={
             "count": len(loo),
             "median_rel_error": float(np.median(loo)) if loo else None,
             "max_rel_error": max(loo) if loo else None,
         },
-        "measurement_weight": weight,
-        "noise_scale": measured_noise_scale(profiles),
-        "candidates": candidates,
-    }
-    write_json(out, result)
+        measurement_weight=weight,
+        noise_scale=measured_noise_scale(profiles),
+        candidates=candidates,
+    )
+    result.write(out)
     return result
 
 

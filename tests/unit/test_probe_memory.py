@@ -20,13 +20,13 @@ from tests.unit.test_memory_model import (
     probes_at,
     step_parts,
 )
-from tula_hpc import memory, memory_model
+from tula_hpc import memory_model, probe_memory
 from tula_hpc.budget import GB, budget_bytes, nccl_ring_buffer_bytes
 from tula_hpc.config import ConfigError, load_config
 from tula_hpc.job import Job
-from tula_hpc.memory import run_probes, summarise
 from tula_hpc.memory_model import collective_buffer_bytes
 from tula_hpc.memory_probes import peak_fields
+from tula_hpc.probe_memory import run_probes, summarise
 from tula_hpc.stage import StageError
 
 # --- memory.json and bad budgets --------------------------------------------------------------------
@@ -197,8 +197,8 @@ def test_probes_share_the_cpu_two_at_a_time_but_a_gpu_holds_one(monkeypatch, gpu
         running.remove(batch)
         return {"batch": batch, "outcome": "out_of_memory", "failed_at_bytes": None}
 
-    monkeypatch.setattr(memory, "run_in_fresh_process", probe_slowly)
-    monkeypatch.setattr(memory.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(probe_memory, "run_in_fresh_process", probe_slowly)
+    monkeypatch.setattr(probe_memory.os, "sched_getaffinity", lambda pid: {0, 1})
     # GPUs set after validation, which refuses them on the local launcher of a machine without GPUs
     job = default_job().updated(resources={"gpus_per_node": gpus_per_node})
     run_probes(job, cap=1000, budget=10**9)
