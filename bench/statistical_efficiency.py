@@ -20,9 +20,9 @@ record"); "from B0" is reported beside it.
 
 Overhead (`--overhead`): what measuring the noise scale costs a training step, measured directly as
 bench/ags_overhead.py does: two gloo ranks of one thread each train torchvision's resnet18 (CIFAR-sized 32x32
-images, PER_RANK per rank) through `training_step.training_step`, one DDP copy with DDP's own all-reduce and one with the
-noise-scale hook (noise_scale.py, the strategy's `end_step` after every step), alternating epochs of EPOCH_STEPS
-steps, each first in half the rounds, so that drift on the shared machine hits both alike; the figure is the
+images, PER_RANK per rank) through `training_step.training_step`, one DDP copy with DDP's own all-reduce and one
+with the noise-scale hook (noise_scale.py, the strategy's `end_step` after every step), alternating epochs of
+EPOCH_STEPS steps, each first in half the rounds, so that drift on the shared machine hits both alike; the figure is the
 median of the per-round ratios of epoch times, minus 1 (target <= 1 %).
 
 Fashion-MNIST (`--fmnist`; bench/efficiency_fmnist.py says how): AdaScale at B = 1024, 2048 and 4096 and the DAG's

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket
@@ -18,24 +17,17 @@ import torch.multiprocessing as mp
 import yaml
 
 from tula_hpc.config import job_settings, validate_config
+from tula_hpc.frozen import deep_update
 from tula_hpc.job import Job
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = "digits-cnn"  # the one job config/jobs.yaml defines
 
 
-def _merge(base: dict, changes: dict) -> None:
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-
-
 def job_config(**sections: dict) -> dict:
     """config/jobs.yaml as a user wrote it (no defaults filled in), the job's `sections` changed key by key."""
     config = yaml.safe_load((REPO / "config" / "jobs.yaml").read_text())
-    _merge(config["jobs"][JOB], sections)
+    deep_update(config["jobs"][JOB], sections)
     return config
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from .datacheck import DataError, check_data
 from .devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
+from .frozen import deep_update
 from .job import Job, TrainSettings
 from .layout import ranks_per_host
 
@@ -362,15 +363,6 @@ def validate_config(config: dict) -> dict:
     return config
 
 
-def _deep_update(base: dict, update: dict) -> dict:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def load_config(paths: list[str | Path], overrides: dict | None = None) -> dict:
     """Read jobs files (later ones update earlier ones, as Snakemake merges them), apply overrides, validate."""
     config: dict = {}
@@ -383,7 +375,7 @@ def load_config(paths: list[str | Path], overrides: dict | None = None) -> dict:
             raise ConfigError(f"{path}: not valid YAML ({err})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level: the configuration must be a mapping with a 'jobs' key")
-        _deep_update(config, loaded)
+        deep_update(config, loaded)
     config.update({k: v for k, v in (overrides or {}).items() if v is not None})
     names = ", ".join(map(str, paths))
     try:

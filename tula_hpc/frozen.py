@@ -58,3 +58,13 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: to_plain(item) for key, item in value.items()}
     return value
+
+
+def deep_update(base: dict, changes: dict) -> dict:
+    """`base` with `changes` merged in key by key, as Snakemake merges config files; returns `base`."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_update(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base

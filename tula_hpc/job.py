@@ -8,10 +8,9 @@ mapping of the schema (a model's or data set's kwargs, charge factors) stays a d
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
-from .frozen import from_plain, optional, to_plain
+from .frozen import deep_update, from_plain, optional, to_plain
 
 
 @dataclass(frozen=True)
@@ -190,13 +189,4 @@ class Job:
 
     def updated(self, **sections: dict) -> Job:
         """This job with some settings changed key by key, e.g. updated(train={"epochs": 3})."""
-        return Job.from_dict(_merged(self.as_dict(), sections))
-
-
-def _merged(base: dict, changes: dict) -> dict:
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merged(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
+        return Job.from_dict(deep_update(self.as_dict(), sections))

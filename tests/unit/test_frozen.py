@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tula_hpc.frozen import from_plain, optional, to_plain
+from tula_hpc.frozen import deep_update, from_plain, optional, to_plain
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,11 @@ def test_a_missing_or_unknown_key_names_its_place():
         from_plain(Outer, {"inner": {"sizes": []}, "kwargs": {}}, "outer")
     with pytest.raises(KeyError, match=r"outer: unknown field\(s\) extra"):
         from_plain(Outer, {"inner": {"sizes": [], "rows": []}, "kwargs": {}, "extra": 1}, "outer")
+
+
+def test_deep_update_merges_key_by_key_and_copies_what_it_takes():
+    changes = {"train": {"ags": {"delta": 0.25}, "milestones": [3]}}
+    merged = deep_update({"train": {"ags": {"delta": 0.5, "base": "sgd"}, "epochs": 3}}, changes)
+    assert merged == {"train": {"ags": {"delta": 0.25, "base": "sgd"}, "epochs": 3, "milestones": [3]}}
+    changes["train"]["milestones"].append(4)
+    assert merged["train"]["milestones"] == [3]
