@@ -17,7 +17,6 @@ import cloudpickle
 import numpy as np
 from common import bench_job, error_summary, verdict
 
-from tula_hpc.files import write_json
 from tula_hpc.job import Job
 
 # A launched process cannot import bench/'s modules: its worker (train_peak_worker) travels by value.
@@ -343,6 +342,7 @@ def oom_section(device: str, preset: dict, scratch: Path) -> dict:
     from tula_hpc import memory_model, memory_probes
     from tula_hpc.budget import GB, budget_bytes
     from tula_hpc.files import read_json
+    from tula_hpc.records import Selection
     from tula_hpc.train import train
 
     spec = preset["oom"]
@@ -363,10 +363,11 @@ def oom_section(device: str, preset: dict, scratch: Path) -> dict:
     budget = int(peaks[batch // 2] + OOM_BUDGET_AT * (peaks[batch] - peaks[batch // 2]))
     job = case_job(device, spec, "gpu-check-oom", resources={"device_memory_gb": budget / GB}, **changes)
     folder = scratch / "oom"
-    write_json(folder / "selection.json", {"chosen": {"nodes": 1, "batch": batch, "per_device_batch": batch}})
+    Selection.by_hand(job, {"nodes": 1, "batch": batch, "per_device_batch": batch}).write(folder / "selection.json")
     started = time.perf_counter()
     try:
         summary = train(job, folder / "selection.json", folder / "summary.json", folder / "model.pt", folder / "work")
+        summary = summary.as_dict()
     except Exception as err:  # the stage's own failure is this section's finding; its attempts log says how far
         log = folder / "work" / "train" / "attempts.json"
         summary = {"error": f"{type(err).__name__}: {str(err)[-3000:]}", "attempts": []}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -16,9 +15,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 
-from tula_hpc.config import job_settings, validate_config
+from tula_hpc.config import job_settings, load_config, validate_config
 from tula_hpc.frozen import deep_update
 from tula_hpc.job import Job
+from tula_hpc.records import Selection
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = "digits-cnn"  # the one job config/jobs.yaml defines
@@ -117,7 +117,8 @@ def train_stage(
     """The train stage's command line on the selection (nodes, batch), in tmp_path/tag; waited for unless
     `background` (then the Popen, output in its stdout)."""
     selection = tmp_path / f"selection-{tag}.json"
-    selection.write_text(json.dumps({"chosen": {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes}}))
+    job = job_settings(load_config([config_path]), name)
+    Selection.by_hand(job, {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes}).write(selection)
     cmd = [
         *(sys.executable, "-m", "tula_hpc.train", "--config", str(config_path), "--job", name),
         *("--launcher", launcher, "--selection", str(selection)),

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .files import StageInputError, read_json, write_json
 from .frozen import from_plain, optional, to_plain
+
+if TYPE_CHECKING:
+    from .job import Job
 
 R = TypeVar("R", bound="StageRecord")
 
@@ -76,6 +79,26 @@ class Selection(StageRecord):
     best_time_curve: list[dict]
     knee_used: str | None = optional()
     predicted: dict | None = optional()
+
+    @classmethod
+    def by_hand(cls, job: Job, chosen: dict) -> Selection:
+        """`chosen` (nodes, batch, per_device_batch) picked without the select stage and predicted nothing: how a
+        test or a benchmark has the train stage run a configuration of its own."""
+        objective = job.objective
+        return cls(
+            job=job.name,
+            objective=objective.minimize,
+            pricing=objective.pricing,
+            knee_method=objective.knee_method,
+            knee_min_saving=objective.knee_min_saving,
+            chosen=chosen,
+            knees={},
+            runners_up=[],
+            constraints={},
+            feasible=1,
+            candidates=1,
+            best_time_curve=[chosen],
+        )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from tula_hpc import launch
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.distributed import failure_records
 from tula_hpc.job import Job
+from tula_hpc.records import Selection
 from tula_hpc.train import train, train_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -64,9 +65,9 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
     job = _job(tmp_path, device_memory_gb=TIGHT_GB)
     work = tmp_path / "work"
     _checkpoint_at_epoch_1(job, 512, work / "train", monkeypatch)
-    (tmp_path / "selection.json").write_text(json.dumps({"chosen": {"nodes": 2, "batch": 512}}))
+    Selection.by_hand(job, {"nodes": 2, "batch": 512}).write(tmp_path / "selection.json")
 
-    summary = train(job, tmp_path / "selection.json", tmp_path / "summary.json", tmp_path / "model.pt", work)
+    summary = train(job, tmp_path / "selection.json", tmp_path / "summary.json", tmp_path / "model.pt", work).as_dict()
 
     attempts = summary["attempts"]
     assert attempts[0] == {
@@ -95,10 +96,10 @@ def test_out_of_memory_relaunches_with_the_same_global_batch_from_the_checkpoint
 
 def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
     job = _job(tmp_path, device_memory_gb=TIGHT_GB, on_oom="shrink_global_batch")
-    (tmp_path / "selection.json").write_text(json.dumps({"chosen": {"nodes": 2, "batch": 512}}))
+    Selection.by_hand(job, {"nodes": 2, "batch": 512}).write(tmp_path / "selection.json")
     summary = train(
         job, tmp_path / "selection.json", tmp_path / "summary.json", tmp_path / "model.pt", tmp_path / "work"
-    )
+    ).as_dict()
     assert [a["global_batch"] for a in summary["attempts"]][:2] == [512, 256]
     assert {a["accumulation"] for a in summary["attempts"]} == {1}
     assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.conftest import default_job
 from tula_hpc.files import StageInputError
 from tula_hpc.records import Selection
 
@@ -53,3 +54,11 @@ def test_a_file_of_another_shape_names_the_file_and_the_field(tmp_path, change, 
     path.write_text(json.dumps(plain))
     with pytest.raises(StageInputError, match=f"selection.json: Selection: {named}"):
         Selection.read(path)
+
+
+def test_a_selection_by_hand_is_one_the_train_stage_reads(tmp_path):
+    job = default_job()
+    chosen = {"nodes": 2, "batch": 128, "per_device_batch": 64}
+    Selection.by_hand(job, chosen).write(tmp_path / "selection.json")
+    read = Selection.read(tmp_path / "selection.json")
+    assert read.chosen == chosen and read.job == job.name and read.predicted is None
