@@ -13,12 +13,15 @@ import datetime as dt
 import math
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 
 from .job import Job, SlurmSettings
 from .records import Selection
+from .slurm_states import controller_answers
 
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE")
+CONTROLLER_PATIENCE_S, CONTROLLER_POLL_S = 600, 5.0  # a command tried again while slurmctld does not answer
 
 
 class ClusterError(RuntimeError):
@@ -112,13 +115,20 @@ def parse_partitions(text: str) -> dict[str, PartitionLimits]:
 
 
 def _slurm(cmd: list[str]) -> subprocess.CompletedProcess:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ClusterError(f"`{' '.join(cmd)}` could not run: {err}") from None
-    if done.returncode != 0:
-        raise ClusterError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
-    return done
+    """`cmd`'s output. A command that fails while slurmctld does not answer (restarting, failing over) is tried
+    again until it answers, for CONTROLLER_PATIENCE_S: the plan stage's scontrol once failed a run that way
+    (bench/chaos.py, a controller restart). Any other failure is a ClusterError at once."""
+    deadline = time.time() + CONTROLLER_PATIENCE_S
+    while True:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise ClusterError(f"`{' '.join(cmd)}` could not run: {err}") from None
+        if done.returncode == 0:
+            return done
+        if controller_answers() or time.time() > deadline:
+            raise ClusterError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
+        time.sleep(CONTROLLER_POLL_S)
 
 
 def partition_limits(partition: str | None) -> PartitionLimits:

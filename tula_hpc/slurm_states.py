@@ -140,6 +140,15 @@ def cancel(job_id: str) -> None:
         time.sleep(CANCEL_POLL_S)
 
 
+def controller_answers() -> bool:
+    """Whether slurmctld answers (`scontrol ping` exits 0 when it does): a failed Slurm command is worth trying
+    again only while it does not, as when it restarts or fails over."""
+    try:
+        return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def held(job_id: str) -> bool:
     """Whether the pending job is held (squeue's reason: launch failed requeued held, JobHeldUser, JobHeldAdmin):
     it will not run until someone releases it."""

@@ -3,11 +3,16 @@ configuration that would start later passed over exactly when its wait outweighs
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
+import time
 
 import pytest
 
 from tests.conftest import default_job, wait_for
+from tests.slurm.conftest import SCRIPTS, STATE
 from tula_hpc import cluster
 from tula_hpc.selection import select, with_queue_waits
 from tula_hpc.slurm_states import slurm_state
@@ -56,3 +61,21 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
     assert waits[1] == 0.0 and BLOCK_MIN * 60 - 120 < waits[2] <= BLOCK_MIN * 60, waits
     assert choose(waits[2] + 120) == 2
     assert choose(waits[2] - 120) == 1
+
+
+def test_the_partitions_limits_are_read_once_slurmctld_is_back(slurm_cluster):
+    """bench/chaos.py found it: the plan stage's scontrol failed the run while slurmctld restarted. Now it is asked
+    again until slurmctld answers."""
+    controller = int((STATE / "pids" / "slurmctld.pid").read_text())
+    os.kill(controller, signal.SIGTERM)
+    wait_for(lambda: subprocess.run(["scontrol", "ping"], capture_output=True).returncode != 0, 60, "slurmctld to stop")
+    found = []
+    asking = threading.Thread(target=lambda: found.append(cluster.partition_limits(None)))
+    asking.start()
+    try:
+        time.sleep(8)  # scontrol fails meanwhile
+        assert asking.is_alive() and not found, "the partition's limits were given up on while slurmctld was away"
+    finally:
+        subprocess.run(["bash", str(SCRIPTS / "up.sh")], check=True, capture_output=True)
+    asking.join(timeout=120)
+    assert [limits.partition for limits in found] == ["debug"]

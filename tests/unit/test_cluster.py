@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import default_job
+from tests.conftest import default_job, fake_commands
 from tula_hpc import cluster
 from tula_hpc.job import Job
 
@@ -113,3 +113,46 @@ def test_queue_waits_ask_once_per_distinct_request(monkeypatch):
     waits = cluster.queue_waits(job, candidates, [100.0, 100.0, 100.0])
     assert waits[:2] == [0.0, 0.0] and waits[2] == pytest.approx(3600, abs=5)
     assert len(asked) == 2 and all("--gpus-per-node=4" in cmd for cmd in asked)
+
+
+# scontrol that fails its first `show` with the controller away, then prints the partitions; `ping` answers
+# whatever the file `up` says (Slurm's own messages).
+FLAKY_SCONTROL = """
+if [ "$1" = ping ]; then
+  if [ -e {up} ]; then echo 'Slurmctld(primary) at head is UP'; exit 0; fi
+  echo 'Slurmctld(primary) at head is DOWN'; exit 1
+fi
+if [ ! -e {shown} ]; then
+  touch {shown}; echo 'slurm_load_partitions error: Unable to contact slurm controller (connect failure)' >&2; exit 1
+fi
+cat {partitions}
+"""
+
+
+@pytest.fixture
+def flaky_scontrol(tmp_path, monkeypatch):
+    (tmp_path / "partitions").write_text(PARTITIONS)
+    body = FLAKY_SCONTROL.format(up=tmp_path / "up", shown=tmp_path / "shown", partitions=tmp_path / "partitions")
+    log = fake_commands(tmp_path, monkeypatch, scontrol=body)
+    monkeypatch.setattr(cluster, "CONTROLLER_POLL_S", 0.01)
+    return tmp_path, log
+
+
+def test_a_command_that_fails_while_slurmctld_is_away_is_tried_again(flaky_scontrol):
+    _, log = flaky_scontrol
+    assert cluster.partition_limits(None).partition == "gpu"
+    assert log.read_text().splitlines() == ["scontrol show partition -o", "scontrol ping", "scontrol show partition -o"]
+
+
+def test_a_command_that_fails_while_slurmctld_answers_fails_at_once(flaky_scontrol):
+    folder, log = flaky_scontrol
+    (folder / "up").touch()
+    with pytest.raises(cluster.ClusterError, match="Unable to contact slurm controller"):
+        cluster.partition_limits(None)
+    assert log.read_text().splitlines() == ["scontrol show partition -o", "scontrol ping"]
+
+
+def test_a_controller_away_too_long_is_an_error_naming_the_command(flaky_scontrol, monkeypatch):
+    monkeypatch.setattr(cluster, "CONTROLLER_PATIENCE_S", -1)
+    with pytest.raises(cluster.ClusterError, match=r"`scontrol show partition -o` failed \(1\)"):
+        cluster.partition_limits(None)
