@@ -9,7 +9,6 @@ checked below, and defaults that depend on other fields (search.sync_prior, by d
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -20,7 +19,7 @@ import yaml
 
 from .datacheck import DataError, check_data
 from .devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
-from .frozen import deep_update
+from .frozen import deep_update, to_plain
 from .job import Job, TrainSettings
 from .layout import ranks_per_host
 
@@ -314,7 +313,7 @@ def _check_gpu_job(job: Job, fail) -> None:
     if gpus and all(getattr(prior, kind).bandwidth_gb_s <= terms["bandwidth_gb_s"] for kind, terms in cpu.items()):
         fail(
             "search.sync_prior",
-            f"bandwidths of {_bandwidths(dataclasses.asdict(prior))} are gloo's on CPUs, but this job runs on GPUs "
+            f"bandwidths of {_bandwidths(to_plain(prior))} are gloo's on CPUs, but this job runs on GPUs "
             f"(resources.gpus_per_node: {gpus}), whose NCCL sync they would predict about 100 times too slow; "
             f"allowed: a bandwidth above gloo's ({_bandwidths(cpu)}) for at least one kind: leave "
             f"search.sync_prior out for the GPU preset ({_bandwidths(SYNC_PRIORS['gpu'])}) or write your "

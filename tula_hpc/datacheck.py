@@ -7,7 +7,6 @@ callable brings torch in. Every message begins with the field to change: "field 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
 import importlib
@@ -19,6 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .frozen import from_plain, to_plain
 from .job import DataSettings
 
 FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
@@ -124,12 +124,12 @@ def user_data_sets(data: DataSettings) -> tuple[Any, Any, int, int]:
 
     Remembered for the last `data` section asked about: validation asks twice (check_data, then the model's
     check), and a stage validates its config before it loads the data, so the callable runs once per process."""
-    return _user_data_sets(json.dumps(dataclasses.asdict(data), sort_keys=True))
+    return _user_data_sets(json.dumps(to_plain(data), sort_keys=True))
 
 
 @functools.lru_cache(maxsize=1)
 def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
-    data = DataSettings(**json.loads(data_json))
+    data = from_plain(DataSettings, json.loads(data_json), "data")
     spec = data.name
     module_name, attr = spec.split(":")
     try:

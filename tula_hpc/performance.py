@@ -45,7 +45,6 @@ How sync is laid out over hosts, how it overlaps compute, and its latent fit: co
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from typing import TYPE_CHECKING
@@ -67,6 +66,7 @@ from .collective_cost import (
     overlapped,
 )
 from .devices import SYNC_PRIORS
+from .frozen import to_plain
 from .layout import ranks_per_host
 
 if TYPE_CHECKING:
@@ -492,7 +492,7 @@ def model_params(job: Job) -> dict:
     return {
         "collective": search.collective,
         "sync_fit": search.sync_fit,
-        "sync_prior": dataclasses.asdict(search.sync_prior),
+        "sync_prior": to_plain(search.sync_prior),
         "noise_prior": search.noise_prior,
         "discrepancy_per_octave": search.discrepancy_per_octave,
         "interference_tolerance": search.interference_tolerance,
