@@ -33,6 +33,9 @@ GB = 1e9
 OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
 # The torch.cuda counter of each figure a peak is read in (_DeviceMemory.peak).
 PEAK_COUNTS = {"allocated": "max_memory_allocated", "reserved": "max_memory_reserved"}
+# The caching allocator's event counts (torch.cuda.memory_stats): a retry is a malloc that failed, freed every cached
+# block (synchronising the device) and tried again; an OOM one that failed after the retry.
+ALLOCATOR_EVENTS = ("num_alloc_retries", "num_ooms")
 CPU_BUDGET_SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_budget.cpp"
 # A size in a CUDA out-of-memory message, as c10's format_size writes it: "N bytes" up to 1 KiB, else two decimals
 # of KiB, MiB (up to 1 GiB) or GiB.
@@ -215,6 +218,27 @@ class _DeviceMemory:
         if device.type != "cuda":
             return self.resident + _cpu_allocator().tula_failed_at() - self.origin
         return cuda_failed_at(str(err)) or torch.cuda.max_memory_reserved(device)
+
+    def allocator_events(self, device) -> dict[str, int]:
+        """The caching allocator's ALLOCATOR_EVENTS so far; none on the CPU, whose budget allocator never retries."""
+        import torch
+
+        if device.type != "cuda":
+            return {}
+        stats = torch.cuda.memory_stats(device)
+        return {event: stats.get(event, 0) for event in ALLOCATOR_EVENTS}
+
+    def release(self, device) -> None:
+        """Give back what a finished run held: its garbage, its budget, the allocator's cache and peaks."""
+        import gc
+
+        import torch
+
+        gc.collect()
+        self.lift()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
 
     def reset_peak(self, device) -> None:
         import torch

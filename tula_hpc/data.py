@@ -155,6 +155,56 @@ def _digits(cfg: DataSettings, seed: int) -> Splits:
     return Splits(Subset(full, train), Subset(full, val), Subset(full, test), num_classes=10, in_channels=1)
 
 
+class SyntheticImages(Dataset):
+    """Images of a fixed shape with labels, each made from (seed, index) when it is read: no disk, no memory held.
+
+    What a dry run of a model at its real input shape needs (memory probes, step times): a step's memory and time
+    do not depend on pixel values. Drawn batch-at-a-time (`__getitems__`) by one seeded generator per batch."""
+
+    def __init__(self, indices, *, channels: int, image_size: int, classes: int, seed: int):
+        self.indices, self.seed = np.asarray(indices), seed
+        self.shape, self.classes = (channels, image_size, image_size), classes
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        x, y = self.batch([i])
+        return x[0], int(y[0])
+
+    def __getitems__(self, positions: list[int]) -> list:
+        x, y = self.batch(positions)
+        return list(zip(x.unbind(0), y.tolist()))
+
+    def batch(self, positions, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """The images and labels at `positions`, made on `device`."""
+        images = self.indices[np.asarray(positions)]
+        key = int(_mix(np.array([self.seed % 2**64], dtype=np.uint64) ^ _mix(images.astype(np.uint64)))[0] >> 1)
+        generator = torch.Generator(device).manual_seed(key ^ len(images))
+        x = torch.randn((len(images), *self.shape), generator=generator, device=device)
+        y = torch.from_numpy(images % self.classes).to(device)
+        return x, y
+
+
+SYNTHETIC_DEFAULTS = {"channels": 3, "classes": 10, "size": 50_000}
+
+
+def synthetic_settings(cfg: DataSettings) -> dict:
+    """data.kwargs of the synthetic data set over its defaults (SYNTHETIC_DEFAULTS: CIFAR-10's training set)."""
+    return {**SYNTHETIC_DEFAULTS, **cfg.kwargs}
+
+
+def _synthetic(cfg: DataSettings, seed: int) -> Splits:
+    settings = synthetic_settings(cfg)
+    train, val, test = _split_indices(settings["size"], [cfg.val_fraction, cfg.test_fraction], seed)
+    shape = {"channels": settings["channels"], "image_size": cfg.image_size, "classes": settings["classes"]}
+    return Splits(
+        *(SyntheticImages(part, seed=seed, **shape) for part in (train, val, test)),
+        num_classes=settings["classes"],
+        in_channels=settings["channels"],
+    )
+
+
 def fashion_mnist_cache(cfg: DataSettings) -> Path:
     """A folder where torchvision's FashionMNIST finds the files: data.root's .gz files decompressed once into
     CACHE_DIR/fashion_mnist-<key>/FashionMNIST/raw, the key from the files' paths, sizes and mtimes.
@@ -306,6 +356,7 @@ LOADERS = {
     "cifar10": _cifar,
     "cifar100": _cifar,
     "imagefolder": _imagefolder,
+    "synthetic": _synthetic,
 }
 
 
@@ -410,4 +461,7 @@ def data_shape(data: DataSettings) -> tuple[int, int]:
         return sum(entry.is_dir() for entry in folder.iterdir()), 3
     if name in DATA_SHAPES:
         return DATA_SHAPES[name]
+    if name == "synthetic":
+        settings = synthetic_settings(data)
+        return settings["classes"], settings["channels"]
     return user_data_sets(data)[2:]

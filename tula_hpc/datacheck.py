@@ -52,6 +52,8 @@ def check_data(data: DataSettings) -> None:
         user_data_sets(data)
     elif name == "fashion_mnist":
         fashion_mnist_files(data)
+    elif name == "synthetic":
+        _check_synthetic(data.kwargs)
     elif name != "digits":  # cifar10, cifar100, imagefolder: their own files under root
         if not data.root:
             _fail("root", f"data set '{name}' needs a root folder holding its files (nothing is downloaded)")
@@ -60,6 +62,17 @@ def check_data(data: DataSettings) -> None:
             _fail("root", f"folder '{root}' does not exist")
         if name == "imagefolder" and not any(entry.is_dir() for entry in root.iterdir()):
             _fail("root", f"'{root}' has no class folders (root/<class>/... or root/train/<class>/...)")
+
+
+SYNTHETIC_KEYS = ("channels", "classes", "size")
+
+
+def _check_synthetic(kwargs: dict) -> None:
+    for key, value in kwargs.items():
+        if key not in SYNTHETIC_KEYS:
+            _fail("kwargs", f"the synthetic data set takes {', '.join(SYNTHETIC_KEYS)}, not '{key}'")
+        if isinstance(value, bool) or not isinstance(value, int) or value < (2 if key == "classes" else 1):
+            _fail("kwargs", f"synthetic {key} must be a whole number of at least {2 if key == 'classes' else 1}, got {value!r}")
 
 
 def fashion_mnist_root(data: DataSettings) -> Path:

@@ -50,11 +50,16 @@ def _build(job: Job):
     return splits, model, nn.CrossEntropyLoss()
 
 
-def _collated_batch(splits, batch: int, device):
-    """`batch` real training samples (repeated if needed), collated as the DataLoader does, on the device."""
-    from torch.utils.data import default_collate
+def shaped_batch(splits, batch: int, device):
+    """`batch` random samples shaped and typed as the training set's (one real sample says how), made on the
+    device: a step's memory does not depend on pixel values, and a large trial must not decode that many images."""
+    import torch
 
-    return [t.to(device) for t in default_collate([splits.train[i % len(splits.train)] for i in range(batch)])]
+    x, y = (torch.as_tensor(t) for t in splits.train[0])
+    generator = torch.Generator(device).manual_seed(batch)
+    images = torch.randn((batch, *x.shape), generator=generator, device=device, dtype=x.dtype)
+    labels = torch.randint(0, splits.num_classes, (batch, *y.shape), generator=generator, device=device)
+    return [images, labels.to(y.dtype)]
 
 
 def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[str, int]]:
@@ -108,14 +113,14 @@ def measure_probe(job: Job, batch: int) -> dict:
     device = probe_device(job)
     device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)
     strategy = build_strategy(model, job.train, batch, 1)
-    peaks = steady_steps(model, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
+    peaks = steady_steps(model, strategy, loss_fn, lambda: shaped_batch(splits, batch, device), device)
     params = list(model.parameters())
     resident, param_bytes = model_bytes(model), sum(p.nbytes for p in params)
     grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
     optimizer_bytes = optimizer_state_bytes(strategy.optimizer)
     # What else the steps left on the device (cuBLAS's and cuDNN's workspaces), read before the next batch exists.
     workspace_bytes = device_memory.in_use(device) - resident - grad_bytes - optimizer_bytes
-    x, y = _collated_batch(splits, batch, device)
+    x, y = shaped_batch(splits, batch, device)
     activation_bytes, autocast_weight_bytes = saved_tensor_bytes(model, loss_fn, x, y, strategy.precision)
     outside, library = device_memory.outside_allocator_with(device, collectives=runs_on_several_devices(job))
     return {
@@ -152,7 +157,7 @@ def trial_step(job: Job, batch: int, budget: int, ddp: bool) -> dict:
         join_one_rank_group(device)
         net = DDP(model)
     strategy = build_strategy(net, job.train, batch, 1)
-    peaks = steady_steps(net, strategy, loss_fn, lambda: _collated_batch(splits, batch, device), device)
+    peaks = steady_steps(net, strategy, loss_fn, lambda: shaped_batch(splits, batch, device), device)
     return {"batch": batch, "outcome": "fits", **{PEAK[f]: max(part_peaks.values()) for f, part_peaks in peaks.items()}}
 
 
@@ -179,21 +184,39 @@ def run_in_fresh_process(kind: str, job: Job, **kwargs) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _answer_in_process(kind: str, job: Job, kwargs: dict) -> dict:
-    """The probe's or trial's result; running out of memory (or budget) is an answer, not a crash."""
+def run_in_this_process(kind: str, job: Job, **kwargs) -> dict:
+    """`measure_probe` or `trial_step` here, then what it held is released for the next (as Lightning's and
+    accelerate's batch-size searches do): no interpreter start-up and no kernels built again for each."""
+    import torch.distributed as dist
+
     try:
-        return {"measure": measure_probe, "trial": trial_step}[kind](job, **kwargs)
+        return _answer_in_process(kind, job, kwargs)
+    finally:
+        if dist.is_initialized():  # a trial's one-rank group
+            dist.destroy_process_group()
+        device_memory.release(probe_device(job))
+
+
+def _answer_in_process(kind: str, job: Job, kwargs: dict) -> dict:
+    """The probe's or trial's result with the allocator's events during it; running out of memory (or budget) is
+    an answer, not a crash."""
+    device = probe_device(job)
+    before = device_memory.allocator_events(device)
+    try:
+        answer = {"measure": measure_probe, "trial": trial_step}[kind](job, **kwargs)
     except DeviceBudgetError as err:
-        return {"batch": kwargs["batch"], "outcome": "budget_too_small", "error": str(err)}
+        answer = {"batch": kwargs["batch"], "outcome": "budget_too_small", "error": str(err)}
     except Exception as err:
         if not is_out_of_memory(err):
             raise
-        return {
+        answer = {
             "batch": kwargs["batch"],
             "outcome": "out_of_memory",
-            "failed_at_bytes": device_memory.failed_at(probe_device(job), err),
+            "failed_at_bytes": device_memory.failed_at(device, err),
             "error": str(err)[:500],
         }
+    after = device_memory.allocator_events(device)
+    return {**answer, "allocator_events": {event: after[event] - before[event] for event in after}}
 
 
 def main(argv: list[str] | None = None) -> int:
