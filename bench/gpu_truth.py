@@ -31,9 +31,9 @@ from gpu_check import device_info, provenance_here
 from tula_hpc.files import write_json
 from tula_hpc.job import Job
 
-STEP = 0.04  # a bracket is sought in steps of this share of the batch
+STEP = 0.03  # a bracket is sought in steps of this share of the batch, doubling
 TOLERANCE = 0.01  # the bisection ends when the failing batch is within this share of the fitting one
-MAX_TRIALS = 12
+MAX_TRIALS = 14
 WARMUP_STEPS = 25
 CASES = {
     "resnet18_32_fp32": {"model": "resnet18", "image_size": 32, "precision": "fp32", "warmup_batch": 512},
@@ -128,7 +128,7 @@ def trial(job: Job, batch: int, budget: int) -> dict:
 def bisect(job: Job, start: int, budget: int, deadline: float) -> tuple[list[dict], dict]:
     """Trials from `start` until a fitting and a failing batch lie within TOLERANCE (or MAX_TRIALS, or the
     deadline): the trials and the truth they found."""
-    trials, fits, fails, batch = [], 0, None, max(1, start)
+    trials, fits, fails, batch, step = [], 0, None, max(1, start), STEP
     while len(trials) < MAX_TRIALS and time.monotonic() < deadline:
         trials.append(trial(job, batch, budget))
         if trials[-1]["outcome"] == "fits":
@@ -137,12 +137,11 @@ def bisect(job: Job, start: int, budget: int, deadline: float) -> tuple[list[dic
             fails = batch if fails is None else min(fails, batch)
         if fails is not None and fits and fails - fits <= max(1, TOLERANCE * fits):
             break
-        if fails is None:
-            batch = int(batch * (1 + STEP)) + 1
-        elif not fits:
-            batch = max(1, int(batch * (1 - STEP)))
-        else:
+        if fails is not None and fits:
             batch = (fits + fails) // 2
+        else:  # no bracket yet: steps that double until one is found
+            batch = int(batch * (1 + step)) + 1 if fails is None else max(1, int(batch * (1 - step)))
+            step = min(2 * step, 0.5)
     without_retry = [
         t["batch"]
         for t in trials

@@ -337,7 +337,9 @@ def saved_tensor_bytes(model, loss_fn, x, y, precision) -> tuple[int, int]:
             saved[storage_key(tensor)] = tensor.untyped_storage().nbytes()
             if derived_from_parameters(tensor):
                 weight_copies.add(storage_key(tensor))
-        return tensor
+        # Kept detached: a saved output packed as itself holds its own grad_fn, a cycle through autograd's C++ graph
+        # that Python's gc cannot see, so the whole step would outlive this function (found in one-process probes).
+        return tensor.detach()
 
     x = precision.inputs(x)
     skip.add(storage_key(x))
