@@ -30,7 +30,28 @@ if TYPE_CHECKING:
     from .job import Job
 
 GB = 1e9
-OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "out of memory")
+# What a RuntimeError says when an allocation failed, where each wording comes from:
+#   "can't allocate memory": a host allocation (c10's DefaultCPUAllocator, and the budget allocator in its words);
+#   "out of memory": the caching allocator's "CUDA out of memory. ...", and the CUDA runtime's text of
+#     cudaErrorMemoryAllocation as C10_CUDA_CHECK writes it, "CUDA error: out of memory";
+#   CUBLAS_STATUS_ALLOC_FAILED: cuBLAS and cuBLASLt, by the status name ATen's _cublasGetErrorEnum gives, as
+#     TORCH_CUDABLAS_CHECK (aten/src/ATen/cuda/Exceptions.h) writes it, "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
+#     calling `cublasCreate(handle)`", and ATen's cublasLtMatmul check (CUDABlas.cpp), "... when calling
+#     cublasLtMatmul with transpose_mat1 ...";
+#   CUDNN_STATUS_*ALLOC*: cuDNN, by the status name cudnnGetErrorString gives, as AT_CUDNN_CHECK writes it, "cuDNN
+#     error: <name>", AT_CUDNN_FRONTEND_CHECK, "cuDNN Frontend error: <call> failed with <name>" (the frontend's
+#     CUDNN_BACKEND_API_FAILED), and the v8 frontend's cudnnException, "... cudnn_status: <name>". cuDNN 8 names
+#     CUDNN_STATUS_ALLOC_FAILED; cuDNN 9 (cudnn_graph.h) keeps that as a deprecated alias of
+#     CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED and names device memory's failure apart.
+# Any other status (CUBLAS_STATUS_EXECUTION_FAILED, CUDNN_STATUS_EXECUTION_FAILED, ...) is a fault, not memory.
+OUT_OF_MEMORY_MESSAGES = (
+    "can't allocate memory",
+    "out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+)
 # The torch.cuda counter of each figure a peak is read in (_DeviceMemory.peak).
 PEAK_COUNTS = {"allocated": "max_memory_allocated", "reserved": "max_memory_reserved"}
 # The caching allocator's event counts (torch.cuda.memory_stats): a retry is a malloc that failed, freed every cached
@@ -74,7 +95,8 @@ class DeviceBudgetError(RuntimeError):
 
 
 def is_out_of_memory(err: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, the budget allocator's (the same type) or a failed host allocation."""
+    """CUDA's OutOfMemoryError, the budget allocator's (the same type), a failed host allocation, or cuBLAS or cuDNN
+    failing to allocate (RuntimeErrors that name their status): each means a smaller batch may fit."""
     import torch
 
     if isinstance(err, (torch.OutOfMemoryError, MemoryError)):

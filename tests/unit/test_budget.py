@@ -118,6 +118,39 @@ def test_on_a_gpu_the_failure_is_read_from_the_error_else_the_peak_reserved(monk
     assert device_memory.failed_at(CUDA, RuntimeError("CUBLAS_STATUS_ALLOC_FAILED: out of memory")) == 7 * GiB
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.",
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasLtMatmul with transpose_mat1 1 transpose_mat2 0 "
+        "m 4096 n 8192 k 1024 mat1_ld 1024 mat2_ld 1024 result_ld 4096 abcType 14 computeType 68 scaleType 0",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+        "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+        "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+        "cuDNN Frontend error: detail::finalize(plan->get_backend_descriptor()) failed with "
+        "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+        "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: cudnnFinalize Descriptor Failed cudnn_status: "
+        "CUDNN_STATUS_ALLOC_FAILED",
+    ],
+    ids=["cuda", "cublas", "cublaslt", "cudnn8", "cudnn9-host", "cudnn9-device", "cudnn-frontend", "cudnn-v8-plan"],
+)
+def test_cuda_cublas_and_cudnn_allocation_failures_are_out_of_memory(message):
+    """cuBLAS and cuDNN name their allocation failures in their own words: a smaller batch may fit after each."""
+    assert is_out_of_memory(RuntimeError(message))
+
+
+def test_a_cublas_execution_failure_or_another_runtime_error_is_not_out_of_memory():
+    execution = (
+        "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, "
+        "lda, b, ldb, &beta, c, ldc)`"
+    )
+    assert not is_out_of_memory(RuntimeError(execution))
+    assert not is_out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"))
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied (64x512 and 256x10)"))
+
+
 # --- NCCL's buffers ------------------------------------------------------------------------------------------
 
 
