@@ -62,25 +62,12 @@ def case_job(device: str, case: dict, name: str, **sections) -> Job:
 
 
 def index_cap(job: Job, splits) -> int:
-    """The largest batch at which no module's output holds 2^31 elements or more (a forward pass on the meta
-    device): beyond, CUDA kernels split the batch or index in 64 bits, which no probe's small batch shows."""
-    import torch
+    """tula_hpc.models.index_cap of the job's model for its data (`splits`' classes and channels)."""
+    from tula_hpc import models
 
-    from tula_hpc.models import build_model
-
-    side, largest = job.data.image_size, 0
-
-    def see(_module, _inputs, output) -> None:
-        nonlocal largest
-        if isinstance(output, torch.Tensor):
-            largest = max(largest, output.numel() // 2)
-
-    with torch.device("meta"):
-        model = build_model(job.model.name, splits.num_classes, splits.in_channels, side).eval()
-        for module in model.modules():
-            module.register_forward_hook(see)
-        model(torch.empty(2, splits.in_channels, side, side))
-    return (2**31 - 1) // largest
+    return models.index_cap(
+        job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs
+    )
 
 
 def compared(models: dict, batch: int, measured: dict, buckets: int = 0) -> dict:

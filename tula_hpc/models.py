@@ -285,3 +285,32 @@ def check_model(name: str, num_classes: int, in_channels: int, image_size: int, 
             f"'{name}' returns {got} for 2 images in training mode; expected logits of shape (2, {num_classes}), "
             "num_classes from the data set",
         )
+
+
+def _tensors(output: Any):
+    """The tensors a module returned: itself, or those in a (nested) tuple or list."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors(item)
+
+
+def index_cap(name: str, num_classes: int, in_channels: int, image_size: int, kwargs: dict | None = None) -> int:
+    """The largest batch at which no module's output holds 2^31 elements or more: beyond it CUDA kernels split the
+    batch or index in 64 bits, which a probe's small batch does not show.
+
+    Read from a forward pass on two images on the meta device (shapes only), every module's output per image.
+    """
+    largest = 0
+
+    def see(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        nonlocal largest
+        largest = max([largest, *(tensor.numel() // 2 for tensor in _tensors(output))])
+
+    with torch.device("meta"), torch.no_grad():
+        model = build_model(name, num_classes, in_channels, image_size, kwargs).eval()
+        for module in model.modules():
+            module.register_forward_hook(see)
+        model(torch.empty(2, in_channels, image_size, image_size))
+    return (2**31 - 1) // largest

@@ -7,7 +7,7 @@ from torch import nn
 from tests.conftest import default_job
 from tula_hpc.config import MIN_IMAGE_SIZE
 from tula_hpc.evaluate import load_trained_model
-from tula_hpc.models import SMALL_IMAGE, ModelError, build_model, check_model
+from tula_hpc.models import SMALL_IMAGE, ModelError, build_model, check_model, index_cap
 from tula_hpc.train import train_worker
 
 FACTORIES = "tests.unit.factories"
@@ -115,3 +115,38 @@ def test_evaluation_rebuilds_the_trained_network_with_its_model_kwargs(tmp_path)
     train_worker(job, 64, **paths)
     loaded = load_trained_model(tmp_path / "model.pt")
     assert loaded.received == {"width": 6} and loaded.layers[0].out_channels == 6
+
+
+class Widen(nn.Module):
+    """Returns its input and five copies of it side by side: a tuple whose second tensor is the widest."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x.repeat(1, 5, 1, 1)
+
+
+class TupleInside(nn.Module):
+    """A network whose largest activation is only in a module's tuple output."""
+
+    def __init__(self, num_classes: int, in_channels: int):
+        super().__init__()
+        self.widen, self.head = Widen(), nn.Linear(5 * in_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, wide = self.widen(x)
+        return self.head(wide.mean((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "name, in_channels, image_size, per_image",
+    [
+        ("tiny_cnn", 1, 32, 64 * 32 * 32),  # its second convolution's output
+        ("resnet18", 3, 32, 64 * 32 * 32),  # the CIFAR stem's 64 channels at full size
+        (f"{__name__}:TupleInside", 2, 16, 5 * 2 * 16 * 16),  # the tuple's wide tensor
+    ],
+)
+def test_the_index_cap_is_the_largest_batch_whose_activations_stay_below_2_to_the_31(
+    name, in_channels, image_size, per_image
+):
+    cap = index_cap(name, num_classes=10, in_channels=in_channels, image_size=image_size)
+    assert cap == (2**31 - 1) // per_image
+    assert cap * per_image < 2**31 <= (cap + 1) * per_image
