@@ -85,14 +85,24 @@ def _processor() -> str:
     return platform.processor() or platform.machine()
 
 
+def _commit() -> tuple[str, bool | None]:
+    """The commit measured and whether the tree had uncommitted changes (the commit alone does not say what ran).
+
+    The caller's TULA_GIT_COMMIT wins, its changes unknown: a copy without its own .git (the GPU machine's) may sit
+    in another repository's work tree, and git would answer for that one. Else git's answer."""
+    if named := os.environ.get("TULA_GIT_COMMIT"):
+        return named, None
+    return _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain", "--untracked-files=no"))
+
+
 def provenance() -> dict:
     """The code and machine a figure was measured with."""
     import torch
 
+    commit, dirty = _commit()
     return {
-        "git_commit": _git("rev-parse", "HEAD"),
-        # Uncommitted changes anywhere in the tree: the commit alone does not say what ran.
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "processor": _processor(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpus": len(os.sched_getaffinity(0)),

@@ -142,8 +142,9 @@ def all_verdicts(sections: dict) -> dict:
 
 
 def provenance_here() -> dict:
-    """common.provenance, or where the tree has no .git (the GPU machine's copy) the same without git: the
-    commit from TULA_GIT_COMMIT if the caller set it. The source digest identifies the code either way."""
+    """common.provenance: the commit TULA_GIT_COMMIT names where the caller sets it (the GPU machine's copy has no
+    .git), else git's; where git finds no .git above the tree either, the same with no commit. The source digest
+    identifies the code either way."""
     try:
         found = provenance()
     except (OSError, subprocess.CalledProcessError):
@@ -153,7 +154,7 @@ def provenance_here() -> dict:
         import common
 
         found = {
-            "git_commit": os.environ.get("TULA_GIT_COMMIT"),
+            "git_commit": None,
             "git_dirty": None,
             "processor": common._processor(),
             "cpus": len(os.sched_getaffinity(0)),

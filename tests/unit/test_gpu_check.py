@@ -208,10 +208,10 @@ def test_a_proposal_the_training_set_caps_is_sized_again_at_half_the_training_se
 
 
 def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_code(monkeypatch):
-    def no_git():
-        raise subprocess.CalledProcessError(128, ["git", "rev-parse", "HEAD"])
+    def no_git(*args):
+        raise subprocess.CalledProcessError(128, ["git", *args])
 
-    monkeypatch.setattr(gpu_check, "provenance", no_git)
+    monkeypatch.setattr(common, "_git", no_git)
     monkeypatch.setenv("TULA_GIT_COMMIT", "f00d")
     found = gpu_check.provenance_here()
     assert found["git_commit"] == "f00d" and found["git_dirty"] is None
@@ -219,3 +219,16 @@ def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_c
         found["source_digest"] == gpu_check.files_digest(list(gpu_check.SOURCES)) and len(found["source_digest"]) == 16
     )
     assert {"processor", "python", "torch", "written_at"} <= set(found)
+    monkeypatch.delenv("TULA_GIT_COMMIT")
+    unnamed = gpu_check.provenance_here()
+    assert unnamed["git_commit"] is None and unnamed["source_digest"] == found["source_digest"]
+
+
+def test_the_callers_commit_wins_over_git_even_inside_a_git_repository(monkeypatch):
+    """A copy inside another repository's work tree got that repository's commit from git, the caller's ignored."""
+    monkeypatch.delenv("TULA_GIT_COMMIT", raising=False)
+    from_git = gpu_check.provenance_here()["git_commit"]
+    assert from_git == common._git("rev-parse", "HEAD")
+    monkeypatch.setenv("TULA_GIT_COMMIT", "f00d")
+    found = gpu_check.provenance_here()
+    assert found["git_commit"] == "f00d" != from_git and found["git_dirty"] is None
