@@ -156,10 +156,11 @@ def _digits(cfg: DataSettings, seed: int) -> Splits:
 
 
 class SyntheticImages(Dataset):
-    """Images of a fixed shape with labels, each made from (seed, index) when it is read: no disk, no memory held.
+    """Images of a fixed shape with labels, made from (seed, indices) when they are read: no disk, no memory held.
 
     What a dry run of a model at its real input shape needs (memory probes, step times): a step's memory and time
-    do not depend on pixel values. Drawn batch-at-a-time (`__getitems__`) by one seeded generator per batch."""
+    do not depend on pixel values. Drawn batch-at-a-time (`__getitems__`) by one generator per batch, seeded from
+    the seed and the batch's indices; an image's label is its index modulo the classes."""
 
     def __init__(self, indices, *, channels: int, image_size: int, classes: int, seed: int):
         self.indices, self.seed = np.asarray(indices), seed
@@ -178,9 +179,11 @@ class SyntheticImages(Dataset):
 
     def batch(self, positions, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """The images and labels at `positions`, made on `device`."""
-        images = self.indices[np.asarray(positions)]
-        key = int(_mix(np.array([self.seed % 2**64], dtype=np.uint64) ^ _mix(images.astype(np.uint64)))[0] >> 1)
-        generator = torch.Generator(device).manual_seed(key ^ len(images))
+        images = self.indices[np.asarray(positions, dtype=np.int64)]
+        # Every index in order, not the first alone: batches sharing a first image must not share their pixels.
+        words = np.concatenate([np.array([self.seed % 2**64], dtype=np.uint64), images.astype(np.uint64)])
+        key = int.from_bytes(hashlib.blake2b(words.tobytes(), digest_size=8).digest(), "little") >> 1
+        generator = torch.Generator(device).manual_seed(key)
         x = torch.randn((len(images), *self.shape), generator=generator, device=device)
         y = torch.from_numpy(images % self.classes).to(device)
         return x, y

@@ -330,6 +330,34 @@ def test_fashion_mnist_from_debians_folder_and_a_data_set_callable_are_valid():
     assert default_job(data={"name": "tests.unit.user_datasets:counted", "kwargs": {"n": 20}}).data.kwargs
 
 
+BAD_SYNTHETIC = [
+    ("unknown key", {"colour": 3}, ["'colour'", "channels, classes, size"]),
+    ("one class", {"classes": 1}, ["classes", "at least 2", "got 1"]),
+    ("no channels", {"channels": 0}, ["channels", "at least 1", "got 0"]),
+    ("size as a number with a fraction", {"size": 1000.5}, ["size", "whole number", "1000.5"]),
+    ("size as a boolean", {"size": True}, ["size", "whole number", "True"]),
+]
+
+
+@pytest.mark.parametrize("label, kwargs, fragments", BAD_SYNTHETIC, ids=[c[0] for c in BAD_SYNTHETIC])
+def test_bad_synthetic_kwargs_name_the_job_and_the_field(label, kwargs, fragments):
+    with pytest.raises(ConfigError) as err:
+        validate_config(job_config(data={"name": "synthetic", "kwargs": kwargs}))
+    message = str(err.value)
+    assert "job 'digits-cnn': field 'data.kwargs': " in message, message
+    for fragment in fragments:
+        assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+def test_synthetic_data_of_a_given_shape_is_valid_and_a_model_is_built_for_it():
+    kwargs = {"channels": 3, "classes": 100, "size": 1000}
+    assert default_job(data={"name": "synthetic", "kwargs": kwargs}).data.kwargs == kwargs
+    assert default_job(data={"name": "synthetic"}).data.kwargs == {}  # SYNTHETIC_DEFAULTS
+    data = {"name": "synthetic", "kwargs": kwargs}
+    with pytest.raises(ConfigError, match=r"field 'model.name': .* expected logits of shape \(2, 100\)"):
+        validate_config(job_config(model={"name": f"{FACTORIES}:ignores_classes"}, data=data))
+
+
 @pytest.mark.parametrize("data", [{"name": "fashion_mnist", "damage": "truncated"}, {"name": BAD_DATA[3][1]}])
 def test_a_stage_stops_on_bad_data_before_submitting_and_leaves_results_untouched(data, tmp_path):
     root = _fashion_folder(tmp_path, data["damage"]) if "damage" in data else None
