@@ -162,8 +162,8 @@ def bisect(job: Job, start: int, budget: int, deadline: float) -> tuple[list[dic
 
 def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, stamp: dict) -> dict:
     import torch
-
     from gpu_memory import index_cap
+
     from tula_hpc.budget import budget_bytes, device_memory
     from tula_hpc.data import load_splits
     from tula_hpc.memory_model import fit_probes, measured, room_for_steps

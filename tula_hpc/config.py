@@ -73,6 +73,7 @@ STEP_SETTINGS = (
     "train.channels_last",
     "resources.gpus_per_node",
     "resources.cpus_per_task",
+    "resources.cuda_alloc_conf",
 )
 MEASUREMENT_SETTINGS = tuple(
     f"search.{key}" for key in ("warmup_steps", "steps", "min_measure_s", "max_attempts", "interference_tolerance")
@@ -98,6 +99,7 @@ STAGE_SETTINGS = {
         "resources.mem_gb",  # the CPU's budget under device_memory_gb: auto
         "resources.memory_headroom",
         "resources.memory_probe_batches",
+        "resources.memory_probes_in",
         "search.nodes",
     ),
     "plan": (
@@ -113,7 +115,7 @@ STAGE_SETTINGS = {
     "adapt": STEP_SETTINGS + MEASUREMENT_SETTINGS + FIT_SETTINGS + ("search.adaptive",),
     "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
     "select": ("objective",),
-    "train": ("model", "data", "train", "resources.on_oom"),
+    "train": ("model", "data", "train", "resources.on_oom", "resources.cuda_alloc_conf"),
     "evaluate": ("model", "data", "train.seed", "objective", "resources.gpus_per_node"),
     "report": (),
 }

@@ -72,7 +72,8 @@ def _check_synthetic(kwargs: dict) -> None:
         if key not in SYNTHETIC_KEYS:
             _fail("kwargs", f"the synthetic data set takes {', '.join(SYNTHETIC_KEYS)}, not '{key}'")
         if isinstance(value, bool) or not isinstance(value, int) or value < (2 if key == "classes" else 1):
-            _fail("kwargs", f"synthetic {key} must be a whole number of at least {2 if key == 'classes' else 1}, got {value!r}")
+            least = 2 if key == "classes" else 1
+            _fail("kwargs", f"synthetic {key} must be a whole number of at least {least}, got {value!r}")
 
 
 def fashion_mnist_root(data: DataSettings) -> Path:

@@ -145,6 +145,8 @@ class ResourceSettings:
     checkpoint_every_steps: int | None
     memory_headroom: float
     memory_probe_batches: tuple[int, ...]
+    cuda_alloc_conf: str | None
+    memory_probes_in: str
     on_oom: str
     slurm: SlurmSettings
 

@@ -68,8 +68,16 @@ class Worker:
 class DistributedTask(submitit.helpers.Checkpointable):
     """Exports torch.distributed's environment, then runs the worker; requeues itself on preemption."""
 
-    def __init__(self, fn: Callable[..., Any], kwargs: dict, threads: int, master_port: int | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        kwargs: dict,
+        threads: int,
+        master_port: int | None = None,
+        environment: dict[str, str] | None = None,
+    ):
         self.fn, self.kwargs, self.threads, self.master_port = fn, kwargs, threads, master_port
+        self.environment = environment or {}
 
     def __call__(self) -> Any:
         # A job step of a shared allocation: its own nodes, not the allocation's, make the process group
@@ -83,6 +91,7 @@ class DistributedTask(submitit.helpers.Checkpointable):
         if self.master_port is not None:  # submitit derives the port from the job id, which the steps share
             os.environ["MASTER_PORT"] = str(self.master_port)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        os.environ.update(self.environment)  # before CUDA is set up: the caching allocator reads it then
         import torch
 
         torch.set_num_threads(self.threads)
@@ -426,7 +435,8 @@ def _submit(launcher: Launcher, task: DistributedTask, spec: LaunchSpec, stage_d
 def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str) -> Any:
     """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result. A step whose
     shared allocation ended under it (time limit, preemption, a lost node) runs again in a new one."""
-    launcher, task = launcher_for(spec), DistributedTask(fn, kwargs, spec.cpus_per_task)
+    launcher = launcher_for(spec)
+    task = DistributedTask(fn, kwargs, spec.cpus_per_task, environment=spec.environment)
     stage_dir = Path(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     record_path = stage_dir / "job.json"

@@ -42,6 +42,7 @@ class LaunchSpec:
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     max_requeues: int = 3
     allocation: Allocation | None = None
+    cuda_alloc_conf: str | None = None
 
     @classmethod
     def for_job(
@@ -69,7 +70,13 @@ class LaunchSpec:
             slurm=res.slurm,
             max_requeues=res.max_requeues,
             allocation=Allocation.for_job(job, Path(measuring_in) / "allocation") if shared else None,
+            cuda_alloc_conf=res.cuda_alloc_conf if gpus > 0 else None,
         )
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """What every process of the job exports before torch sets up CUDA (resources.cuda_alloc_conf)."""
+        return {} if self.cuda_alloc_conf is None else {"PYTORCH_CUDA_ALLOC_CONF": self.cuda_alloc_conf}
 
     @property
     def tasks_per_node(self) -> int:

@@ -21,12 +21,16 @@ the peak. A switch beyond the largest probe cannot be seen by any probe: the ver
 steady steps at the proposed batch under the budget, catch it.
 
 Which figure decides. A CUDA caching allocator reserves more than it allocates: it rounds blocks up, splits
-segments and keeps freed blocks for reuse, and its cap (the budget) and its out-of-memory errors apply to what
-it reserves. So every peak is read in both figures (torch.cuda.max_memory_allocated and max_memory_reserved;
-cuDNN's and cuBLAS's workspaces are allocator blocks and count in both), each gets its own model, and the
-reserved one (DECIDING_FIGURE) sizes the largest batch; memory.json reports both. On the device the card's
-memory that the allocator cannot have (the CUDA context, other processes) is measured and taken off the budget.
-On the CPU the budget allocator reserves exactly what it allocates, and both figures are one count.
+segments and keeps freed blocks for reuse. Uncapped, that slack grows with whatever the card has spare, so a
+reserved peak says little about the limit; under its cap (the budget) the allocator frees its cached blocks and
+retries before it raises out-of-memory, so what it cannot give back at the limit is only its fragmentation. So the
+allocated peak (torch.cuda.max_memory_allocated: what the steps' tensors hold) sizes the batch (DECIDING_FIGURE),
+and on CUDA the trials bracket the real limit (`next_bracket_trial`): what the allocator could not give back there
+is measured as the room less the allocated model at the largest batch that ran (`cuda_choice`). On the H200 the
+allocated model followed real steps within 1 %, the reserved one was off by -9 % to +19 % (bench/data/gpu/). Both
+figures are fitted and reported. On the device the card's memory that the allocator cannot have (the CUDA context,
+other processes) is measured and taken off the budget. On the CPU the budget allocator reserves exactly what it
+allocates: both figures are one count, and nothing changes there.
 
 Collectives. NCCL's buffers are outside the allocator: on several GPUs a probe measures its one-rank communicator
 (`collective_library_bytes`, held outside the allocator), and a ring's buffers for its peers, which no one-rank group
@@ -59,7 +63,10 @@ RETRY_STEP_DOWN = 0.1  # a retry after running out of memory is at least this sh
 # Each figure a peak is read in (budget.PEAK_COUNTS), and the key of a probe's peak per part in it.
 PART_PEAKS = {"allocated": "peaks", "reserved": "reserved_peaks"}
 PEAK = {"allocated": "peak_bytes", "reserved": "reserved_peak_bytes"}
-DECIDING_FIGURE = "reserved"  # what the allocator's cap and its out-of-memory errors apply to
+DECIDING_FIGURE = "allocated"  # what the steps' tensors hold: the model that follows real steps (module docstring)
+BRACKET = 0.01  # CUDA trials end with a batch that fits within this share of one that does not
+BRACKET_STEP = 0.03  # until a bracket is found, trials move by this share of the batch, doubling each time
+MAX_BRACKET_TRIALS = 12
 
 
 class StepMemoryModel(BaseEstimator, RegressorMixin):
@@ -128,11 +135,12 @@ def fit_probes(probes: list[dict], figure: str = DECIDING_FIGURE) -> StepMemoryM
     )
 
 
-def room_for_steps(job: Job, budget: int, probes: list[dict]) -> int:
+def room_for_steps(job: Job, budget: int, probes: list[dict], headroom: bool = True) -> int:
     """What the steps may fill: the budget, but never more of the card than its allocator can have (the card
-    less what the probes saw held outside it), less resources.memory_headroom."""
+    less what the probes saw held outside it), less resources.memory_headroom (with `headroom`)."""
     cards = [p["card_bytes"] - p["outside_allocator_bytes"] for p in probes if p.get("card_bytes")]
-    return usable_bytes(job, min([budget, *cards]))
+    room = min([budget, *cards])
+    return usable_bytes(job, room) if headroom else room
 
 
 def next_probe(probes: list[dict], cap: int, budget: int) -> int | None:
@@ -203,6 +211,63 @@ def next_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: 
             batch = min(batch, _largest_if_reached(model, available, last, seen))
     batch = min([batch, cap, *(t["batch"] - 1 for t in trials if t["outcome"] != "fits")])
     return batch if batch > max(fitted, default=0) else None
+
+
+def _bracket(trials: list[dict], cap: int) -> tuple[int, int]:
+    """(largest batch that ran, smallest that did not or cap + 1)."""
+    fits = max((t["batch"] for t in trials if t["outcome"] == "fits"), default=0)
+    return fits, min((t["batch"] for t in trials if t["outcome"] != "fits"), default=cap + 1)
+
+
+def next_bracket_trial(model: StepMemoryModel, available: int, trials: list[dict], cap: int) -> int | None:
+    """The batch to try next on CUDA, or None once a batch that fits lies within BRACKET of one that does not (or
+    the batch that fits is `cap`, where the training set or search.batch.max, not memory, limits it).
+
+    The first trial is the allocated model's largest batch for `available` bytes (no allowance: it is measured,
+    not assumed). Until a bracket is found each trial moves BRACKET_STEP of the batch beyond the last, doubling
+    (up after a fit, down after a failure); then it bisects. A trial that runs out of memory is cheap (it fails at
+    its first large allocation), so starting at the allocated line costs little where fragmentation puts the limit
+    below it. Never above `cap` or a batch that failed, at most MAX_BRACKET_TRIALS.
+    """
+    if not trials:
+        return min(model.max_batch(available), cap) or None
+    fits, fails = _bracket(trials, cap)
+    if fits >= cap or (fits and fails - fits <= max(1, BRACKET * fits)) or len(trials) >= MAX_BRACKET_TRIALS:
+        return None
+    if fits and fails <= cap:
+        return (fits + fails) // 2
+    step, last = min(0.5, BRACKET_STEP * 2 ** (len(trials) - 1)), trials[-1]["batch"]
+    batch = min(cap, int(last * (1 + step)) + 1) if fails > cap else int(last * (1 - step))  # up, or down
+    return batch if fits < batch < fails else None
+
+
+def cuda_choice(model: StepMemoryModel, trials: list[dict], room: int, budget: int, headroom: float, cap: int) -> dict:
+    """The largest batch on CUDA from bracketing trials run under the budget with no headroom.
+
+    `limit` is the largest batch that ran; the allocator's `allowance` is `room` (the budget the steps may fill)
+    less the allocated model's peak there: what it could not give back at its limit (fragmentation), measured to
+    the bracket's width. The job's headroom (a share of the budget kept free) then comes off that limit in bytes.
+    `without_retry` is the largest trial whose steps needed no allocator retry (a retry frees the cache and
+    synchronises the device: it costs time every step). Where `cap` (the training set, search.batch.max) ran,
+    memory did not limit the batch and no allowance was measured.
+    """
+    limit, fails = _bracket(trials, cap)
+    clean = [
+        t["batch"] for t in trials if t["outcome"] == "fits" and t["allocator_events"].get("num_alloc_retries") == 0
+    ]
+    limited_by_memory = limit < cap
+    at_limit = float(model.predict([limit])[0]) if limit else 0.0
+    allowance = room - at_limit if limit and limited_by_memory else None
+    reachable = at_limit if allowance is not None else max(room, at_limit)  # what the steps were seen to hold
+    chosen = min(limit, model.max_batch(reachable - headroom * budget)) if limit else 0
+    return {
+        "limit": limit,
+        "smallest_failed": fails if fails <= cap else None,
+        "without_retry": max(clean, default=None),
+        "allowance_bytes": allowance,
+        "chosen": chosen,
+        "limited_by_memory": limited_by_memory,
+    }
 
 
 def settle(trials: list[dict], fallback: int) -> tuple[int, bool]:

@@ -1,9 +1,12 @@
 """Stage `probe_memory`: the largest per-device batch, from the memory model of a training step
 (memory_model.py) fitted to probes (memory_probes.py).
 
-The stage. Every probe and trial runs in a fresh process (one probe's allocator and lazily built kernels
-must not leak into the next) under the device budget (budget.py). The model proposes the largest batch;
-at most MAX_VERIFICATION_TRIALS trials confirm or correct it, each using what the one before measured.
+The stage. Probes and trials run one after another in the stage's worker, each run's memory given back before the
+next (resources.memory_probes_in: fresh_processes gives each a new process instead), under the device budget
+(budget.py). The allocated-peak model proposes the largest batch. On CUDA the trials then bracket the card's real
+limit under the budget (memory_model.next_bracket_trial) and the job's headroom comes off the limit they found
+(memory_model.cuda_choice); on the CPU, whose budget allocator is exact, at most MAX_VERIFICATION_TRIALS trials at
+the usable budget confirm or correct the model, each using what the one before measured.
 """
 
 from __future__ import annotations
@@ -23,21 +26,24 @@ from .budget import (
 )
 from .files import write_json
 from .memory_model import (
+    BRACKET,
     DECIDING_FIGURE,
     PARTS,
     PEAK,
     StepMemoryModel,
     collective_buffer_bytes,
     composition,
+    cuda_choice,
     ddp_bucket_bytes,
     fit_probes,
     measured,
+    next_bracket_trial,
     next_probe,
     next_trial,
     room_for_steps,
     settle,
 )
-from .memory_probes import probe_device, run_in_fresh_process
+from .memory_probes import probe_device, run_in_fresh_process, run_in_this_process
 from .stage import StageError, stage_main
 
 if TYPE_CHECKING:
@@ -46,42 +52,65 @@ if TYPE_CHECKING:
 PROBES_AT_ONCE = 2  # on the CPU: the rule's threads (workflow/rules/memory.smk)
 
 
+def runner(job: Job):
+    """How a probe or trial is run (resources.memory_probes_in): here, one after another, or each in a fresh process;
+    auto: here on a GPU, fresh processes on the CPU."""
+    where = job.resources.memory_probes_in
+    if where == "auto":
+        where = "one_process" if job.resources.gpus_per_node > 0 else "fresh_processes"
+    return run_in_this_process if where == "one_process" else run_in_fresh_process
+
+
 def run_probes(job: Job, cap: int, budget: int) -> list[dict]:
-    """The configured probes (a fresh process each; two at once on two cores, one at a time on a GPU), then
-    those `next_probe` adds, in the order they ran."""
-    # On the CPU two probes share the cores; a GPU holds one probe at a time, each allowed the whole budget.
-    at_once = 1 if job.resources.gpus_per_node > 0 else min(PROBES_AT_ONCE, len(os.sched_getaffinity(0)))
+    """The configured probes, then those `next_probe` adds, in the order they ran. Fresh processes on the CPU run
+    two at once on two cores; a GPU holds one probe at a time, each allowed the whole budget."""
+    run = runner(job)
+    fresh_on_cpu = run is run_in_fresh_process and job.resources.gpus_per_node == 0
+    at_once = min(PROBES_AT_ONCE, len(os.sched_getaffinity(0))) if fresh_on_cpu else 1
     with ThreadPoolExecutor(max_workers=at_once) as pool:
-        probes = list(
-            pool.map(lambda b: run_in_fresh_process("measure", job=job, batch=b), job.resources.memory_probe_batches)
-        )
+        probes = list(pool.map(lambda b: run("measure", job=job, batch=b), job.resources.memory_probe_batches))
     while not any(p["outcome"] == "budget_too_small" for p in probes) and (batch := next_probe(probes, cap, budget)):
-        probes.append(run_in_fresh_process("measure", job=job, batch=batch))
+        probes.append(run("measure", job=job, batch=batch))
     return probes
 
 
+def run_trials(job: Job, model: StepMemoryModel, device, budget: int, room: int, buckets: int, cap: int) -> list[dict]:
+    """The trials the model's proposal is checked by, their peaks less DDP's buckets (which a trial holds by
+    wrapping its model in DDP) so that they read as the one-rank steps the model describes.
+
+    On CUDA they run under the budget training runs under (`budget`, no headroom) and bracket the limit; on the
+    CPU under the usable budget (`room`), confirming or correcting the model."""
+    run, trials = runner(job), []
+    choose, available, limit = (
+        (next_bracket_trial, room - buckets, budget) if device.type == "cuda" else (next_trial, room - buckets, room)
+    )
+    while (batch := choose(model, available, trials, cap)) is not None:
+        trial = run("trial", job=job, batch=batch, budget=limit, ddp=buckets > 0)
+        trials.append({**trial, **{k: trial[k] - buckets for k in (*PEAK.values(), "failed_at_bytes") if trial.get(k)}})
+    return trials
+
+
 def probe_worker(job: Job) -> dict:
-    """Probes, then the verification trials at the usable budget (never above a batch that failed)."""
+    """Probes, then the trials (never above a batch that failed)."""
     from .data import load_splits
 
     splits, device = load_splits(job.data, job.train.seed), probe_device(job)
     cap, budget, ring = len(splits.train), budget_bytes(job, device), collective_buffer_bytes(job, device)
     probes = run_probes(job, cap, budget)
     trials: list[dict] = []
-    ran, usable = measured(probes), room_for_steps(job, budget, probes) - ring  # a one-rank trial has no ring
+    ran = measured(probes)
     if len(ran) >= 2:
-        model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
+        # The CPU's trials run at the usable budget, CUDA's under the whole one; a one-rank trial has no ring.
+        room = room_for_steps(job, budget, probes, headroom=device.type != "cuda") - ring
         failed = [p["batch"] - 1 for p in probes if p["outcome"] == "out_of_memory"]
-        while (batch := next_trial(model, usable - buckets, trials, min([cap, *failed]))) is not None:
-            trial = run_in_fresh_process("trial", job=job, batch=batch, budget=usable, ddp=buckets > 0)
-            trials.append(
-                {**trial, **{k: trial[k] - buckets for k in (*PEAK.values(), "failed_at_bytes") if trial.get(k)}}
-            )
+        model, buckets = fit_probes(ran), ddp_bucket_bytes(job, ran)
+        trials = run_trials(job, model, device, budget - ring, room, buckets, min([cap, *failed]))
     return {
         "probes": probes,
         "trials": trials,
         "collective_buffer_bytes": ring,
         "device_memory_bytes": budget,
+        "device": device.type,
         "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
     }
 
@@ -137,16 +166,23 @@ def summarise(job: Job, measured_steps: dict) -> dict:
             f"{needed:,} bytes ({needed / GB:.3f} GB)",
         )
     fitting_probes = [p["batch"] for p in ran if p[PEAK[DECIDING_FIGURE]] <= available]
-    largest, verified = settle(measured_steps["trials"], max(fitting_probes, default=1))
-    allocated = fit_probes(ran, "allocated")
+    trials, train_set = measured_steps["trials"], measured_steps["dataset"]["train"]
+    largest, verified = settle(trials, max(fitting_probes, default=1))
+    limit = None
+    if measured_steps.get("device") == "cuda":
+        room = room_for_steps(job, budget, probes, headroom=False) - buckets - ring
+        limit = cuda_limit(job, model, trials, room, budget, train_set)
+        if limit["chosen"]:
+            largest, verified = limit["chosen"], True
+    memory_limited = limit["limited_by_memory"] if limit else not (proposed > largest == train_set)
     return {
         "job": job.name,
         "model": "phase_lines",
         "probes": probes,
         "decided_by": DECIDING_FIGURE,
         "fit": fit_summary(model, largest, ran, buckets + ring),
-        "fit_allocated": fit_summary(allocated, largest, ran, buckets + ring),
-        "composition": composition(allocated, ran[-1], buckets, ring),
+        "fit_reserved": fit_summary(fit_probes(ran, "reserved"), largest, ran, buckets + ring),
+        "composition": composition(model, ran[-1], buckets, ring),
         "param_bytes": ran[0]["param_bytes"],
         "ddp_bucket_bytes": buckets,
         "collective_buffer_bytes": ring,
@@ -158,11 +194,31 @@ def summarise(job: Job, measured_steps: dict) -> dict:
         "collective_library_bytes": max((p.get("collective_library_bytes", 0) for p in ran), default=0),
         "predicted_max_batch": proposed,
         "predicted_peak_bytes": int(model.predict([largest])[0] + buckets + ring),
-        "verification": measured_steps["trials"],
+        "verification": trials,
         "verified": verified,
+        "limit": limit,
         "max_batch_per_device": largest,
-        "limited_by": "training set" if proposed > largest == measured_steps["dataset"]["train"] else "memory",
+        "limited_by": "memory" if memory_limited else "training set",
         "dataset": measured_steps["dataset"],
+    }
+
+
+def cuda_limit(job: Job, model: StepMemoryModel, trials: list[dict], room: int, budget: int, train_set: int) -> dict:
+    """memory_model.cuda_choice with what memory.json says of it: the allocator's settings and how the allowance
+    was measured."""
+    choice = cuda_choice(model, trials, room, budget, job.resources.memory_headroom, train_set)
+    return {
+        **choice,
+        "cuda_alloc_conf": job.resources.cuda_alloc_conf,
+        "allowance_measured_as": (
+            "the room the steps may fill less the allocated-peak model at the largest batch a trial ran under the "
+            f"budget, the next one up having run out of memory (bracketed within {BRACKET:.0%})"
+            if choice["allowance_bytes"] is not None
+            else "not measured: the training set, not memory, limited the trials"
+        ),
+        "retries_and_ooms": [
+            {"batch": t["batch"], "outcome": t["outcome"], **t.get("allocator_events", {})} for t in trials
+        ],
     }
 
 

@@ -6,14 +6,18 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 from tula_hpc.memory_model import (
+    BRACKET,
     GROWING_SHARE,
+    MAX_BRACKET_TRIALS,
     MAX_PROBES,
     MAX_VERIFICATION_TRIALS,
     PARTS,
     StepMemoryModel,
     composition,
+    cuda_choice,
     fit_probes,
     measured,
+    next_bracket_trial,
     next_probe,
     next_trial,
     settle,
@@ -265,6 +269,59 @@ def test_settle_keeps_the_largest_trial_that_fit_else_the_fallback_unverified():
     assert settle([failed, fits(80, 1990)], fallback=64) == (80, True)
     assert settle([failed, out_of_memory(80, 2100)], fallback=64) == (64, False)
     assert settle([], fallback=64) == (64, False)
+
+
+# --- CUDA: trials that bracket the card's limit -------------------------------------------------------
+
+
+def card_trial(batch: int, limit: int, retries: int = 0) -> dict:
+    """A trial on a card where every batch up to `limit` runs."""
+    events = {"num_alloc_retries": retries if batch <= limit else retries + 1, "num_ooms": int(batch > limit)}
+    outcome = "fits" if batch <= limit else "out_of_memory"
+    return {"batch": batch, "outcome": outcome, "allocator_events": events}
+
+
+def bracket(limit: int, cap: int = ANY_CAP, available: int = 2000) -> list[dict]:
+    trials: list[dict] = []
+    while (batch := next_bracket_trial(linear_model(), available, trials, cap)) is not None:
+        trials.append(card_trial(batch, limit))
+    return trials
+
+
+@pytest.mark.parametrize("limit", [60, 95, 99, 100, 104, 130, 170])  # the allocated line says 100
+def test_cuda_trials_end_with_a_fit_within_one_percent_of_a_failure_never_above_it(limit):
+    trials = bracket(limit)
+    fitted = max(t["batch"] for t in trials if t["outcome"] == "fits")
+    failed = min(t["batch"] for t in trials if t["outcome"] != "fits")
+    assert fitted == limit and failed - fitted <= max(1, BRACKET * fitted)
+    assert trials[0]["batch"] == 100 and len(trials) <= MAX_BRACKET_TRIALS
+
+
+def test_cuda_trials_stop_at_the_training_set_where_it_fits():
+    trials = bracket(limit=500, cap=103)
+    assert trials[-1] == card_trial(103, 500) and all(t["batch"] <= 103 for t in trials)
+
+
+def test_cuda_choice_measures_the_allowance_and_takes_the_headroom_off_the_limit():
+    """Room 2000 bytes, the allocated line 1000 + 10 b: the card ran 95 and not 96, so the allocator could not give
+    back 2000 - 1950 = 50 bytes there; 10 % headroom of a 2000-byte budget leaves 1750 allocated bytes: b = 75."""
+    trials = bracket(limit=95)
+    choice = cuda_choice(linear_model(), trials, room=2000, budget=2000, headroom=0.0, cap=ANY_CAP)
+    assert choice["limit"] == choice["chosen"] == 95 and choice["smallest_failed"] == 96
+    assert choice["allowance_bytes"] == pytest.approx(50) and choice["limited_by_memory"]
+    with_headroom = cuda_choice(linear_model(), trials, room=2000, budget=2000, headroom=0.1, cap=ANY_CAP)
+    assert with_headroom["chosen"] == 75 and with_headroom["limit"] == 95
+
+
+def test_cuda_choice_keeps_the_largest_batch_free_of_allocator_retries_apart():
+    trials = [card_trial(100, 95), card_trial(97, 95), card_trial(94, 95, retries=2), card_trial(90, 95)]
+    choice = cuda_choice(linear_model(), trials, room=2000, budget=2000, headroom=0.0, cap=ANY_CAP)
+    assert choice["limit"] == 94 and choice["without_retry"] == 90
+
+
+def test_cuda_choice_where_the_training_set_limits_measures_no_allowance():
+    choice = cuda_choice(linear_model(), bracket(500, cap=103), room=2000, budget=2000, headroom=0.0, cap=103)
+    assert choice["chosen"] == 103 and choice["allowance_bytes"] is None and not choice["limited_by_memory"]
 
 
 # --- what the peak is made of -----------------------------------------------------------------------
