@@ -49,7 +49,7 @@ def answer(batch: int, case: dict) -> dict:
     truth, recorded = case["truth"], {t["batch"]: t for t in case["trials"]}
     fits_up_to, fails_from = truth["largest_fits"] or 0, truth["smallest_fails"]
     known = batch <= fits_up_to or (fails_from is not None and batch >= fails_from)
-    events = recorded[batch]["allocator_events"] if batch in recorded else {"num_alloc_retries": None}
+    events = recorded.get(batch, {}).get("allocator_events", {"num_alloc_retries": None})
     return {
         "batch": batch,
         "outcome": "fits" if batch <= fits_up_to else "out_of_memory",
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "met": all(TARGET["low"] <= r["rel_error"] <= TARGET["high"] for r in rows),
         "target": TARGET,
     }
-    write_result(args.out, {"cases_folder": str(args.cases.relative_to(REPO))}, {"summary": summary, "rows": rows})
+    write_result(args.out, {"cases_folder": str(args.cases)}, {"summary": summary, "rows": rows})
     for r in rows:
         print(
             f"{r['case']:48s} chosen {r['chosen']:>6} truth {r['truth']['largest_fits']:>6} ({r['rel_error']:+.2%}); "

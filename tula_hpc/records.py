@@ -125,6 +125,7 @@ class TrainSummary(StageRecord):
     wall_time_s: float
     outside_allocator_bytes: int | None = optional()
     peak_reserved_bytes: int | None = optional()
+    peak_allocated_bytes: int | None = optional()
     max_epochs: int | None = optional()
     gpus_per_node: int | None = optional()
     time_limit_min: int | None = optional()

@@ -208,8 +208,8 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
 
 def _deciding_figure(memory: dict) -> str:
-    """Which of the allocator's figures sized the batch, and by how much it exceeds the other there."""
-    reserved, allocated = memory["fit"], memory["fit_allocated"]
+    """Which of the allocator's figures sized the batch, the other beside it, and on CUDA the limit the trials found."""
+    allocated, reserved = memory["fit"], memory["fit_reserved"]
     if reserved == allocated:
         return "The allocator reserves what it allocates here, so one figure sizes the batch."
     batch = memory["max_batch_per_device"]
@@ -217,11 +217,32 @@ def _deciding_figure(memory: dict) -> str:
     def megabytes_at_batch(fit: dict) -> float:
         return (fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * batch) / 1e6
 
-    return (
-        f"The caching allocator's reserved bytes size the batch (its cap and its out-of-memory errors apply to them): "
-        f"{megabytes_at_batch(reserved):.1f} MB reserved for {megabytes_at_batch(allocated):.1f} MB allocated at "
-        f"batch {batch}."
+    text = (
+        f"The steps' allocated bytes size the batch: {megabytes_at_batch(allocated):.1f} MB allocated at batch "
+        f"{batch}, for which the caching allocator reserved {megabytes_at_batch(reserved):.1f} MB in the probes "
+        f"(its slack there follows what the card has spare, not the limit)."
     )
+    if memory.get("beyond_index_cap"):
+        text += (
+            f" Above batch {memory['index_cap']} one tensor holds 2^31 elements or more, where CUDA kernels split the"
+            " batch or index in 64 bits: the trials ran there, the probes did not."
+        )
+    return text + _card_limit(memory["limit"]) if memory.get("limit") else text
+
+
+def _card_limit(limit: dict) -> str:
+    """The limit CUDA's trials bracketed: both largest batches, and what the allocator could not give back."""
+    failed = f", {limit['smallest_failed']} ran out of memory" if limit["smallest_failed"] else ""
+    clean = limit["without_retry"]
+    text = (
+        f" On the card (allocator settings '{limit['cuda_alloc_conf'] or 'the defaults'}') the largest batch that ran "
+        f"is {limit['limit']}{failed}; the largest whose steps needed no allocator retry "
+        + (f"is {clean}" if clean else "was not seen among the trials")
+        + " (a retry frees the cache and synchronises the device: it costs time every step)."
+    )
+    if limit["allowance_bytes"] is not None:
+        text += f" The allocator could not give back {limit['allowance_bytes'] / 1e6:.1f} MB at its limit."
+    return text + " The headroom comes off the largest batch that ran."
 
 
 def _fixed(memory: dict) -> str:
@@ -252,9 +273,13 @@ def _device_memory(memory: dict, summary: TrainSummary) -> str:
     """The device as training found it against the memory model at the batch each device computed at once."""
     fit, micro_batch = memory["fit"], summary.micro_batch
     predicted = fit["intercept_bytes"] + fit["slope_bytes_per_sample"] * micro_batch
+    held = f"{summary.peak_reserved_bytes / 1e6:.2f} MB (reserved)"
+    if summary.peak_allocated_bytes is not None:  # runs before the allocated figure was recorded have the reserved
+        allocated, reserved = summary.peak_allocated_bytes / 1e6, summary.peak_reserved_bytes / 1e6
+        held = f"{allocated:.2f} MB allocated ({reserved:.2f} MB reserved)"
     text = (
-        f"Training's peak device memory {summary.peak_reserved_bytes / 1e6:.2f} MB (reserved) against "
-        f"{predicted / 1e6:.2f} MB the memory model predicts at {micro_batch} samples per device at once."
+        f"Training's peak device memory {held} against {predicted / 1e6:.2f} MB the memory model predicts at "
+        f"{micro_batch} samples per device at once."
     )
     if summary.outside_allocator_bytes:
         assumed = memory["outside_allocator_bytes"] + memory["collective_buffer_bytes"]

@@ -381,9 +381,10 @@ class Trainer:
             "resumed_from_step": None if self.resumed_from is None else self.resumed_from[1],
             "restarts_at_steps": state.restarts,
             "history": state.history,
-            # The device as training found it, for the report to hold against the memory model: the peak the
-            # allocator reserved, and what it does not hold (CUDA context, NCCL's communicators) with every
-            # process group formed. Nothing outside the allocator on the CPU.
+            # The device as training found it, for the report to hold against the memory model: the peaks the
+            # steps allocated and the allocator reserved, and what it does not hold (CUDA context, NCCL's
+            # communicators) with every process group formed. Nothing outside the allocator on the CPU.
+            "peak_allocated_bytes": device_memory.peak(device, "allocated"),
             "peak_reserved_bytes": device_memory.peak(device, "reserved"),
             "outside_allocator_bytes": device_memory.outside_allocator(device),
         }

@@ -31,8 +31,8 @@ CHOSEN = CANDIDATES[4]  # 2 nodes, batch 128
 
 INPUTS = {
     "memory": {
-        "fit": {"intercept_bytes": 2.1e7, "slope_bytes_per_sample": 3.1e4},
-        "fit_allocated": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
+        "fit": {"intercept_bytes": 2e7, "slope_bytes_per_sample": 3e4},
+        "fit_reserved": {"intercept_bytes": 2.1e7, "slope_bytes_per_sample": 3.1e4},
         "composition": {
             "fixed_bytes": {
                 "parameters_and_buffers": 1e6,
@@ -46,6 +46,15 @@ INPUTS = {
             "per_sample_bytes": {"batch": 300.0, "saved_activations": 2e4, "temporaries": 9.7e3},
         },
         "verified": True,
+        "limit": {
+            "limit": 530,
+            "smallest_failed": 535,
+            "without_retry": 512,
+            "allowance_bytes": 3.2e8,
+            "chosen": 512,
+            "limited_by_memory": True,
+            "cuda_alloc_conf": "expandable_segments:True",
+        },
         "device_memory_bytes": 8e9,
         "device_memory_source": "resources.device_memory_gb: 8",
         "headroom": 0.1,
@@ -155,6 +164,7 @@ INPUTS = {
         "steps_per_epoch": 10,
         "micro_batch": 32,
         "peak_reserved_bytes": 22_500_000,
+        "peak_allocated_bytes": 21_200_000,
         "outside_allocator_bytes": 1_234_000_000,
         "attempts": [
             {
@@ -240,8 +250,11 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     assert "intra-node 10.0 us per hop (fitted) + 0.100 s/GB moved (fitted)" in report
     assert "inter-node 14.0 us per hop (prior) + 0.080 s/GB moved (prior)" in report
     assert "overlap g = 2.00 (exposed share of sync at N = 2: 80% at b = 32, 25% at b = 256)" in report
-    # A caching allocator's reserved bytes size the batch: 21 MB + 31 kB x 512 reserved for 20 MB + 30 kB x 512.
-    assert "36.9 MB reserved for 35.4 MB allocated at batch 512" in report
+    # The allocated bytes size the batch: 20 MB + 30 kB x 512 allocated, 21 MB + 31 kB x 512 reserved in the probes.
+    assert "35.4 MB allocated at batch 512, for which the caching allocator reserved 36.9 MB" in report
+    # CUDA's trials bracketed the card's limit: both largest batches and the allowance are shown.
+    assert "the largest batch that ran is 530, 535 ran out of memory" in report
+    assert "needed no allocator retry is 512" in report and "could not give back 320.0 MB" in report
     # The fixed memory by what holds it: cuBLAS's workspace is not optimiser state, autocast's weight copies are
     # not activations.
     assert (
@@ -252,7 +265,7 @@ def test_report_writes_exactly_its_declared_outputs_and_links_each_plot(tmp_path
     # Training's loading and device memory held against what the profiles and the memory model said.
     assert "training waited 0.90 s for its loader (10.0% of the steps' time)" in report
     assert "load for 20.0% of a step at this configuration" in report
-    assert "Training's peak device memory 22.50 MB (reserved) against 21.99 MB" in report
+    assert "Training's peak device memory 21.20 MB allocated (22.50 MB reserved) against 20.96 MB" in report
     assert "at 32 samples per device at once" in report
     assert "(CUDA context, NCCL's communicators) 1234.0 MB in training, against 1100.0 MB" in report
     assert "| 32 | measured | 20960000 | 21992000 | 960000 | 500000 | 1000000 | 1000000 | 4000000 |" in report
