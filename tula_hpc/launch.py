@@ -94,6 +94,11 @@ class DistributedTask(submitit.helpers.Checkpointable):
         os.environ.update(self.environment)  # before CUDA is set up: the caching allocator reads it then
         import torch
 
+        if (settings := self.environment.get("PYTORCH_CUDA_ALLOC_CONF")) and torch.cuda.is_available():
+            # torch may have been imported (and its settings read) before this call: set them in it too, as
+            # PyTorch's own expandable-segments tests do
+            torch.cuda.memory._set_allocator_settings(settings)
+
         torch.set_num_threads(self.threads)
         return self.fn(**self.kwargs)
 

@@ -349,3 +349,22 @@ def test_a_slurm_job_slurm_requeued_itself_is_waited_for_and_replaced_only_where
     if not submitted:
         assert count.read_text().count("x") == 4  # listed twice more, then gone
         assert slurm.end_state(job) == ("COMPLETED", False)
+
+
+def _allocator_settings() -> str | None:
+    """What a launched rank's torch would read as its CUDA caching allocator's settings."""
+    import os
+
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+
+
+def test_a_gpu_jobs_allocator_settings_reach_every_launched_process(tmp_path, monkeypatch):
+    """resources.cuda_alloc_conf is exported before torch sets up CUDA, whatever the driver's environment says;
+    a CPU job exports none."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")  # the login shell's
+    gpu_job = default_job().updated(resources={"gpus_per_node": 1})
+    spec = launch.LaunchSpec.for_job(gpu_job)
+    assert spec.environment == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert launch.LaunchSpec.for_job(default_job()).environment == {}
+    local = dataclasses.replace(spec, gpus_per_node=0)  # this machine has no GPU; the environment travels alike
+    assert launch.run(_allocator_settings, {}, local, tmp_path, "alloc") == "expandable_segments:True"
