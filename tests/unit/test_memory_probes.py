@@ -54,6 +54,31 @@ def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(r
     assert large["peak_bytes"] == pytest.approx(real_probe["peak_bytes"], rel=0.01)
 
 
+def _live_tensor_bytes() -> int:
+    import gc
+
+    gc.collect()
+    return sum(o.nbytes for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
+
+
+def test_probes_in_one_process_answer_as_fresh_ones_and_leave_nothing_behind(real_probe):
+    """One process runs probe after probe (resources.memory_probes_in): each answers as a fresh process does, and
+    none leaves a tensor behind for the next to count (a saved output packed as itself once kept whole steps alive
+    through autograd's graph, which Python's gc cannot see)."""
+    job, before = default_job(), _live_tensor_bytes()
+    answers = [memory_probes.run_in_this_process("measure", job, batch=64) for _ in range(2)]
+    assert _live_tensor_bytes() == before
+    for answer in answers:
+        assert {key: answer[key] for key in ("peak_bytes", "workspace_bytes", "activation_bytes")} == {
+            key: real_probe[key] for key in ("peak_bytes", "workspace_bytes", "activation_bytes")
+        }
+    trial = memory_probes.run_in_this_process(
+        "trial", job, batch=64, budget=budget_bytes(job, torch.device("cpu")), ddp=False
+    )
+    assert trial["outcome"] == "fits" and trial["allocator_events"] == {}  # the CPU's allocator never retries
+    assert _live_tensor_bytes() == before
+
+
 def test_a_gpu_jobs_probe_never_runs_on_the_cpu_in_its_stead(monkeypatch):
     """CUDA unusable where the probe runs: an error naming this host's CUDA, not a CPU-sized budget."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
