@@ -1,6 +1,7 @@
 """Stage `fit_model`: the performance model (performance.py) fitted to the profiles, and T and cost of every
-candidate: T = E * (steps per epoch of B, the last one with the rest of the data) * t_step (Eq. 4a), the
-cost by the job's pricing (pricing.py).
+candidate: T = E * (steps per epoch of B, the last one with the rest of the data) * t_step (Eq. 4a) plus what the
+run spends once (the warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing
+(pricing.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .performance import (
 )
 from .pricing import charge_factor, costs
 from .records import FitResult
+from .run_overhead import RunOverheads, epoch_times, fit_overheads, restarts, zero_terms
 from .stage import StageError, stage_main
 
 if TYPE_CHECKING:
@@ -42,9 +44,11 @@ def predict_candidates(
     memory: dict,
     measured: dict[tuple[int, ...], float] | None = None,
     weight: float = 0.0,
+    overheads: RunOverheads | None = None,
 ) -> list[dict]:
     """T and cost of every candidate, each on its own GPUs per node; a profiled one's step is its measurement
-    weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`)."""
+    weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`), the
+    run's warm-up and epoch ends from `overheads` (none: steps only)."""
     measured = measured or {}
     objective, epochs = job.objective, job.train.epochs
     partition = job.resources.slurm.partition
@@ -62,13 +66,15 @@ def predict_candidates(
     last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
     last_step = model.predict(last) * steps / parts["step_s"]  # the last, smaller step moves by the same factor
     profiled = {tuple(row) for row in model.profiled_.astype(int).tolist()}
+    terms = overheads.predict(X, steps) if overheads is not None else zero_terms(len(X))
     rows = []
     for i, c in enumerate(candidates):
         ranks = int(X[i, 0])
         step = float(steps[i])
         per_epoch = steps_per_epoch(train_samples, ranks, c["per_device_batch"])
-        epoch = (per_epoch - 1) * step + float(last_step[i])
-        total = epochs * epoch
+        once = {term: float(values[i]) for term, values in terms.items()}
+        epoch = (per_epoch - 1) * step + float(last_step[i]) + once["epoch_start_s"]  # a steady epoch
+        total = sum(epoch_times({"epoch_s": epoch, **once}, epochs))
         price = costs(total, c["nodes"], ranks, c["per_device_batch"], objective, memory, partition)
         rows.append(
             {
@@ -81,7 +87,11 @@ def predict_candidates(
                 "step_s": step,
                 "steps_per_epoch": per_epoch,
                 "epoch_s": epoch,
+                **once,
+                "warmup_s": once["warmup_first_s"] + once["warmup_second_s"],
+                "first_epoch_s": epoch_times({"epoch_s": epoch, **once}, 1)[0],
                 "time_s": total,
+                "job_time_s": total + epochs * once["outside_epoch_s"],
                 "rel_uncertainty": float(uncertainty[i]),
                 "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
                 "costs": price,
@@ -92,14 +102,24 @@ def predict_candidates(
 
 
 def fit_and_predict(
-    job: Job, profiles: list[dict], candidates: list[dict], train_samples: int, memory: dict, settings: dict
+    job: Job,
+    profiles: list[dict],
+    candidates: list[dict],
+    train_samples: int,
+    memory: dict,
+    settings: dict,
+    overheads: RunOverheads | None = None,
 ) -> tuple[PerfModel, list[float], float, list[dict]]:
     """The model fitted to `profiles`, its leave-one-out errors, the weight of a profiled candidate's own
-    measurement, and T and cost of every candidate: the stage's whole computation, short of files."""
+    measurement, and T and cost of every candidate: the stage's whole computation, short of files. `overheads`:
+    the run's warm-up and epoch ends (default: fitted to `profiles`)."""
     model = fit_profiles(profiles, **settings)
     loo = leave_one_out(profiles, **settings)
     weight = measurement_weight(loo, job.search.noise_prior)
-    rows = predict_candidates(model, candidates, job, train_samples, memory, measured_steps(profiles), weight)
+    overheads = fit_overheads(profiles) if overheads is None else overheads
+    rows = predict_candidates(
+        model, candidates, job, train_samples, memory, measured_steps(profiles), weight, overheads
+    )
     noise = measured_noise_scale(profiles)
     if noise is not None:
         to_progress(rows, job, train_samples, noise["b_noise"])
@@ -109,14 +129,16 @@ def fit_and_predict(
 def to_progress(rows: list[dict], job: Job, train_samples: int, b_noise: float) -> None:
     """Each candidate's steps, epochs, time and cost to the recipe's progress (train.epochs at train.lr_base_batch)
     at the measured noise scale (noise_scale.steps_to_progress): what the goodput objectives compare. Time is
-    the steps times the predicted step; cost scales with time under every pricing."""
+    the steps times the predicted step, the warm-up and an epoch start for every epoch the steps run into after the
+    first; cost scales with time under every pricing."""
     base_steps = recipe_steps(job.train, train_samples)
     for row in rows:
         steps = steps_to_progress(base_steps, b_noise, job.train.lr_base_batch, row["batch"])
-        time_s = steps * row["step_s"]
+        epochs = steps / row["steps_per_epoch"]
+        time_s = steps * row["step_s"] + row["warmup_s"] + restarts(epochs) * row["epoch_start_s"]
         row.update(
             progress_steps=steps,
-            progress_epochs=steps / row["steps_per_epoch"],
+            progress_epochs=epochs,
             progress_time_s=time_s,
             progress_cost=row["cost"] * time_s / row["time_s"],
         )
@@ -147,8 +169,9 @@ def fit_model(
     settings = model_params(job)
     if manifest is not None:
         settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
+    overheads = fit_overheads(profiles)
     model, loo, weight, candidates = fit_and_predict(
-        job, profiles, plan["candidates"], plan["dataset"]["train"], memory, settings
+        job, profiles, plan["candidates"], plan["dataset"]["train"], memory, settings, overheads
     )
     predicted = model.predict([profile_row(p) for p in profiles])
     measured = [
@@ -177,7 +200,7 @@ def fit_model(
         collective=model.collective,
         params=model.coefficients(),
         identified=model.identified_,
-        notes=model.notes_ + disturbed,
+        notes=model.notes_ + overheads.notes_ + disturbed,
         grad_bytes=model.grad_bytes,
         train_samples=plan["dataset"]["train"],
         epochs=job.train.epochs,
@@ -196,6 +219,7 @@ def fit_model(
         measurement_weight=weight,
         noise_scale=measured_noise_scale(profiles),
         candidates=candidates,
+        run_overheads=overheads.coefficients(),
     )
     result.write(out)
     return result

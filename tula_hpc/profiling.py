@@ -53,7 +53,7 @@ def profile_one(job: Job, candidate: dict, out: Path, work_dir: Path, max_per_de
     name = profile_name(candidate, job)
     result, out_of_memory = launch.run_or_out_of_memory(
         PROFILE_WORKER,
-        dict(job=job, global_batch=batch),
+        dict(job=job, global_batch=batch, checkpoint_dir=str(Path(work_dir) / "profile" / name)),
         spec,
         Path(work_dir) / "profile" / name,
         name=f"{job.name}-profile-{name.replace('_', '-')}",

@@ -59,6 +59,7 @@ class FitResult(StageRecord):
     measurement_weight: float
     noise_scale: dict | None
     candidates: list[dict]
+    run_overheads: dict | None = optional()  # run_overhead.RunOverheads.coefficients(); None: recorded before
 
 
 @dataclass(frozen=True)

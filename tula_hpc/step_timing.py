@@ -26,16 +26,26 @@ Shared machines are noisy (the same step measured in separate processes here var
 - it records how much other work disturbed it (`Interference`) and, above `interference_tolerance`,
   backs off and measures again, up to `max_attempts` times, keeping the quietest attempt; the fit then
   weighs each profile by how quiet it was.
+
+What happens once per run and once per epoch is timed too (run_overhead.py turns it into the warm-up W and the
+epoch-end terms): the warm-up steps are kept one by one (`warmup_step_s`; on a GPU the first step of a process
+builds cuDNN and cuBLAS plans and fills the allocator's cache: 945 ms against 24 ms steady for resnet18 at b=512
+on the H200, bench/data/gpu), and two epoch ends are run as training runs them (`epoch_ends`): the epoch's last,
+shorter step, the strategy's epoch end, the loader's restart and the next epoch's first step (AGS's split-batch
+update step). The first holds the shapes' first-time costs, the second the steady ones. Validation (on at most
+VALIDATION_BATCHES batches per rank, scaled to the whole split) and a checkpoint write are timed after them.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
 import re
 import socket
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,13 +55,23 @@ import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import Subset
 
-from .data import loader_options, make_loader
+from .checkpoint import rng_state, save_checkpoint
+from .data import loader_options, make_loader, start_epoch
 from .distributed import Context, init_distributed, out_of_memory_ends_job_step, shutdown
-from .layout import steps_per_epoch
+from .layout import last_batch, steps_per_epoch
 from .preemption import StopRequests
 from .strategies import build_strategy
-from .training_step import accumulate_gradients, apply_update, build_for_job, clock_for, loop_step, wrap_ddp
+from .training_step import (
+    accumulate_gradients,
+    apply_update,
+    build_for_job,
+    clock_for,
+    evaluate_accuracy,
+    loop_step,
+    wrap_ddp,
+)
 
 if TYPE_CHECKING:
     from .job import Job, SearchSettings
@@ -60,11 +80,13 @@ PARTS = ("data_s", "compute_s", "sync_s", "update_s", "step_s")
 MAX_STEPS = 200
 BACKOFF_S = 1.0
 BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb (25): the timed all-reduce's buckets are DDP's size
+EPOCH_ENDS = 2  # the first holds the first-time costs of the epoch end's shapes, the second the steady ones
+VALIDATION_BATCHES = 4  # per rank: validation is forward passes over equal batches, linear in the samples
 
 
-def _batches(loader):
-    for epoch in itertools.count():
-        loader.sampler.set_epoch(epoch)
+def _batches(loader, first_epoch: int = 0):
+    for epoch in itertools.count(first_epoch):
+        start_epoch(loader, epoch)
         yield from loader
 
 
@@ -228,61 +250,142 @@ def _measured_attempts(
     return attempts
 
 
-def measure(job: Job, ctx: Context, per_device_batch: int) -> dict | None:
-    """Time training steps at `per_device_batch` on the ranks of `ctx`; rank 0 returns the profile."""
-    started = time.perf_counter()
-    search = job.search
-    splits, model = build_for_job(job, ctx)
-    net = wrap_ddp(model, ctx)
-    # The job's own strategy and step (training_step.py): AGS's reference gradients, LARS's norms and PoLo's
-    # hook cost what they cost in training, so the model fitted to these times predicts training.
-    strategy = build_strategy(
-        net,
-        job.train,
-        per_device_batch * ctx.world_size,
-        steps_per_epoch(len(splits.train), ctx.world_size, per_device_batch),
-        len(splits.train),
-    )
-    loss_fn = nn.CrossEntropyLoss()
-    batches = _batches(_profile_loader(job, ctx, splits, per_device_batch))
-    distributed = ctx.world_size > 1
-    clock = clock_for(ctx.device)
+class StepRunner:
+    """The steps a profile times, on one rank: the split step, the training loop's step, and an epoch's end."""
 
-    def split_step() -> list[float]:
+    def __init__(self, job: Job, ctx: Context, per_device_batch: int):
+        self.job, self.ctx, self.per_device_batch = job, ctx, per_device_batch
+        self.splits, self.model = build_for_job(job, ctx)
+        self.net = wrap_ddp(self.model, ctx)
+        # The job's own strategy and step (training_step.py): AGS's reference gradients, LARS's norms and PoLo's
+        # hook cost what they cost in training, so the model fitted to these times predicts training.
+        self.strategy = build_strategy(
+            self.net,
+            job.train,
+            per_device_batch * ctx.world_size,
+            steps_per_epoch(len(self.splits.train), ctx.world_size, per_device_batch),
+            len(self.splits.train),
+        )
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.loader = _profile_loader(job, ctx, self.splits, per_device_batch)
+        self.batches = _batches(self.loader)
+        self.clock = clock_for(ctx.device)
+        self.stop = StopRequests(ctx.world_size)  # its flag exchange only: signals are the profile job's own concern
+
+    def split_step(self) -> list[float]:
         """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
+        ctx, clock, net = self.ctx, self.clock, self.net
         start = clock.mark()
-        x, y = (t.to(ctx.device, non_blocking=True) for t in next(batches))
+        x, y = (t.to(ctx.device, non_blocking=True) for t in next(self.batches))
         loaded = clock.mark()
-        _, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, sync=False)
+        _, reference_grads = accumulate_gradients(net, self.strategy, self.loss_fn, x, y, sync=False)
         computed = sync_start = synced = clock.mark()
-        if distributed:
+        if ctx.world_size > 1:
             clock.wait()  # the barrier is the host's: this rank's GPU must be done too
             dist.barrier()  # stragglers wait here, not inside the timed all-reduce
             sync_start = clock.mark()
-            _all_reduce_gradients(model, ctx.world_size)
+            _all_reduce_gradients(self.model, ctx.world_size)
             synced = clock.mark()
-        apply_update(net, strategy, loss_fn, x, y, reference_grads)
+        apply_update(net, self.strategy, self.loss_fn, x, y, reference_grads)
         return clock.seconds([(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())])
 
-    stop = StopRequests(ctx.world_size)  # its flag exchange only: signals are the profile job's own concern
+    def full_step(self, batch=None) -> float:
+        """The training loop's step (sync overlapped with backward, the stop-flag exchange beside it), on the
+        loader's next batch or on `batch`."""
+        start = self.clock.mark()
+        batch = next(self.batches) if batch is None else batch
+        loop_step(self.net, self.strategy, self.loss_fn, batch, self.ctx.device, self.stop)
+        return self.clock.seconds([(start, self.clock.mark())])[0]
 
-    def full_step() -> float:
-        """The training loop's step (sync overlapped with backward, the stop-flag exchange beside it)."""
-        start = clock.mark()
-        loop_step(net, strategy, loss_fn, next(batches), ctx.device, stop)
-        return clock.seconds([(start, clock.mark())])[0]
+    def _host_seconds(self, work) -> float:
+        """Host seconds of `work()` with the device done before and after."""
+        self.clock.wait()
+        started = time.perf_counter()
+        work()
+        self.clock.wait()
+        return time.perf_counter() - started
 
-    warmup = [full_step() for _ in range(max(1, search.warmup_steps))]
+    def epoch_end(self, epoch: int) -> list[float]:
+        """An epoch's end as training runs it: [the last, shorter step, the strategy's epoch end (outside the
+        epoch's time), the loader's restart and the next epoch's first step (inside it)]."""
+        x, y = next(self.batches)
+        last = last_batch(len(self.splits.train), self.ctx.world_size, self.per_device_batch)
+        last_s = self.full_step((x[:last], y[:last]))
+        end_s = self._host_seconds(self.strategy.end_epoch)
+        self.batches.close()  # the epoch's loader iterator ends here, as training's does
+        started = time.perf_counter()  # the device is done (end_s waited for it)
+        self.batches = _batches(self.loader, epoch)
+        first = next(self.batches)
+        restart_s = time.perf_counter() - started
+        return [last_s, end_s, restart_s + self.full_step(first)]
+
+    def validation_s(self) -> float:
+        """Validation as training's epoch end runs it (`evaluate_accuracy` at its batch), on at most
+        VALIDATION_BATCHES batches per rank, scaled to the whole validation split."""
+        val = self.splits.val
+        share = Subset(val, range(min(len(val), VALIDATION_BATCHES * self.per_device_batch * self.ctx.world_size)))
+        if not len(share):
+            return 0.0
+        options = loader_options(self.job, self.ctx.device)
+        score = functools.partial(evaluate_accuracy, self.net, share, self.ctx, self.per_device_batch, **options)
+        return self._host_seconds(score) * len(val) / len(share)
+
+    def checkpoint_s(self, folder: str | None) -> float:
+        """Rank 0's checkpoint write as training's (model, optimiser, RNG states; training's other ranks wait for
+        it), into a temporary folder under `folder` (the job's work folder: the file system training writes to)."""
+        if not self.ctx.is_main:
+            return 0.0
+        if folder is not None:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as scratch:
+            checkpoint = {
+                "model": self.model.state_dict(),
+                "optimizer": self.strategy.optimizer.state_dict(),
+                "rng": [rng_state()] * self.ctx.world_size,
+            }
+            return self._host_seconds(lambda: save_checkpoint(Path(scratch) / "checkpoint.pt", checkpoint))
+
+    def epoch_ends(self, checkpoint_dir: str | None) -> dict:
+        """EPOCH_ENDS epoch ends, then validation twice (the first builds its shapes) and a checkpoint, each the
+        maximum over ranks: run_overhead.py's inputs."""
+        ends = [self.epoch_end(epoch) for epoch in range(1, EPOCH_ENDS + 1)]
+        timed = _max_over_ranks([*itertools.chain(*ends), *[self.validation_s() for _ in range(2)]], self.ctx)
+        timed += _max_over_ranks([self.checkpoint_s(checkpoint_dir)], self.ctx)
+        columns = [timed[i : 3 * EPOCH_ENDS : 3] for i in range(3)]
+        return {
+            "last_step_s": columns[0],
+            "strategy_end_s": columns[1],
+            "start_s": columns[2],
+            "validation_s": timed[3 * EPOCH_ENDS : 3 * EPOCH_ENDS + 2],
+            "checkpoint_s": timed[-1],
+            "last_batch": last_batch(len(self.splits.train), self.ctx.world_size, self.per_device_batch),
+            "val_samples": len(self.splits.val),
+        }
+
+
+def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str | None = None) -> dict | None:
+    """Time training steps at `per_device_batch` on the ranks of `ctx`, then its warm-up and epoch ends (see the
+    module's docstring); rank 0 returns the profile. `checkpoint_dir`: where the timed checkpoint is written
+    (default: the system's temporary folder)."""
+    started = time.perf_counter()
+    search = job.search
+    runner = StepRunner(job, ctx, per_device_batch)
+    warmup = _max_over_ranks([runner.full_step() for _ in range(max(1, search.warmup_steps))], ctx)
     # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
-    pair_s = 2 * max(_max_over_ranks([statistics.median(warmup)], ctx)[0], 1e-6)
+    pair_s = 2 * max(statistics.median(warmup), 1e-6)
     pairs = min(MAX_STEPS, max(search.steps, math.ceil(search.min_measure_s / pair_s)))
     attempts = _measured_attempts(
-        search, ctx, lambda interference: interference.around(split_step) + [full_step()], pairs
+        search, ctx, lambda interference: interference.around(runner.split_step) + [runner.full_step()], pairs
     )
     rows, interference = min(attempts, key=lambda attempt: attempt[1])
     columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
     peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
+    strategy = runner.strategy
     noise_scale = strategy.noise_scale.read() if strategy.noise_scale is not None else None
+    # The strategy's epoch end runs collectives on the default group: a measurement on some of its ranks (a bench's
+    # one-rank configuration beside an idle rank) cannot run it.
+    whole_group = not dist.is_initialized() or dist.get_world_size() == ctx.world_size
+    epoch_ends = runner.epoch_ends(checkpoint_dir) if whole_group else None
     if not ctx.is_main:
         return None
     per_step = {part: list(values) for part, values in zip(PARTS, columns)}
@@ -293,13 +396,15 @@ def measure(job: Job, ctx: Context, per_device_batch: int) -> dict | None:
         "per_device_batch": per_device_batch,
         "global_batch": per_device_batch * ctx.world_size,
         "warmup_steps": len(warmup),
+        "warmup_step_s": warmup,  # the first steps of the process, one by one (the slowest rank's)
         "steps": pairs,
         "median": median,
         "iqr_over_median": {part: s for part, (_, s) in stats.items()},
         "per_step": per_step,
+        "epoch_ends": epoch_ends,
         "samples_per_s": per_device_batch * ctx.world_size / median["step_s"],
         "peak_rss_bytes": int(peak),
-        "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+        "grad_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters() if p.requires_grad),
         "measure_wall_s": time.perf_counter() - started,
         "interference": interference,
         "attempts_interference": [share for _, share in attempts],
@@ -307,11 +412,13 @@ def measure(job: Job, ctx: Context, per_device_batch: int) -> dict | None:
     }
 
 
-def profile_worker(job: Job, global_batch: int, failure_dir: str | None = None) -> dict | None:
+def profile_worker(
+    job: Job, global_batch: int, failure_dir: str | None = None, checkpoint_dir: str | None = None
+) -> dict | None:
     """`measure` on every rank; a rank that runs out of memory records it in `failure_dir` and ends the job step."""
     ctx = init_distributed(job.resources.gpus_per_node > 0)
     try:
         with out_of_memory_ends_job_step(failure_dir):
-            return measure(job, ctx, global_batch // ctx.world_size)
+            return measure(job, ctx, global_batch // ctx.world_size, checkpoint_dir)
     finally:
         shutdown()

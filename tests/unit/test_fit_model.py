@@ -1,6 +1,7 @@
 """Stage fit_model: T and cost of every candidate (Eq. 4) from a fitted model and the measured steps."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -10,6 +11,7 @@ from tula_hpc.fit_model import predict_candidates
 from tula_hpc.job import Job
 from tula_hpc.layout import steps_per_epoch
 from tula_hpc.performance import estimate_steps
+from tula_hpc.run_overhead import fit_overheads
 from tula_hpc.stage import StageError
 
 
@@ -92,8 +94,44 @@ def test_time_to_the_recipes_progress_counts_the_steps_the_batch_needs():
 
     job = default_job(train={"epochs": 10, "lr_base_batch": 100, "lr_milestones": []})
     row = {"batch": 400, "step_s": 0.5, "steps_per_epoch": 25, "time_s": 125.0, "cost": 2.0}
+    row.update(warmup_s=3.0, epoch_start_s=0.25)
     to_progress([row], job, train_samples=10_000, b_noise=200.0)
     steps = steps_to_progress(10 * 100, 200.0, 100, 400)  # the recipe: 10 epochs of 100 steps at batch 100
     assert row["progress_steps"] == pytest.approx(steps) and row["progress_epochs"] == pytest.approx(steps / 25)
-    assert row["progress_time_s"] == pytest.approx(steps * 0.5)
-    assert row["progress_cost"] == pytest.approx(2.0 * steps * 0.5 / 125.0)
+    # the warm-up once, and an epoch start for each epoch the steps run into after the first
+    time_s = steps * 0.5 + 3.0 + (math.ceil(steps / 25) - 1) * 0.25
+    assert row["progress_time_s"] == pytest.approx(time_s)
+    assert row["progress_cost"] == pytest.approx(2.0 * time_s / 125.0)
+
+
+def test_warm_up_and_epoch_ends_add_to_the_steps_as_training_counts_its_epochs():
+    """T = W_1 + W_2 + E x steps of an epoch + (E - 1) x c_epoch; the job's time adds E x the work outside."""
+    model = fit(synthetic([1, 1, 2, 2], [10, 40, 10, 40]))
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
+    profiles = [
+        {
+            "world_size": 2,
+            "per_device_batch": 20,
+            "ranks_per_host": 2,
+            "median": {"step_s": 0.1},
+            "warmup_step_s": [1.1, 0.2, 0.1],  # 1.1 s over three steady steps
+            "epoch_ends": {
+                "last_step_s": [0.5, 0.1],
+                "strategy_end_s": [0.02, 0.01],
+                "start_s": [0.9, 0.3],
+                "validation_s": [0.6, 0.4],
+                "checkpoint_s": 0.05,
+            },
+        }
+    ]
+    overheads = fit_overheads(profiles)
+    [row] = predict_candidates(
+        model, [{"nodes": 2, "batch": 40, "per_device_batch": 20}], _job(), 1000, memory, overheads=overheads
+    )
+    steps_epoch = 25 * model.predict([[2, 20, 2]])[0]
+    assert row["warmup_first_s"] == pytest.approx(1.1 + 0.4) and row["warmup_second_s"] == pytest.approx(0.6)
+    assert row["epoch_start_s"] == pytest.approx(0.2) and row["outside_epoch_s"] == pytest.approx(0.46)
+    assert row["epoch_s"] == pytest.approx(steps_epoch + 0.2)
+    assert row["first_epoch_s"] == pytest.approx(steps_epoch + 1.5)
+    assert row["time_s"] == pytest.approx(1.5 + 0.6 + 3 * steps_epoch + 2 * 0.2)
+    assert row["job_time_s"] == pytest.approx(row["time_s"] + 3 * 0.46)

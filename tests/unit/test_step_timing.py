@@ -38,6 +38,19 @@ def test_measure_times_each_part_of_real_training_steps(job):
     assert profile["peak_rss_bytes"] > 0
 
 
+def test_measure_keeps_the_warm_up_steps_and_times_two_epoch_ends(job, tmp_path):
+    """The first steps one by one, and epoch ends as training runs them (run_overhead.py's inputs)."""
+    profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16, checkpoint_dir=str(tmp_path))
+    assert len(profile["warmup_step_s"]) == profile["warmup_steps"] == 2 and min(profile["warmup_step_s"]) > 0
+    ends = profile["epoch_ends"]
+    assert all(len(ends[k]) == 2 for k in ("last_step_s", "strategy_end_s", "start_s", "validation_s"))
+    assert ends["last_batch"] == 1258 - 78 * 16 == 10  # the digits' training split's last, shorter step
+    assert ends["val_samples"] == 180 and min(ends["validation_s"]) > 0 and ends["checkpoint_s"] > 0
+    # AGS's update step on a split batch opens the epoch: it costs more than a plain step
+    assert min(ends["start_s"]) > profile["median"]["step_s"]
+    assert list(tmp_path.iterdir()) == []  # the timed checkpoint is not left behind
+
+
 class _HostEvent:
     """A CUDA event's interface without a GPU: stamped when recorded, as the GPU stamps it when reached."""
 
@@ -81,7 +94,11 @@ def test_the_parts_between_consecutive_marks_add_up_to_the_step(clock):
 def test_on_a_gpu_each_step_is_timed_by_events_read_after_one_synchronize(job, synchronizes):
     """Synchronizing at every phase boundary would keep the host from queueing work ahead, as training does."""
     profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16)
-    assert len(synchronizes) == profile["warmup_steps"] + 2 * profile["steps"] * len(profile["attempts_interference"])
+    steps = profile["warmup_steps"] + 2 * profile["steps"] * len(profile["attempts_interference"])
+    # each epoch end: its two steps read once each, the strategy's end waited for before and after; then validation
+    # twice and a checkpoint, each waited for before and after (host work between device work)
+    epoch_ends = step_timing.EPOCH_ENDS * (2 + 2) + 3 * 2
+    assert len(synchronizes) == steps + epoch_ends
     assert profile["median"]["sync_s"] == 0.0
     assert all(profile["median"][part] > 0 for part in ("data_s", "compute_s", "update_s", "step_s"))
 
