@@ -172,11 +172,11 @@ STARTUP_S = 300  # a job's start before its first step: prolog, interpreter, dat
 
 
 def train_time_limit_s(job: Job, candidate: dict, run_s: float, max_time_s: float | None) -> float:
-    """The wall time a train job of `candidate` asks for when it is to run `run_s` seconds: the run plus twice its
-    relative uncertainty, plus one epoch (the checkpoint cadence: what a requeue repeats), all times 1 +
-    resources.time_margin, plus STARTUP_S; at most the partition's MaxTime. A job that outlives it is requeued
-    from its checkpoint."""
-    epoch_s = candidate["time_s"] / job.train.epochs
+    """The wall time a train job of `candidate` asks for when it is to run `run_s` seconds (validation and checkpoints
+    included: selection.predicted_run's job_time_s): the run plus twice its relative uncertainty, plus one epoch with
+    its end (the checkpoint cadence: what a requeue repeats), all times 1 + resources.time_margin, plus STARTUP_S; at
+    most the partition's MaxTime. A job that outlives it is requeued from its checkpoint."""
+    epoch_s = candidate["time_s"] / job.train.epochs + candidate.get("outside_epoch_s", 0.0)
     spread = 1 + 2 * candidate.get("rel_uncertainty", 0.0)
     limit = (run_s * spread + epoch_s) * (1 + job.resources.time_margin) + STARTUP_S
     return limit if max_time_s is None else min(limit, max_time_s)
@@ -209,9 +209,10 @@ def max_time_s(job: Job) -> float | None:
 
 
 def train_job_minutes(job: Job, selection: Selection) -> int:
-    """The minutes the train job of `selection` (selection.json, its prediction) asks for."""
+    """The minutes the train job of `selection` (selection.json, its prediction) asks for: its epochs with what their
+    ends do outside them (a selection made before job_time_s was predicted: the epochs alone)."""
     predicted = selection.predicted or {}
-    return train_minutes(job, selection.chosen, predicted.get("time_s"), max_time_s(job))
+    return train_minutes(job, selection.chosen, predicted.get("job_time_s", predicted.get("time_s")), max_time_s(job))
 
 
 def queue_waits(job: Job, candidates: list[dict], run_seconds: list[float]) -> list[float]:

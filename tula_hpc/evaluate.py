@@ -1,4 +1,5 @@
-"""Stage `evaluate`: test top-1 accuracy of the trained model, and measured vs predicted training time.
+"""Stage `evaluate`: test top-1 accuracy of the trained model, and measured vs predicted training time (`COMPARED`
+says exactly what: the whole run's epochs, and the first epoch apart from the steady ones).
 
 Accuracy is scored with BatchNorm statistics recomputed over training samples with the final weights
 ("precise BN", Wu & Johnson 2021), and as trained. Running statistics are an exponential average over
@@ -24,12 +25,18 @@ from .files import read_json, write_json
 from .models import build_model
 from .pricing import costs
 from .records import Selection, TrainSummary
+from .run_overhead import compare_epochs, epoch_times
 from .stage import stage_main
 from .training_step import evaluate_accuracy
 
 if TYPE_CHECKING:
     from .job import Job
 
+COMPARED = (
+    "the epochs' own time on both sides: metrics.jsonl's epoch_time_s (steps, loading, the warm-up, the loader's "
+    "restarts; not validation, checkpoints or the strategy's epoch end, which run outside it) against the "
+    "prediction of the same span (W + E x steps + (E - 1) x c_epoch), the first epoch apart from the steady ones"
+)
 # Precise BN's sample: thousands of samples estimate the statistics well, and the bound keeps evaluation's cost
 # apart from the training set's size.
 PRECISE_BN_SAMPLES = 8192
@@ -140,6 +147,7 @@ def evaluate(
     )
     # The prediction is the time of the epochs that count; lost work is reported beside it, not compared.
     measured, predicted = summary.train_time_s, selection.predicted["time_s"]
+    epochs = [record["epoch_time_s"] for record in summary.history]
     result = {
         "job": job.name,
         **scores,
@@ -149,6 +157,11 @@ def evaluate(
         "measured_train_time_with_lost_work_s": summary.train_time_with_lost_work_s,
         "predicted_train_time_s": predicted,
         "time_rel_error": (predicted - measured) / measured,
+        "compared": COMPARED,
+        "measured_epoch_s": epochs,
+        "predicted_epoch_s": epoch_times(chosen, len(epochs)),
+        **compare_epochs(epochs, epoch_times(chosen, len(epochs))),
+        "predicted_job_time_s": selection.predicted.get("job_time_s"),
         "pricing": job.objective.pricing,
         **measured_costs(job, summary, memory),
         "predicted_cost": selection.predicted["cost"],

@@ -21,7 +21,7 @@ from .layout import node_shape
 from .performance import SYNC_KINDS
 from .records import FitResult, Selection, TrainSummary
 from .stage import stage_main
-from .training_report import strategy_section
+from .training_report import strategy_section, time_terms
 
 if TYPE_CHECKING:
     from .job import Job
@@ -512,13 +512,16 @@ def _outcome(links: dict[str, str], memory: dict, selection: Selection, summary:
     return f"""## Outcome
 | | predicted | measured |
 |---|---|---|
-| training time (s, steps only) | {evaluation["predicted_train_time_s"]:.2f} | {
+| training time (s, the epochs: steps, warm-up, epoch starts) | {evaluation["predicted_train_time_s"]:.2f} | {
         evaluation["measured_train_time_s"]:.2f} |
-| cost ({evaluation["pricing"]}, steps only) | {evaluation["predicted_cost"]:.5f} | {evaluation["measured_cost"]:.5f} |
+| cost ({evaluation["pricing"]}, the epochs) | {evaluation["predicted_cost"]:.5f} | {evaluation["measured_cost"]:.5f} |
 | with work lost to kills and OOM | | {evaluation["measured_train_time_with_lost_work_s"]:.2f} s, {
         evaluation["measured_cost_with_lost_work"]:.5f} |
 
-Relative time error {evaluation["time_rel_error"]:+.1%}. Test top-1 accuracy **{evaluation["test_accuracy"]:.2%}**
+Relative time error {evaluation["time_rel_error"]:+.1%}. {
+        time_terms(selection.chosen, selection.predicted or {}, evaluation)
+    }
+Test top-1 accuracy **{evaluation["test_accuracy"]:.2%}**
 on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the training set; as trained
 {evaluation.get("test_accuracy_as_trained", evaluation["test_accuracy"]):.2%}). Training wall time {
         summary.wall_time_s:.1f} s over {summary.epochs} epochs

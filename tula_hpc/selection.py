@@ -19,6 +19,7 @@ starts later is passed over exactly when its wait outweighs what it saves.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -172,14 +173,20 @@ def select(candidates: list[dict], pricing: str, objective: ObjectiveSettings) -
 
 def predicted_run(job: Job, chosen: dict) -> dict:
     """Time and cost of the training the train stage will run: to the recipe's progress under a goodput objective
-    or with adascale (which trains until it) where the noise scale was measured, else the recipe's epochs."""
+    or with adascale (which trains until it) where the noise scale was measured, else the recipe's epochs. `time_s`
+    is the epochs' own time (steps, loading, warm-up: what train_time_s measures), `job_time_s` adds what every
+    epoch's end does outside it (the strategy's epoch end, validation, the checkpoint: run_overhead.py)."""
     to_progress = job.objective.minimize in ("goodput", "goodput_cost") or job.train.strategy == "adascale"
     if to_progress and "progress_time_s" in chosen:
         run = {"time_s": chosen["progress_time_s"], "cost": chosen["progress_cost"], "to": "progress"}
+        epochs = math.ceil(chosen["progress_epochs"])
     else:
         run = {"time_s": chosen["time_s"], "cost": chosen["cost"], "to": "epochs"}
+        epochs = job.train.epochs
+    outside = epochs * chosen.get("outside_epoch_s", 0.0)  # 0 in a record made before it was predicted
+    run.update(epochs=epochs, outside_epochs_s=outside, job_time_s=run["time_s"] + outside)
     if "wait_s" in chosen:  # objective.queue estimate: the scheduler's estimate at selection time
-        run.update(wait_s=chosen["wait_s"], result_time_s=chosen["wait_s"] + run["time_s"])
+        run.update(wait_s=chosen["wait_s"], result_time_s=chosen["wait_s"] + run["job_time_s"])
     return run
 
 
@@ -188,7 +195,7 @@ def with_queue_waits(job: Job, candidates: list[dict]) -> list[dict]:
     objective.queue is estimate on Slurm; as they are elsewhere (the local launcher has no queue)."""
     if job.objective.queue != "estimate" or job.launcher != "slurm":
         return candidates
-    waits = queue_waits(job, candidates, [predicted_run(job, c)["time_s"] for c in candidates])
+    waits = queue_waits(job, candidates, [predicted_run(job, c)["job_time_s"] for c in candidates])
     return [{**c, "wait_s": wait} for c, wait in zip(candidates, waits)]
 
 

@@ -1,4 +1,5 @@
-"""The report's training section: the curves, AGS's view (Fig. 7) and the gradient noise scale over training."""
+"""The report's training section: the run's time beside its steps, the curves, AGS's view (Fig. 7) and the gradient
+noise scale over training."""
 
 from __future__ import annotations
 
@@ -6,6 +7,27 @@ from pathlib import Path
 
 from .figures import link, plt, save_png
 from .records import TrainSummary
+
+
+def _versus(evaluation: dict, part: str) -> str:
+    measured, predicted = evaluation.get(f"measured_{part}_epoch_s"), evaluation.get(f"predicted_{part}_epoch_s")
+    if measured is None or predicted is None:
+        return "not measured"
+    return f"predicted {predicted:.3f} s, measured {measured:.3f} s ({evaluation[f'{part}_epoch_rel_error']:+.0%})"
+
+
+def time_terms(chosen: dict, predicted: dict, evaluation: dict) -> str:
+    """What the run spends once and per epoch beside its steps (run_overhead.py), and the first and steady epochs
+    predicted against measured (evaluate's comparison)."""
+    first, second = chosen.get("warmup_first_s", 0.0), chosen.get("warmup_second_s", 0.0)
+    return (
+        f"Beside the steps: a warm-up of {first + second:.3f} s once ({first:.3f} s in the first epoch, {second:.3f} s "
+        f"in the second), {chosen.get('epoch_start_s', 0.0):.3f} s at each later epoch's start (the loader's restart, "
+        f"the strategy's once-per-epoch step), and outside the epochs {chosen.get('outside_epoch_s', 0.0):.3f} s at "
+        f"each epoch's end (the strategy's epoch end, validation, the checkpoint): "
+        f"{predicted.get('job_time_s', 0.0):.2f} s in all, what the Slurm wall time is set from. First epoch: "
+        f"{_versus(evaluation, 'first')}; steady epochs: {_versus(evaluation, 'steady')}."
+    )
 
 
 def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:

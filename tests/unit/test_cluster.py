@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 import subprocess
 
 import pytest
@@ -94,6 +96,23 @@ def test_the_train_wall_time_follows_the_prediction_capped_by_max_time():
     assert cluster.train_minutes(job, candidate, None, None) == job.resources.time_min
     local = job.updated(launcher="local")
     assert cluster.train_minutes(local, candidate, 1000.0, None) == job.resources.time_min
+
+
+def test_the_train_wall_time_counts_what_each_epochs_end_does_outside_the_epochs(monkeypatch):
+    """Validation, the checkpoint and the strategy's epoch end run every epoch, outside the predicted epochs' time."""
+    from tula_hpc.records import Selection
+    from tula_hpc.selection import predicted_run
+
+    job = _slurm_job(time_margin=0.5)
+    candidate = {"time_s": 1000.0, "cost": 1.0, "rel_uncertainty": 0.1, "outside_epoch_s": 5.0}
+    run = predicted_run(job, candidate)
+    assert run["job_time_s"] == pytest.approx(1000 + 10 * 5.0) and run["time_s"] == 1000.0
+    # (1050 x 1.2 + one epoch of 100 s and its end of 5 s) x 1.5 + the start-up
+    limit = (1050 * 1.2 + 105) * 1.5 + cluster.STARTUP_S
+    assert cluster.train_time_limit_s(job, candidate, run["job_time_s"], None) == pytest.approx(limit)
+    selection = dataclasses.replace(Selection.by_hand(job, candidate), predicted=run)
+    monkeypatch.setattr(cluster, "max_time_s", lambda job: None)  # the partition's MaxTime: unlimited
+    assert cluster.train_job_minutes(job, selection) == math.ceil(limit / 60)
 
 
 def test_queue_waits_ask_once_per_distinct_request(monkeypatch):

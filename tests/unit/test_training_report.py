@@ -2,7 +2,8 @@
 
 from tula_hpc.figures import link
 from tula_hpc.records import TrainSummary
-from tula_hpc.training_report import noise_scale_line, strategy_section
+from tula_hpc.run_overhead import compare_epochs
+from tula_hpc.training_report import noise_scale_line, strategy_section, time_terms
 
 
 def _summary(noise) -> TrainSummary:
@@ -44,3 +45,15 @@ def test_without_a_noise_scale_the_section_says_why():
 
 def test_links_are_relative_to_the_report(tmp_path):
     assert link(tmp_path / "plots" / "a.png", tmp_path / "report.md") == "plots/a.png"
+
+
+def test_the_time_beside_the_steps_is_shown_apart_with_the_first_and_steady_epochs():
+    chosen = {"warmup_first_s": 0.6, "warmup_second_s": 0.4, "epoch_start_s": 0.03, "outside_epoch_s": 0.2}
+    evaluation = compare_epochs([0.8, 0.5, 0.16], [0.72, 0.55, 0.15])
+    text = time_terms(chosen, {"job_time_s": 2.1}, evaluation)
+    assert "a warm-up of 1.000 s once (0.600 s in the first epoch, 0.400 s in the second)" in text
+    assert "0.030 s at each later epoch's start" in text and "0.200 s at each epoch's end" in text
+    assert "2.10 s in all" in text
+    assert "First epoch: predicted 0.720 s, measured 0.800 s (-10%)" in text
+    assert "steady epochs: predicted 0.150 s, measured 0.160 s (-6%)" in text
+    assert "First epoch: not measured" in time_terms({}, {}, {})  # records made before these were predicted
