@@ -49,15 +49,19 @@ bench-slurm: $(STAMP)
 # GPU runs. Where there is no .venv but a .whl folder (the GPU machine: its own python3 and torch, no network) they
 # run on python3 with those wheels and the carried Fashion-MNIST (scripts/gpu-python.sh); `make gpu-wheels` and
 # `make gpu-data` put them here for a device call to carry (.whl and .data).
-# gpu-check: bench/gpu_check.py, the figures only a GPU gives, into bench/results/gpu_check.json; without a GPU it
-# says so and exits 0. Options through GPU_CHECK_ARGS, e.g. make gpu-check GPU_CHECK_ARGS="--sections memory".
+# gpu-check: bench/gpu_check.py, the figures only a GPU gives, into bench/results/gpu_check.json (and each memory
+# case into bench/data/gpu/); without a GPU it says so and exits 0. It prints its plan first: sections in order of
+# value with their estimated seconds (bench/gpu_plan.py), the whole default preset within 9 minutes. Options through
+# GPU_CHECK_ARGS, e.g. GPU_CHECK_ARGS="--budget-s 280" (skips, saying so, what would not fit a shorter slot),
+# "--sections memory", "--plan" (the plan alone).
 # Sections accumulate in that file across runs: a device call of GPU_CHECK_ARGS="--sections memory training" and
 # one of "--sections oom steptime dag" leave one file. The GPU machine's copy has no .git: name the commit with
 # TULA_GIT_COMMIT=<sha> make gpu-check.
 # gpu-generalization: bench/generalization_fmnist.py --scale gpu; options through GENERALIZATION_ARGS, e.g.
 # GENERALIZATION_ARGS="--minutes 7" to end a device call in time (its cells file continues the next).
-# gpu-dry-run: the GPU machine's procedure rehearsed here (scripts/gpu_dry_run.sh): gpu-wheels, the size a call
-# carries, a fresh venv with the image's packages alone installing the wheels offline, the check on the CPU.
+# gpu-dry-run: the GPU machine's procedure rehearsed here (scripts/gpu_dry_run.sh): the default preset's plan with
+# each section's estimate, gpu-wheels, the size a call carries, a fresh venv with the image's packages alone
+# installing the wheels offline, the check on the CPU.
 .PHONY: gpu-check gpu-generalization gpu-wheels gpu-data gpu-dry-run
 GPU_MACHINE := $(and $(wildcard .whl),$(if $(wildcard $(BIN)/python),,yes))
 GPU_PYTHON := $(if $(GPU_MACHINE),bash scripts/gpu-python.sh,$(BIN)/python)

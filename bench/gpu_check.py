@@ -1,47 +1,51 @@
 """GPU check: the figures only a GPU gives, measured with the workflow's own code, in one file (`make gpu-check`).
 
-Sections (bench/gpu_memory.py, bench/gpu_steps.py), each a function of the device and a size preset (PRESETS)
-returning its figures and its targets as met or not, with the figure:
-- memory: for each model, image size and precision (fp32, bf16), the probe stage's own probes and fit, then real
-  steady steps (`memory_probes.run_in_fresh_process("trial")`) at batches from twice the largest probe up to the largest
-  batch the model gives for the card (and no tensor of 2^31 elements, `index_cap`): relative error of the predicted
-  peak, median and max, against the allocator's peaks (max_memory_allocated) and reserved peaks
-  (max_memory_reserved, what sizes the batch).
-- training: the memory stage itself (`memory.probe_memory`: probes, fit, verification trials with their correction)
-  proposes the largest batch; the train stage's worker (`train.train_worker`, at N = 1 as the stage runs it) trains
-  it for real, and 5 % above it: whether each ran or ran out of memory, and the run's peak against the predicted
-  one. Where the training set, not memory, caps the proposal (digits on a whole card), the stage runs again under a
-  budget that puts the model's largest batch at half the training set.
-- oom: the train stage (`train.train`) under a budget between the measured peaks of its batch and of half of it, so
-  the first attempt runs out of memory for real; the relaunch must finish with the global batch unchanged.
-- steptime: profiles at N = 1 over the whole batch axis by the profile stage's own measurement in shuffled rounds
-  (as bench/perf_accuracy.py: noise floor, leave-one-out error of the performance model), then the train stage
-  (`train.train_worker`) at a profiled batch: its measured epochs (metrics.jsonl's epoch_time_s) against the epoch
-  the perfmodel stage's computation (`perfmodel.fit_and_predict`) predicts from one round of profiles.
-- dag: config/jobs.yaml's job on one GPU at N = 1, the batch sized from the card (`device_memory_gb: auto`),
-  through `snakemake --profile profiles/local` in a scratch folder: wall time, chosen configuration, accuracy.
+Sections (bench/gpu_memory.py, bench/gpu_steps.py), run in order of value (bench/gpu_plan.py: VALUE), each a function
+of the device, the size preset (gpu_plan.PRESETS), a scratch folder and the run's context, returning its figures and
+its targets as met or not, with the figure. The workloads: CIFAR-10's shape (3 x 32 x 32) with resnet18, ImageNet's
+(224 px) with resnet50 in bf16 and channels_last and with torchvision's vit_b_16 in bf16, on the synthetic data set.
+- memory: for each case, in one process, the truth of the largest batch (bench/gpu_truth.py: the stage's probes, then
+  a bisection with real steady steps until a fitting and a failing batch lie within 1 %); where PyTorch Lightning is
+  importable, its BatchSizeFinder on the same model (bench/gpu_lightning.py: its trials, answer and seconds); the
+  probe stage itself (`probe_memory.probe_worker` + `summarise`) timed in one process and in fresh processes; each
+  memory figure's model against the bisection's fitting trials. Every case goes to bench/data/gpu/ as a replay case
+  (<device>-<date>-<case>.json, never over an existing file).
+- oom: the train stage (`train.train`) under a budget (resources.device_memory_gb) checked in-process to fail its
+  batch and fit half of it; the first attempt must end in a real out-of-memory error and the relaunch finish with the
+  global batch unchanged.
+- steptime: profiles at N = 1 over each workload's batch axis by the profile stage's own measurement in shuffled
+  rounds (noise floor, leave-one-out error of the performance model), then the train stage's worker at a profiled
+  batch for epochs of at least 200 steps: its epochs from the third (metrics.jsonl's epoch_time_s) against the epoch
+  the fit-model stage's computation predicts.
+- dag: config/jobs.yaml's job on one GPU at N = 1 (`device_memory_gb: auto`) through `snakemake --profile
+  profiles/local` in a scratch folder: wall time, each stage's wall time (from Snakemake's log), chosen configuration,
+  accuracy. Completion is judged by Snakemake's exit and the outputs; its timeout only stops work still running.
+
+Before it starts, the check prints its plan: each section's estimate, from seconds recorded on a real run scaled by
+the preset's size (gpu_plan.FIGURES). With --budget-s a section whose estimate does not fit what is left is skipped,
+saying so; `--plan` prints the plan alone (`make gpu-dry-run` prints the default preset's).
 
 The result file accumulates: each run rewrites only the sections it runs and keeps the others, so a check split
 over several device calls (`--sections memory`, then `--sections steptime`, ...) ends in one file. Each section is
-stamped with the device's name, torch's version, the git commit and the digest of the code (SOURCES) it was measured
-with, and the scale. A kept section whose device, torch, code digest or scale differs from this run's is kept, marked
-`stale` with what differs, and judges nothing (it leaves `verdicts`, and `complete` and `all_met` are false) until
-it is run again: its figures still say what the other code did, which a split check must not silently lose, but
-not what this code does. (The commit is stamped, not compared: the GPU machine's copy has no .git, and the digest
-names the code there.)
+written as it ends and stamped with the device's name, torch's version, the git commit and the digest of the code
+(SOURCES) it was measured with, and the scale. A kept section whose device, torch, code digest or scale differs from
+this run's is kept, marked `stale` with what differs, and judges nothing (it leaves `verdicts`, and `complete` and
+`all_met` are false) until it is run again. (The commit is stamped, not compared: the GPU machine's copy has no
+.git, and the digest names the code there.) `seconds` records each section's and the whole run's.
 
 Without a GPU (and --device auto) it says so, measures nothing, writes nothing and exits 0. `--device cpu
 --scale quick --out PATH` runs every section on the CPU at tiny sizes: a test of this check's own code, never
-written to bench/results/gpu_check.json.
+written to bench/results/gpu_check.json nor to bench/data/gpu/.
 
 Run:  make gpu-check   (the GPU machine has no .venv: scripts/gpu-python.sh, python3 with the wheels of
-      `make gpu-wheels`; `make gpu-dry-run` rehearses that here)
+      `make gpu-wheels`; `make gpu-dry-run` rehearses that here), e.g. GPU_CHECK_ARGS="--budget-s 280"
       .venv/bin/python bench/gpu_check.py --device cpu --scale quick --out /tmp/gpu_check.json
 Writes bench/results/gpu_check.json.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -51,84 +55,24 @@ import traceback
 from pathlib import Path
 
 import gpu_memory
+import gpu_plan
 import gpu_steps
-from common import WORK, bench_parser, files_digest, provenance
+from common import REPO, WORK, bench_parser, files_digest, provenance, verdict
 
 from tula_hpc.files import write_json
 
-SECTIONS = {
+SECTIONS = {  # in order of value (gpu_plan.VALUE)
     "memory": gpu_memory.memory_section,
-    "training": gpu_memory.training_section,
     "oom": gpu_memory.oom_section,
+    "memory_imagenet": functools.partial(gpu_memory.memory_section, key="memory_imagenet"),
     "steptime": gpu_steps.steptime_section,
     "dag": gpu_steps.dag_section,
 }
-TARGETS = {**gpu_memory.TARGETS, **gpu_steps.TARGETS}
+TARGETS = {**gpu_memory.TARGETS, **gpu_steps.TARGETS, "check_s": gpu_plan.SLOT_S}
 # A kept section measured with any of these different from this run is stale.
 STALE_IF = ("device", "torch", "source_digest", "scale")
-# Sizes. gpu: what the targets are judged on (digits resized to CIFAR's 32x32; the default job's 8x8 for step
-# times). quick: every section at tiny sizes, about a minute on two CPU cores.
-PRESETS = {
-    "gpu": {
-        "memory": {
-            "cases": [{"model": "tiny_cnn", "image_size": 32}, {"model": "resnet18", "image_size": 32}],
-            "precisions": ["fp32", "bf16"],
-            "device_memory_gb": "auto",  # the card's own memory
-            "batches": 5,
-        },
-        "training": {
-            "cases": [
-                {"model": "tiny_cnn", "image_size": 32, "precision": "fp32"},
-                {"model": "resnet18", "image_size": 32, "precision": "bf16"},
-            ],
-            "device_memory_gb": "auto",
-            "epochs": 1,
-        },
-        "oom": {"model": "tiny_cnn", "image_size": 32, "batch": 512, "epochs": 2},
-        "steptime": {
-            "cases": [{"model": "tiny_cnn", "image_size": 8}, {"model": "resnet18", "image_size": 32}],
-            "batch": {"min": 16, "max": 1024},
-            "rounds": 3,
-            "measurement": {},  # the job's own (config/jobs.yaml)
-            "epochs_trained": 3,
-        },
-        "dag": {"changes": {}, "timeout_s": 3000},
-    },
-    "quick": {
-        "memory": {
-            "cases": [{"model": "tiny_cnn", "image_size": 8}],
-            "precisions": ["fp32"],
-            "device_memory_gb": 0.1,
-            "batches": 3,
-        },
-        "training": {
-            "cases": [{"model": "tiny_cnn", "image_size": 8, "precision": "fp32"}],
-            "device_memory_gb": 0.1,
-            "epochs": 1,
-        },
-        "oom": {"model": "tiny_cnn", "image_size": 8, "batch": 512, "epochs": 2},
-        "steptime": {
-            "cases": [{"model": "tiny_cnn", "image_size": 8}],
-            "batch": {"min": 16, "max": 64},
-            "rounds": 2,
-            "measurement": {"warmup_steps": 1, "steps": 2, "min_measure_s": 0.05, "max_attempts": 1},
-            "epochs_trained": 2,
-        },
-        "dag": {
-            "changes": {
-                "train": {"epochs": 2, "lr_milestones": []},
-                "search": {
-                    "batch": {"min": 64, "max": 128},
-                    "warmup_steps": 1,
-                    "steps": 2,
-                    "min_measure_s": 0.05,
-                    "max_attempts": 1,
-                },
-            },
-            "timeout_s": 900,
-        },
-    },
-}
+PRESETS = gpu_plan.PRESETS
+CASES_DIR = REPO / "bench" / "data" / "gpu"
 # Source folders and files whose bytes identify the code that measured (the GPU machine's copy has no .git).
 SOURCES = ("tula_hpc", "bench", "workflow", "config", "profiles", "Snakefile")
 
@@ -212,11 +156,14 @@ def earlier_sections(path: Path, stamp: dict) -> dict:
     return kept
 
 
-def result_document(sections: dict, info: dict, found: dict, scale: str) -> dict:
-    """The result file: this run's provenance and settings, then every section, verdicts from the fresh ones."""
+def result_document(sections: dict, info: dict, found: dict, scale: str, run: dict) -> dict:
+    """The result file: this run's provenance and settings, then every section, verdicts from the fresh ones, and
+    the seconds of each section and of the whole run (`run`: its plan, what it skipped and its seconds so far)."""
     ordered = {name: sections[name] for name in SECTIONS if name in sections}
     fresh = {name: s for name, s in ordered.items() if "stale" not in s}
     verdicts = all_verdicts(fresh)
+    if scale == "gpu" and set(run["plan"]) == set(SECTIONS) and not run["skipped"]:  # the whole default preset ran
+        verdicts["check.within_slot"] = verdict(run["seconds"], TARGETS["check_s"])
     complete = set(fresh) == set(SECTIONS)
     return {
         "provenance": found,
@@ -227,30 +174,67 @@ def result_document(sections: dict, info: dict, found: dict, scale: str) -> dict
         "complete": complete,
         "missing_or_stale": [name for name in SECTIONS if name not in fresh],
         "all_met": complete and all(v["met"] for v in verdicts.values()),
+        "seconds": {**{name: s.get("section_seconds") for name, s in ordered.items()}, "run": run["seconds"]},
+        "run": run,
         "sections": ordered,
     }
 
 
-def run_section(name: str, device: str, preset: dict, scratch: Path, stamp: dict) -> dict:
+def run_section(name: str, device: str, preset: dict, scratch: Path, context: dict) -> dict:
     started = time.perf_counter()
     print(f"== {name}", flush=True)
     try:
-        result = SECTIONS[name](device, preset, scratch)
+        result = SECTIONS[name](device, preset, scratch, context)
     except Exception:
         result = {"error": traceback.format_exc()[-6000:], "verdicts": {"ran": {"met": False}}}
         print(result["error"], file=sys.stderr, flush=True)
     result["section_seconds"] = time.perf_counter() - started
     print(f"== {name}: {result['section_seconds']:.0f} s", flush=True)
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    result["stamp"] = stamp
+    result["stamp"] = context["stamp"]
     return result
 
 
 def report(verdicts: dict) -> None:
     for name, v in verdicts.items():
-        figure = v.get("figure")
-        shown = f" {figure:.2%} (target {v['target']:.0%})" if isinstance(figure, float) else ""
+        figure, target = v.get("figure"), v.get("target")
+        shown = ""
+        if isinstance(figure, float):
+            shown = f" {figure:.2%} (target {target:.0%})" if target < 1 else f" {figure:.0f} s (target {target:.0f} s)"
         print(f"{name:40s} {'met' if v['met'] else 'NOT MET'}{shown}", flush=True)
+
+
+def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
+    """The sections asked for, in order of value, each written as it ends; one whose estimate does not fit what is
+    left of --budget-s is skipped, saying so. The result document and this run's sections."""
+    info, found = device_info(device), provenance_here()
+    stamp = section_stamp(info, found, scale)
+    recorded = {"device": info, "git_commit": found["git_commit"], "source_digest": found["source_digest"]}  # a case's
+    sections = earlier_sections(out, stamp)
+    scratch = args.work_dir / time.strftime("%Y%m%d-%H%M%S")
+    cases_dir = CASES_DIR if device == "cuda" else scratch / "cases"
+    cases_dir.mkdir(parents=True, exist_ok=True)
+    print(
+        f"gpu-check on {info['name']} ({device}, torch {info['torch']}), scale {scale}; scratch {scratch}", flush=True
+    )
+    rows = gpu_plan.plan(PRESETS[scale], device, args.sections, args.budget_s)
+    print(gpu_plan.plan_text(rows, device, args.budget_s), flush=True)
+    started = time.monotonic()
+    end = started + (args.budget_s if args.budget_s is not None else 24 * 3600)
+    run = {"plan": {r["section"]: r["estimate_s"] for r in rows}, "budget_s": args.budget_s, "skipped": {}}
+    ran, document = {}, None
+    for row in rows:
+        name, elapsed = row["section"], time.monotonic() - started
+        if args.budget_s is not None and elapsed + row["estimate_s"] > args.budget_s:
+            run["skipped"][name] = gpu_plan.skip_reason(name, row["estimate_s"], elapsed, args.budget_s)
+            print(f"== {name}: {run['skipped'][name]}", flush=True)
+        else:
+            context = {"stamp": stamp, "recorded": recorded, "cases_dir": cases_dir, "deadline": end}
+            sections[name] = ran[name] = run_section(name, device, PRESETS[scale], scratch, context)
+        run["seconds"] = time.monotonic() - started
+        document = result_document(sections, info, found, scale, run)
+        write_json(out, document)  # after each section: a call cut short keeps what it measured
+    return document, ran
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,7 +243,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", choices=sorted(PRESETS), help="sizes (default: gpu on CUDA, quick on the CPU)")
     parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS), help="to run")
     parser.add_argument("--work-dir", type=Path, default=WORK / "gpu_check", help="scratch (default %(default)s)")
+    parser.add_argument("--budget-s", type=float, help="skip, saying so, the sections that would not fit this slot")
+    parser.add_argument("--plan", action="store_true", help="print the plan with each section's estimate, run nothing")
     args = parser.parse_args(argv)
+    if args.plan:  # needs no GPU: the estimates are recorded figures
+        scale = args.scale or ("quick" if args.device == "cpu" else "gpu")
+        device = "cpu" if scale == "quick" else "cuda"
+        print(
+            gpu_plan.plan_text(
+                gpu_plan.plan(PRESETS[scale], device, args.sections, args.budget_s), device, args.budget_s
+            )
+        )
+        return 0
 
     import torch
 
@@ -274,19 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if args.device == "auto" else args.device
     if device == "cpu" and args.out.resolve() == parser.get_default("out").resolve():
         parser.error(f"--device cpu tests the check itself: name its file with --out (never {args.out})")
-    scale = args.scale or ("gpu" if device == "cuda" else "quick")
-    info, found = device_info(device), provenance_here()
-    stamp = section_stamp(info, found, scale)
-    sections = earlier_sections(args.out, stamp)
-    scratch = args.work_dir / time.strftime("%Y%m%d-%H%M%S")
-    print(
-        f"gpu-check on {info['name']} ({device}, torch {info['torch']}), scale {scale}; scratch {scratch}", flush=True
-    )
-    ran = {}
-    for name in args.sections:
-        sections[name] = ran[name] = run_section(name, device, PRESETS[scale], scratch, stamp)
-        document = result_document(sections, info, found, scale)
-        write_json(args.out, document)  # after each section: a call cut short keeps what it measured
+    document, ran = run_sections(args, device, args.scale or ("gpu" if device == "cuda" else "quick"), args.out)
     print(f"wrote {args.out}", flush=True)
     report(document["verdicts"])
     if not document["complete"]:

@@ -1,19 +1,21 @@
 """The GPU check's step-time and DAG sections (bench/gpu_check.py runs them): the performance model against repeated
-profiles and against the train stage's measured epochs, and the default DAG end to end.
+profiles and against the train stage's measured epochs, and the default DAG end to end with each stage's wall time.
 
-Each section is a function of the device ("cuda" or "cpu"), the size preset (gpu_check.PRESETS) and a scratch folder;
-it returns its figures and its verdicts.
+Each section is a function of the device ("cuda" or "cpu"), the size preset (gpu_plan.PRESETS), a scratch folder and
+the run's context (its deadline); it returns its figures and its verdicts.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import cloudpickle
@@ -22,31 +24,33 @@ from common import (
     JOBS_FILE,
     REPO,
     bench_config,
-    bench_job,
     error_summary,
     merged,
-    train_cell,
     verdict,
 )
-from gpu_memory import gpus
+from gpu_memory import gpus, workload_job
 
 from tula_hpc.files import read_jsonl
 from tula_hpc.job import Job
 
 # A launched process cannot import bench/'s modules: its worker (steps_worker) travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-TARGETS = {"steptime_loo_median": 0.02, "epoch_time": 0.10}
+TARGETS = {"steptime_loo_median": 0.02, "epoch_time": 0.10, "dag_s": 90.0}
 # The performance model prices what it predicts; the check compares times only, so no memory price applies.
+STEADY_FROM = 3  # the first epoch judged
 NO_MEMORY_PRICE = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 
 
 # --- step time --------------------------------------------------------------------------------------
 
 
-def steps_worker(jobs: dict[str, Job], schedule: list[dict]) -> list[dict]:
-    """In a launched process: `step_timing.measure` at each scheduled (job, per-device batch), one rank."""
+def steps_worker(jobs: dict[str, Job], schedule: list[dict], folders: dict[str, str]) -> dict:
+    """In a launched process: `step_timing.measure` at each scheduled (job, per-device batch), one rank; then the train
+    stage's worker (`train.train_worker`, at N = 1 as the stage runs it) for each job at its profiled middle batch,
+    in `folders` (one launch for all: a launch's start is seconds of a short GPU slot)."""
     from tula_hpc.distributed import init_distributed, shutdown
     from tula_hpc.step_timing import measure
+    from tula_hpc.train import train_worker
 
     job = next(iter(jobs.values()))
     ctx = init_distributed(job.resources.gpus_per_node > 0)
@@ -61,7 +65,14 @@ def steps_worker(jobs: dict[str, Job], schedule: list[dict]) -> list[dict]:
             flush=True,
         )
     shutdown()
-    return records
+    trained = {}
+    for name, folder in folders.items():
+        files = [str(Path(folder) / f) for f in ("checkpoint.pt", "model.pt", "metrics.jsonl")]
+        trained[name] = train_worker(
+            jobs[name], middle(jobs[name].search.batch.min, jobs[name].search.batch.max), *files
+        )
+        print(f"trained {name}: {trained[name]['steps']} steps in {trained[name]['train_time_s']:.1f} s", flush=True)
+    return {"records": records, "trained": trained}
 
 
 def step_time_figures(records: list[dict], settings: dict) -> dict:
@@ -108,7 +119,13 @@ def step_time_figures(records: list[dict], settings: dict) -> dict:
     }
 
 
-def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, list[dict]]:
+def middle(low: int, high: int) -> int:
+    """The profiled batch the train stage trains: the middle of the doublings from `low` to `high`."""
+    doublings = [low * 2**k for k in range(64) if low * 2**k <= high]
+    return doublings[len(doublings) // 2]
+
+
+def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, dict, dict]:
     """(jobs, grids, records): `step_timing.measure` over each case's whole batch axis at N = 1 (the plan stage's
     grid of a full search), in shuffled rounds inside one launched process."""
     from tula_hpc import launch
@@ -116,19 +133,21 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, J
     from tula_hpc.plan import candidate_grid
 
     jobs = {
-        f"{case['model']}-{case['image_size']}": bench_job(
-            as_name=f"gpu-check-steps-{case['model']}-{case['image_size']}",
-            model={"name": case["model"]},
-            data={"name": "digits", "image_size": case["image_size"]},
+        f"{case['model'].rsplit(':', 1)[-1]}-{case['image_size']}": workload_job(
+            device,
+            case,
+            f"gpu-check-steps-{case['model'].rsplit(':', 1)[-1]}-{case['image_size']}",
+            middle(case["batch"]["min"], case["batch"]["max"]),
             train={"epochs": spec["epochs_trained"], "lr_milestones": []},
-            resources={"gpus_per_node": gpus(device)},
-            search={**spec["measurement"], "mode": "full", "nodes": {"min": 1, "max": 1}, "batch": spec["batch"]},
+            search={**spec["measurement"], "mode": "full", "batch": case["batch"]},
         )
         for case in spec["cases"]
     }
+    grids = {}
+    for name, job in jobs.items():
+        train_samples = len(load_splits(job.data, job.train.seed).train)
+        grids[name] = candidate_grid(job.search, job.search.batch.max, train_samples)
     first = next(iter(jobs.values()))
-    train_samples = len(load_splits(first.data, first.train.seed).train)
-    grids = {name: candidate_grid(job.search, spec["batch"]["max"], train_samples) for name, job in jobs.items()}
     rng, schedule = random.Random(0), []
     for n in range(spec["rounds"]):
         order = [
@@ -138,31 +157,32 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, J
         ]
         rng.shuffle(order)
         schedule += order
-    records = launch.run(
+    folders = {name: str(scratch / "steptime" / f"train-{name}") for name in jobs}
+    found = launch.run(
         steps_worker,
-        dict(jobs=jobs, schedule=schedule),
+        dict(jobs=jobs, schedule=schedule, folders=folders),
         launch.LaunchSpec.for_job(first, nodes=1),
         scratch / "steptime",
         name="gpu-check-steptime",
     )
-    return jobs, grids, records
+    return jobs, grids, found, folders
 
 
-def epoch_check(job: Job, grid: list[dict], profiles: list[dict], folder: Path) -> dict:
-    """The train stage's measured epochs (metrics.jsonl's epoch_time_s) at the middle of the profiled grid against
-    the epoch the performance model predicts there, fitted and used as the perfmodel stage does on `profiles` (one
-    round: what the profile stage gives). The first epoch (loader start, kernel choice) is reported, not judged."""
+def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict, folder: Path) -> dict:
+    """The train stage's measured epochs (`summary`, metrics.jsonl's epoch_time_s in `folder`) at a profiled batch
+    against the epoch the performance model predicts there, fitted and used as the fit-model stage does
+    on `profiles` (one round: what the profile stage gives). Epochs before STEADY_FROM (loader start, kernel choice,
+    the allocator's growth) are reported, not judged."""
     from tula_hpc.data import load_splits
     from tula_hpc.fit_model import fit_and_predict
     from tula_hpc.performance import model_params
 
-    candidate = grid[len(grid) // 2]
+    [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]
     train_samples = len(load_splits(job.data, job.train.seed).train)
     _, _, _, [row] = fit_and_predict(job, profiles, [candidate], train_samples, NO_MEMORY_PRICE, model_params(job))
-    summary = train_cell(job, candidate["batch"], folder, world=1, name=f"{job.name}-train")
     epochs = [r["epoch_time_s"] for r in read_jsonl(folder / "metrics.jsonl")]
     errors = {f"epoch {i + 1}": t / row["epoch_s"] - 1 for i, t in enumerate(epochs)}
-    judged = dict(list(errors.items())[1:]) or errors
+    judged = dict(list(errors.items())[STEADY_FROM - 1 :])
     return {
         "batch": candidate["batch"],
         "steps_per_epoch": summary["steps_per_epoch"],
@@ -174,21 +194,22 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], folder: Path) 
     }
 
 
-def steptime_section(device: str, preset: dict, scratch: Path) -> dict:
+def steptime_section(device: str, preset: dict, scratch: Path, context: dict) -> dict:
     from tula_hpc.performance import model_params
 
     spec, started = preset["steptime"], time.perf_counter()
-    jobs, grids, records = profiled_rounds(device, spec, scratch)
-    measure_seconds = time.perf_counter() - started
+    jobs, grids, found, folders = profiled_rounds(device, spec, scratch)
+    records, seconds = found["records"], time.perf_counter() - started
     cases = {
         name: step_time_figures([r for r in records if r["case"] == name], model_params(job))
         for name, job in jobs.items()
     }
     for name, job in jobs.items():
         profiles = [r for r in records if r["case"] == name and r["round"] == 0]
-        cases[name]["trained"] = epoch_check(job, grids[name], profiles, scratch / "steptime" / f"train-{name}")
+        cases[name]["trained"] = epoch_check(job, grids[name], profiles, found["trained"][name], Path(folders[name]))
     median = statistics.median(c["loo"]["median_rel_error"] for c in cases.values())
-    epoch = statistics.median(c["trained"]["median_rel_error"] for c in cases.values())
+    judged = [c["trained"]["median_rel_error"] for c in cases.values()]
+    epoch = None if None in judged else statistics.median(judged)
     return {
         "description": "step time at N=1 over the batch axis: noise floor of repeated measurements and the "
         "performance model's leave-one-out error (full search), medians over rounds and batches; the train "
@@ -196,7 +217,7 @@ def steptime_section(device: str, preset: dict, scratch: Path) -> dict:
         "loo_median_rel_error": median,
         "epoch_median_rel_error": epoch,
         "noise_floor": statistics.median(c["noise_floor"] for c in cases.values()),
-        "measure_seconds": measure_seconds,
+        "seconds": seconds,
         "verdicts": {
             "loo_median": verdict(median, TARGETS["steptime_loo_median"]),
             "trained_epoch_median": verdict(epoch, TARGETS["epoch_time"]),
@@ -210,7 +231,43 @@ def steptime_section(device: str, preset: dict, scratch: Path) -> dict:
 # --- the DAG ---------------------------------------------------------------------------------------
 
 
-def dag_section(device: str, preset: dict, scratch: Path) -> dict:
+def stage_seconds(log: str) -> dict[str, float]:
+    """Each rule's wall time from Snakemake's log: the timestamp before `rule X:` (or `localrule X:`) to the one
+    before `Finished jobid: N (Rule: X)`, whole seconds; several jobs of a rule add up."""
+    started, seconds, stamp, pending = {}, {}, None, None
+    for line in log.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            try:
+                stamp = datetime.strptime(line[1:-1], "%a %b %d %H:%M:%S %Y")
+            except ValueError:
+                continue
+        elif match := re.match(r"(?:local)?rule (\w+):$", line):
+            pending = (match.group(1), stamp)
+        elif (match := re.match(r"\s+jobid: (\d+)$", line)) and pending:
+            started[match.group(1)], pending = pending, None
+        elif (match := re.match(r"Finished jobid: (\d+) \(Rule: (\w+)\)", line)) and match.group(1) in started:
+            rule, begun = started.pop(match.group(1))
+            seconds[rule] = seconds.get(rule, 0.0) + (stamp - begun).total_seconds()
+    return seconds
+
+
+def run_dag(cmd: list[str], log: Path, timeout_s: float) -> tuple[int | None, bool]:
+    """Snakemake to its end, or stopped (with every stage it started: its own process group) when it still runs
+    after `timeout_s`: (its exit status, None where stopped; whether it was stopped)."""
+    with open(log, "w") as output:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            if proc.poll() is not None:  # it ended as the wait gave up: finished work is not cut
+                return proc.returncode, False
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            output.write(f"\ngpu-check: stopped after {timeout_s:.0f} s, still running\n")
+            return None, True
+
+
+def dag_section(device: str, preset: dict, scratch: Path, context: dict) -> dict:
     """The default DAG on one device at N = 1, in a scratch folder, through the local profile."""
     import yaml
 
@@ -231,34 +288,30 @@ def dag_section(device: str, preset: dict, scratch: Path) -> dict:
     override.write_text(yaml.safe_dump({"targets": [DEFAULT_JOB], "jobs": {DEFAULT_JOB: job}}))  # that job alone
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(folder)]
     cmd += ["--profile", str(REPO / "profiles" / "local"), "--configfile", str(JOBS_FILE), str(override)]
-    started, log, timed_out = time.perf_counter(), folder / "snakemake.log", False
-    with (
-        open(log, "w") as output,
-        subprocess.Popen(cmd, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, start_new_session=True) as proc,
-    ):
-        try:
-            returncode = proc.wait(timeout=spec["timeout_s"])
-        except subprocess.TimeoutExpired:  # Snakemake and every stage it started: their own process group
-            os.killpg(proc.pid, signal.SIGKILL)
-            returncode, timed_out = proc.wait(), True
-            output.write(f"\ngpu-check: killed after {spec['timeout_s']} s\n")
+    timeout = min(spec["timeout_s"], max(1.0, context["deadline"] - time.monotonic()))
+    started, log = time.perf_counter(), folder / "snakemake.log"
+    returncode, stopped = run_dag(cmd, log, timeout)
     wall = time.perf_counter() - started
     results = folder / "results" / DEFAULT_JOB
     found = {}
     for name in ("memory.json", "selection.json", "train/summary.json", "eval.json"):
         if (results / name).exists():
             found[name] = read_json(results / name)
-    completed = returncode == 0 and "eval.json" in found and (results / "report.md").exists()
+    # Judged by Snakemake's exit and its outputs: a run stopped after its last output was written still finished.
+    outputs = "eval.json" in found and (results / "report.md").exists()
+    completed = outputs and (returncode == 0 or stopped)
     chosen = found.get("selection.json", {}).get("chosen", {})
     evaluation = found.get("eval.json", {})
     probes = found.get("memory.json", {}).get("probes", [])
+    text = log.read_text(errors="replace")
     return {
         "description": "config/jobs.yaml's job on one device, N = 1 only, snakemake --profile profiles/local",
         "command": cmd,
         "changes": job,
         "returncode": returncode,
-        "timed_out": timed_out,
+        "stopped_after_s": timeout if stopped else None,
         "wall_s": wall,
+        "stage_seconds": stage_seconds(text),
         "chosen": {k: chosen.get(k) for k in ("nodes", "batch", "per_device_batch", "time_s", "cost")},
         "test_accuracy": evaluation.get("test_accuracy"),
         "measured_train_time_s": evaluation.get("measured_train_time_s"),
@@ -269,6 +322,9 @@ def dag_section(device: str, preset: dict, scratch: Path) -> dict:
         "probe_card_bytes": probes[0].get("card_bytes") if probes else None,
         "train_attempts": len(found.get("train/summary.json", {}).get("attempts", [])),
         "log": str(log),
-        "log_tail": None if completed else log.read_text(errors="replace")[-4000:],
-        "verdicts": {"completed": {"met": completed, "returncode": returncode}},
+        "log_tail": None if completed else text[-4000:],
+        "verdicts": {
+            "completed": {"met": completed, "returncode": returncode},
+            "within_90_s": verdict(wall if completed else None, TARGETS["dag_s"]),
+        },
     }

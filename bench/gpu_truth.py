@@ -60,7 +60,11 @@ def case_job(name: str, case: dict, device: str, memory_gb) -> Job:
     return bench_job(
         as_name=name,
         model={"name": case["model"]},
-        data={"name": "synthetic", "image_size": case["image_size"], "kwargs": {"size": 1_000_000}},
+        data={
+            "name": "synthetic",
+            "image_size": case["image_size"],
+            "kwargs": {"size": 1_000_000, "classes": case.get("classes", 10)},
+        },
         train={"precision": case["precision"], "channels_last": case.get("channels_last", False)},
         search={"nodes": {"min": 1, "max": 1}},
         resources={

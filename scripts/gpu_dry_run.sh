@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-dry-run`: the GPU machine's procedure rehearsed here, so that a device call is not where it first breaks.
+# First the plan `make gpu-check` follows on a GPU (each section's estimated seconds; GPU_CHECK_ARGS as there).
 # The carried set (`make gpu-wheels`: wheels for the image's CPython 3.12, their requirements checked for 3.12's
 # markers and tags), what a call carries against its 64 MiB, then a fresh venv that sees only the image's packages
 # (links to the .venv's torch, numpy, ...: scripts/gpu_wheels.py image) and, with the network cut (unshare -n where
@@ -13,6 +14,8 @@ base=${BASE_PYTHON:-python3}
 here=${TULA_DRY_RUN_DIR:-/tmp/tula-gpu-dry-run}
 rm -rf "$here" && mkdir -p "$here"
 
+# The default preset's plan on a GPU: each section's estimate from the seconds recorded on one (bench/gpu_plan.py).
+"$host" bench/gpu_check.py --plan ${GPU_CHECK_ARGS:-}
 "$host" scripts/gpu_wheels.py download
 "$host" scripts/gpu_wheels.py size
 version=$("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')

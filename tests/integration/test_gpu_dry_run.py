@@ -1,5 +1,6 @@
-"""`make gpu-dry-run` (scripts/gpu_dry_run.sh): the GPU machine's procedure rehearsed here, from the wheels to a
-result file. Needs the package index for the wheels (as `make gpu-wheels` does); the run itself is offline."""
+"""`make gpu-dry-run` (scripts/gpu_dry_run.sh): the GPU machine's procedure rehearsed here, from the default preset's
+plan and the wheels to a result file. Needs the package index for the wheels (as `make gpu-wheels` does); the run
+itself is offline."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def test_the_wheels_install_offline_on_the_images_packages_alone_and_the_whole_c
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.startswith("plan on cuda") and "dag" in proc.stdout.split("\n\n")[0]  # the default's plan
     assert "a device call carries" in proc.stdout and "for CPython 3.12" in proc.stdout
     assert proc.stdout.rstrip().endswith(f"gpu-dry-run: passed ({tmp_path / 'dry' / 'gpu_check.json'})")
     result = json.loads((tmp_path / "dry" / "gpu_check.json").read_text())

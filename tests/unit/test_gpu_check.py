@@ -1,6 +1,7 @@
-"""bench/gpu_check.py (and its sections, bench/gpu_memory.py and bench/gpu_steps.py): says so without a GPU and writes
-nothing; its verdicts, summaries and the result file that accumulates sections across runs, on known numbers. The whole
-check on the CPU: tests/integration/test_gpu_check.py."""
+"""bench/gpu_check.py (its sections, bench/gpu_memory.py and bench/gpu_steps.py, and its plan, bench/gpu_plan.py):
+says so without a GPU and writes nothing; its plan fits the slot and orders sections by value; its verdicts, summaries
+and the result file that accumulates sections across runs, on known numbers. The whole check on the CPU:
+tests/integration/test_gpu_check.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(BENCH))
 import common  # noqa: E402  (bench scripts import their siblings as top-level modules)
 import gpu_check  # noqa: E402
 import gpu_memory  # noqa: E402
+import gpu_plan  # noqa: E402
 import gpu_steps  # noqa: E402
 
 DEFAULT_OUT = BENCH / "results" / "gpu_check.json"
@@ -80,12 +82,6 @@ def test_error_summary_takes_magnitudes_and_names_the_worst():
     summary = common.error_summary({"b=512": 0.01, "b=1024": -0.05, "b=2048": 0.02})
     assert summary == {"count": 3, "median_rel_error": 0.02, "max_rel_error": 0.05, "worst": "b=1024"}
     assert common.error_summary({}) == {"count": 0, "median_rel_error": None, "max_rel_error": None, "worst": None}
-
-
-def test_spread_runs_on_a_log_scale_to_the_top():
-    assert gpu_memory.spread(512, 8192, 5) == [512, 1024, 2048, 4096, 8192]
-    assert gpu_memory.spread(257, 260, 5) == [257, 258, 259, 260]  # fewer where the range holds fewer
-    assert gpu_memory.spread(512, 300, 5) == [300] and gpu_memory.spread(5, 0, 5) == []
 
 
 def test_all_verdicts_name_their_section():
@@ -172,11 +168,14 @@ def test_an_earlier_section_of_other_code_device_torch_or_scale_is_kept_marked_s
 def test_only_fresh_sections_judge_and_the_check_is_complete_when_every_section_is_fresh():
     info, found = {"name": STAMP["device"], "type": "cuda", "torch": STAMP["torch"]}, {"source_digest": "abc"}
     fresh = {name: {"verdicts": {"ok": {"met": True}}} for name in gpu_check.SECTIONS}
-    document = gpu_check.result_document(fresh, info, found, "gpu")
+    run = {"plan": dict.fromkeys(gpu_check.SECTIONS, 1), "skipped": {}, "seconds": 500.0}
+    document = gpu_check.result_document(fresh, info, found, "gpu", run)
     assert document["complete"] and document["all_met"] and document["targets_judged"]
+    assert document["verdicts"]["check.within_slot"] == {"met": True, "figure": 500.0, "target": 540}
+    assert document["seconds"]["run"] == 500.0
     assert list(document["sections"]) == list(gpu_check.SECTIONS)
     stale = {**fresh, "dag": {"verdicts": {"ok": {"met": True}}, "stale": {"source_digest": {}}}}
-    document = gpu_check.result_document(stale, info, found, "gpu")
+    document = gpu_check.result_document(stale, info, found, "gpu", run)
     assert "dag.ok" not in document["verdicts"] and document["missing_or_stale"] == ["dag"]
     assert not document["complete"] and not document["all_met"]
 
@@ -184,7 +183,9 @@ def test_only_fresh_sections_judge_and_the_check_is_complete_when_every_section_
 def test_sections_run_apart_accumulate_in_one_file_each_stamped(tmp_path, monkeypatch):
     """A check split over device calls: --sections memory, then --sections steptime, leave both in the file."""
     for name in gpu_check.SECTIONS:
-        monkeypatch.setitem(gpu_check.SECTIONS, name, lambda device, preset, scratch, name=name: {"figure": name})
+        monkeypatch.setitem(
+            gpu_check.SECTIONS, name, lambda device, preset, scratch, context, name=name: {"figure": name}
+        )
     out, work = tmp_path / "gpu_check.json", tmp_path / "work"
     for name in ("memory", "steptime"):
         assert gpu_check.main(["--device", "cpu", "--out", str(out), "--work-dir", str(work), "--sections", name]) == 0
@@ -194,17 +195,11 @@ def test_sections_run_apart_accumulate_in_one_file_each_stamped(tmp_path, monkey
     for section in result["sections"].values():
         assert set(section["stamp"]) == {"device", "torch", "git_commit", "source_digest", "scale"}
         assert section["stamp"]["torch"] == torch.__version__ and "stale" not in section
-    assert not result["complete"] and set(result["missing_or_stale"]) == {"training", "oom", "dag"}
+    assert not result["complete"] and set(result["missing_or_stale"]) == {"oom", "memory_imagenet", "dag"}
 
 
 def test_error_summary_leaves_out_what_was_not_measured():
     assert common.error_summary({"a": 0.1, "b": None})["count"] == 1
-
-
-def test_a_proposal_the_training_set_caps_is_sized_again_at_half_the_training_set():
-    job = default_job(resources={"memory_headroom": 0.1})
-    proposal = {"fit": {"intercept_bytes": 1e6, "slope_bytes_per_sample": 1e3}, "dataset": {"train": 1001}}
-    assert gpu_memory.memory_limited_budget(job, proposal) == pytest.approx((1e6 + 500 * 1e3) / 0.9 / 1e9)
 
 
 def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_code(monkeypatch):
@@ -232,3 +227,145 @@ def test_the_callers_commit_wins_over_git_even_inside_a_git_repository(monkeypat
     monkeypatch.setenv("TULA_GIT_COMMIT", "f00d")
     found = gpu_check.provenance_here()
     assert found["git_commit"] == "f00d" != from_git and found["git_dirty"] is None
+
+
+# --- the plan ---------------------------------------------------------------------------------------------------
+
+
+def test_the_default_preset_is_planned_whole_within_the_slot_in_order_of_value():
+    rows = gpu_plan.plan(gpu_plan.PRESETS["gpu"], "cuda", list(gpu_check.SECTIONS), None)
+    assert [r["section"] for r in rows] == list(gpu_plan.VALUE) == list(gpu_check.SECTIONS)
+    assert all(r["runs"] for r in rows) and all(r["estimate_s"] > 0 for r in rows)
+    assert sum(r["estimate_s"] for r in rows) <= gpu_plan.SLOT_S
+    assert [r["starts_at_s"] for r in rows] == sorted(r["starts_at_s"] for r in rows)
+
+
+def test_a_short_budget_keeps_the_most_valuable_sections_and_skips_what_does_not_fit():
+    rows = gpu_plan.plan(gpu_plan.PRESETS["gpu"], "cuda", list(gpu_check.SECTIONS), 280)
+    runs = [r["section"] for r in rows if r["runs"]]
+    assert runs[:2] == ["memory", "oom"] and "dag" not in runs
+    assert sum(r["estimate_s"] for r in rows if r["runs"]) <= 280
+    text = gpu_plan.plan_text(rows, "cuda", 280)
+    assert "skipped: does not fit the budget" in text and "of --budget-s 280" in text
+    # A section asked for alone is planned alone; one that fits nothing is skipped.
+    assert [r["section"] for r in gpu_plan.plan(gpu_plan.PRESETS["gpu"], "cuda", ["dag"], None)] == ["dag"]
+    assert not any(r["runs"] for r in gpu_plan.plan(gpu_plan.PRESETS["gpu"], "cuda", ["dag"], 10))
+
+
+def test_estimates_scale_with_the_presets_size_from_recorded_figures():
+    preset = gpu_plan.PRESETS["gpu"]
+    figures = gpu_plan.FIGURES["cuda"]
+    one = {**preset["memory"], "cases": {"a": {"model": "resnet18"}}}
+    both = {**one, "cases": {"a": {"model": "resnet18", "lightning": True, "stage": ["one_process"]}}}
+    assert gpu_plan.memory_estimate(one, figures) == figures["truth_s"]["resnet18"]
+    assert gpu_plan.memory_estimate(both, figures) == (
+        figures["truth_s"]["resnet18"] + figures["lightning_s"]["resnet18"] + figures["stage_s"]["one_process"]
+    )
+    # A model never recorded is estimated long, not short.
+    assert gpu_plan.memory_estimate({"cases": {"a": {"model": "new"}}}, figures) == max(figures["truth_s"].values())
+    longer = {**preset["steptime"], "rounds": 2 * preset["steptime"]["rounds"]}
+    assert gpu_plan.steptime_estimate(longer, figures) > gpu_plan.steptime_estimate(preset["steptime"], figures)
+    for device in ("cuda", "cpu"):  # every figure says where it came from
+        assert {"truth_source", "lightning_source", "stage_source", "steps_source", "dag_source"} <= set(
+            gpu_plan.FIGURES[device]
+        )
+
+
+def test_every_trained_epoch_of_the_default_preset_has_200_steps():
+    for case in gpu_plan.PRESETS["gpu"]["steptime"]["cases"]:
+        batch = gpu_steps.middle(case["batch"]["min"], case["batch"]["max"])
+        assert int(gpu_memory.synthetic_size(batch) * 0.7) // batch >= gpu_plan.STEPS_PER_EPOCH
+    assert gpu_steps.middle(16, 64) == 32 and gpu_steps.middle(64, 64) == 64 and gpu_steps.middle(16, 128) == 64
+    assert gpu_plan.PRESETS["gpu"]["steptime"]["epochs_trained"] >= gpu_steps.STEADY_FROM
+
+
+def test_the_plan_alone_is_printed_without_a_gpu(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--plan", "--budget-s", "280"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan on cuda") and "memory " in out and "of --budget-s 280" in out
+
+
+def test_a_budget_skips_saying_so_what_would_not_fit_and_records_it(tmp_path, monkeypatch, capsys):
+    for name in gpu_check.SECTIONS:
+        monkeypatch.setitem(gpu_check.SECTIONS, name, lambda device, preset, scratch, context: {"verdicts": {}})
+    monkeypatch.setattr(gpu_plan, "estimate", lambda name, preset, device: {"memory": 5, "oom": 50}.get(name, 1))
+    out, work = tmp_path / "gpu_check.json", tmp_path / "work"
+    assert gpu_check.main(["--device", "cpu", "--out", str(out), "--work-dir", str(work), "--budget-s", "20"]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["sections"]) == ["memory", "memory_imagenet", "steptime", "dag"]
+    assert set(result["run"]["skipped"]) == {"oom"} and "does not fit" in result["run"]["skipped"]["oom"]
+    assert "== oom: skipped" in capsys.readouterr().out
+    assert not result["complete"] and set(result["seconds"]) == {*result["sections"], "run"}
+
+
+# --- the sections' pieces ---------------------------------------------------------------------------------------
+
+
+SNAKEMAKE_LOG = """Building DAG of jobs...
+[Thu Nov 26 04:20:17 2026]
+localrule probe_memory:
+    output: results/digits-cnn/memory.json
+    jobid: 2
+[Thu Nov 26 04:20:46 2026]
+Finished jobid: 2 (Rule: probe_memory)
+[Thu Nov 26 04:20:47 2026]
+localrule profile:
+    jobid: 11
+[Thu Nov 26 04:20:47 2026]
+rule profile:
+    jobid: 10
+[Thu Nov 26 04:20:58 2026]
+Finished jobid: 11 (Rule: profile)
+[Thu Nov 26 04:21:08 2026]
+Finished jobid: 10 (Rule: profile)
+"""
+
+
+def test_each_stages_wall_time_is_read_from_snakemakes_log():
+    assert gpu_steps.stage_seconds(SNAKEMAKE_LOG) == {"probe_memory": 29.0, "profile": 11.0 + 21.0}
+
+
+def test_the_dags_timeout_stops_only_work_still_running(tmp_path):
+    log = tmp_path / "log"
+    assert gpu_steps.run_dag([sys.executable, "-c", "print('done')"], log, 30) == (0, False)
+    assert "done" in log.read_text()
+    returncode, stopped = gpu_steps.run_dag([sys.executable, "-c", "import time; time.sleep(30)"], log, 0.5)
+    assert returncode is None and stopped and "still running" in log.read_text()
+
+
+def test_a_recorded_case_is_never_rewritten(tmp_path):
+    first = gpu_memory.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
+    assert first.name.startswith("nvidia-h100-80gb-hbm3-2") and first.name.endswith("-resnet18_32_fp32.json")
+    first.write_text("{}")
+    second = gpu_memory.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
+    assert second != first and second.name.endswith("-resnet18_32_fp32-2.json")
+
+
+@pytest.mark.parametrize(
+    "error, real",
+    [
+        ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB", True),
+        ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes beyond the budget", True),
+        ("CUDNN_STATUS_ALLOC_FAILED", True),
+        ("NCCL error: unhandled system error", False),
+    ],
+)
+def test_only_the_allocators_own_error_is_a_real_out_of_memory(error, real):
+    assert gpu_memory.real_out_of_memory({"outcome": "out_of_memory", "error": error}) is real
+    assert not gpu_memory.real_out_of_memory({"outcome": "completed"})
+
+
+def test_the_stage_is_judged_against_the_truths_bracket():
+    truth = {"largest_fits": 1000, "smallest_fails": 1010}
+    assert gpu_memory.stage_vs_truth({"answer": 990}, truth) == pytest.approx(0.01)
+    assert gpu_memory.stage_vs_truth({"answer": 1010}, truth) is None  # at or above a failing batch: wrong
+    assert gpu_memory.stage_vs_truth({"answer": 5000}, {"largest_fits": 1000, "smallest_fails": None}) == 4.0
+
+
+def test_a_synthetic_data_set_gives_the_steps_asked_for():
+    job = gpu_memory.workload_job("cpu", gpu_plan.CIFAR, "x", 128)
+    from tula_hpc.data import load_splits
+
+    assert len(load_splits(job.data, job.train.seed).train) // 128 >= gpu_plan.STEPS_PER_EPOCH
+    assert job.data.kwargs == {"channels": 3, "classes": 10, "size": gpu_memory.synthetic_size(128)}

@@ -1,0 +1,215 @@
+"""The GPU check's presets and its plan: what each section measures at each scale, how long it will take, and which
+sections fit a slot (bench/gpu_check.py --budget-s, `make gpu-dry-run`).
+
+A GPU is lent for one short slot; a section cut by the slot's end measured nothing. So the sections run in order of
+value (VALUE: the memory truths first, the DAG last) and each is estimated before it starts, from seconds recorded on
+a real run (FIGURES, each with where it came from) scaled by the preset's size (how many cases, steps, launches); a
+section whose estimate does not fit what is left of the budget is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Most valuable first: the largest batch's truth at CIFAR's shape with the stage's time to it both ways and Lightning's,
+# the OOM relaunch, the truths at ImageNet's shape, then step times, then the whole DAG (whose stages the other
+# sections already measure one by one).
+VALUE = ("memory", "oom", "memory_imagenet", "steptime", "dag")
+STEPS_PER_EPOCH = 200  # every trained epoch has at least this many steps (steady epochs are judged from the third)
+SLOT_S = 9 * 60  # the whole default preset, installing the wheels included, on one H100 or H200
+
+# Workloads: CIFAR-10's shape with resnet18, ImageNet's with resnet50 (bf16, channels_last) and vit_b_16 (bf16).
+CIFAR = {"model": "resnet18", "image_size": 32, "precision": "fp32", "classes": 10}
+IMAGENET_RESNET = {"model": "resnet50", "image_size": 224, "precision": "bf16", "channels_last": True, "classes": 1000}
+IMAGENET_VIT = {"model": "torchvision.models:vit_b_16", "image_size": 224, "precision": "bf16", "classes": 1000}
+TINY = {"model": "tiny_cnn", "image_size": 8, "precision": "fp32", "classes": 10}
+BOTH_WAYS = ["one_process", "fresh_processes"]  # the probe stage timed both ways (resources.memory_probes_in)
+# PyTorch Lightning's BatchSizeFinder as a user runs it: binsearch from 2, no margin, no cap of its own.
+LIGHTNING = {"steps_per_trial": 3, "init_val": 2, "max_trials": 25, "max_val": 1 << 20}
+PRESETS = {
+    "gpu": {
+        "memory": {
+            "cases": {"resnet18_32_fp32": {**CIFAR, "warmup_batch": 512, "lightning": True, "stage": BOTH_WAYS}},
+            "device_memory_gb": "auto",  # the whole card
+            "lightning": LIGHTNING,
+        },
+        "memory_imagenet": {
+            "cases": {
+                "resnet50_224_bf16_cl": {**IMAGENET_RESNET, "warmup_batch": 128, "lightning": True, "stage": []},
+                "vit_b_16_224_bf16": {**IMAGENET_VIT, "warmup_batch": 128, "lightning": True, "stage": []},
+            },
+            "device_memory_gb": "auto",
+            "lightning": LIGHTNING,
+        },
+        "oom": {**CIFAR, "batch": 1024, "epochs": 1},
+        "steptime": {
+            "cases": [
+                {**CIFAR, "batch": {"min": 64, "max": 256}},
+                {**IMAGENET_RESNET, "batch": {"min": 16, "max": 64}},
+                {**IMAGENET_VIT, "batch": {"min": 16, "max": 64}},
+            ],
+            "rounds": 2,
+            "measurement": {"min_measure_s": 0.25},
+            "epochs_trained": 3,
+        },
+        "dag": {"changes": {}, "timeout_s": 400},
+    },
+    "quick": {  # every section at tiny sizes on the CPU: a test of the check's own code
+        "memory": {
+            "cases": {"tiny_cnn_8_fp32": {**TINY, "warmup_batch": 32, "lightning": True, "stage": BOTH_WAYS}},
+            "device_memory_gb": 0.1,
+            "lightning": {"steps_per_trial": 1, "init_val": 2, "max_trials": 25, "max_val": 4096},
+        },
+        "memory_imagenet": {
+            "cases": {"tiny_cnn_16_bf16": {**TINY, "image_size": 16, "precision": "bf16", "warmup_batch": 32}},
+            "device_memory_gb": 0.1,
+            "lightning": {},
+        },
+        "oom": {**TINY, "batch": 512, "epochs": 1, "steps_per_epoch": 20},
+        "steptime": {
+            "cases": [{**TINY, "batch": {"min": 16, "max": 64}}],
+            "rounds": 2,
+            "measurement": {"warmup_steps": 1, "steps": 2, "min_measure_s": 0.05, "max_attempts": 1},
+            "epochs_trained": 3,
+        },
+        "dag": {
+            "changes": {
+                "train": {"epochs": 2, "lr_milestones": []},
+                "search": {
+                    "batch": {"min": 64, "max": 128},
+                    "warmup_steps": 1,
+                    "steps": 2,
+                    "min_measure_s": 0.05,
+                    "max_attempts": 1,
+                },
+            },
+            "timeout_s": 900,
+        },
+    },
+}
+
+# Seconds recorded on real runs, each with its source, that the estimates scale.
+H200_LOG = "bench/data/gpu/h200-2026-11-26-truth.log"
+H200_FIRST = "/work/shared/data/gpu-h200-2026-11-26 (README, gpu_check_run1.json, gpu_check_run2.json)"
+FIGURES = {
+    "cuda": {
+        "device": "NVIDIA H200, torch 2.11.0+cu130 (2026-11-26)",
+        # A case's truth: 25 warm-up steps, the stage's probes and the bisection's trials, in one process.
+        "truth_s": {"resnet18": 17, "resnet50": 17, "torchvision.models:vit_b_16": 27},
+        "truth_source": f"{H200_LOG}: warm-up + probes + trials per case",
+        # Lightning's binsearch: measured on resnet18 at 32 px (26 trials); the others are guesses from their limits
+        # (3223 and 2068 at 224 px: about 22 trials of 3 steps at 0.7 to 0.9 s a step near the limit).
+        "lightning_s": {"resnet18": 61, "resnet50": 40, "torchvision.models:vit_b_16": 45},
+        "lightning_source": f"{H200_FIRST}: resnet18 61 s; resnet50 and vit_b_16 estimated, never run",
+        # The probe stage on resnet18 at 32 px: in one process as the truth's probes and trials (1.3 + 14 s); in fresh
+        # processes, 14 s a process (the first run's DAG) for its 3 probes and about 4 bracketing trials.
+        "stage_s": {"one_process": 16, "fresh_processes": 100},
+        "stage_source": f"{H200_LOG} (one process); {H200_FIRST}, 14 s a fresh process (fresh processes)",
+        "launch_s": 13,  # a launched worker's start (torch, CUDA, the model) before its first step
+        "measurement_s": 1.76,  # one profile measurement in the steptime section's worker
+        "step_s": {"resnet18": 0.009, "resnet50": 0.012, "torchvision.models:vit_b_16": 0.02},  # small batches
+        "steps_source": f"{H200_FIRST} run2: 14 measurements in 24.6 s, 9.3 ms a step up to b=64 (launch-bound); "
+        f"{H200_LOG} warm-up steps scaled to the preset's batches",
+        "dag_s": 100,  # the first run's 151 s less its fresh-process probes (63 s) in one process (one launch, 14 s)
+        "dag_source": f"{H200_FIRST}: 151 s, probe_memory 63 s in 4 fresh processes of about 14 s",
+    },
+    "cpu": {
+        "device": "this repository's CPU machine, 2 cores (quick scale, 2026-11-26)",
+        "truth_s": {"tiny_cnn": 8},
+        "truth_source": "bench/gpu_check.py --device cpu --scale quick, 04:27 and 04:32 UTC (the second under load)",
+        "lightning_s": {"tiny_cnn": 12},
+        "lightning_source": "the same runs with PyTorch Lightning 2.6.6 on PYTHONPATH (25 s under load)",
+        "stage_s": {"one_process": 5, "fresh_processes": 33},
+        "stage_source": "the same runs (9 s and 84 s under load)",
+        "launch_s": 5,
+        "measurement_s": 0.5,
+        "step_s": {"tiny_cnn": 0.003},
+        "steps_source": "the same runs: steptime 19 s, oom 18 s",
+        "dag_s": 80,
+        "dag_source": "bench/gpu_check.py --device cpu --scale quick --sections dag: 76 s (159 s under load)",
+    },
+}
+
+
+def _per_model(table: dict, model: str) -> float:
+    """A model's recorded figure; a model never recorded takes the largest (an estimate errs long)."""
+    return table.get(model, max(table.values()))
+
+
+def memory_estimate(spec: dict, figures: dict) -> float:
+    total = 0.0
+    for case in spec["cases"].values():
+        total += _per_model(figures["truth_s"], case["model"])
+        total += _per_model(figures["lightning_s"], case["model"]) if case.get("lightning") else 0
+        total += sum(figures["stage_s"][way] for way in case.get("stage", []))
+    return total
+
+
+def trained_steps(epochs: int, spec: dict | None = None) -> int:
+    return epochs * (spec or {}).get("steps_per_epoch", STEPS_PER_EPOCH)
+
+
+def oom_estimate(spec: dict, figures: dict) -> float:
+    """Two in-process trials, then the train stage's two launches (the one that runs out, the relaunch)."""
+    step = _per_model(figures["step_s"], spec["model"])
+    return 2 * figures["launch_s"] + trained_steps(spec["epochs"], spec) * 2 * step + 10 * step
+
+
+def grid_size(batch: dict) -> int:
+    return int(math.log2(batch["max"] // batch["min"])) + 1
+
+
+def steptime_estimate(spec: dict, figures: dict) -> float:
+    """One launched worker: every round's measurements, then each case's training."""
+    measurements = spec["rounds"] * sum(grid_size(case["batch"]) for case in spec["cases"])
+    steps = trained_steps(spec["epochs_trained"])
+    training = sum(steps * _per_model(figures["step_s"], case["model"]) for case in spec["cases"])
+    return figures["launch_s"] + measurements * figures["measurement_s"] + training
+
+
+def dag_estimate(spec: dict, figures: dict) -> float:
+    return figures["dag_s"]
+
+
+ESTIMATES = {
+    "memory": memory_estimate,
+    "memory_imagenet": memory_estimate,
+    "oom": oom_estimate,
+    "steptime": steptime_estimate,
+    "dag": dag_estimate,
+}
+
+
+def estimate(section: str, preset: dict, device: str) -> float:
+    return ESTIMATES[section](preset[section], FIGURES[device])
+
+
+def plan(preset: dict, device: str, sections: list[str], budget_s: float | None) -> list[dict]:
+    """The sections asked for in order of value, each with its estimate and whether it fits `budget_s` after those
+    before it (None: no budget, every section runs)."""
+    rows, planned = [], 0.0
+    for name in [s for s in VALUE if s in sections]:
+        seconds = estimate(name, preset, device)
+        fits = budget_s is None or planned + seconds <= budget_s
+        rows.append({"section": name, "estimate_s": round(seconds), "runs": fits, "starts_at_s": round(planned)})
+        planned += seconds if fits else 0
+    return rows
+
+
+def skip_reason(name: str, seconds: float, elapsed: float, budget_s: float) -> str:
+    return (
+        f"skipped: its estimate {seconds:.0f} s does not fit the {budget_s - elapsed:.0f} s left of --budget-s "
+        f"{budget_s:.0f}"
+    )
+
+
+def plan_text(rows: list[dict], device: str, budget_s: float | None) -> str:
+    """The plan as printed before a run and by `make gpu-dry-run`."""
+    lines = [f"plan on {device} (estimates from {FIGURES[device]['device']}):"]
+    for row in rows:
+        when = f"from {row['starts_at_s']:>4} s" if row["runs"] else "skipped: does not fit the budget"
+        lines.append(f"  {row['section']:15s} ~{row['estimate_s']:>4} s  {when}")
+    total = sum(row["estimate_s"] for row in rows if row["runs"])
+    limit = f" of --budget-s {budget_s:.0f}" if budget_s is not None else f" (slot {SLOT_S} s with the wheels)"
+    lines.append(f"  total           ~{total:>4} s{limit}")
+    return "\n".join(lines)
