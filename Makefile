@@ -54,9 +54,9 @@ bench-slurm: $(STAMP)
 # value with their estimated seconds (bench/gpu_plan.py), the whole default preset within 9 minutes. Options through
 # GPU_CHECK_ARGS, e.g. GPU_CHECK_ARGS="--budget-s 280" (skips, saying so, what would not fit a shorter slot),
 # "--sections memory", "--plan" (the plan alone).
-# Sections accumulate in that file across runs: a device call of GPU_CHECK_ARGS="--sections memory training" and
-# one of "--sections oom steptime dag" leave one file. The GPU machine's copy has no .git: name the commit with
-# TULA_GIT_COMMIT=<sha> make gpu-check.
+# Sections accumulate in that file across runs: a device call of GPU_CHECK_ARGS="--sections memory oom" and one of
+# "--sections memory_imagenet steptime dag" leave one file. The GPU machine's copy has no .git: name the commit
+# with TULA_GIT_COMMIT=<sha> make gpu-check.
 # gpu-generalization: bench/generalization_fmnist.py --scale gpu; options through GENERALIZATION_ARGS, e.g.
 # GENERALIZATION_ARGS="--minutes 7" to end a device call in time (its cells file continues the next).
 # gpu-dry-run: the GPU machine's procedure rehearsed here (scripts/gpu_dry_run.sh): the default preset's plan with

@@ -33,6 +33,9 @@ this run's is kept, marked `stale` with what differs, and judges nothing (it lea
 `all_met` are false) until it is run again. (The commit is stamped, not compared: the GPU machine's copy has no
 .git, and the digest names the code there.) `seconds` records each section's and the whole run's.
 
+On a GPU the allocator runs as a job's processes run it (PYTORCH_CUDA_ALLOC_CONF, unless set, is the jobs' default
+resources.cuda_alloc_conf), recorded with the device.
+
 Without a GPU (and --device auto) it says so, measures nothing, writes nothing and exits 0. `--device cpu
 --scale quick --out PATH` runs every section on the CPU at tiny sizes: a test of this check's own code, never
 written to bench/results/gpu_check.json nor to bench/data/gpu/.
@@ -57,7 +60,7 @@ from pathlib import Path
 import gpu_memory
 import gpu_plan
 import gpu_steps
-from common import REPO, WORK, bench_parser, files_digest, provenance, verdict
+from common import REPO, WORK, bench_job, bench_parser, files_digest, provenance, verdict
 
 from tula_hpc.files import write_json
 
@@ -113,6 +116,7 @@ def device_info(device: str) -> dict:
     import torch
 
     info = {"type": device, "torch": torch.__version__, "cuda": torch.version.cuda}
+    info["cuda_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(
@@ -269,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if args.device == "auto" else args.device
     if device == "cpu" and args.out.resolve() == parser.get_default("out").resolve():
         parser.error(f"--device cpu tests the check itself: name its file with --out (never {args.out})")
+    if device == "cuda":  # before the allocator starts: the truths, Lightning and the stage under the jobs' setting
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", bench_job().resources.cuda_alloc_conf or "")
     document, ran = run_sections(args, device, args.scale or ("gpu" if device == "cuda" else "quick"), args.out)
     print(f"wrote {args.out}", flush=True)
     report(document["verdicts"])

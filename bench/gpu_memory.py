@@ -41,9 +41,9 @@ def synthetic_size(batch: int, steps: int = STEPS_PER_EPOCH, val: float = 0.1, t
 
 
 def workload_job(device: str, case: dict, name: str, batch: int, **sections) -> Job:
-    """The bench job of a workload (model, image size, precision, memory format, classes) on synthetic data of its
-    shape sized for STEPS_PER_EPOCH steps an epoch at `batch` (or the case's steps_per_epoch: the CPU's quick test),
-    one node on `device`."""
+    """The bench job of a workload (model, image size, precision, memory format, classes, cores) on synthetic data of
+    its shape sized for STEPS_PER_EPOCH steps an epoch at `batch` (or the case's steps_per_epoch: the CPU's quick
+    test), one node on `device` and its whole memory."""
     steps = case.get("steps_per_epoch", STEPS_PER_EPOCH)
     data = {"channels": 3, "classes": case.get("classes", 10), "size": synthetic_size(batch, steps)}
     train = {"precision": case["precision"], "channels_last": case.get("channels_last", False)}
@@ -52,7 +52,12 @@ def workload_job(device: str, case: dict, name: str, batch: int, **sections) -> 
         model={"name": case["model"]},
         data={"name": "synthetic", "image_size": case["image_size"], "kwargs": data},
         train={**train, **sections.pop("train", {})},
-        resources={"gpus_per_node": gpus(device), **sections.pop("resources", {})},
+        resources={
+            "gpus_per_node": gpus(device),
+            "device_memory_gb": "auto",  # the card (the jobs file's 1 GB would cap a GPU)
+            "cpus_per_task": case.get("cpus_per_task", 1),  # its loader's workers: one fewer
+            **sections.pop("resources", {}),
+        },
         search={"nodes": {"min": 1, "max": 1}, **sections.pop("search", {})},
         **sections,
     )
@@ -105,10 +110,10 @@ def stage_run(job: Job, way: str) -> dict:
 
     job = job.updated(resources={"memory_probes_in": way})
     device = probe_device(job)
+    held = device_memory.in_use(device) if device.type == "cuda" else None  # this process's, not the stage's
     started = time.perf_counter()
     result = probe_memory.summarise(job, probe_memory.probe_worker(job))
     seconds = time.perf_counter() - started
-    held = device_memory.in_use(device) if device.type == "cuda" else None  # this process's, beside fresh ones
     device_memory.release(device)
     print(f"  stage ({way}): {result['max_batch_per_device']} in {seconds:.1f} s", flush=True)
     return {

@@ -41,12 +41,12 @@ PRESETS = {
             "device_memory_gb": "auto",
             "lightning": LIGHTNING,
         },
-        "oom": {**CIFAR, "batch": 1024, "epochs": 1},
+        "oom": {**CIFAR, "batch": 1024, "epochs": 1, "cpus_per_task": 4},
         "steptime": {
-            "cases": [
-                {**CIFAR, "batch": {"min": 64, "max": 256}},
-                {**IMAGENET_RESNET, "batch": {"min": 16, "max": 64}},
-                {**IMAGENET_VIT, "batch": {"min": 16, "max": 64}},
+            "cases": [  # 4 cores a rank (3 loader workers) as a GPU job gets them; small per-device batches
+                {**CIFAR, "batch": {"min": 64, "max": 256}, "cpus_per_task": 4},
+                {**IMAGENET_RESNET, "batch": {"min": 16, "max": 64}, "cpus_per_task": 4},
+                {**IMAGENET_VIT, "batch": {"min": 16, "max": 64}, "cpus_per_task": 4},
             ],
             "rounds": 2,
             "measurement": {"min_measure_s": 0.25},

@@ -232,8 +232,8 @@ def steptime_section(device: str, preset: dict, scratch: Path, context: dict) ->
 
 
 def stage_seconds(log: str) -> dict[str, float]:
-    """Each rule's wall time from Snakemake's log: the timestamp before `rule X:` (or `localrule X:`) to the one
-    before `Finished jobid: N (Rule: X)`, whole seconds; several jobs of a rule add up."""
+    """Each rule's wall time from Snakemake's log: the timestamp before `rule X:` (`localrule`, `checkpoint`,
+    `localcheckpoint`) to the one before `Finished jobid: N (Rule: X)`, whole seconds; a rule's jobs add up."""
     started, seconds, stamp, pending = {}, {}, None, None
     for line in log.splitlines():
         if line.startswith("[") and line.endswith("]"):
@@ -241,7 +241,7 @@ def stage_seconds(log: str) -> dict[str, float]:
                 stamp = datetime.strptime(line[1:-1], "%a %b %d %H:%M:%S %Y")
             except ValueError:
                 continue
-        elif match := re.match(r"(?:local)?rule (\w+):$", line):
+        elif match := re.match(r"(?:local)?(?:rule|checkpoint) (\w+):$", line):
             pending = (match.group(1), stamp)
         elif (match := re.match(r"\s+jobid: (\d+)$", line)) and pending:
             started[match.group(1)], pending = pending, None

@@ -309,6 +309,11 @@ localrule probe_memory:
     jobid: 2
 [Thu Nov 26 04:20:46 2026]
 Finished jobid: 2 (Rule: probe_memory)
+[Thu Nov 26 04:20:46 2026]
+localcheckpoint plan:
+    jobid: 3
+[Thu Nov 26 04:20:47 2026]
+Finished jobid: 3 (Rule: plan)
 [Thu Nov 26 04:20:47 2026]
 localrule profile:
     jobid: 11
@@ -323,7 +328,7 @@ Finished jobid: 10 (Rule: profile)
 
 
 def test_each_stages_wall_time_is_read_from_snakemakes_log():
-    assert gpu_steps.stage_seconds(SNAKEMAKE_LOG) == {"probe_memory": 29.0, "profile": 11.0 + 21.0}
+    assert gpu_steps.stage_seconds(SNAKEMAKE_LOG) == {"probe_memory": 29.0, "plan": 1.0, "profile": 11.0 + 21.0}
 
 
 def test_the_dags_timeout_stops_only_work_still_running(tmp_path):
