@@ -107,12 +107,14 @@ def search(job: Job, settings: dict, folder: Path) -> dict:
         num_sanity_val_steps=0,
         default_root_dir=folder,
     )
-    started = time.perf_counter()
+    started, error = time.perf_counter(), None
     with log.attached(pl.__name__):
         try:
             trainer.fit(lightning_module(pl, job, settings, trials))
         except _Found:
             pass
+        except Exception as err:  # e.g. cuBLAS failing to allocate, which Lightning does not take for OOM
+            error = f"{type(err).__name__}: {str(err)[:600]}"
         finally:
             device_memory.lift()
     seconds = time.perf_counter() - started
@@ -121,10 +123,11 @@ def search(job: Job, settings: dict, folder: Path) -> dict:
     return {
         "version": pl.__version__,
         "settings": {"mode": "binsearch", "margin": 0.0, **settings, "precision": precision},
-        "answer": finder.optimal_batch_size,
+        "answer": None if error else finder.optimal_batch_size,
         "largest_fits": max((t["batch"] for t in trials if t["outcome"] == "fits"), default=None),
         "smallest_fails": min((t["batch"] for t in trials if t["outcome"] != "fits"), default=None),
         "trials": trials,
+        "error": error,  # the search ended by an error it did not expect: its trials so far
         "seconds": seconds,
         "log": log.lines,
     }

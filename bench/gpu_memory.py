@@ -112,9 +112,17 @@ def stage_run(job: Job, way: str) -> dict:
     device = probe_device(job)
     held = device_memory.in_use(device) if device.type == "cuda" else None  # this process's, not the stage's
     started = time.perf_counter()
-    result = probe_memory.summarise(job, probe_memory.probe_worker(job))
+    try:
+        result = probe_memory.summarise(job, probe_memory.probe_worker(job))
+    except Exception as err:  # the stage failing is a finding of this case, not the end of it
+        return {
+            "way": way,
+            "error": f"{type(err).__name__}: {str(err)[-2000:]}",
+            "seconds": time.perf_counter() - started,
+        }
+    finally:
+        device_memory.release(device)
     seconds = time.perf_counter() - started
-    device_memory.release(device)
     print(f"  stage ({way}): {result['max_batch_per_device']} in {seconds:.1f} s", flush=True)
     return {
         "way": way,
@@ -145,7 +153,7 @@ def model_errors(record: dict) -> dict:
 def stage_vs_truth(stage: dict, truth: dict) -> float | None:
     """How far the stage's answer lies below the largest batch seen to fit (None: none fit, or the answer failed)."""
     fits, fails = truth["largest_fits"], truth["smallest_fails"]
-    if not fits or (fails is not None and stage["answer"] >= fails):
+    if not fits or "answer" not in stage or (fails is not None and stage["answer"] >= fails):
         return None
     return abs(fits - stage["answer"]) / fits
 
@@ -160,22 +168,24 @@ def memory_case(name: str, case: dict, device: str, spec: dict, scratch: Path, c
     from tula_hpc.memory_probes import probe_device
 
     record = gpu_truth.run_case(name, case, device, spec["device_memory_gb"], context["deadline"], context["recorded"])
+    path = new_case_path(context["cases_dir"], record["recorded"]["device"]["name"], name)
+    write_json(path, record)  # the truth kept whatever follows; the same file completed below
     job = Job.from_dict(record["job"])
     device_memory.release(probe_device(job))
     if case.get("lightning"):
-        record["lightning"] = gpu_lightning.search(job, spec["lightning"], scratch / "lightning" / name)
+        found = record["lightning"] = gpu_lightning.search(job, spec["lightning"], scratch / "lightning" / name)
         device_memory.release(probe_device(job))
-        shown = record["lightning"].get("skipped") or f"{record['lightning']['answer']} in "
-        print(f"  lightning: {shown}{record['lightning'].get('seconds', 0):.1f} s", flush=True)
+        print(f"  lightning: {found.get('skipped') or found.get('error') or found['answer']}", flush=True)
     record["stage"] = {way: stage_run(job, way) for way in case.get("stage", [])}
     record["model_errors"] = model_errors(record)
-    path = new_case_path(context["cases_dir"], record["recorded"]["device"]["name"], name)
     write_json(path, record)
     print(f"  truth {record['truth']['largest_fits']}..{record['truth']['smallest_fails']}; wrote {path}", flush=True)
     return {"case_file": str(path), **record}
 
 
-def memory_verdicts(cases: list[dict], failed: list[str]) -> dict:
+def memory_verdicts(cases: list[dict], failed: list[dict]) -> dict:
+    """The section's targets over its cases; a case that crashed leaves every target it bears on unmet, and a
+    comparison a case does not make (Lightning absent, no stage timed) is left out rather than failed."""
     from tula_hpc.memory_model import PEAK
 
     every = not failed
@@ -194,14 +204,16 @@ def memory_verdicts(cases: list[dict], failed: list[str]) -> dict:
         gaps = [stage_vs_truth(c["stage"]["one_process"], c["truth"]) for c in timed]
         worst = max(gaps) if timed and None not in gaps and every else None
         verdicts["stage_vs_truth"] = verdict(worst, TARGETS["stage_vs_truth"])
-    raced = [c for c in timed if "seconds" in c.get("lightning", {})]
+    raced = [c for c in timed if c.get("lightning", {}).get("answer")]
     if raced:  # Lightning absent: its comparison is skipped, not failed
-        ratio = max(c["stage"]["one_process"]["seconds"] / c["lightning"]["seconds"] for c in raced)
-        verdicts["stage_time_over_lightning"] = verdict(ratio, TARGETS["stage_over_lightning"])
+        answered = all("answer" in c["stage"]["one_process"] for c in raced)
+        ratio = answered and max(c["stage"]["one_process"]["seconds"] / c["lightning"]["seconds"] for c in raced)
+        verdicts["stage_time_over_lightning"] = verdict(ratio if answered else None, TARGETS["stage_over_lightning"])
     both = [c["stage"] for c in cases if set(c["stage"]) >= {"one_process", "fresh_processes"}]
     if both:
-        apart = max(abs(s["one_process"]["answer"] / s["fresh_processes"]["answer"] - 1) for s in both)
-        verdicts["both_ways_agree"] = verdict(apart, TARGETS["both_ways"])
+        answered = all("answer" in s[way] for s in both for way in ("one_process", "fresh_processes"))
+        apart = answered and max(abs(s["one_process"]["answer"] / s["fresh_processes"]["answer"] - 1) for s in both)
+        verdicts["both_ways_agree"] = verdict(apart if answered else None, TARGETS["both_ways"])
     return verdicts
 
 

@@ -374,3 +374,27 @@ def test_a_synthetic_data_set_gives_the_steps_asked_for():
 
     assert len(load_splits(job.data, job.train.seed).train) // 128 >= gpu_plan.STEPS_PER_EPOCH
     assert job.data.kwargs == {"channels": 3, "classes": 10, "size": gpu_memory.synthetic_size(128)}
+
+
+def _case(answer: int, seconds: float, lightning: dict | None) -> dict:
+    errors = {"per_trial": {"b=1000": 0.01}}
+    case = {
+        "case": "c",
+        "model_errors": {"allocated": errors, "reserved": {"per_trial": {"b=1000": -0.05}}},
+        "truth": {"largest_fits": 1000, "smallest_fails": 1008, "bracketed_within": 0.008},
+        "stage": {"one_process": {"answer": answer, "seconds": seconds}, "fresh_processes": {"answer": answer}},
+    }
+    return {**case, "lightning": lightning} if lightning else case
+
+
+def test_the_memory_verdicts_judge_the_truth_the_stage_and_its_time_against_lightnings():
+    verdicts = gpu_memory.memory_verdicts([_case(995, 20.0, {"answer": 8192, "seconds": 61.0})], [])
+    assert verdicts["max"]["figure"] == pytest.approx(0.01) and verdicts["max_reserved"]["figure"] == 0.05
+    assert verdicts["truth_bracketed"]["met"] and verdicts["stage_vs_truth"]["figure"] == pytest.approx(0.005)
+    assert verdicts["stage_time_over_lightning"] == {"met": True, "figure": 20 / 61, "target": 0.5}
+    assert verdicts["both_ways_agree"]["figure"] == 0.0
+    # Lightning absent: its comparison is left out, not failed; a stage answer at a failing batch is wrong.
+    absent = gpu_memory.memory_verdicts([_case(1008, 20.0, {"skipped": "not importable"})], [])
+    assert "stage_time_over_lightning" not in absent and not absent["stage_vs_truth"]["met"]
+    crashed = gpu_memory.memory_verdicts([_case(995, 20.0, None)], [{"case": "other", "error": "x"}])
+    assert not crashed["max"]["met"] and not crashed["truth_bracketed"]["met"] and not crashed["stage_vs_truth"]["met"]
