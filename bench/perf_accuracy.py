@@ -25,6 +25,10 @@ Each round then plays the role of one profiling campaign, judged against the oth
 Every figure is pooled over all models, configurations and rounds: medians, and the largest error as the
 largest, with the model, round and configuration where it happened.
 
+Beside these steady-step figures, the whole run as it really runs (bench/whole_run.py, issue 40): short training
+runs of the digits models in fresh processes, each against the prediction from a profile made in a fresh process,
+the whole run (first epoch included), the first and the steady epochs apart, each with its noise floor.
+
 Design choice, made on held-out models: partial search's second batch at the largest N
 (`search.partial_second_batch`: "largest" or the geometric "middle"). Each model is scored under the rule
 that wins on the OTHER models (lower pooled median partial error; ties: cheaper profiling), as are its
@@ -38,7 +42,8 @@ digest is refused.
 On the local Slurm cluster (`--launcher slurm`, after `make slurm-up`) the pool is one 2-node sbatch job:
 the ranks talk over the cluster's network, and each rank is alone on its node (ranks_per_host 1).
 
-Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py [--launcher slurm]   (about 20 min)
+Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py [--launcher slurm] [--models ...]
+      (about 20 min, and about 5 for the whole runs; --models tiny_cnn resnet18 where Fashion-MNIST is missing)
       .venv/bin/python bench/perf_accuracy.py --reuse bench/results/perf_accuracy.json   (re-analyse only)
 Writes bench/results/perf_accuracy[_slurm].json (figures and the raw per-round measurements).
 """
@@ -52,6 +57,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import whole_run
 from common import RESULTS, WORK, bench_job, bench_parser, files_digest, write_result
 from perf_replay import MEASUREMENT, OBJECTIVES, RULED, RULES, SEARCHES, disturbed, evaluate_model
 
@@ -83,8 +89,19 @@ ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
 # What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
 MEASURING_CODE = [
     f"tula_hpc/{name}.py"
-    for name in ("step_timing", "training_step", "strategies", "models", "data", "distributed", "launch", "launch_spec")
-]
+    for name in (
+        "step_timing",
+        "training_step",
+        "strategies",
+        "models",
+        "data",
+        "distributed",
+        "launch",
+        "launch_spec",
+        "train",
+        "checkpoint",
+    )
+] + ["bench/whole_run.py"]
 MODES = ("partial", "adaptive", "full")
 # Step-time errors in multiples of the noise floor measured in the same run; the rest as fractions.
 TARGETS = {
@@ -396,6 +413,13 @@ def main() -> int:
         help="slurm: the pool is one job on the local Slurm cluster (make slurm-up first); "
         "the result goes to perf_accuracy_slurm.json unless --out says otherwise",
     )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        default=list(MODELS),
+        help="the models measured (default: all; bn_cnn and cifar_resnet need Fashion-MNIST's files)",
+    )
     args = parser.parse_args()
 
     from tula_hpc.data import load_splits
@@ -406,7 +430,8 @@ def main() -> int:
     out = args.out
     if launcher != "local" and out == parser.get_default("out"):
         out = RESULTS / f"perf_accuracy_{launcher}.json"
-    jobs = bench_jobs(launcher)
+    models = list(stored["settings"].get("models", MODELS)) if stored else args.models
+    jobs = {m: job for m, job in bench_jobs(launcher).items() if m in models}
     digest = measurement_digest(jobs)
     try:
         records = reusable(stored, args.reuse, digest) if stored else None
@@ -414,19 +439,23 @@ def main() -> int:
         parser.error(str(err))
     train_samples = {m: len(load_splits(job.data, job.train.seed).train) for m, job in jobs.items()}
     grids = {m: grid(jobs[m], train_samples[m]) for m in jobs}
+    short_runs = {m: jobs[m] for m in whole_run.MODELS if m in jobs}
     if records is None:
         started = time.time()
         records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
+        runs = whole_run.measure(short_runs)
         measure_wall, measured_with = time.time() - started, None
     else:  # re-analysis keeps the provenance of the run that measured; the header says what analysed them
         measure_wall, measured_with = stored["measure_wall_s"], stored["measured_with"] or stored["provenance"]
+        runs = (stored.get("whole_run") or {}).get("runs", [])
     raw = {
         m: evaluate_model(m, jobs[m], grids[m], [r for r in records if r["model"] == m], train_samples[m]) for m in jobs
     }
     analysis = analyse(raw)
+    whole = whole_run.analyse(runs, jobs, train_samples) if runs else None
     settings = {
         "launcher": launcher,
-        "models": MODELS,
+        "models": {m: MODELS[m] for m in jobs},
         "train_samples": train_samples,
         "nodes": NODES,
         "per_device_batch": PER_DEVICE,
@@ -450,6 +479,7 @@ def main() -> int:
         },
         "rounds": len({r["round"] for r in records}),
         **analysis,
+        "whole_run": whole,
         "measure_wall_s": measure_wall,
         "reanalysed": bool(stored),
         "measured_with": measured_with,
@@ -458,6 +488,8 @@ def main() -> int:
     }
     write_result(out, settings, figures)
     report(analysis, disturbed_share)
+    if whole is not None:
+        whole_run.report(whole)
     return 0
 
 

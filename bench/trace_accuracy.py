@@ -32,7 +32,8 @@ Truth: T = epochs x ((steps per epoch - 1) x step_time + the last step's time), 
 layout.steps_per_epoch cuts train_samples over N x g ranks at b, the last, smaller step (layout.last_batch) timed
 by the trace at that N and g linearly between its traced batches (`traced_step`), as predict_candidates counts it
 (an epoch of few large steps would otherwise be charged a whole step for a sliver of data); cost by node-hours
-(pricing.costs).
+(pricing.costs). The traces hold step times only, no warm-up and no epoch end: the replay runs with W = c_epoch = 0
+on both sides (fit-model's run_overhead terms are 0, and its notes say why) and says so (`RUN_OVERHEADS`).
 Figures, pooled over models and g:
 - partial_*: |predicted / true step - 1| on the candidates partial search did not profile, the largest named;
 - full_loo_median_error: performance.leave_one_out over all candidates (as fit_and_predict computes it);
@@ -284,6 +285,12 @@ def searched(job: Job, candidates: list[dict], measure) -> dict[str, tuple[list[
     return used
 
 
+RUN_OVERHEADS = (
+    "none: the traces hold step times only (no warm-up, no epoch end), so the warm-up W and c_epoch are 0 in the "
+    "prediction and the truth alike; T counts steps"
+)
+
+
 def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) -> dict:
     """One model over the node shapes of `gpus` GPUs per node (one value: that g alone; several: g a choice too):
     every search mode's errors, coverage, regrets and knees against the trace."""
@@ -441,6 +448,7 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0]) -> dict:
         "partial_largest_error": mode_figures(cases, "partial")["max_error"],
         "summary_mode": default_mode,
         "sync_mapping": mapping,
+        "run_overheads": RUN_OVERHEADS,
         "provenance": provenance(),
         "settings": {
             "traces": str(traces),
@@ -463,6 +471,7 @@ def _pct(value: float | None) -> str:
 def report(result: dict) -> None:
     """The figures and verdicts, as the closing lines of a run."""
     print(f"sync mapping: {result['sync_mapping']}; summary mode: {result['summary_mode']}")
+    print(f"warm-up and epoch-end terms: {result['run_overheads']}")
     print(f"traces' roughness (vs batch neighbours), median: {_pct(result['roughness']['median'])}")
     for key, v in result["verdicts"].items():
         target = v["target"]

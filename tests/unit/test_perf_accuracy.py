@@ -202,3 +202,30 @@ def test_a_model_is_judged_under_both_rules_against_the_other_rounds():
     # round 2 (x1.04) against x1.01.
     noise = {r: statistics.median(n["error"] for n in raw["noise"] if n["round"] == r) for r in range(3)}
     assert noise == pytest.approx({0: 1 - 1 / 1.03, 1: 0.0, 2: 1.04 / 1.01 - 1}, abs=1e-9)
+
+
+def test_whole_runs_are_judged_over_every_profile_and_run_of_a_configuration_against_their_noise_floor(monkeypatch):
+    """Three runs of 10, 11 and 12 s, each profile predicting 11 s: errors |11/m - 1| over the 9 pairs, noise floor
+    the median of |m / median(others) - 1| (10 vs 11.5, 11 vs 11, 12 vs 10.5)."""
+    sys.path.insert(0, str(BENCH))
+    whole_run = importlib.import_module("whole_run")
+    sys.path.remove(str(BENCH))
+
+    def predicted(job, run, train_samples):
+        return {"time_s": 11.0, "epoch_time_s": [5.0, 3.0, 3.0], "steps_only_s": 9.0, "terms": {}}
+
+    monkeypatch.setattr(whole_run, "predicted", predicted)
+    runs = [
+        {"model": "tiny_cnn", "nodes": 1, "per_device_batch": 32, "train_time_s": t, "epoch_time_s": [t - 6, 3.0, 3.0]}
+        for t in (10.0, 11.0, 12.0)
+    ]
+    analysis = whole_run.analyse(runs, {"tiny_cnn": None}, {"tiny_cnn": 1258})
+    whole = analysis["figures"]["whole_run"]
+    assert whole["median_rel_error"] == pytest.approx(
+        statistics.median(abs(11 / m - 1) for m in (10, 11, 12) for _ in "abc")
+    )
+    assert whole["noise_floor"] == pytest.approx(statistics.median([1 - 10 / 11.5, 0.0, 12 / 10.5 - 1]))
+    assert whole["max_rel_error"] == pytest.approx(0.1)
+    assert analysis["figures"]["steady_epoch"]["median_rel_error"] == 0.0
+    assert analysis["figures"]["steps_only"]["median_rel_error"] == pytest.approx(1 - 9 / 11)
+    assert analysis["target"]["met"] == (whole["median_rel_error"] / whole["noise_floor"] <= whole_run.WHOLE_RUN_TARGET)
