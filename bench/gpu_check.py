@@ -4,12 +4,13 @@ Sections (bench/gpu_memory.py, bench/gpu_steps.py), run in order of value (bench
 of the device, the size preset (gpu_plan.PRESETS), a scratch folder and the run's context, returning its figures and
 its targets as met or not, with the figure. The workloads: CIFAR-10's shape (3 x 32 x 32) with resnet18, ImageNet's
 (224 px) with resnet50 in bf16 and channels_last and with torchvision's vit_b_16 in bf16, on the synthetic data set.
-- memory: for each case, in one process, the truth of the largest batch (bench/gpu_truth.py: the stage's probes, then
-  a bisection with real steady steps until a fitting and a failing batch lie within 1 %); where PyTorch Lightning is
-  importable, its BatchSizeFinder on the same model (bench/gpu_lightning.py: its trials, answer and seconds); the
-  probe stage itself (`probe_memory.probe_worker` + `summarise`) timed in one process and in fresh processes; each
-  memory figure's model against the bisection's fitting trials. Every case goes to bench/data/gpu/ as a replay case
-  (<device>-<date>-<case>.json, never over an existing file).
+- memory (CIFAR's shape) and memory_imagenet (ImageNet's): for each case, in one process, the truth of the largest
+  batch (bench/gpu_truth.py: the stage's probes, then a bisection with real steady steps until a fitting and a
+  failing batch lie within 1 %); where PyTorch Lightning is importable, its BatchSizeFinder on the same model
+  (bench/gpu_lightning.py: its trials, answer and seconds); the probe stage itself (`probe_memory.probe_worker` +
+  `summarise`) timed in one process and in fresh processes (the CIFAR case); each memory figure's model against the
+  bisection's fitting trials. Every case goes to bench/data/gpu/ as a replay case (<device>-<date>-<case>.json,
+  never over an existing file).
 - oom: the train stage (`train.train`) under a budget (resources.device_memory_gb) checked in-process to fail its
   batch and fit half of it; the first attempt must end in a real out-of-memory error and the relaunch finish with the
   global batch unchanged.
