@@ -13,6 +13,9 @@ Figures, pooled over models and configurations, each over every (profile, run) p
 - steps_only: the whole run as predicted before issue 40 (E x the steps of an epoch), for comparison;
 - each one's noise floor: a run's measured figure over the median of its configuration's other runs, |x / m - 1|,
   median: how far one run lands from its repeats. Target: whole_run within WHOLE_RUN_TARGET x its noise floor.
+
+Alone on one GPU (the GPU-shaped case: resnet18 at 32 px on digits, b=128, fp32, AGS; 10 steps an epoch):
+    bash scripts/gpu-python.sh bench/whole_run.py --gpu   (about 70 s on the H200; bench/results/whole_run_gpu.json)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import shutil
 import statistics
 from typing import TYPE_CHECKING
 
-from common import WORK, verdict
+from common import WORK, bench_job, bench_parser, provenance, verdict
 from perf_replay import stage_prediction
 
 if TYPE_CHECKING:
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 
 MODELS = ("tiny_cnn", "resnet18")  # the digits models: an epoch of Fashion-MNIST takes minutes here
 CONFIGS = ((1, 32), (2, 32))  # (ranks, per-device batch): 40 and 20 steps per epoch of the digits
+GPU_CONFIGS = ((1, 128),)  # the GPU check's trained configuration: 10 steps per epoch
 EPOCHS = 3
 REPEATS = 3
 WHOLE_RUN_TARGET = 1.5
@@ -80,12 +84,12 @@ def one_run(job: Job, nodes: int, per_device: int, folder) -> dict:
     }
 
 
-def measure(jobs: dict[str, Job]) -> list[dict]:
+def measure(jobs: dict[str, Job], configs: tuple = CONFIGS) -> list[dict]:
     """Every model of `jobs`, configuration and repeat (repeats of one configuration apart in time)."""
     runs = []
     for repeat in range(REPEATS):
         for model in jobs:
-            for nodes, per_device in CONFIGS:
+            for nodes, per_device in configs:
                 folder = WORK / "whole_run" / f"{model}_N{nodes}_b{per_device}"
                 run = one_run(short_run_job(jobs[model]), nodes, per_device, folder)
                 runs.append({"model": model, "nodes": nodes, "per_device_batch": per_device, "repeat": repeat, **run})
@@ -145,7 +149,7 @@ def analyse(runs: list[dict], jobs: dict[str, Job], train_samples: dict[str, int
         figures[name]["over_noise_floor"] = median / floor if floor > 0 else None
     whole = figures["whole_run"]
     return {
-        "settings": {"models": MODELS, "configs": CONFIGS, "epochs": EPOCHS, "repeats": REPEATS},
+        "settings": {"epochs": EPOCHS, "repeats": REPEATS},
         "figures": figures,
         "target": verdict(whole["over_noise_floor"], WHOLE_RUN_TARGET),
         "runs": runs,
@@ -164,3 +168,34 @@ def report(analysis: dict) -> None:
         f"target whole_run          {'met' if target['met'] else 'NOT met'}: {target['figure']:.2f}x noise floor "
         f"(target <= {target['target']}x)"
     )
+
+
+def gpu_job() -> Job:
+    """The GPU-shaped case: resnet18 at 32 px on digits, one GPU, the default job's training settings."""
+    return bench_job(
+        as_name="gpu-whole-run",
+        model={"name": "resnet18", "kwargs": {}},
+        data={"name": "digits", "image_size": 32},
+        resources={"gpus_per_node": 1, "device_memory_gb": 8, "cpus_per_task": 4},
+        search={"warmup_steps": 3, "steps": 10, "min_measure_s": 0.5, "nodes": {"min": 1, "max": 1}},
+    )
+
+
+def main() -> int:
+    from tula_hpc.data import load_splits
+    from tula_hpc.files import write_json
+
+    parser = bench_parser(__doc__, "whole_run_gpu.json")
+    parser.add_argument("--gpu", action="store_true", required=True, help="the GPU-shaped case on this machine's GPU")
+    args = parser.parse_args()
+    jobs = {"resnet18": gpu_job()}
+    runs = measure(jobs, GPU_CONFIGS)
+    samples = {"resnet18": len(load_splits(jobs["resnet18"].data, jobs["resnet18"].train.seed).train)}
+    analysis = analyse(runs, jobs, samples)
+    write_json(args.out, {"provenance": provenance(), "job": jobs["resnet18"].as_dict(), **analysis})
+    report(analysis)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
