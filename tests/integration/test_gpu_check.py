@@ -29,7 +29,8 @@ def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert proc.stdout.index("plan on cpu") < proc.stdout.index("== memory")
     result = json.loads(out.read_text())
-    assert default_out.exists() == existed and set(cases_dir.iterdir()) == recorded  # the CPU writes neither
+    assert default_out.exists() == existed  # the CPU writes neither the GPU's results nor its recorded cases
+    assert not [path for path in set(cases_dir.iterdir()) - recorded if "tiny_cnn" in path.name]
     assert result["device"]["type"] == "cpu" and result["settings"]["scale"] == "quick"
     assert result["targets_judged"] is False  # figures of the CPU judge nothing
     assert {"git_commit", "source_digest", "torch"} <= set(result["provenance"])
