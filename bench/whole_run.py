@@ -14,7 +14,9 @@ Figures, pooled over models and configurations, each over every (profile, run) p
 - each one's noise floor: a run's measured figure over the median of its configuration's other runs, |x / m - 1|,
   median: how far one run lands from its repeats. Target: whole_run within WHOLE_RUN_TARGET x its noise floor.
 
-Alone on one GPU (the GPU-shaped case: resnet18 at 32 px on digits, b=128, fp32, AGS; 10 steps an epoch):
+Alone (without perf_accuracy's step-time rounds), on the CPU: perf_accuracy's digits models and CONFIGS,
+    flock /tmp/tula-cpu.lock .venv/bin/python bench/whole_run.py      (about 5 min; bench/results/whole_run_cpu.json)
+and on one GPU, the GPU-shaped case (resnet18 at 32 px on digits, b=128, fp32, AGS; 10 steps an epoch):
     bash scripts/gpu-python.sh bench/whole_run.py --gpu   (about 70 s on the H200; bench/results/whole_run_gpu.json)
 """
 
@@ -24,7 +26,7 @@ import shutil
 import statistics
 from typing import TYPE_CHECKING
 
-from common import WORK, bench_job, bench_parser, provenance, verdict
+from common import RESULTS, WORK, bench_job, bench_parser, provenance, verdict
 from perf_replay import stage_prediction
 
 if TYPE_CHECKING:
@@ -182,17 +184,23 @@ def gpu_job() -> Job:
 
 
 def main() -> int:
+    from perf_accuracy import bench_jobs
+
     from tula_hpc.data import load_splits
     from tula_hpc.files import write_json
 
-    parser = bench_parser(__doc__, "whole_run_gpu.json")
-    parser.add_argument("--gpu", action="store_true", required=True, help="the GPU-shaped case on this machine's GPU")
+    parser = bench_parser(__doc__, "whole_run_cpu.json")
+    parser.add_argument("--gpu", action="store_true", help="the GPU-shaped case on this machine's GPU")
     args = parser.parse_args()
-    jobs = {"resnet18": gpu_job()}
-    runs = measure(jobs, GPU_CONFIGS)
-    samples = {"resnet18": len(load_splits(jobs["resnet18"].data, jobs["resnet18"].train.seed).train)}
+    out = RESULTS / "whole_run_gpu.json" if args.gpu and args.out == parser.get_default("out") else args.out
+    if args.gpu:
+        jobs, configs = {"resnet18": gpu_job()}, GPU_CONFIGS
+    else:
+        jobs, configs = {m: job for m, job in bench_jobs("local").items() if m in MODELS}, CONFIGS
+    runs = measure(jobs, configs)
+    samples = {m: len(load_splits(job.data, job.train.seed).train) for m, job in jobs.items()}
     analysis = analyse(runs, jobs, samples)
-    write_json(args.out, {"provenance": provenance(), "job": jobs["resnet18"].as_dict(), **analysis})
+    write_json(out, {"provenance": provenance(), "jobs": {m: job.as_dict() for m, job in jobs.items()}, **analysis})
     report(analysis)
     return 0
 
