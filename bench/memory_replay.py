@@ -58,6 +58,14 @@ def answer(batch: int, case: dict) -> dict:
     }
 
 
+def read_case(path: Path) -> dict:
+    """A recorded case; a file of another kind in the folder is an error that names it."""
+    case = json.loads(path.read_text())
+    if missing := [key for key in ("job", "memory", "truth") if key not in case]:
+        raise SystemExit(f"{path}: not a memory case (no {', '.join(missing)}); see {CASES / 'README.md'}")
+    return case
+
+
 def replay_case(name: str, case: dict) -> dict:
     # Settings added since the case was recorded take today's defaults.
     job = Job.from_dict(merged(bench_job().as_dict(), case["job"])).updated(resources={"memory_headroom": 0.0})
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "memory_replay.json")
     parser.add_argument("--cases", type=Path, default=CASES, help="folder of case files (default %(default)s)")
     args = parser.parse_args(argv)
-    rows = [replay_case(path.stem, json.loads(path.read_text())) for path in sorted(args.cases.glob("*.json"))]
+    rows = [replay_case(path.stem, read_case(path)) for path in sorted(args.cases.glob("*.json"))]
     worst = max(rows, key=lambda r: abs(r["rel_error"]))
     summary = {
         "largest_batch_rel_error": worst["rel_error"],
