@@ -176,17 +176,20 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
     from tula_hpc.data import load_splits
     from tula_hpc.fit_model import fit_and_predict
     from tula_hpc.performance import model_params
+    from tula_hpc.run_overhead import epoch_times
 
     [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]
     train_samples = len(load_splits(job.data, job.train.seed).train)
     _, _, _, [row] = fit_and_predict(job, profiles, [candidate], train_samples, NO_MEMORY_PRICE, model_params(job))
     epochs = [r["epoch_time_s"] for r in read_jsonl(folder / "metrics.jsonl")]
-    errors = {f"epoch {i + 1}": t / row["epoch_s"] - 1 for i, t in enumerate(epochs)}
+    predicted = epoch_times(row, len(epochs))  # the first with its warm-up, the second with AGS's first update
+    errors = {f"epoch {i + 1}": t / p - 1 for i, (t, p) in enumerate(zip(epochs, predicted))}
     judged = dict(list(errors.items())[STEADY_FROM - 1 :])
     return {
         "batch": candidate["batch"],
         "steps_per_epoch": summary["steps_per_epoch"],
-        "predicted_epoch_s": row["epoch_s"],
+        "predicted_epoch_s": predicted,
+        "first_epoch_rel_error": errors.get("epoch 1"),
         "predicted_step_s": row["step_s"],
         "measured_epoch_s": epochs,
         "rel_errors": errors,

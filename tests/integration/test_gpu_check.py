@@ -74,7 +74,8 @@ def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     assert case["noise_floor"] is not None and steps["loo_median_rel_error"] == case["loo"]["median_rel_error"]
     assert len(steps["measurements"]) == 2 * 3
     trained = case["trained"]  # the train stage's epochs at a profiled batch against the predicted epoch
-    assert trained["batch"] == 32 and len(trained["measured_epoch_s"]) == 3 and trained["predicted_epoch_s"] > 0
+    assert trained["batch"] == 32 and len(trained["measured_epoch_s"]) == len(trained["predicted_epoch_s"]) == 3
+    assert all(p > 0 for p in trained["predicted_epoch_s"]) and trained["first_epoch_rel_error"] is not None
     assert trained["steps_per_epoch"] >= 200 and list(trained["rel_errors"]) == ["epoch 1", "epoch 2", "epoch 3"]
     assert "steptime.trained_epoch_median" in result["verdicts"]
 
