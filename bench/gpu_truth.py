@@ -4,10 +4,11 @@ For each case (model, image size, precision, memory format) on the synthetic dat
 process: the probe stage's own probes (`memory_probes.run_in_this_process("measure")`, the configured batches and
 those `memory_model.next_probe` adds), then a bisection of the card's real limit with the stage's own verification
 trial (`trial_step`: the steady steps training repeats, under the whole card), from the allocated-peak model's
-largest batch, in steps of STEP up or down until a batch that fits and one that does not lie within TOLERANCE of each
-other. Every trial keeps its outcome, peaks, the allocator's retries and out-of-memory counts during it, its error
-text and its seconds. Before the probes, WARMUP_STEPS plain training steps are timed one by one (the first steps of a
-new shape build cuDNN's and cuBLAS's plans: the warm-up a short job pays).
+largest batch, by the stage's own rule for its CUDA trials (`memory_model.next_bracket_trial`: steps that double, then
+bisection) until a batch that fits and one that does not lie within its BRACKET of each other. Every trial keeps its
+outcome, peaks, the allocator's retries and out-of-memory counts during it, its error text and its seconds. Before
+the probes, WARMUP_STEPS plain training steps are timed one by one (the first steps of a new shape build cuDNN's and
+cuBLAS's plans: the warm-up a short job pays).
 
 The allocator's settings are the environment's (PYTORCH_CUDA_ALLOC_CONF), recorded in each case: run it once as is
 and once with expandable_segments:True to compare. Each case file is written as it ends; cases that would start past
@@ -31,9 +32,7 @@ from gpu_check import device_info, provenance_here
 from tula_hpc.files import write_json
 from tula_hpc.job import Job
 
-STEP = 0.03  # a bracket is sought in steps of this share of the batch, doubling
-TOLERANCE = 0.01  # the bisection ends when the failing batch is within this share of the fitting one
-MAX_TRIALS = 14
+NO_CAP = 2**40  # the truth is the card's limit, not the training set's
 WARMUP_STEPS = 25
 CASES = {
     "resnet18_32_fp32": {"model": "resnet18", "image_size": 32, "precision": "fp32", "warmup_batch": 512},
@@ -129,32 +128,21 @@ def trial(job: Job, batch: int, budget: int) -> dict:
     return result
 
 
-def bisect(job: Job, start: int, budget: int, deadline: float) -> tuple[list[dict], dict]:
-    """Trials from `start` until a fitting and a failing batch lie within TOLERANCE (or MAX_TRIALS, or the
-    deadline): the trials and the truth they found."""
-    trials, fits, fails, batch, step = [], 0, None, max(1, start), STEP
-    while len(trials) < MAX_TRIALS and time.monotonic() < deadline:
+def bisect(job: Job, model, room: int, budget: int, deadline: float) -> tuple[list[dict], dict]:
+    """Real trials chosen by the stage's own rule (memory_model.next_bracket_trial, from the allocated model's largest
+    batch for `room`) until a fitting and a failing batch lie within its BRACKET (or its trial limit, or the
+    deadline): the trials and the truth they found (memory_model.cuda_choice reads it off them)."""
+    from tula_hpc.memory_model import cuda_choice, next_bracket_trial
+
+    trials: list[dict] = []
+    while time.monotonic() < deadline and (batch := next_bracket_trial(model, room, trials, NO_CAP)) is not None:
         trials.append(trial(job, batch, budget))
-        if trials[-1]["outcome"] == "fits":
-            fits = max(fits, batch)
-        else:
-            fails = batch if fails is None else min(fails, batch)
-        if fails is not None and fits and fails - fits <= max(1, TOLERANCE * fits):
-            break
-        if fails is not None and fits:
-            batch = (fits + fails) // 2
-        else:  # no bracket yet: steps that double until one is found
-            batch = int(batch * (1 + step)) + 1 if fails is None else max(1, int(batch * (1 - step)))
-            step = min(2 * step, 0.5)
-    without_retry = [
-        t["batch"]
-        for t in trials
-        if t["outcome"] == "fits" and not t.get("allocator_events", {}).get("num_alloc_retries")
-    ]
+    found = cuda_choice(model, trials, room, budget, 0.0, NO_CAP)
+    fits, fails = found["limit"] or None, found["smallest_failed"]
     truth = {
-        "largest_fits": fits or None,
+        "largest_fits": fits,
         "smallest_fails": fails,
-        "largest_fits_without_retry": max(without_retry, default=None),
+        "largest_fits_without_retry": found["without_retry"],
         "bracketed_within": (fails - fits) / fits if fits and fails else None,
         "how": (
             "bisection of real steady steps (memory_probes.trial_step: ordinary, update and ordinary steps after a "
@@ -183,9 +171,10 @@ def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, sta
     ran = measured(probes)
     budget = budget_bytes(job, probe_device(job))
     room = room_for_steps(job, budget, probes)
-    start = fit_probes(ran, "allocated").max_batch(room)
-    print(f"  probes {[p['batch'] for p in probes]} in {probe_seconds:.1f}s; allocated model: {start}", flush=True)
-    trials, truth = bisect(job, start, budget, deadline)
+    model = fit_probes(ran, "allocated")
+    first = model.max_batch(room)
+    print(f"  probes {[p['batch'] for p in probes]} in {probe_seconds:.1f}s; allocated model: {first}", flush=True)
+    trials, truth = bisect(job, model, room, budget, deadline)
     return {
         "case": name,
         "recorded": stamp,

@@ -81,10 +81,8 @@ def run_trials(job: Job, model: StepMemoryModel, device, budget: int, room: int,
     On CUDA they run under the budget training runs under (`budget`, no headroom) and bracket the limit; on the
     CPU under the usable budget (`room`), confirming or correcting the model."""
     run, trials = runner(job), []
-    choose, available, limit = (
-        (next_bracket_trial, room - buckets, budget) if device.type == "cuda" else (next_trial, room - buckets, room)
-    )
-    while (batch := choose(model, available, trials, cap)) is not None:
+    choose, limit = (next_bracket_trial, budget) if device.type == "cuda" else (next_trial, room)
+    while (batch := choose(model, room - buckets, trials, cap)) is not None:
         trial = run("trial", job=job, batch=batch, budget=limit, ddp=buckets > 0)
         trials.append({**trial, **{k: trial[k] - buckets for k in (*PEAK.values(), "failed_at_bytes") if trial.get(k)}})
     return trials
