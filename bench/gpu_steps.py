@@ -174,8 +174,8 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
     on `profiles` (one round: what the profile stage gives). Epochs before STEADY_FROM (loader start, kernel choice,
     the allocator's growth) are reported, not judged."""
     from tula_hpc.data import load_splits
-    from tula_hpc.fit_model import fit_and_predict
     from tula_hpc.performance import model_params
+    from tula_hpc.prediction import fit_and_predict
     from tula_hpc.run_overhead import epoch_times
 
     [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]

@@ -36,21 +36,23 @@ def _rel(predicted: float, measured: float) -> float:
 
 def stage_prediction(job: Job, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
     """T and cost of every candidate as the fit_model stage computes them from these profiles."""
-    from tula_hpc.fit_model import fit_and_predict
+    from tula_hpc.prediction import fit_and_predict
 
     return fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)[3]
 
 
-def regrets(predicted: list[dict], measured: list[dict], objective: ObjectiveSettings) -> dict[str, float]:
+def regrets(
+    predicted: list[dict], measured: list[dict], objective: ObjectiveSettings, recipe_batch: int
+) -> dict[str, float]:
     """Per objective: what the select stage's choice on the prediction measures, against its choice on the truth."""
-    from tula_hpc.selection import select
+    from tula_hpc.choice import select
 
     truth = {_key(c): c for c in measured}
     found = {}
     for goal in OBJECTIVES:
         wanted = dataclasses.replace(objective, minimize=goal)
-        chosen = select(predicted, objective.pricing, wanted)["chosen"]
-        best = select(measured, objective.pricing, wanted)["chosen"]
+        chosen = select(predicted, objective.pricing, wanted, recipe_batch)["chosen"]
+        best = select(measured, objective.pricing, wanted, recipe_batch)["chosen"]
         field = "cost" if goal == "cost" else "time_s"
         regret = truth[_key(chosen)][field] / best[field] - 1
         found[f"{goal}_regret"] = abs(regret) if goal == "knee" else regret
@@ -82,14 +84,16 @@ class ModelReplay:
         return statistics.median(x["median"]["step_s"] for x in quiet)
 
     def measured_run(self, excluded: int) -> list[dict]:
-        """T and cost of every candidate from its true step (weight 1: the model only scales the last step)."""
-        from tula_hpc.fit_model import predict_candidates
+        """T and cost of every candidate from its true step (weight 1: the model only scales the last step), known
+        exactly (no band: the truth's best is its figure's, no tie)."""
         from tula_hpc.performance import fit_profiles
+        from tula_hpc.prediction import predict_candidates
 
         elsewhere = [x for r in self.rounds if r != excluded for x in self.by_round[r].values()]
         steps = {(c["nodes"] * self.devices, c["per_device_batch"]): self.truth(c, excluded) for c in self.candidates}
         model = fit_profiles(elsewhere, **self.settings)
-        return predict_candidates(model, self.candidates, self.job, self.train_samples, NO_MEMORY, steps, 1.0)
+        rows = predict_candidates(model, self.candidates, self.job, self.train_samples, NO_MEMORY, steps, 1.0)
+        return [{**row, "rel_uncertainty": 0.0} for row in rows]
 
     def where(self, c: dict, r: int) -> dict:
         return {"model": self.name, "round": r, "nodes": c["nodes"], "batch": c["batch"]}
@@ -156,7 +160,7 @@ class ModelReplay:
             "profiled": len(chosen),
             "cost_s": cost,
             "cost_share": cost / full_cost,
-            **regrets(predicted, measured, self.job.objective),
+            **regrets(predicted, measured, self.job.objective, self.job.train.lr_base_batch),
         }
 
     def noise(self) -> list[dict]:

@@ -18,7 +18,7 @@ choice too (`node_shapes`):
 - which candidates are profiled: search.planned (partial, full) and search.adaptive_search (adaptive), the
   job's own settings (partial_second_batch, adaptive tolerance);
 - a "profile" is read from the trace row instead of measured (`trace_profile`), with the keys profiling writes;
-- fit, predict, T and cost: perfmodel.fit_and_predict; choice: selection.select. No second implementation.
+- fit, predict, T and cost: prediction.fit_and_predict; choice: selection.select. No second implementation.
 
 Sync mapping (--sync-mapping, default "latent"): step_time excludes data loading, so data_s = 0; sync_time is the
 all-reduce left after backward ends, so compute_s = step_time - sync_time (forward, backward and the update:
@@ -294,7 +294,7 @@ RUN_OVERHEADS = (
 def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) -> dict:
     """One model over the node shapes of `gpus` GPUs per node (one value: that g alone; several: g a choice too):
     every search mode's errors, coverage, regrets and knees against the trace."""
-    from tula_hpc.fit_model import fit_and_predict
+    from tula_hpc.prediction import fit_and_predict
 
     name, meta = trace["name"], trace["meta"]
     points = {key: value for key, value in trace["points"].items() if key[1] in gpus}

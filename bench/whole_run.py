@@ -4,7 +4,7 @@ counted, against the prediction the stages make from a profile.
 For each of MODELS and CONFIGS (ranks as local processes, per-device batch b), REPEATS times: the profile stage's
 worker in a fresh job (as the profile stage launches it, so its warm-up steps are a fresh process's first steps), then
 the train stage's worker in a fresh job for EPOCHS epochs (a fresh folder: it never resumes). The prediction is
-fit_model.fit_and_predict on that one profile at its own configuration (select's view of a profiled candidate), the
+prediction.fit_and_predict on that one profile at its own configuration (select's view of a profiled candidate), the
 truth the run's own clock: train_time_s and metrics.jsonl's epoch_time_s, the span T predicts.
 
 Figures, pooled over models and configurations, each over every (profile, run) pair of a configuration:

@@ -112,7 +112,11 @@ STAGE_SETTINGS = {
         "resources.gpus_per_node",
     ),
     "profile": STEP_SETTINGS + MEASUREMENT_SETTINGS,
-    "adapt": STEP_SETTINGS + MEASUREMENT_SETTINGS + FIT_SETTINGS + ("search.adaptive",),
+    # The profiles that confirm the choice follow the objective and what predicts it (fit_model's and select's).
+    "adapt": STEP_SETTINGS
+    + MEASUREMENT_SETTINGS
+    + FIT_SETTINGS
+    + ("search.adaptive", "search.confirm", "train.epochs", "train.lr_base_batch", "objective", "resources.slurm"),
     "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
     "select": ("objective",),
     "train": ("model", "data", "train", "resources.on_oom", "resources.cuda_alloc_conf"),

@@ -1,7 +1,5 @@
 """Stage `fit_model`: the performance model (performance.py) fitted to the profiles, and T and cost of every
-candidate: T = E * (steps per epoch of B, the last one with the rest of the data) * t_step (Eq. 4a) plus what the
-run spends once (the warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing
-(pricing.py).
+candidate (prediction.py: Eq. 4a, the run's warm-up and epoch ends, the job's pricing) in perfmodel.json.
 """
 
 from __future__ import annotations
@@ -14,134 +12,17 @@ import numpy as np
 
 from .allocation import release_allocation
 from .files import read_json
-from .layout import candidate_devices, last_batch, node_shape, steps_per_epoch
-from .noise_scale import measured_noise_scale, recipe_steps, steps_to_progress
-from .performance import (
-    PerfModel,
-    candidate_row,
-    estimate_steps,
-    fit_profiles,
-    leave_one_out,
-    measured_steps,
-    measurement_weight,
-    model_params,
-    profile_row,
-)
-from .pricing import charge_factor, costs
+from .layout import node_shape
+from .noise_scale import measured_noise_scale
+from .performance import model_params, profile_row
+from .prediction import fit_and_predict
 from .records import FitResult
-from .run_overhead import RunOverheads, epoch_times, fit_overheads, restarts, zero_terms
+from .run_overhead import fit_overheads
+from .search import search_price
 from .stage import StageError, stage_main
 
 if TYPE_CHECKING:
     from .job import Job
-
-
-def predict_candidates(
-    model: PerfModel,
-    candidates: list[dict],
-    job: Job,
-    train_samples: int,
-    memory: dict,
-    measured: dict[tuple[int, ...], float] | None = None,
-    weight: float = 0.0,
-    overheads: RunOverheads | None = None,
-) -> list[dict]:
-    """T and cost of every candidate, each on its own GPUs per node; a profiled one's step is its measurement
-    weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`), the
-    run's warm-up and epoch ends from `overheads` (none: steps only)."""
-    measured = measured or {}
-    objective, epochs = job.objective, job.train.epochs
-    partition = job.resources.slurm.partition
-    if objective.pricing == "service_units" and charge_factor(objective, partition) is None:
-        raise StageError(
-            f"job '{job.name}': field 'objective.charge_factors': no factor for partition "
-            f"'{partition}' and no 'default'; allowed: add '{partition}: <SU per node-hour>' or 'default'"
-        )
-    X = np.array([candidate_row(c, candidate_devices(c, job), job.launcher) for c in candidates], float)
-    parts = model.predict_parts(X)
-    steps = estimate_steps(model, X, measured, weight)
-    uncertainty = model.predict_uncertainty(X)
-    # Eq. 4a, step by step: an epoch's last step carries only the rest of each rank's share.
-    last = X.copy()
-    last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
-    last_step = model.predict(last) * steps / parts["step_s"]  # the last, smaller step moves by the same factor
-    profiled = {tuple(row) for row in model.profiled_.astype(int).tolist()}
-    terms = overheads.predict(X, steps) if overheads is not None else zero_terms(len(X))
-    rows = []
-    for i, c in enumerate(candidates):
-        ranks = int(X[i, 0])
-        step = float(steps[i])
-        per_epoch = steps_per_epoch(train_samples, ranks, c["per_device_batch"])
-        once = {term: float(values[i]) for term, values in terms.items()}
-        epoch = (per_epoch - 1) * step + float(last_step[i]) + once["epoch_start_s"]  # a steady epoch
-        total = sum(epoch_times({"epoch_s": epoch, **once}, epochs))
-        price = costs(total, c["nodes"], ranks, c["per_device_batch"], objective, memory, partition)
-        rows.append(
-            {
-                **c,
-                "ranks": ranks,
-                "ranks_per_host": int(X[i, 2]),
-                "profiled": tuple(X[i].astype(int).tolist()) in profiled,
-                **{part: float(values[i]) for part, values in parts.items()},
-                "model_step_s": float(parts["step_s"][i]),
-                "step_s": step,
-                "steps_per_epoch": per_epoch,
-                "epoch_s": epoch,
-                **once,
-                "warmup_s": once["warmup_first_s"] + once["warmup_second_s"],
-                "first_epoch_s": epoch_times({"epoch_s": epoch, **once}, 1)[0],
-                "time_s": total,
-                "job_time_s": total + epochs * once["outside_epoch_s"],
-                "rel_uncertainty": float(uncertainty[i]),
-                "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
-                "costs": price,
-                "cost": price[objective.pricing],
-            }
-        )
-    return rows
-
-
-def fit_and_predict(
-    job: Job,
-    profiles: list[dict],
-    candidates: list[dict],
-    train_samples: int,
-    memory: dict,
-    settings: dict,
-    overheads: RunOverheads | None = None,
-) -> tuple[PerfModel, list[float], float, list[dict]]:
-    """The model fitted to `profiles`, its leave-one-out errors, the weight of a profiled candidate's own
-    measurement, and T and cost of every candidate: the stage's whole computation, short of files. `overheads`:
-    the run's warm-up and epoch ends (default: fitted to `profiles`)."""
-    model = fit_profiles(profiles, **settings)
-    loo = leave_one_out(profiles, **settings)
-    weight = measurement_weight(loo, job.search.noise_prior)
-    overheads = fit_overheads(profiles) if overheads is None else overheads
-    rows = predict_candidates(
-        model, candidates, job, train_samples, memory, measured_steps(profiles), weight, overheads
-    )
-    noise = measured_noise_scale(profiles)
-    if noise is not None:
-        to_progress(rows, job, train_samples, noise["b_noise"])
-    return model, loo, weight, rows
-
-
-def to_progress(rows: list[dict], job: Job, train_samples: int, b_noise: float) -> None:
-    """Each candidate's steps, epochs, time and cost to the recipe's progress (train.epochs at train.lr_base_batch)
-    at the measured noise scale (noise_scale.steps_to_progress): what the goodput objectives compare. Time is
-    the steps times the predicted step, the warm-up and an epoch start for every epoch the steps run into after the
-    first; cost scales with time under every pricing."""
-    base_steps = recipe_steps(job.train, train_samples)
-    for row in rows:
-        steps = steps_to_progress(base_steps, b_noise, job.train.lr_base_batch, row["batch"])
-        epochs = steps / row["steps_per_epoch"]
-        time_s = steps * row["step_s"] + row["warmup_s"] + restarts(epochs) * row["epoch_start_s"]
-        row.update(
-            progress_steps=steps,
-            progress_epochs=epochs,
-            progress_time_s=time_s,
-            progress_cost=row["cost"] * time_s / row["time_s"],
-        )
 
 
 def fit_model(
@@ -153,7 +34,8 @@ def fit_model(
     out: Path,
     work_dir: Path | None = None,
 ) -> FitResult:
-    """perfmodel.json from the plan's profiles and, for adaptive search, the profiles adaptive.json added. Every
+    """perfmodel.json from the plan's profiles and the profiles adaptive.json added (adaptive search's, and those
+    that confirmed the choice), with what the search's profiles cost against the whole grid's. Every
     measurement is written by now: the measuring phase's shared allocation (if any) is given back first. The last
     planned profile (or adapt) has usually given it back already; releasing is idempotent, and this covers a profile
     rerun alone (its plan's last profile was written by an earlier run)."""
@@ -210,6 +92,8 @@ def fit_model(
             "mode": plan["mode"],
             "history": manifest["history"] if manifest else [],
             "stopped": manifest["stopped"] if manifest else None,
+            "confirm": manifest.get("confirm") if manifest else None,
+            "price": search_price(profiles, candidates),
         },
         leave_one_out={
             "count": len(loo),
@@ -230,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--plan", required=True, type=Path)
         parser.add_argument("--memory", required=True, type=Path, help="memory.json (memory-based pricing)")
         parser.add_argument("--profiles", required=True, type=Path, nargs="+", help="the plan's profile/N{n}_B{b}.json")
-        parser.add_argument("--adaptive", type=Path, help="adaptive.json of adaptive search: the profiles it added")
+        parser.add_argument("--adaptive", type=Path, help="adaptive.json: the profiles added beyond the plan")
         parser.add_argument("--out", required=True, type=Path, help="results/{job}/perfmodel.json")
 
     return stage_main(

@@ -117,6 +117,7 @@ class SearchSettings:
     noise_prior: float
     discrepancy_per_octave: float
     adaptive: AdaptiveSettings
+    confirm: int
 
 
 @dataclass(frozen=True)

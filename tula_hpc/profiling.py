@@ -3,8 +3,8 @@
 Steps are the job's own training step, timed part by part on the candidate's nodes by step_timing.py; this module
 runs on the login node and only submits that worker (named, so that it imports torch on the nodes, not here).
 
-With `--adaptive` the stage runs adaptive search instead: one profile job after another, chosen by the
-performance model (see `adapt`).
+With `--adaptive` the stage runs the profiles beyond the plan instead (the adapt rule): adaptive search's, one
+profile job after another chosen by the performance model, and those that confirm the choice (see `adapt`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 from . import launch
 from .allocation import release_allocation
+from .choice import decide
 from .config import fingerprint
 from .files import read_json, write_json
 from .layout import candidate_devices, profile_name, ranks_per_host
 from .performance import candidate_row, model_params
-from .search import adaptive_search, adds_profiles
+from .prediction import fit_and_predict
+from .search import adaptive_search, adds_profiles, confirm_choice
 from .stage import StageError, stage_main
 
 if TYPE_CHECKING:
@@ -84,7 +86,7 @@ def profile(
             f"job '{job.name}': (nodes={nodes}, gpus_per_node={gpus}, batch={batch}) is not in the plan {plan_path}"
         )
     result = profile_one(job, candidate, out, work_dir, plan["max_batch_per_device"])
-    if not adds_profiles(job.search.mode) and _plan_profiled(job, plan, out.parent):
+    if not adds_profiles(job.search.mode, job.search.confirm) and _plan_profiled(job, plan, out.parent):
         _give_back(work_dir)
     return result
 
@@ -102,12 +104,16 @@ def _give_back(work_dir: Path) -> None:
         print("[profile] the last measurement is written: gave the measuring allocation back", flush=True)
 
 
-def adapt(job: Job, plan_path: Path, profile_paths: list[Path], out: Path, work_dir: Path) -> dict:
-    """Adaptive search: from the plan's profiles, add one profile at a time until the model is sure enough.
+def adapt(
+    job: Job, plan_path: Path, memory_path: Path | None, profile_paths: list[Path], out: Path, work_dir: Path
+) -> dict:
+    """The profiles beyond the plan: adaptive search (one at a time until the model is sure enough), then those that
+    confirm the choice (search.confirm_choice: the predicted best and the rivals that could still beat it).
 
-    adaptive.json holds the profiles it added, its history and why it stopped. Each added profile is also
-    kept in work/{job}/adaptive/ as soon as it is measured, so a killed stage resumes where it stopped:
-    a kept profile made under the same settings is read back instead of measured again.
+    adaptive.json holds the profiles it added, adaptive search's history and why it stopped, and the confirmation's
+    (`confirm`). Each added profile is also kept in work/{job}/adaptive/ as soon as it is measured, so a killed
+    stage resumes where it stopped: a kept profile made under the same settings is read back instead of measured
+    again. `memory_path`: memory.json, for memory-based pricing (only read where profiles confirm the choice).
     """
     plan = read_json(plan_path)
     # A record names the configuration it measured (one made before GPUs per node was recorded ran the node's own).
@@ -126,28 +132,59 @@ def adapt(job: Job, plan_path: Path, profile_paths: list[Path], out: Path, work_
         added.append(record)
         return record
 
-    adaptive = job.search.adaptive
-    result = adaptive_search(
-        plan["candidates"],
-        plan["profile"],
-        measure_candidate,
-        lambda c: candidate_row(c, candidate_devices(c, job), job.launcher),
-        model_params(job),
-        adaptive.tolerance,
-        adaptive.max_profiles,
+    search, settings = job.search, model_params(job)
+    manifest = {"job": job.name, "history": [], "discrepancy_per_octave": settings["discrepancy_per_octave"]}
+    if search.mode == "adaptive":
+        result = adaptive_search(
+            plan["candidates"],
+            plan["profile"],
+            measure_candidate,
+            lambda c: candidate_row(c, candidate_devices(c, job), job.launcher),
+            settings,
+            search.adaptive.tolerance,
+            search.adaptive.max_profiles,
+        )
+        profiles = result["profiles"]
+        manifest.update(
+            history=result["history"],
+            discrepancy_per_octave=result["discrepancy_per_octave"],
+            stopped=result["stopped"],
+        )
+    else:
+        profiles = [measure_candidate(c) for c in plan["profile"]]
+        manifest["stopped"] = f"{search.mode} search adds no profiles of its own"
+    confirming = search.confirm > 0
+    manifest["confirm"] = (
+        _confirm(job, plan, memory_path, profiles, measure_candidate, manifest) if confirming else None
     )
-    manifest = {
-        "job": job.name,
-        "added": added,
-        "history": result["history"],
-        "discrepancy_per_octave": result["discrepancy_per_octave"],
-        "stopped": result["stopped"],
-        "profiled": len(planned) + len(added),
-        "candidates": len(plan["candidates"]),
-    }
+    manifest.update(added=added, profiled=len(planned) + len(added), candidates=len(plan["candidates"]))
     write_json(out, manifest)
     _give_back(work_dir)
     return manifest
+
+
+def _confirm(job: Job, plan: dict, memory_path: Path | None, profiles: list[dict], measure, manifest: dict) -> dict:
+    """search.confirm_choice for the job's objective and constraints, on the fit the stage's settings make."""
+    if memory_path is None:
+        raise StageError(f"job '{job.name}': confirming the choice (search.confirm) needs memory.json (--memory)")
+    memory = read_json(memory_path)
+    settings = {**model_params(job), "discrepancy_per_octave": manifest["discrepancy_per_octave"]}
+    result = confirm_choice(
+        profiles,
+        measure,
+        lambda found: fit_and_predict(job, found, plan["candidates"], plan["dataset"]["train"], memory, settings)[3],
+        lambda rows: decide(rows, job.objective, job.train.lr_base_batch),
+        job.search.confirm,
+    )
+    decision = result["decision"]
+    return {
+        "objective": decision["goal"],
+        "limit": result["limit"],
+        "band_sigmas": result["band_sigmas"],
+        "profiles": result["confirmed"],
+        "stopped": result["stopped"],
+        "chosen": {k: decision["chosen"][k] for k in ("nodes", "gpus_per_node", "batch") if k in decision["chosen"]},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         parser.add_argument("--profiles", type=Path, nargs="+", help="with --adaptive: the plan's profiles")
         parser.add_argument(
+            "--memory",
+            type=Path,
+            help="with --adaptive: memory.json (for pricing the choice its profiles confirm)",
+        )
+        parser.add_argument(
             "--out",
             required=True,
             type=Path,
@@ -174,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(job: Job, args: argparse.Namespace):
         if args.adaptive:
-            return adapt(job, args.plan, args.profiles or [], args.out, args.work_dir)
+            return adapt(job, args.plan, args.memory, args.profiles or [], args.out, args.work_dir)
         if args.nodes is None or args.batch is None:
             raise StageError("profile needs --nodes and --batch (or --adaptive)")
         return profile(job, args.plan, args.nodes, args.batch, args.out, args.work_dir, args.gpus_per_node)

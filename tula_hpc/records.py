@@ -80,6 +80,7 @@ class Selection(StageRecord):
     best_time_curve: list[dict]
     knee_used: str | None = optional()
     predicted: dict | None = optional()
+    tie: dict | None = optional()  # choice.decide's tie record where configurations tied with the best
 
     @classmethod
     def by_hand(cls, job: Job, chosen: dict) -> Selection:

@@ -7,14 +7,22 @@
 - adaptive (`adaptive_search`): starts from partial; the `adapt` rule (profile stage, `--adaptive`) then
   adds the candidate the fitted model is least sure about until its uncertainty, calibrated on those very
   profiles, is small. The fit reads the partial profiles and adaptive.json, which holds the profiles it added.
+- confirming the decision (`confirm_choice`, search.confirm profiles at most, partial and adaptive): after the
+  fit, the adapt rule measures the predicted best configuration for the job's objective and constraints and the
+  rivals that could still beat it within the noise (choice.contenders), refitting after each. A better fit alone
+  does not make a better choice on GPU traces (see `partial_set`: a 2-node sync profile made the fit worse), and
+  adaptive search spends its profiles where the model is unsure, not where the decision is; the decision needs
+  measuring. adaptive.json holds these profiles too.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
+from .choice import CONFIRM_BAND_SIGMAS, contenders, sigmas_behind
 from .performance import fit_profiles
 
 MODES = ("partial", "full", "adaptive")
@@ -40,10 +48,13 @@ def planned(
     raise _unknown(mode)
 
 
-def adds_profiles(mode: str) -> bool:
-    """Whether the mode profiles beyond the plan (the adapt rule), so the fit also reads adaptive.json."""
-    if mode in ("partial", "full"):
+def adds_profiles(mode: str, confirm: int = 0) -> bool:
+    """Whether the search profiles beyond the plan (the adapt rule: adaptive search, or `confirm` profiles that
+    confirm partial search's choice), so the fit also reads adaptive.json."""
+    if mode == "full":
         return False
+    if mode == "partial":
+        return confirm > 0
     if mode == "adaptive":
         return True
     raise _unknown(mode)
@@ -216,3 +227,71 @@ def adaptive_search(
         "discrepancy_per_octave": discrepancy,
         "stopped": stopped,
     }
+
+
+def _shape(candidate: dict) -> dict:
+    return {k: candidate[k] for k in ("nodes", "gpus_per_node", "batch") if k in candidate}
+
+
+def confirm_choice(
+    profiles: list[dict],
+    measure,
+    predict,
+    decide,
+    limit: int,
+    band_sigmas: float = CONFIRM_BAND_SIGMAS,
+) -> dict:
+    """Measure what could still change the decision before it commits: at most `limit` profiles beyond `profiles`.
+
+    Each turn `predict(profiles)` gives every candidate's figures from a fit to the profiles so far (with
+    `rel_uncertainty` and whether it was `profiled`) and `decide(rows)` the choice (choice.decide); the first of
+    its contenders is measured (`measure(candidate)` returns a profile record): the predicted best where it is
+    unmeasured, then the rival likeliest to beat it, so that where they differ in node count both are measured.
+    Stops when no unmeasured rival can still win within `band_sigmas` of their combined band, or at `limit`.
+    """
+    profiles = list(profiles)
+    confirmed: list[dict] = []
+    measured: list[dict] = []
+    while True:
+        rows = predict(profiles)
+        decision = decide(rows)
+        goal = decision["goal"]
+        waiting = [c for c in contenders(decision["pool"], goal, band_sigmas) if _shape(c) not in measured]
+        if not waiting:
+            stopped = "no unmeasured rival can still win within its band"
+            break
+        if len(confirmed) >= limit:
+            stopped = f"reached search.confirm ({limit}) with {len(waiting)} rival(s) unmeasured"
+            break
+        candidate, best = waiting[0], decision["pool"][0]
+        profile = measure(candidate)
+        measured.append(_shape(candidate))
+        confirmed.append(
+            {
+                **_shape(candidate),
+                "role": "best" if candidate is best else "rival",
+                "sigmas_behind": 0.0 if candidate is best else float(sigmas_behind(candidate, best, goal)),
+                "predicted_step_s": candidate["step_s"],
+                "measured_step_s": profile["median"]["step_s"],
+            }
+        )
+        profiles.append(profile)
+    return {
+        "profiles": profiles,
+        "confirmed": confirmed,
+        "stopped": stopped,
+        "limit": limit,
+        "band_sigmas": band_sigmas,
+        "rows": rows,
+        "decision": decision,
+    }
+
+
+def search_price(profiles: list[dict], grid: list[dict]) -> dict:
+    """Device-seconds the search's profiles took (each one's ranks x its measuring wall time: warm-up and measured
+    steps, start-up not counted) against profiling every candidate of `grid` (rows with `ranks` and `step_s`) at
+    the same wall time per step (the profiles' median), and the share."""
+    spent = sum(p["world_size"] * p["measure_wall_s"] for p in profiles)
+    steps_worth = statistics.median(p["measure_wall_s"] / p["median"]["step_s"] for p in profiles)
+    whole = sum(row["ranks"] * row["step_s"] for row in grid) * steps_worth
+    return {"device_s": spent, "grid_device_s": whole, "share": spent / whole if whole > 0 else None}

@@ -442,7 +442,7 @@ def _next_attempt(job: Job, chosen: dict, attempts: list[dict], world_size: int)
 
 def stretched_to_progress(job: Job, chosen: dict) -> Job:
     """Under a goodput objective, the job with train.epochs (and its milestones with them) stretched to the epochs
-    the chosen batch needs to make the recipe's progress (perfmodel.to_progress); adascale reaches that progress
+    the chosen batch needs to make the recipe's progress (prediction.to_progress); adascale reaches that progress
     by its own gain, and the other objectives train the recipe's epochs."""
     if job.objective.minimize not in ("goodput", "goodput_cost") or job.train.strategy == "adascale":
         return job

@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import default_job, wait_for
 from tests.slurm.conftest import SCRIPTS, STATE
 from tula_hpc import cluster
-from tula_hpc.selection import select, with_queue_waits
+from tula_hpc.choice import select
+from tula_hpc.selection import with_queue_waits
 from tula_hpc.slurm_states import slurm_state
 
 BLOCK_MIN = 10  # the competing job's time limit: Slurm's estimate of when its node is free again
@@ -50,12 +51,15 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
     job = default_job(objective={"minimize": "time", "queue": "estimate"}).updated(launcher="slurm")
 
     def candidates(saving_s: float) -> list[dict]:
-        one = {"nodes": 1, "batch": 64, "per_device_batch": 64, "time_s": 2000.0, "cost": 1.0, "rel_uncertainty": 0.05}
+        one = {"nodes": 1, "batch": 64, "per_device_batch": 64, "time_s": 2000.0, "cost": 1.0, "rel_uncertainty": 0.0}
         two = {**one, "nodes": 2, "per_device_batch": 32, "time_s": 2000.0 - saving_s, "cost": 2.0}
         return [one, two]
 
     def choose(saving_s: float) -> int:
-        return select(with_queue_waits(job, candidates(saving_s)), "node_hour", job.objective)["chosen"]["nodes"]
+        chosen = select(
+            with_queue_waits(job, candidates(saving_s)), "node_hour", job.objective, job.train.lr_base_batch
+        )
+        return chosen["chosen"]["nodes"]
 
     waits = {c["nodes"]: c["wait_s"] for c in with_queue_waits(job, candidates(0.0))}
     assert waits[1] == 0.0 and BLOCK_MIN * 60 - 120 < waits[2] <= BLOCK_MIN * 60, waits

@@ -117,7 +117,8 @@ def test_adaptive_search_keeps_each_node_shape_under_its_own_name(gpu_job, launc
         return {"profiled": grid, "profiles": profiles, "history": [], "discrepancy_per_octave": 0.02, "stopped": "-"}
 
     monkeypatch.setattr(profiling, "adaptive_search", search)
-    manifest = profiling.adapt(gpu_job, plan, [planned], tmp_path / "adaptive.json", tmp_path / "work")
+    job = gpu_job.updated(search={"mode": "adaptive", "confirm": 0})
+    manifest = profiling.adapt(job, plan, None, [planned], tmp_path / "adaptive.json", tmp_path / "work")
     assert [(spec.nodes, spec.tasks_per_node) for spec, _, _ in launched] == [(2, 2)]  # the planned one is read
     assert (tmp_path / "work" / "adaptive" / "N2_G2_B64.json").exists()
     assert [record["gpus_per_node"] for record in manifest["added"]] == [2]
@@ -131,9 +132,55 @@ def test_the_last_planned_profile_gives_the_measuring_allocation_back(gpu_job, l
     candidates = [{"nodes": n, "gpus_per_node": 4, "batch": 64} for n in (1, 2)]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"candidates": candidates, "profile": candidates, "max_batch_per_device": 64}))
-    job = gpu_job.updated(search={"mode": "partial"})
+    job = gpu_job.updated(search={"mode": "partial", "confirm": 0})
     (tmp_path / "N2_B64.json").write_text(json.dumps({"fingerprint": "made under other settings"}))
     profiling.profile(job, plan, 1, 64, tmp_path / "N1_B64.json", tmp_path / "work")
     assert released == []
     profiling.profile(job, plan, 2, 64, tmp_path / "N2_B64.json", tmp_path / "work")
     assert released == [tmp_path / "work"]
+
+
+def test_partial_search_confirms_its_choice_by_measuring_the_best_and_its_rivals(gpu_job, tmp_path, monkeypatch):
+    """The model takes 2 nodes at B=64 for the fastest; measured, it is slower than predicted, so the rival at B=128
+    (within the band) is measured next and chosen; then no unmeasured rival can win and the search stops."""
+    truth = {(1, 64): 10.0, (2, 64): 12.0, (2, 128): 9.0}
+    believed = {(1, 64): 10.0, (2, 64): 8.0, (2, 128): 9.5}
+    candidates = [
+        {"nodes": n, "gpus_per_node": 4, "batch": b, "per_device_batch": b // (4 * n)} for n, b in sorted(truth)
+    ]
+    launched = []
+
+    def run(fn, kwargs, spec, folder, name):
+        launched.append((spec.nodes, kwargs["global_batch"]))
+        step = truth[(spec.nodes, kwargs["global_batch"])]
+        return {"global_batch": kwargs["global_batch"], "median": {"step_s": step}}, None
+
+    def fit_and_predict(job, profiles, grid, train_samples, memory, settings):
+        measured = {(p["nodes"], p["global_batch"]): p["median"]["step_s"] for p in profiles}
+        rows = []
+        for c in grid:
+            key = (c["nodes"], c["batch"])
+            step = measured.get(key, believed[key])
+            rows.append(
+                {**c, "step_s": step, "time_s": step, "cost": step * c["nodes"], "profiled": key in measured}
+                | {"rel_uncertainty": 0.01 if key in measured else 0.2}
+            )
+        return None, [], 0.0, rows
+
+    monkeypatch.setattr(profiling.launch, "run_or_out_of_memory", run)
+    monkeypatch.setattr(profiling, "fit_and_predict", fit_and_predict)
+    plan = _plan(tmp_path / "plan.json", candidates)
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "dataset": {"train": 1000}}))
+    planned = tmp_path / "N1_B64.json"
+    planned.write_text(json.dumps({"nodes": 1, "gpus_per_node": 4, "global_batch": 64, "median": {"step_s": 10.0}}))
+    (tmp_path / "memory.json").write_text("{}")
+    job = gpu_job.updated(search={"mode": "partial", "confirm": 3}, objective={"minimize": "time"})
+    manifest = profiling.adapt(job, plan, tmp_path / "memory.json", [planned], tmp_path / "a.json", tmp_path / "w")
+    assert launched == [(2, 64), (2, 128)]
+    confirm = manifest["confirm"]
+    assert [(p["nodes"], p["batch"], p["role"]) for p in confirm["profiles"]] == [(2, 64, "best"), (2, 128, "best")]
+    assert confirm["chosen"] == {"nodes": 2, "gpus_per_node": 4, "batch": 128}
+    assert confirm["stopped"] == "no unmeasured rival can still win within its band"
+    assert len(manifest["added"]) == 2 and json.loads((tmp_path / "a.json").read_text())["confirm"] == confirm
+    with pytest.raises(StageError, match="needs memory.json"):
+        profiling.adapt(job, plan, None, [planned], tmp_path / "a.json", tmp_path / "w")

@@ -21,6 +21,7 @@ def test_each_mode_plans_its_profiles_and_only_adaptive_adds_more():
         assert planned("partial", grid, 1, "local", second_batch) == partial
         assert planned("adaptive", grid, 1, "local", second_batch) == partial
     assert [adds_profiles(mode) for mode in MODES] == [False, False, True]
+    assert [adds_profiles(mode, confirm=2) for mode in MODES] == [True, False, True]  # full measured everything
     for unknown in (lambda: planned("grid", grid, 1, "local"), lambda: adds_profiles("grid")):
         with pytest.raises(ValueError, match="unknown search mode 'grid'; allowed: partial, full, adaptive"):
             unknown()

@@ -350,7 +350,7 @@ def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():
 
 
 def test_adascale_trains_to_the_recipes_steps_over_the_epochs_samples():
-    """The target is train.epochs x ceil(samples / lr_base_batch), as perfmodel.to_progress counts it (not the
+    """The target is train.epochs x ceil(samples / lr_base_batch), as prediction.to_progress counts it (not the
     batch's steps scaled, which counts a partial last step whole); below the base batch the gain can fall to s,
     so the run may take up to 1 / s times the recipe's steps."""
     large = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=128, steps_per_epoch=5, train_samples=600)

@@ -55,8 +55,10 @@ def planned_profiles(wildcards):
 
 
 def adaptive_manifest(wildcards):
-    """adaptive.json, the profiles adaptive search added, when the job's search mode adds any."""
-    if search.adds_profiles(config["jobs"][wildcards.job]["search"]["mode"]):
+    """adaptive.json, the profiles the search added beyond the plan, when it adds any (adaptive search, or the
+    profiles that confirm the choice)."""
+    settings = job_settings(config, wildcards.job).search
+    if search.adds_profiles(settings.mode, settings.confirm):
         return [f"results/{wildcards.job}/adaptive.json"]
     return []
 

@@ -18,12 +18,14 @@ rule profile:
         " --nodes {wildcards.nodes} {params.gpus} --batch {wildcards.batch} --out {output} > {log} 2>&1"
 
 
-# Adaptive search: starts from the planned (partial) profiles and submits further profile jobs one at a
-# time; adaptive.json holds the profiles it added. Each is kept in work/{job}/adaptive/ as soon as it is
-# measured, so a rerun after a kill reuses it instead of measuring again.
+# The profiles beyond the plan: adaptive search's, from the planned (partial) profiles, one profile job at a time;
+# then those that confirm the choice (search.confirm: the predicted best and the rivals that could still beat it).
+# adaptive.json holds the profiles it added. Each is kept in work/{job}/adaptive/ as soon as it is measured, so a
+# rerun after a kill reuses it instead of measuring again.
 rule adapt:
     input:
         plan="results/{job}/plan.json",
+        memory="results/{job}/memory.json",
         profiles=planned_profiles,
     output:
         "results/{job}/adaptive.json",
@@ -38,4 +40,4 @@ rule adapt:
         settings=settings("adapt"),
     shell:
         "tula-hpc profile --job {wildcards.job} --plan {input.plan} --adaptive --profiles {input.profiles}"
-        " --out {output} > {log} 2>&1"
+        " --memory {input.memory} --out {output} > {log} 2>&1"

@@ -1,4 +1,4 @@
-"""Stage fit_model: T and cost of every candidate (Eq. 4) from a fitted model and the measured steps."""
+"""prediction.py: T and cost of every candidate (Eq. 4) from a fitted model and the measured steps."""
 
 import dataclasses
 import math
@@ -7,10 +7,10 @@ import pytest
 
 from tests.conftest import default_job
 from tests.unit.test_performance import fit, synthetic
-from tula_hpc.fit_model import predict_candidates
 from tula_hpc.job import Job
 from tula_hpc.layout import steps_per_epoch
 from tula_hpc.performance import estimate_steps
+from tula_hpc.prediction import predict_candidates
 from tula_hpc.run_overhead import fit_overheads
 from tula_hpc.stage import StageError
 
@@ -89,8 +89,8 @@ def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_ap
 
 
 def test_time_to_the_recipes_progress_counts_the_steps_the_batch_needs():
-    from tula_hpc.fit_model import to_progress
     from tula_hpc.noise_scale import steps_to_progress
+    from tula_hpc.prediction import to_progress
 
     job = default_job(train={"epochs": 10, "lr_base_batch": 100, "lr_milestones": []})
     row = {"batch": 400, "step_s": 0.5, "steps_per_epoch": 25, "time_s": 125.0, "cost": 2.0}
