@@ -58,19 +58,25 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import multiprocessing
+import os
 import statistics
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import yaml
 from common import REPO, bench_job, bench_parser, provenance, write_and_report
 
 if TYPE_CHECKING:
-    from tula_hpc.job import Job, ObjectiveSettings
+    from tula_hpc.job import Job
 
 TRACES = REPO / "bench" / "data" / "pollux"
 MODES = ("partial", "full", "adaptive")
 MAX_NODES = (None, 4, 8)
+GOALS = ("time", "cost", "knee")  # each its own job, with its own confirming profiles
+SEEDS = 5  # noise seeds the figures are averaged over
 SYNC_MAPPINGS = ("latent", "exposed", "largest")  # see the module's docstring; the first is the default
 # Node-hour pricing reads no memory.json; pricing.costs prices every pricing model at once (as perf_accuracy.py).
 NO_MEMORY = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
@@ -85,6 +91,7 @@ TARGETS = {
     "cost_regret_max": ("max", 0.10),
     "knee_same_share": ("min", 0.90),
     "sigma1_coverage": ("band", (0.60, 0.75)),
+    "profile_cost_share": ("max", 0.30),  # issue 41: the search's device-seconds against the whole grid's
 }
 STEP_ERRORS = ("partial_median_error", "partial_max_error", "full_loo_median_error")
 
@@ -128,7 +135,8 @@ def trace_job(name: str, gpus: tuple[int, ...], meta: dict, nodes: list[int], ma
         as_name=f"trace-{name}-g{'-'.join(map(str, gpus))}",
         launcher="slurm",
         resources={"gpus_per_node": max(gpus), "mem_gb": 4 * max(gpus)},
-        train={"epochs": int(meta["epochs"]), "lr_milestones": []},  # the schedule is not replayed
+        # the schedule is not replayed; the recipe's batch breaks ties (choice.TIE_RULE)
+        train={"epochs": int(meta["epochs"]), "lr_milestones": [], "lr_base_batch": int(meta["recipe_batch"])},
         search=search,
         objective={"pricing": "node_hour"},
     )
@@ -157,12 +165,24 @@ def _point(c: dict) -> tuple[int, int, int]:
     return c["nodes"], c["gpus_per_node"], c["per_device_batch"]
 
 
-def trace_profile(candidate: dict, job: Job, split: tuple[float, float, float | None], grad_bytes: float) -> dict:
-    """A profile record (step_timing.measure's keys, plus what profile_one adds) read from a trace row."""
+def noise_factor(seed: int, model: str, point: tuple[int, int, int], noise: float) -> float:
+    """The multiplicative noise of one profile read: exp(noise x z), z standard normal drawn from (seed, model,
+    point), so a configuration reads the same within a seed however often and in whatever order it is read."""
+    if noise == 0.0:
+        return 1.0
+    z = np.random.default_rng([seed, zlib.crc32(model.encode()), *point]).standard_normal()
+    return math.exp(noise * z)
+
+
+def trace_profile(
+    candidate: dict, job: Job, split: tuple[float, float, float | None], grad_bytes: float, factor: float = 1.0
+) -> dict:
+    """A profile record (step_timing.measure's keys, plus what profile_one adds) read from a trace row, every part
+    times the read's noise `factor`; its measuring wall time is the job's warm-up and measured steps at that step."""
     from tula_hpc.layout import candidate_devices, ranks_per_host
 
     devices, nodes, b = candidate_devices(candidate, job), candidate["nodes"], candidate["per_device_batch"]
-    step, compute, sync = split
+    step, compute, sync = (None if part is None else part * factor for part in split)
     parts = {"data_s": 0.0, "compute_s": compute, "update_s": 0.0, "step_s": step}
     if sync is not None:
         parts["sync_s"] = sync
@@ -178,7 +198,7 @@ def trace_profile(candidate: dict, job: Job, split: tuple[float, float, float | 
         "iqr_over_median": dict.fromkeys(parts, 0.0),
         "samples_per_s": candidate["batch"] / step,
         "grad_bytes": grad_bytes,
-        "measure_wall_s": step,
+        "measure_wall_s": (job.search.warmup_steps + job.search.steps) * step,
         "interference": 0.0,
     }
 
@@ -214,8 +234,8 @@ def true_candidates(job: Job, candidates: list[dict], steps: dict, train_samples
         last = traced_step(steps, c["nodes"], c["gpus_per_node"], last_batch(train_samples, ranks, b))
         total = job.train.epochs * ((steps_per_epoch(train_samples, ranks, b) - 1) * step + last)
         price = costs(total, c["nodes"], ranks, b, objective, NO_MEMORY, None)
-        rows.append({**c, "step_s": step, "time_s": total, "cost": price[objective.pricing]})
-        rows[-1]["rel_uncertainty"] = 0.0
+        rows.append({**c, "ranks": ranks, "step_s": step, "time_s": total, "cost": price[objective.pricing]})
+        rows[-1]["rel_uncertainty"] = 0.0  # known exactly: the truth's best is its figure's, no tie
     return rows
 
 
@@ -227,32 +247,50 @@ def _shape(c: dict) -> dict:
     return {"nodes": c["nodes"], "gpus_per_node": c["gpus_per_node"], "batch": c["batch"]}
 
 
-def choices(predicted: list[dict], truth: list[dict], objective: ObjectiveSettings) -> list[dict]:
-    """Per max_nodes: time and cost regret of select's choice on the prediction, and the knee against the true knee."""
-    from tula_hpc.selection import select
+def confirmed_choices(
+    job: Job, initial: list[dict], measure, predict, truth: list[dict], constants: dict
+) -> list[dict]:
+    """Per max_nodes and goal, a job of its own: search.confirm_choice from the mode's profiles (its own confirming
+    profiles, at most constants["confirm"]), then its time or cost regret against the true best (or its knee against
+    the true knee), the profiles that confirmed it and what the search's profiles cost against the whole grid's."""
+    from tula_hpc.choice import decide, select
+    from tula_hpc.search import confirm_choice, search_price
 
-    true_of = {_key(c): c for c in truth}
+    true_of, recipe = {_key(c): c for c in truth}, job.train.lr_base_batch
     found = []
     for max_nodes in MAX_NODES:
-        case = {"max_nodes": max_nodes}
-        for goal, field in (("time", "time_s"), ("cost", "cost")):
-            wanted = dataclasses.replace(objective, max_nodes=max_nodes, minimize=goal)
-            chosen = select(predicted, objective.pricing, wanted)["chosen"]
-            best = select(truth, objective.pricing, wanted)["chosen"]
-            case[f"{goal}_regret"] = true_of[_key(chosen)][field] / best[field] - 1
-            case[f"{goal}_chosen"], case[f"{goal}_best"] = _shape(chosen), _shape(best)
-            case[f"{goal}_same_gpus_per_node"] = chosen["gpus_per_node"] == best["gpus_per_node"]
-        wanted = dataclasses.replace(objective, max_nodes=max_nodes, minimize="knee")
-        knee_p = select(predicted, objective.pricing, wanted)
-        knee_t = select(truth, objective.pricing, wanted)
-        case["knee_batch"] = knee_p["knees"][knee_p["knee_used"]]
-        case["true_knee_batch"] = knee_t["knees"][knee_t["knee_used"]]
-        case["knee_same"] = case["knee_batch"] == case["true_knee_batch"]
+        case: dict = {"max_nodes": max_nodes}
+        for goal in GOALS:
+            wanted = dataclasses.replace(job.objective, max_nodes=max_nodes, minimize=goal)
+            result = confirm_choice(
+                initial,
+                measure,
+                predict,
+                lambda rows, wanted=wanted: decide(rows, wanted, recipe, constants["tie_sigmas"]),
+                constants["confirm"],
+                constants["band_sigmas"],
+            )
+            decision, best = result["decision"], select(truth, job.objective.pricing, wanted, recipe)
+            chosen = decision["chosen"]
+            if goal == "knee":
+                case["knee_batch"] = decision["knees"][decision["knee_used"]]
+                case["true_knee_batch"] = best["knees"][best["knee_used"]]
+                case["knee_same"] = case["knee_batch"] == case["true_knee_batch"]
+            else:
+                field = "time_s" if goal == "time" else "cost"
+                case[f"{goal}_regret"] = true_of[_key(chosen)][field] / best["chosen"][field] - 1
+                case[f"{goal}_chosen"], case[f"{goal}_best"] = _shape(chosen), _shape(best["chosen"])
+                case[f"{goal}_same_gpus_per_node"] = chosen["gpus_per_node"] == best["chosen"]["gpus_per_node"]
+            case[f"{goal}_confirmed"] = [{**_shape(c), "role": c["role"]} for c in result["confirmed"]]
+            case[f"{goal}_tied"] = decision["tie"] is not None
+            case[f"{goal}_profile_cost_share"] = search_price(result["profiles"], truth)["share"]
         found.append(case)
     return found
 
 
-def searched(job: Job, candidates: list[dict], measure) -> dict[str, tuple[list[dict], dict, dict | None]]:
+def searched(
+    job: Job, candidates: list[dict], measure, modes: tuple[str, ...] = MODES
+) -> dict[str, tuple[list[dict], dict, dict | None]]:
     """Per mode: the candidates it profiles, the fit settings, and adaptive search's record (search.py decides)."""
     from tula_hpc.layout import candidate_devices, devices_per_node
     from tula_hpc.performance import candidate_row, model_params
@@ -263,7 +301,10 @@ def searched(job: Job, candidates: list[dict], measure) -> dict[str, tuple[list[
     used = {
         mode: (planned(mode, candidates, devices, launcher, search.partial_second_batch), settings, None)
         for mode in ("partial", "full")
+        if mode in modes
     }
+    if "adaptive" not in modes:
+        return used
     adaptive = adaptive_search(
         candidates,
         planned("adaptive", candidates, devices, launcher, search.partial_second_batch),
@@ -291,9 +332,31 @@ RUN_OVERHEADS = (
 )
 
 
-def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) -> dict:
-    """One model over the node shapes of `gpus` GPUs per node (one value: that g alone; several: g a choice too):
-    every search mode's errors, coverage, regrets and knees against the trace."""
+def default_constants(job: Job) -> dict:
+    """The constants the confirmation and the tie rule run with: the job's search.confirm, choice.py's bands."""
+    from tula_hpc.choice import CONFIRM_BAND_SIGMAS, TIE_SIGMAS
+
+    return {"confirm": job.search.confirm, "band_sigmas": CONFIRM_BAND_SIGMAS, "tie_sigmas": TIE_SIGMAS}
+
+
+def _profile_point(profile: dict) -> tuple[int, int, int]:
+    return profile["nodes"], profile["gpus_per_node"], profile["per_device_batch"]
+
+
+def replay(
+    trace: dict,
+    gpus: tuple[int, ...],
+    mapping: str = SYNC_MAPPINGS[0],
+    seed: int = 0,
+    noise: float = 0.0,
+    constants: dict | None = None,
+    modes: tuple[str, ...] = MODES,
+    fits: dict | None = None,
+) -> dict:
+    """One model over the node shapes of `gpus` GPUs per node (one value: that g alone; several: g a choice too),
+    every profile read with the seed's noise: each search mode's errors, coverage, regrets and knees against the
+    trace, each objective's choice confirmed by its own profiles (`constants` override default_constants). `fits`:
+    fits already made, by model, reads and settings (the tuning replays the same profiles many times)."""
     from tula_hpc.prediction import fit_and_predict
 
     name, meta = trace["name"], trace["meta"]
@@ -304,17 +367,26 @@ def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) 
     candidates = trace_candidates(points, train_samples)
     steps = {key: step for key, (step, _) in points.items()}
     split = sync_split(points, mapping)
+    constants = {**default_constants(job), **(constants or {})}
+    fits = {} if fits is None else fits
 
     def measure(c: dict) -> dict:
-        """The trace row stands in for a profile job."""
-        return trace_profile(c, job, split[_point(c)], grad_bytes)
+        """The trace row, with the seed's noise, stands in for a profile job."""
+        point = _point(c)
+        return trace_profile(c, job, split[point], grad_bytes, noise_factor(seed, name, point, noise))
+
+    def predict(profiles: list[dict], settings: dict) -> tuple:
+        reads = frozenset(map(_profile_point, profiles))
+        key = (name, mapping, noise, seed, gpus, repr(sorted(settings.items())), reads)
+        if key not in fits:
+            fits[key] = fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)
+        return fits[key]
 
     truth = true_candidates(job, candidates, steps, train_samples)
     result = {"model": name, "gpus_per_node": list(gpus), "candidates": len(candidates), "modes": {}}
-    for mode, (profiled, settings, record) in searched(job, candidates, measure).items():
-        model, loo, weight, rows = fit_and_predict(
-            job, [measure(c) for c in profiled], candidates, train_samples, NO_MEMORY, settings
-        )
+    for mode, (profiled, settings, record) in searched(job, candidates, measure, modes).items():
+        profiles = [measure(c) for c in profiled]
+        model, loo, weight, rows = predict(profiles, settings)
         chosen = {_key(c) for c in profiled}
         errors = [
             {
@@ -334,7 +406,9 @@ def replay(trace: dict, gpus: tuple[int, ...], mapping: str = SYNC_MAPPINGS[0]) 
             "leave_one_out": loo,
             "measurement_weight": weight,
             "errors": errors,
-            "choices": choices(rows, truth, job.objective),
+            "choices": confirmed_choices(
+                job, profiles, measure, lambda found, settings=settings: predict(found, settings)[3], truth, constants
+            ),
             "adaptive": record,
         }
     result["roughness"] = roughness(points, name)
@@ -364,12 +438,14 @@ def _median(values: list[float]) -> float | None:
 
 
 def mode_figures(cases: list[dict], mode: str) -> dict:
-    """One search mode's figures pooled over the replayed (model, g) cases."""
+    """One search mode's figures pooled over the replayed (model, g) cases of one seed."""
     errors = [e for case in cases for e in case["modes"][mode]["errors"]]
     picks = [
         dict(p, model=c["model"], gpus_per_node=c["gpus_per_node"]) for c in cases for p in c["modes"][mode]["choices"]
     ]
     regrets = {goal: [p[f"{goal}_regret"] for p in picks] for goal in ("time", "cost")}
+    shares = [p[f"{goal}_profile_cost_share"] for p in picks for goal in GOALS]
+    confirmed = [len(p[f"{goal}_confirmed"]) for p in picks for goal in GOALS]
     figures = {
         "unprofiled": len(errors),
         "median_error": _median([e["error"] for e in errors]),
@@ -383,6 +459,10 @@ def mode_figures(cases: list[dict], mode: str) -> dict:
         "worst_cost_regret": _largest(picks, "cost_regret"),
         "time_same_gpus_per_node_share": sum(p["time_same_gpus_per_node"] for p in picks) / len(picks),
         "cost_same_gpus_per_node_share": sum(p["cost_same_gpus_per_node"] for p in picks) / len(picks),
+        "profile_cost_share": statistics.fmean(shares),
+        "profile_cost_share_max": max(shares),
+        "confirming_profiles_mean": statistics.fmean(confirmed),
+        "tied_share": sum(p[f"{goal}_tied"] for p in picks for goal in GOALS) / (len(picks) * len(GOALS)),
     }
     for goal, values in regrets.items():
         figures[f"{goal}_regret_mean"] = statistics.fmean(values)
@@ -395,11 +475,13 @@ def mode_figures(cases: list[dict], mode: str) -> dict:
 
 
 def summarise(cases: list[dict], mode: str) -> dict:
-    """The summary object (fractions): `mode`'s figures, and full search's leave-one-out median."""
-    chosen, full = mode_figures(cases, mode), mode_figures(cases, "full")
+    """The summary object of one seed (fractions): `mode`'s figures, and full search's leave-one-out median."""
+    chosen = mode_figures(cases, mode)
+    partial = chosen if mode == "partial" else mode_figures(cases, "partial")
+    full = mode_figures(cases, "full") if "full" in cases[0]["modes"] else {"loo_median_error": None}
     return {
-        "partial_median_error": mode_figures(cases, "partial")["median_error"],
-        "partial_max_error": mode_figures(cases, "partial")["max_error"]["error"],
+        "partial_median_error": partial["median_error"],
+        "partial_max_error": partial["max_error"]["error"],
         "full_loo_median_error": full["loo_median_error"],
         "time_regret_mean": chosen["time_regret_mean"],
         "time_regret_max": chosen["time_regret_max"],
@@ -407,7 +489,29 @@ def summarise(cases: list[dict], mode: str) -> dict:
         "cost_regret_max": chosen["cost_regret_max"],
         "knee_same_share": chosen["knee_same_share"],
         "sigma1_coverage": chosen["sigma1_coverage"],
+        "profile_cost_share": chosen["profile_cost_share"],
     }
+
+
+# A worst case of mode_figures -> the figure that makes it the worst.
+WORST_OF = {"max_error": "error", "worst_time_regret": "time_regret", "worst_cost_regret": "cost_regret"}
+
+
+def over_seeds(per_seed: list[dict]) -> dict:
+    """Figures of several seeds in one: each number averaged, each worst case the worst of all seeds (with its seed),
+    each list joined."""
+    merged: dict = {}
+    for key, first in per_seed[0].items():
+        values = [figures[key] for figures in per_seed]
+        if any(v is None for v in values):
+            merged[key] = None
+        elif key in WORST_OF:
+            merged[key] = max((dict(v, seed=seed) for seed, v in enumerate(values)), key=lambda v: v[WORST_OF[key]])
+        elif isinstance(first, list):
+            merged[key] = [x for v in values for x in v]
+        else:
+            merged[key] = statistics.fmean(values)
+    return merged
 
 
 def verdicts(summary: dict, rough: float | None) -> dict:
@@ -429,23 +533,53 @@ def verdicts(summary: dict, rough: float | None) -> dict:
     return found
 
 
-def run(traces: Path, mapping: str = SYNC_MAPPINGS[0]) -> dict:
-    """Replay every model folder under `traces` at every homogeneous g; the result file's contents."""
+def replay_seed(loaded: list[dict], mapping: str, seed: int, noise: float, constants: dict | None = None) -> dict:
+    """Every model at each of its g alone (`cases`) and, where it has several, with g a choice (`shapes`)."""
+    cases = [replay(trace, (g,), mapping, seed, noise, constants) for trace in loaded for g in trace["gpus"]]
+    shapes = [replay(trace, tuple(trace["gpus"]), mapping, seed, noise, constants) for trace in loaded]
+    return {"cases": cases, "shapes": [case for case, trace in zip(shapes, loaded) if len(trace["gpus"]) > 1]}
+
+
+def load_traces(traces: Path) -> list[dict]:
     folders = sorted(p.parent for p in traces.glob("*/trace.yaml"))
     if not folders:
         raise SystemExit(f"{traces}: no <model>/trace.yaml folders to replay")
-    loaded = [read_trace(folder) for folder in folders]
-    cases = [replay(trace, (g,), mapping) for trace in loaded for g in trace["gpus"]]
-    shapes = [replay(trace, tuple(trace["gpus"]), mapping) for trace in loaded if len(trace["gpus"]) > 1]
-    default_mode = bench_job().search.mode
-    rough = [r for case in cases for r in case["roughness"]]
+    return [read_trace(folder) for folder in folders]
+
+
+def traces_roughness(loaded: list[dict]) -> list[dict]:
+    """Every model's roughness at each of its g: what no smooth model can beat, and the profiles' noise."""
+    return [
+        r
+        for trace in loaded
+        for g in trace["gpus"]
+        for r in roughness({k: v for k, v in trace["points"].items() if k[1] == g}, trace["name"])
+    ]
+
+
+def run(traces: Path, mapping: str = SYNC_MAPPINGS[0], seeds: int = SEEDS, noise: float | None = None) -> dict:
+    """Replay every model folder under `traces` at every homogeneous g, over `seeds` noise seeds at `noise` (None:
+    the traces' own roughness, the median); the result file's contents."""
+    loaded = load_traces(traces)
+    rough = traces_roughness(loaded)
     rough_median = _median([r["error"] for r in rough])
-    summary = summarise(cases, default_mode)
+    noise = rough_median if noise is None else noise
+    with multiprocessing.Pool(min(seeds, os.cpu_count() or 1)) as pool:
+        replays = pool.starmap(replay_seed, [(loaded, mapping, seed, noise) for seed in range(seeds)])
+    default_mode = bench_job().search.mode
+    summaries = [summarise(r["cases"], default_mode) for r in replays]
+    summary = over_seeds(summaries)
     return {
         "summary": summary,
         "verdicts": verdicts(summary, rough_median),
+        "summary_by_seed": summaries,
+        "noise": {
+            "seeds": seeds,
+            "sigma": noise,
+            "of": "the traces' roughness, the median" if noise == rough_median else "given",
+        },
         "roughness": {"median": rough_median, "count": len(rough), "max": _largest(rough, "error")},
-        "partial_largest_error": mode_figures(cases, "partial")["max_error"],
+        "partial_largest_error": over_seeds([mode_figures(r["cases"], "partial") for r in replays])["max_error"],
         "summary_mode": default_mode,
         "sync_mapping": mapping,
         "run_overheads": RUN_OVERHEADS,
@@ -455,12 +589,18 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0]) -> dict:
             "models": {t["name"]: t["meta"] for t in loaded},
             "gpus_per_node": {t["name"]: t["gpus"] for t in loaded},
             "max_nodes": list(MAX_NODES),
+            "constants": default_constants(bench_job()),
             "targets": TARGETS,
         },
-        "by_mode": {mode: mode_figures(cases, mode) for mode in MODES},
-        "node_shapes": {mode: mode_figures(shapes, mode) for mode in MODES} if shapes else None,
-        "details": cases,
-        "node_shape_details": shapes,
+        "by_mode": {mode: over_seeds([mode_figures(r["cases"], mode) for r in replays]) for mode in MODES},
+        "node_shapes": (
+            {mode: over_seeds([mode_figures(r["shapes"], mode) for r in replays]) for mode in MODES}
+            if replays[0]["shapes"]
+            else None
+        ),
+        "details_seed": 0,
+        "details": replays[0]["cases"],
+        "node_shape_details": replays[0]["shapes"],
     }
 
 
@@ -473,6 +613,11 @@ def report(result: dict) -> None:
     print(f"sync mapping: {result['sync_mapping']}; summary mode: {result['summary_mode']}")
     print(f"warm-up and epoch-end terms: {result['run_overheads']}")
     print(f"traces' roughness (vs batch neighbours), median: {_pct(result['roughness']['median'])}")
+    noise = result["noise"]
+    print(
+        f"every profile read with noise {_pct(noise['sigma'])} ({noise['of']}); figures averaged over "
+        f"{noise['seeds']} seeds"
+    )
     for key, v in result["verdicts"].items():
         target = v["target"]
         shown = f"{target[0]:.0%}-{target[1]:.0%}" if isinstance(target, tuple) else f"{target:.0%}"
@@ -497,7 +642,10 @@ def _report_modes(by_mode: dict) -> None:
             f"{_pct(figures['sigma1_coverage'])}; time regret mean {_pct(figures['time_regret_mean'])} max "
             f"{_pct(figures['time_regret_max'])} (same g as the best {_pct(figures['time_same_gpus_per_node_share'])});"
             f" cost regret mean {_pct(figures['cost_regret_mean'])} max {_pct(figures['cost_regret_max'])} (same g "
-            f"{_pct(figures['cost_same_gpus_per_node_share'])}); knee same {_pct(figures['knee_same_share'])}"
+            f"{_pct(figures['cost_same_gpus_per_node_share'])}); knee same {_pct(figures['knee_same_share'])}; "
+            f"{figures['confirming_profiles_mean']:.1f} confirming profiles a job, the search "
+            f"{_pct(figures['profile_cost_share'])} of the grid's device-seconds (largest "
+            f"{_pct(figures['profile_cost_share_max'])}); ties {_pct(figures['tied_share'])}"
         )
 
 
@@ -505,8 +653,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "trace_accuracy.json")
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ traces (default %(default)s)")
     parser.add_argument("--sync-mapping", choices=SYNC_MAPPINGS, default=SYNC_MAPPINGS[0], help="see the docstring")
+    parser.add_argument("--seeds", type=int, default=SEEDS, help="noise seeds averaged over (default %(default)s)")
+    parser.add_argument(
+        "--noise", type=float, help="the profiles' relative noise (default: the traces' roughness, the median)"
+    )
     args = parser.parse_args(argv)
-    return write_and_report(args.out, run(args.traces, args.sync_mapping), report)
+    return write_and_report(args.out, run(args.traces, args.sync_mapping, args.seeds, args.noise), report)
 
 
 if __name__ == "__main__":

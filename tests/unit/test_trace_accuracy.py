@@ -41,7 +41,7 @@ def write_trace(root: Path, gpus: tuple[int, ...] = (1,)) -> Path:
     folder = root / "synthetic"
     folder.mkdir(parents=True)
     (folder / "trace.yaml").write_text(
-        f"parameters: {PARAMETERS}\nbytes_per_parameter: {BYTES}\ntrain_samples: 8192\nepochs: 2\n"
+        f"parameters: {PARAMETERS}\nbytes_per_parameter: {BYTES}\ntrain_samples: 8192\nepochs: 2\nrecipe_batch: 64\n"
     )
     rows = ["placement,local_bsz,step_time,sync_time"]
     for g in gpus:
