@@ -1,4 +1,5 @@
-"""The report's figures: matplotlib without a display, PNGs written atomically, links relative to the report."""
+"""The report's figures: matplotlib without a display, PNGs written atomically, links relative to the report, and
+markdown tables."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .files import atomic_path  # noqa: E402
 
-__all__ = ["link", "plt", "save_png"]
+__all__ = ["link", "markdown_table", "plt", "save_png"]
 
 
 def link(target: Path, report: Path) -> str:
@@ -25,3 +26,12 @@ def save_png(fig, out: Path) -> None:
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """`rows` as a markdown table of `columns` (title, key, format); a missing or None value shows as "-"."""
+    head = "| " + " | ".join(title for title, _, _ in columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join(
+        "| " + " | ".join("-" if r.get(key) is None else format(r[key], fmt) for _, key, fmt in columns) + " |\n"
+        for r in rows
+    )

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from .figures import link, plt, save_png
+from .figures import link, markdown_table, plt, save_png
 from .files import read_json, write_text
 from .layout import node_shape
 from .performance import SYNC_KINDS
 from .records import FitResult, Selection, TrainSummary
+from .search_report import search_section, tie_sentence
 from .stage import stage_main
 from .training_report import strategy_section, time_terms
 
@@ -199,14 +200,6 @@ def plot_predicted_vs_measured(perfmodel: FitResult, summary: TrainSummary, sele
     save_png(fig, out)
 
 
-def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    head = "| " + " | ".join(title for title, _, _ in columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join(
-        "| " + " | ".join("-" if r.get(key) is None else format(r[key], fmt) for _, key, fmt in columns) + " |\n"
-        for r in rows
-    )
-
-
 def _deciding_figure(memory: dict) -> str:
     """Which of the allocator's figures sized the batch, the other beside it, and on CUDA the limit the trials found."""
     allocated, reserved = memory["fit"], memory["fit_reserved"]
@@ -374,24 +367,6 @@ def _model_section(plan: dict, perfmodel: FitResult) -> str:
         if loo["count"]
         else "no leave-one-out estimate (the profiles exactly identify the model)"
     )
-    search = perfmodel.search
-    adaptive = ""
-    if search["history"]:
-        adaptive = (
-            "\nAdaptive search added, each time the least certain candidate (error = how far the model was off "
-            f"before seeing it); stopped: {search['stopped']}.\n\n"
-            + _table(
-                search["history"],
-                [
-                    ("N", "nodes", "d"),
-                    ("B", "batch", "d"),
-                    ("uncertainty", "uncertainty", ".1%"),
-                    ("predicted step (s)", "predicted_step_s", ".5f"),
-                    ("measured step (s)", "measured_step_s", ".5f"),
-                    ("error", "rel_error", ".1%"),
-                ],
-            )
-        )
     notes = "".join(f"\n- {note}" for note in perfmodel.notes)
     return f"""## Performance model ({plan["mode"]} search, {len(perfmodel.profiled)} of {
         len(plan["candidates"])
@@ -413,9 +388,9 @@ Not identified by these profiles: {", ".join(unidentified) if unidentified else 
 Fit error on the profiles (RMS) {p["rms_rel_error"]:.1%}; {quality}. A profiled candidate's step below counts its own
 measurement with weight {
         perfmodel.measurement_weight:.2f} against the model (its out-of-sample error against the profile noise).
-{adaptive}
+{search_section(perfmodel)}
 {
-        _table(
+        markdown_table(
             perfmodel.profiled,
             [
                 ("N", "nodes", "d"),
@@ -493,13 +468,13 @@ def _choice(
 ## Choice
 **{node_shape(chosen)}, global batch {chosen["batch"]}** ({chosen["per_device_batch"]} per device), chosen to
 minimise **{selection.objective}** ({selection.pricing} pricing). Predicted training time {chosen["time_s"]:.2f} s
-(+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}
+(+-{chosen["rel_uncertainty"]:.0%}), cost {chosen["cost"]:.5g}. {_constraints(selection)}{tie_sentence(selection)}
 {_progress(selection, perfmodel)} {_cluster(plan, selection, summary)}
 Knees of the best-time-per-batch curve: Kneedle {knees["kneedle"]} (depends only on the sampled batch range),
 model-based {knees["model"]} (from there each doubling saves less than {selection.knee_min_saving:.0%} of the time); the
 knee objective used the {selection.knee_used or selection.knee_method} knee (asked for: `{selection.knee_method}`).
 
-{_table(selection.runners_up, RUNNER_UP_COLUMNS)}
+{markdown_table(selection.runners_up, RUNNER_UP_COLUMNS)}
 ![time vs batch]({links["time"]})
 
 ![cost surface]({links["cost"]})
@@ -546,7 +521,7 @@ headroom: largest per-device batch **{memory["max_batch_per_device"]}**{
     }.
 
 {
-        _table(
+        markdown_table(
             memory["probes"],
             [
                 ("probe batch", "batch", "d"),
@@ -569,7 +544,7 @@ def _every_candidate(perfmodel: FitResult) -> str:
     candidates = [c for row in _rows_by_shape(perfmodel.candidates).values() for c in row]
     return f"""### Every candidate
 {
-        _table(
+        markdown_table(
             candidates,
             [
                 ("N", "nodes", "d"),

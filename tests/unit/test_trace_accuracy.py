@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -75,8 +77,11 @@ def test_sync_mappings_split_the_step(tmp_path):
 
 
 def test_exact_trace_replays_without_error(tmp_path):
+    """No noise: partial search predicts the exact trace, confirms its choices at a share of the grid's cost and
+    chooses the true best."""
     out = tmp_path / "result.json"
-    assert bench.main(["--traces", str(write_trace(tmp_path / "traces")), "--out", str(out)]) == 0
+    traces = write_trace(tmp_path / "traces")
+    assert bench.main(["--traces", str(traces), "--out", str(out), "--noise", "0", "--seeds", "1"]) == 0
     result = json.loads(out.read_text())
     assert next(iter(result)) == "summary"
     summary = result["summary"]
@@ -90,6 +95,7 @@ def test_exact_trace_replays_without_error(tmp_path):
         "cost_regret_max",
         "knee_same_share",
         "sigma1_coverage",
+        "profile_cost_share",
     ]
     assert summary["partial_max_error"] < 1e-3
     assert summary["full_loo_median_error"] < 1e-3
@@ -116,7 +122,7 @@ def test_an_epochs_last_smaller_step_is_timed_by_the_trace_between_its_batches()
 def test_gpus_per_node_as_a_choice_replays_without_error_and_chooses_the_best_shape(tmp_path):
     """1 or 2 GPUs per node in one grid: partial search over node shapes predicts every unprofiled shape exactly
     and the time and cost objectives choose the true best shape."""
-    result = bench.run(write_trace(tmp_path, gpus=(1, 2)))
+    result = bench.run(write_trace(tmp_path, gpus=(1, 2)), seeds=1, noise=0.0)
     assert [case["gpus_per_node"] for case in result["details"]] == [[1], [2]]
     (case,) = result["node_shape_details"]
     assert case["gpus_per_node"] == [1, 2]
@@ -125,3 +131,32 @@ def test_gpus_per_node_as_a_choice_replays_without_error_and_chooses_the_best_sh
     assert partial["max_error"]["error"] < 1e-3
     assert partial["time_regret_max"] == pytest.approx(0.0, abs=1e-9)
     assert partial["time_same_gpus_per_node_share"] == partial["cost_same_gpus_per_node_share"] == 1.0
+
+
+def test_each_profile_read_has_its_seeds_noise_at_the_given_level():
+    """The same configuration reads the same within a seed, another seed reads otherwise; over many reads the log
+    of the factor has the given standard deviation; no noise reads the trace as it is."""
+    point = (2, 4, 64)
+    assert bench.noise_factor(3, "cifar10", point, 0.05) == bench.noise_factor(3, "cifar10", point, 0.05)
+    assert bench.noise_factor(3, "cifar10", point, 0.05) != bench.noise_factor(4, "cifar10", point, 0.05)
+    assert bench.noise_factor(3, "cifar10", point, 0.0) == 1.0
+    logs = [math.log(bench.noise_factor(seed, "m", (n, 1, 32), 0.05)) for seed in range(20) for n in range(1, 51)]
+    assert statistics.pstdev(logs) == pytest.approx(0.05, rel=0.1) and abs(statistics.fmean(logs)) < 0.005
+
+
+def test_noisy_reads_are_averaged_over_seeds_and_the_search_confirms_within_its_limit(tmp_path):
+    """With noise the unprofiled candidates are off by about the noise, the summary is the seeds' mean, and each
+    job's confirming profiles stay within search.confirm and cost less than the whole grid."""
+    result = bench.run(write_trace(tmp_path), seeds=2, noise=0.05)
+    assert result["noise"] == {"seeds": 2, "sigma": 0.05, "of": "given"}
+    by_seed = result["summary_by_seed"]
+    assert result["summary"]["time_regret_mean"] == pytest.approx(
+        statistics.fmean(s["time_regret_mean"] for s in by_seed)
+    )
+    assert by_seed[0] != by_seed[1]
+    assert 0.005 < result["summary"]["partial_median_error"] < 0.2
+    limit = bench.default_constants(bench.bench_job()).get("confirm")
+    for choice in result["details"][0]["modes"]["partial"]["choices"]:
+        for goal in bench.GOALS:
+            assert len(choice[f"{goal}_confirmed"]) <= limit
+            assert 0 < choice[f"{goal}_profile_cost_share"] < 1
