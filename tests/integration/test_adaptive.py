@@ -35,6 +35,7 @@ def test_adaptive_search_profiles_beyond_partial_and_resumes_without_measuring_a
         min_measure_s=0.1,
         max_attempts=1,
         adaptive={"tolerance": 1e-6, "max_profiles": 5},
+        confirm=0,  # adaptive search's own profiles alone (tests/integration/test_dag.py confirms a choice)
     )
     (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake_until_the_model(tmp_path)

@@ -63,7 +63,8 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     profiles = [f"profile/N{c['nodes']}_B{c['batch']}.json" for c in plan["profile"]]
     # Every stage writes exactly its declared outputs (and its own files under work/, logs under logs/).
     written = {str(p.relative_to(results)) for p in results.rglob("*") if p.is_file()}
-    assert written == set(DESIGN_OUTPUTS) | set(profiles)
+    # Partial search confirms its choice (search.confirm): the profiles it added are adaptive.json's.
+    assert written == set(DESIGN_OUTPUTS) | set(profiles) | {"adaptive.json"}
     assert {p.name for p in workdir.iterdir()} <= {"jobs.yaml", "results", "work", "logs", ".snakemake"}
     assert plan["mode"] == "partial" and len(plan["profile"]) < len(plan["candidates"])
     selection = json.loads((results / "selection.json").read_text())
@@ -72,6 +73,12 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     assert set(selection["knees"]) == {"kneedle", "model"} and selection["runners_up"]
     assert all(r["time_s"] > 0 and r["cost"] > 0 for r in selection["runners_up"])
     perfmodel = json.loads((results / "perfmodel.json").read_text())
+    confirm = perfmodel["search"]["confirm"]
+    assert confirm["limit"] == 3 and len(confirm["profiles"]) <= 3 and confirm["objective"] == "time"
+    assert len(perfmodel["profiled"]) == len(plan["profile"]) + len(confirm["profiles"])
+    if not confirm["stopped"].startswith("reached search.confirm"):  # it measured every configuration that could win
+        assert (chosen["nodes"], chosen["batch"]) in {(p["nodes"], p["batch"]) for p in perfmodel["profiled"]}
+    assert 0 < perfmodel["search"]["price"]["share"] <= 1.5  # profiles of a few steps; every candidate is ~1
     # N in {1, 2} on one host: one multi-rank size, so the intra-node latency comes from the prior.
     assert perfmodel["identified"]["intra_node_latency_s"] is False
     for name in plan["profile"]:
@@ -86,6 +93,7 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     assert evaluation["measured_train_time_s"] > 0 and evaluation["predicted_train_time_s"] > 0
     report = (results / "report.md").read_text()
     assert f"{chosen['nodes']} node(s), global batch {chosen['batch']}" in report
+    assert "was confirmed before it committed" in report and "device-seconds" in report
     assert (results / "time_vs_batch.png").read_bytes()[:4] == b"\x89PNG"
     # Checkpoints live in the work folder, never among the results.
     checkpoint = torch.load(workdir / "work" / "digits-cnn" / "train" / "checkpoint.pt", weights_only=False)

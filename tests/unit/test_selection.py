@@ -42,4 +42,3 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
     assert with_queue_waits(dataclasses.replace(job, launcher="local"), grid) == grid
     run = predicted_run(job, {**grid[1], "wait_s": 41.0})
     assert run["result_time_s"] == pytest.approx(101.0) and run["wait_s"] == 41.0
-
