@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from kneed import KneeLocator
 
-from .layout import node_shape
+from .layout import configuration, node_shape
 from .stage import StageError
 
 if TYPE_CHECKING:
@@ -243,16 +243,12 @@ def decide(
     }
 
 
-def _shape(c: dict) -> dict:
-    return {k: c[k] for k in ("nodes", "gpus_per_node", "batch") if k in c}
-
-
 def _tie_record(ties: list[dict], best: dict, chosen: dict, tie_sigmas: float) -> dict:
     """What selection.json and the report say of a tie: who tied, which the figure alone would take, the rule."""
     return {
-        "tied": [_shape(c) for c in ties],
-        "best_by_figure": _shape(best),
-        "chosen": _shape(chosen),
+        "tied": [configuration(c) for c in ties],
+        "best_by_figure": configuration(best),
+        "chosen": configuration(chosen),
         "tie_sigmas": tie_sigmas,
         "rule": TIE_RULE,
     }

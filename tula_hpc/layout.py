@@ -29,6 +29,12 @@ def node_shape(candidate: dict, nodes: str = "{} node(s)") -> str:
     return nodes.format(candidate["nodes"]) + (f" x {gpus} GPU(s)" if gpus else "")
 
 
+def configuration(candidate: dict) -> dict:
+    """The configuration a candidate (or a record of one) names: its nodes, GPUs per node where recorded, global
+    batch; what the choice, the confirming search and their records compare and keep."""
+    return {k: candidate[k] for k in ("nodes", "gpus_per_node", "batch") if k in candidate}
+
+
 def profile_name(candidate: dict, job: Job) -> str:
     """A candidate's profile file stem: N{n}_B{b} at the job's own GPUs per node (as before GPUs per node was a
     choice, so nothing profiled then changes name), N{n}_G{g}_B{b} at any other."""

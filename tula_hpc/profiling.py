@@ -19,7 +19,7 @@ from .allocation import release_allocation
 from .choice import decide
 from .config import fingerprint
 from .files import read_json, write_json
-from .layout import candidate_devices, profile_name, ranks_per_host
+from .layout import candidate_devices, configuration, profile_name, ranks_per_host
 from .performance import candidate_row, model_params
 from .prediction import fit_and_predict
 from .search import adaptive_search, adds_profiles, confirm_choice
@@ -183,7 +183,7 @@ def _confirm(job: Job, plan: dict, memory_path: Path | None, profiles: list[dict
         "band_sigmas": result["band_sigmas"],
         "profiles": result["confirmed"],
         "stopped": result["stopped"],
-        "chosen": {k: decision["chosen"][k] for k in ("nodes", "gpus_per_node", "batch") if k in decision["chosen"]},
+        "chosen": configuration(decision["chosen"]),
     }
 
 

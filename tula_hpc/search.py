@@ -23,6 +23,7 @@ import statistics
 import numpy as np
 
 from .choice import CONFIRM_BAND_SIGMAS, contenders, sigmas_behind
+from .layout import configuration
 from .performance import fit_profiles
 
 MODES = ("partial", "full", "adaptive")
@@ -229,10 +230,6 @@ def adaptive_search(
     }
 
 
-def _shape(candidate: dict) -> dict:
-    return {k: candidate[k] for k in ("nodes", "gpus_per_node", "batch") if k in candidate}
-
-
 def confirm_choice(
     profiles: list[dict],
     measure,
@@ -256,7 +253,7 @@ def confirm_choice(
         rows = predict(profiles)
         decision = decide(rows)
         goal = decision["goal"]
-        waiting = [c for c in contenders(decision["pool"], goal, band_sigmas) if _shape(c) not in measured]
+        waiting = [c for c in contenders(decision["pool"], goal, band_sigmas) if configuration(c) not in measured]
         if not waiting:
             stopped = "no unmeasured rival can still win within its band"
             break
@@ -265,10 +262,10 @@ def confirm_choice(
             break
         candidate, best = waiting[0], decision["pool"][0]
         profile = measure(candidate)
-        measured.append(_shape(candidate))
+        measured.append(configuration(candidate))
         confirmed.append(
             {
-                **_shape(candidate),
+                **configuration(candidate),
                 "role": "best" if candidate is best else "rival",
                 "sigmas_behind": 0.0 if candidate is best else float(sigmas_behind(candidate, best, goal)),
                 "predicted_step_s": candidate["step_s"],
