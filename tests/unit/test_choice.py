@@ -5,9 +5,11 @@ import pytest
 
 from tests.unit.candidates import GRID, candidate, curve, objective
 from tula_hpc.choice import (
+    TIE_SIGMAS,
     InfeasibleError,
     best_time_per_batch,
     contenders,
+    decide,
     kneedle_knee,
     model_knee,
     select,
@@ -133,7 +135,8 @@ def test_configurations_tied_within_the_noise_go_to_the_fewest_devices_then_the_
         candidate(2, 256, 100.5, 2.0, 0.03),
         candidate(1, 128, 150.0, 1.5, 0.03),  # 16 sigma behind
     ]
-    result = select(grid, "node_hour", objective(minimize="time"), RECIPE_BATCH)
+    time = objective(minimize="time")
+    result = decide(grid, time, RECIPE_BATCH, tie_sigmas=0.5)
     assert (result["chosen"]["nodes"], result["chosen"]["batch"]) == (1, 1024)
     assert result["tie"]["best_by_figure"] == {"nodes": 2, "batch": 1024}
     assert result["tie"]["tied"] == [
@@ -142,11 +145,21 @@ def test_configurations_tied_within_the_noise_go_to_the_fewest_devices_then_the_
         {"nodes": 1, "batch": 1024},
     ]
     assert "fewest devices" in result["tie"]["rule"]
-    two_nodes = select(grid[::2], "node_hour", objective(minimize="time"), RECIPE_BATCH)["chosen"]
+    two_nodes = decide(grid[::2], time, RECIPE_BATCH, tie_sigmas=0.5)["chosen"]
     assert (two_nodes["nodes"], two_nodes["batch"]) == (2, 256)  # same devices: the batch nearer 128
     exact = [{**c, "rel_uncertainty": 0.0} for c in grid]
-    result = select(exact, "node_hour", objective(minimize="time"), RECIPE_BATCH)
+    result = decide(exact, time, RECIPE_BATCH, tie_sigmas=0.5)
     assert (result["chosen"]["nodes"], result["chosen"]["batch"]) == (2, 1024) and result["tie"] is None
+
+
+def test_by_default_only_equal_figures_tie_and_the_selection_says_so():
+    """TIE_SIGMAS is 0 (chosen out of fold): 1 % apart within the noise is no tie; equal times are."""
+    grid = [candidate(2, 1024, 100.0, 2.0, 0.03), candidate(1, 1024, 101.0, 1.0, 0.03)]
+    assert TIE_SIGMAS == 0.0
+    assert select(grid, "node_hour", objective(minimize="time"), RECIPE_BATCH)["chosen"]["nodes"] == 2
+    equal = [grid[0], {**grid[1], "time_s": 100.0, "cost": 2.0}]  # equal in time and cost: the fewer nodes
+    result = select(equal, "node_hour", objective(minimize="time"), RECIPE_BATCH)
+    assert result["chosen"]["nodes"] == 1 and result["tie"]["best_by_figure"] == {"nodes": 2, "batch": 1024}
 
 
 def test_ties_hold_for_every_objective_goodput_included():
@@ -155,7 +168,7 @@ def test_ties_hold_for_every_objective_goodput_included():
         {**candidate(1, 512, 100.0, 1.0, 0.05), "progress_time_s": 51.0, "progress_cost": 0.51},
     ]
     for goal in ("time", "cost", "goodput", "goodput_cost"):
-        chosen = select(grid, "node_hour", objective(minimize=goal), RECIPE_BATCH)["chosen"]
+        chosen = decide(grid, objective(minimize=goal), RECIPE_BATCH, tie_sigmas=0.5)["chosen"]
         assert chosen["nodes"] == 1, goal
 
 
@@ -167,6 +180,10 @@ def test_contenders_are_the_unmeasured_best_then_the_rivals_within_the_band_like
     beyond = {**candidate(1, 128, 125.0, 1.0, 0.05), "profiled": False}  # 3.2 sigma
     pool = [best, closer_measured, close, far, beyond]
     shapes = [(c["nodes"], c["batch"]) for c in contenders(pool, "time")]
-    assert shapes == [(2, 1024), (1, 1024), (1, 256)]
-    assert [(c["nodes"], c["batch"]) for c in contenders(pool, "time", band_sigmas=1.0)] == [(2, 1024), (1, 1024)]
+    assert shapes == [(2, 1024), (1, 1024)]  # one combined band (CONFIRM_BAND_SIGMAS)
+    assert [(c["nodes"], c["batch"]) for c in contenders(pool, "time", band_sigmas=2.0)] == [
+        (2, 1024),
+        (1, 1024),
+        (1, 256),
+    ]
     assert contenders([{**best, "profiled": True}, closer_measured], "time") == []
