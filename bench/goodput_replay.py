@@ -24,7 +24,7 @@ shape. The step model is the trace itself (no fit error: trace_accuracy judges t
 Modelling choices (the replay's, not measurements):
 - a batch B between two traced curves runs on a curve interpolated row by row (each row one B0 epoch of progress)
   linearly in log B between the two nearest: progress, metric, |G|^2 and the variance alike; a traced B is its curve;
-- progress per step is AdaScale's gain (noise_scale.adascale_gain) at scale B / B0 with the statistics of the row
+- progress per step is AdaScale's gain (progress.adascale_gain) at scale B / B0 with the statistics of the row
   whose progress stretch it is in, as statistical_efficiency.predicted_iterations computes it for that curve (the
   "own" model, its median error on these curves is statistical_efficiency.json's pollux_iterations_median_error);
   within a row the gain is constant, so the iterations to a progress are linear between rows;

@@ -8,7 +8,7 @@ adaptdl/torch/adascale.py at the same commit, scales its two-batch estimate to t
 epoch of progress.
 
 Prediction: the iterations a batch B needs to reach each row's progress, from the noise scale, with the gain
-noise_scale.adascale_gain (McCandlish's S(B) = S_min (1 + B_noise / B) in AdaScale's form):
+progress.adascale_gain (McCandlish's S(B) = S_min (1 + B_noise / B) in AdaScale's form):
     iterations(row k) = sum over rows j <= k of (progress_j - progress_{j-1}) / gain(|G|^2_j, sigma^2_j, B / B0)
 - "own": the statistics the batch's own trace records (what a run measuring its noise scale as it trains knows);
 - "from B0": the statistics the B0 run recorded at the same progress (what a noise scale measured at the small
@@ -45,7 +45,7 @@ import efficiency_fmnist
 from common import REPO, WORK, bench_job, bench_parser, provenance, verdict, write_and_report
 
 from tula_hpc.files import write_json
-from tula_hpc.noise_scale import adascale_gain
+from tula_hpc.progress import adascale_gain
 
 TRACES = REPO / "bench" / "data" / "pollux"
 TARGET = 0.10  # issue 26: iterations to each batch's progress within 10 % median

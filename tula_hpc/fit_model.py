@@ -13,9 +13,9 @@ import numpy as np
 from .allocation import release_allocation
 from .files import read_json
 from .layout import node_shape
-from .noise_scale import measured_noise_scale
 from .performance import model_params, profile_row
 from .prediction import fit_and_predict
+from .progress import measured_noise_scale
 from .records import FitResult
 from .run_overhead import fit_overheads
 from .search import search_price

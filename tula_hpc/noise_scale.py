@@ -16,19 +16,15 @@ does anyway (no second collective of the model, no extra forward or backward pas
 and folds them into the averages at `end_step` with device arithmetic only (no host synchronisation per step).
 Each rank's |g_small|^2 is its own sample; `read` averages the ranks' estimates with one all-reduce of two scalars,
 which an epoch's end or a profile's end can afford.
+
+What a noise scale means for the steps a batch needs (AdaScale's gain, the recipe's progress) is progress.py's, which
+imports no torch: the stages that only plan, fit and choose run on a login node.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from .job import TrainSettings
 
 # Weight of a step's estimate in the moving averages: about the last 1/(1 - SMOOTHING) = 100 steps.
 SMOOTHING = 0.99
@@ -41,34 +37,6 @@ def two_batch_estimates(small_sq, big_sq, small_batch: float, big_batch: float):
     gradient_sq = (big_batch * big_sq - small_batch * small_sq) / (big_batch - small_batch)
     trace = (small_sq - big_sq) / (1 / small_batch - 1 / big_batch)
     return gradient_sq, trace
-
-
-def adascale_gain(gradient_sq, trace_at_base, scale):
-    """AdaScale's gain r = (sigma^2 + |G|^2) / (sigma^2 / s + |G|^2) (Johnson et al., ICML 2020): how many steps of the
-    base batch one step at s times it is worth. sigma^2 = tr(Sigma) / B_base, the gradient's variance at the base
-    batch; r runs from 1 (no noise: a larger batch buys nothing) to s (all noise: s base steps at once). Equal to
-    McCandlish's (1 + B_noise / B_base) / (1 + B_noise / B)."""
-    return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
-
-
-def recipe_steps(train_cfg: TrainSettings, train_samples: int) -> int:
-    """The steps of the user's recipe, train.epochs at train.lr_base_batch: the progress AdaScale and the goodput
-    objectives train to."""
-    return train_cfg.epochs * math.ceil(train_samples / train_cfg.lr_base_batch)
-
-
-def steps_to_progress(base_steps: float, b_noise: float, base_batch: int, batch: int) -> float:
-    """Steps at `batch` that make the progress of `base_steps` at `base_batch`: S(B) = S_min (1 + B_noise / B)
-    (McCandlish et al.), so base_steps x (1 + B_noise / B) / (1 + B_noise / B_base)."""
-    return base_steps * (1 + b_noise / batch) / (1 + b_noise / base_batch)
-
-
-def measured_noise_scale(profiles: list[dict]) -> dict | None:
-    """The noise scale the profiles measured: the median B_noise over those that have one (multi-rank ones)."""
-    values = sorted(p["noise_scale"]["b_noise"] for p in profiles if (p.get("noise_scale") or {}).get("b_noise"))
-    if not values:
-        return None
-    return {"b_noise": statistics.median(values), "profiles": len(values), "range": [values[0], values[-1]]}
 
 
 class NoiseScale:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .layout import candidate_devices, last_batch, steps_per_epoch
-from .noise_scale import measured_noise_scale, recipe_steps, steps_to_progress
 from .performance import (
     PerfModel,
     candidate_row,
@@ -23,6 +22,7 @@ from .performance import (
     measurement_weight,
 )
 from .pricing import charge_factor, costs
+from .progress import measured_noise_scale, recipe_steps, steps_to_progress
 from .run_overhead import RunOverheads, epoch_times, fit_overheads, restarts, zero_terms
 from .stage import StageError
 
@@ -122,7 +122,7 @@ def fit_and_predict(
 
 def to_progress(rows: list[dict], job: Job, train_samples: int, b_noise: float) -> None:
     """Each candidate's steps, epochs, time and cost to the recipe's progress (train.epochs at train.lr_base_batch)
-    at the measured noise scale (noise_scale.steps_to_progress): what the goodput objectives compare. Time is
+    at the measured noise scale (progress.steps_to_progress): what the goodput objectives compare. Time is
     the steps times the predicted step, the warm-up and an epoch start for every epoch the steps run into after the
     first; cost scales with time under every pricing."""
     base_steps = recipe_steps(job.train, train_samples)

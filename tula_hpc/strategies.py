@@ -50,7 +50,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .ags import TulaOptimizer
 from .config import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
-from .noise_scale import NoiseScaleHook, adascale_gain, recipe_steps
+from .noise_scale import NoiseScaleHook
+from .progress import adascale_gain, recipe_steps
 
 if TYPE_CHECKING:
     from .job import TrainSettings

@@ -111,7 +111,7 @@ def test_node_shapes_sharing_nodes_and_batch_are_told_apart():
 def test_goodput_counts_the_steps_each_batch_needs_to_the_recipes_progress():
     """At B_noise = 256 the largest batches need many more epochs: time to the same progress is fastest at a
     middle batch, though time per recipe is fastest at the largest."""
-    from tula_hpc.noise_scale import steps_to_progress
+    from tula_hpc.progress import steps_to_progress
 
     grid = []
     for c in GRID:

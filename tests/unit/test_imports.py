@@ -6,6 +6,8 @@ Imports inside functions count too: a deferred import hides a cycle, it does not
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tula_hpc.cli import STAGES
@@ -71,3 +73,15 @@ def test_the_checks_see_deferred_imports_and_cycles():
     assert package_imports(source) == {"launch", "train", "probe_memory"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The stages that plan, profile (they only submit the timed steps), fit, choose and report run where Snakemake runs,
+# often a login node: torch costs them seconds per stage (5-6 s a stage with CUDA's libraries, issue 39).
+LOGIN_NODE_STAGES = ("plan", "profiling", "fit_model", "selection", "report")
+
+
+def test_the_stages_that_run_on_the_login_node_import_no_torch():
+    check = f"import sys; import {', '.join(f'tula_hpc.{m}' for m in LOGIN_NODE_STAGES)}; print(*sys.modules)"
+    modules = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert "torch" not in modules.stdout.split()
+    assert {f"tula_hpc.{m}" for m in LOGIN_NODE_STAGES} <= set(modules.stdout.split())

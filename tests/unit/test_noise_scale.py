@@ -64,32 +64,3 @@ def test_the_hook_needs_two_ranks_and_adds_nothing_for_a_step_that_did_not_sync(
     hook.end_step(8)
     assert hook.estimate.steps == 0
     assert torch.is_tensor(hook.estimate.gradient_sq)
-
-
-def test_adascale_gain_runs_from_one_without_noise_to_the_scale_with_only_noise():
-    from tula_hpc.noise_scale import adascale_gain
-
-    assert adascale_gain(1.0, 0.0, 32) == 1.0
-    assert adascale_gain(0.0, 1.0, 32) == pytest.approx(32.0)
-    # McCandlish's form: B_noise = 512 at a base batch of 128, a batch of 4096 (s = 32)
-    gradient_sq, b_noise, base = 2.0, 512.0, 128
-    gain = adascale_gain(gradient_sq, b_noise * gradient_sq / base, 4096 / base)
-    assert gain == pytest.approx((1 + b_noise / base) / (1 + b_noise / 4096))
-
-
-def test_steps_to_the_same_progress_follow_the_noise_scale():
-    from tula_hpc.noise_scale import steps_to_progress
-
-    assert steps_to_progress(1000, 0.0, 128, 4096) == 1000  # no noise: every batch needs the recipe's steps
-    assert steps_to_progress(1000, 512.0, 128, 128) == 1000
-    # far below B_noise a batch 32x larger needs nearly 32x fewer steps; far above it, no fewer
-    assert steps_to_progress(1000, 1e9, 128, 4096) == pytest.approx(1000 / 32, rel=1e-4)
-    assert steps_to_progress(1000, 512.0, 128, 4096) == pytest.approx(1000 * (1 + 512 / 4096) / (1 + 512 / 128))
-
-
-def test_the_profiles_noise_scale_is_the_median_of_those_that_measured_one():
-    from tula_hpc.noise_scale import measured_noise_scale
-
-    profiles = [{"noise_scale": None}, {}, *({"noise_scale": {"b_noise": b}} for b in (100.0, 300.0, 200.0, 900.0))]
-    assert measured_noise_scale(profiles) == {"b_noise": 250.0, "profiles": 4, "range": [100.0, 900.0]}
-    assert measured_noise_scale([{"noise_scale": None}]) is None

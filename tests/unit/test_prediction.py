@@ -89,8 +89,8 @@ def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_ap
 
 
 def test_time_to_the_recipes_progress_counts_the_steps_the_batch_needs():
-    from tula_hpc.noise_scale import steps_to_progress
     from tula_hpc.prediction import to_progress
+    from tula_hpc.progress import steps_to_progress
 
     job = default_job(train={"epochs": 10, "lr_base_batch": 100, "lr_milestones": []})
     row = {"batch": 400, "step_s": 0.5, "steps_per_epoch": 25, "time_s": 125.0, "cost": 2.0}
