@@ -74,7 +74,7 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     assert all(r["time_s"] > 0 and r["cost"] > 0 for r in selection["runners_up"])
     perfmodel = json.loads((results / "perfmodel.json").read_text())
     confirm = perfmodel["search"]["confirm"]
-    assert confirm["limit"] == 3 and len(confirm["profiles"]) <= 3 and confirm["objective"] == "time"
+    assert confirm["limit"] == 3 and len(confirm["profiles"]) <= 3 and confirm["objective"] == selection["objective"]
     assert len(perfmodel["profiled"]) == len(plan["profile"]) + len(confirm["profiles"])
     if not confirm["stopped"].startswith("reached search.confirm"):  # it measured every configuration that could win
         assert (chosen["nodes"], chosen["batch"]) in {(p["nodes"], p["batch"]) for p in perfmodel["profiled"]}
