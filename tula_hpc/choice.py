@@ -20,9 +20,9 @@ Noise. Each candidate's figure (time, cost, time to progress) carries its relati
 Two candidates *tie* when their figures differ by at most TIE_SIGMAS of their combined band (0: only equal
 figures, see the constants' comment); among the
 configurations tied with the best the choice follows TIE_RULE. A rival *can still win* when its figure lies within
-CONFIRM_BAND_SIGMAS of their combined band of the best's (`contenders`): the search measures those before it
-commits. Both constants were chosen on one of the two tuned GPU traces and judged on the other, both ways
-(bench/trace_accuracy.py --tune; issue 41's closing note).
+CONFIRM_BAND_SIGMAS of their combined band of the best's (`contenders`), and so can the best one node count down
+(`node_step_rival`): the search measures those before it commits. Both constants were chosen on one of the two
+tuned GPU traces and judged on the other, both ways (bench/trace_tuning.py; issue 41's closing note).
 """
 
 from __future__ import annotations
@@ -203,11 +203,26 @@ def tie_break(ties: list[dict], recipe_batch: int, goal: str) -> dict:
 
 def contenders(pool: list[dict], goal: str, band_sigmas: float = CONFIRM_BAND_SIGMAS) -> list[dict]:
     """The unmeasured configurations that can still win: the best where it is unmeasured, then every rival within
-    `band_sigmas` of their combined band of the best's, the most likely to win first."""
+    `band_sigmas` of their combined band of the best's, the most likely to win first, then `node_step_rival`."""
     best = pool[0]
     rivals = [c for c in pool[1:] if sigmas_behind(c, best, goal) <= band_sigmas]
     rivals.sort(key=lambda c: sigmas_behind(c, best, goal))
+    if not any(c["nodes"] != best["nodes"] for c in rivals):
+        rivals += node_step_rival(pool)
     return [c for c in [best, *rivals] if not c.get("profiled", False)]
+
+
+def node_step_rival(pool: list[dict]) -> list[dict]:
+    """The best configuration one node count down from the best's (up where it has the fewest): a rival whatever
+    its band. The worst choices on GPU traces of models nobody tuned for were all a step in node count the model
+    believed in, a sync across nodes it took for cheap (issue 41); only measuring both sides of the step tells."""
+    best = pool[0]
+    fewer = [c["nodes"] for c in pool if c["nodes"] < best["nodes"]]
+    more = [c["nodes"] for c in pool if c["nodes"] > best["nodes"]]
+    if not fewer and not more:
+        return []
+    nodes = max(fewer) if fewer else min(more)
+    return [next(c for c in pool if c["nodes"] == nodes)]
 
 
 def decide(

@@ -187,3 +187,23 @@ def test_contenders_are_the_unmeasured_best_then_the_rivals_within_the_band_like
         (1, 256),
     ]
     assert contenders([{**best, "profiled": True}, closer_measured], "time") == []
+
+
+def test_the_best_one_node_count_down_is_a_rival_whatever_its_band():
+    """A model sure that 2 nodes beat 1 (a sync across nodes it takes for cheap) still has 1 node measured; the
+    fewest nodes' step is up; a rival of another node count within the band stands in for it."""
+    two = {**candidate(2, 256, 50.0, 2.0, 0.01), "profiled": True}
+    one_small, one_large = ({**candidate(1, b, t, 1.0, 0.01), "profiled": False} for b, t in ((128, 90.0), (256, 80.0)))
+    four = {**candidate(4, 512, 60.0, 4.0, 0.01), "profiled": False}
+    pool = [two, four, one_large, one_small]  # the best first, by time
+    assert [(c["nodes"], c["batch"]) for c in contenders(pool, "time")] == [(1, 256)]
+    cheapest = [  # by cost: 1 node at the largest batch, far ahead within its band; 2 nodes unmeasured
+        {**candidate(1, 256, 80.0, 1.0, 0.01), "profiled": False},
+        {**candidate(1, 128, 90.0, 1.2, 0.01), "profiled": True},
+        {**candidate(2, 256, 50.0, 2.0, 0.01), "profiled": False},
+        four,
+    ]
+    assert [(c["nodes"], c["batch"]) for c in contenders(cheapest, "cost")] == [(1, 256), (2, 256)]
+    near = {**candidate(4, 256, 50.2, 4.0, 0.01), "profiled": False}  # within one band, another node count
+    assert [(c["nodes"], c["batch"]) for c in contenders([two, near, four, one_large], "time")] == [(4, 256)]
+    assert contenders([two], "time") == []
