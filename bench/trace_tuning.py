@@ -21,18 +21,8 @@ import os
 from pathlib import Path
 
 from common import bench_parser, provenance, write_and_report
-from trace_accuracy import (
-    SEEDS,
-    SYNC_MAPPINGS,
-    TARGETS,
-    TRACES,
-    _median,
-    load_traces,
-    mode_figures,
-    over_seeds,
-    replay,
-    traces_roughness,
-)
+from trace_accuracy import SEEDS, SYNC_MAPPINGS, TRACES, load_traces, replay, traces_roughness
+from trace_figures import TARGETS, median_or_none, mode_figures, over_seeds
 
 CONFIRM = (0, 1, 2, 3, 4)
 BAND_SIGMAS = (1.0, 2.0, 3.0)
@@ -77,7 +67,7 @@ def _same_setting(a: dict, b: dict) -> bool:
 
 def run(traces: Path, mapping: str = SYNC_MAPPINGS[0], seeds: int = SEEDS, noise: float | None = None) -> dict:
     loaded = load_traces(traces)
-    rough = _median([r["error"] for r in traces_roughness(loaded)])
+    rough = median_or_none([r["error"] for r in traces_roughness(loaded)])
     noise = rough if noise is None else noise
     tasks = [(trace, band, mapping, seeds, noise) for trace in loaded for band in BAND_SIGMAS]
     with multiprocessing.Pool(min(len(tasks), os.cpu_count() or 1)) as pool:
