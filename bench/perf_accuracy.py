@@ -18,7 +18,7 @@ Each round then plays the role of one profiling campaign, judged against the oth
 - profiling cost: node-seconds the mode's profiles took (ranks x measurement wall time, warm-up, retries and
   back-off included; the launch overhead of real profile jobs is not counted), and its share of full's;
 - regrets: T and cost of every candidate come from `prediction.predict_candidates` on the round's profiles of
-  the mode, the choice from `selection.select`; regret = the measured T (cost) of the candidate chosen for the
+  the mode, the choice from `choice.select`; regret = the measured T (cost) of the candidate chosen for the
   `time` (`cost`) objective over that of the candidate chosen on the truth, minus 1 (the measured T is
   predict_candidates with every step the truth). knee: |ratio - 1| of the measured T of the two knees (the knee
   minimises nothing, so a miss to either side counts).

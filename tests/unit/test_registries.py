@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import default_job
-from tula_hpc import config, data, models, pricing, selection, strategies
+from tula_hpc import choice, config, data, models, pricing, strategies
 from tula_hpc.config import SCHEMA_PATH
 
 
@@ -43,7 +43,7 @@ def pricing_names() -> set[str]:
         (("model", "name"), lambda: set(models.BUILTINS)),
         (("data", "name"), lambda: set(data.LOADERS)),
         (("train", "strategy"), lambda: set(strategies.BUILDERS)),
-        (("objective", "minimize"), lambda: set(selection.GOALS) | {"knee"}),  # the knee: ranked apart (_rank)
+        (("objective", "minimize"), lambda: set(choice.GOALS)),
         (("objective", "pricing"), pricing_names),
     ],
 )
