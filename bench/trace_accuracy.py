@@ -18,7 +18,8 @@ choice too (`node_shapes`):
 - which candidates are profiled: search.planned (partial, full) and search.adaptive_search (adaptive), the
   job's own settings (partial_second_batch, adaptive tolerance);
 - a "profile" is read from the trace row instead of measured (`trace_profile`), with the keys profiling writes;
-- fit, predict, T and cost: prediction.fit_and_predict; choice: choice.select (with search.confirm_choice confirming it). No second implementation.
+- fit, predict, T and cost: prediction.fit_and_predict; choice: choice.decide, confirmed by search.confirm_choice
+  (each objective and max_nodes a job of its own), the truth's best by choice.select. No second implementation.
 
 Sync mapping (--sync-mapping, default "latent"): step_time excludes data loading, so data_s = 0; sync_time is the
 all-reduce left after backward ends, so compute_s = step_time - sync_time (forward, backward and the update:
