@@ -16,9 +16,9 @@ folder a tmpfs of TMPFS_SIZE) and corrupt_checkpoint (survivable where an older 
 the user must be told which file and what to do).
 Per trial: the fault and its moment (seconds, the stage whose job ran, the checkpoint's epoch and step), whether the
 DAG completed and after how many reruns, the wall time lost against the undisturbed run, training's restarts and
-the steps it computed twice (rank 0 traces each step it runs: train.StepTrace), whether the final weights equal
-the undisturbed run's (where both chose the same configuration: a fault during profiling may change the
-measurements and so the choice), and the final files that cannot be read. After each trial `make slurm-down` and
+the steps it computed twice (rank 0 traces each step it runs: loop_accounting.StepTrace), whether the final
+weights equal the undisturbed run's (where both chose the same configuration: a fault during profiling may change
+the measurements and so the choice), and the final files that cannot be read. After each trial `make slurm-down` and
 `make slurm-up` run: no daemon may outlive the first, and the second must work at once. The result file is written
 after every trial, so a bench stopped early keeps the trials it ran.
 """
@@ -44,7 +44,7 @@ from chaos_faults import DOWN_S, FAULTS, FULL_S, OUTAGE_S, POLL_S, SLURM, our_jo
 from common import bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
 
 from tula_hpc.files import write_json
-from tula_hpc.train import STEP_TRACE_ENV
+from tula_hpc.loop_accounting import STEP_TRACE_ENV
 
 SEARCH = {"warmup_steps": 2, "steps": 4}
 RESOURCES = {"checkpoint_every_steps": 1}  # a SIGKILL then costs only the step it interrupts

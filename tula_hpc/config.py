@@ -284,6 +284,36 @@ def _check_semantics(job: Job) -> None:
         )
     _check_gpus_per_node(job, fail)
     _check_gpu_job(job, fail)
+    _check_batch_schedule(job, fail)
+
+
+# strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, batch_schedule.py) makes no
+# sense with it
+ADAPTIVE_BATCH_REFUSED = {
+    "polo": "its local SGD all-reduces no gradients to measure the noise scale with, and its averaging period is "
+    "laid out in the first batch's steps"
+}
+
+
+def _check_batch_schedule(job: Job, fail) -> None:
+    """train.batch_schedule adaptive needs a strategy it makes sense with (ADAPTIVE_BATCH_REFUSED) and two ranks or
+    more, which measure the noise scale it follows."""
+    train = job.train
+    if train.batch_schedule != "adaptive":
+        return
+    if train.strategy in ADAPTIVE_BATCH_REFUSED:
+        fail(
+            "train.batch_schedule",
+            f"adaptive with strategy '{train.strategy}': {ADAPTIVE_BATCH_REFUSED[train.strategy]}; allowed: "
+            f"fixed, or any strategy but {', '.join(ADAPTIVE_BATCH_REFUSED)}",
+        )
+    ranks = job.search.nodes.max * max(1, job.search.gpus_per_node.max)
+    if ranks < 2:
+        fail(
+            "train.batch_schedule",
+            f"adaptive on at most {ranks} rank (search.nodes.max x search.gpus_per_node.max): the noise scale it "
+            f"follows is measured between two ranks or more; allowed: fixed, or search over 2 ranks or more",
+        )
 
 
 def _check_gpus_per_node(job: Job, fail) -> None:

@@ -7,6 +7,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -124,14 +125,14 @@ def failure_records(folder: str | Path) -> list[dict]:
 
 
 @contextlib.contextmanager
-def out_of_memory_ends_job_step(failure_dir: str | None):
-    """A rank that runs out of memory inside records it in `failure_dir` and ends the job step (`end_job_step`);
-    without `failure_dir` (called in-process) the error is raised."""
+def out_of_memory_ends_job_step(failure_dir: str | None, in_effect: Callable[[], dict] | None = None):
+    """A rank that runs out of memory inside records it in `failure_dir` (with `in_effect()`'s fields: what it ran
+    at) and ends the job step (`end_job_step`); without `failure_dir` (called in-process) the error is raised."""
     try:
         yield
     except Exception as err:
         if failure_dir and is_out_of_memory(err):
-            note = {"outcome": "out_of_memory", "error": str(err)[:500]}
+            note = {"outcome": "out_of_memory", "error": str(err)[:500], **(in_effect() if in_effect else {})}
             end_job_step(failure_dir, int(os.environ.get("RANK", "0")), note)
         raise
 

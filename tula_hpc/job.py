@@ -71,6 +71,7 @@ class TrainSettings:
     ags: AgsSettings
     lars: LarsSettings
     polo: PoloSettings
+    batch_schedule: str = "fixed"
 
 
 @dataclass(frozen=True)

@@ -132,3 +132,5 @@ class TrainSummary(StageRecord):
     gpus_per_node: int | None = optional()
     time_limit_min: int | None = optional()
     attempts: list[dict] | None = optional()
+    batch_schedule: str | None = optional()
+    optimizer_steps: int | None = optional()

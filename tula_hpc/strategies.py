@@ -296,9 +296,9 @@ class Strategy:
         """Whether training is done before its epochs are (a strategy that decides how long it trains)."""
         return False
 
-    def max_epochs(self, epochs: int) -> int:
-        """The most epochs the run may take for train.epochs."""
-        return epochs
+    def epochs_left(self, epochs: int, done: int) -> int:
+        """The most epochs the run may still take after `done` of train.epochs."""
+        return epochs - done
 
     def state_dict(self) -> dict:
         """What resumes beside the optimiser's state (the checkpoint keeps it)."""
@@ -412,9 +412,10 @@ class AdaScaleStrategy(Strategy):
     def finished(self) -> bool:
         return self.progress >= self.target
 
-    def max_epochs(self, epochs: int) -> int:
-        # the gain is at least min(1, s) (all noise: s; none: 1), so the recipe's progress takes at most this long
-        return math.ceil(self.target / (self.steps_at_batch * min(1.0, self.scale)))
+    def epochs_left(self, epochs: int, done: int) -> int:
+        # the gain is at least min(1, s) (all noise: s; none: 1), so the progress left takes at most this long at
+        # this batch (train.batch_schedule adaptive may have made some of it at another)
+        return max(0, math.ceil((self.target - self.progress) / (self.steps_at_batch * min(1.0, self.scale))))
 
     def end_epoch(self) -> dict:
         return {"adascale": {"progress": self.progress, "target": self.target, "gain": self.gain}}
@@ -431,14 +432,20 @@ def _world_size(net: nn.Module) -> int:
 
 
 def build_strategy(
-    net: nn.Module, train_cfg: TrainSettings, global_batch: int, steps_per_epoch: int, train_samples: int | None = None
+    net: nn.Module,
+    train_cfg: TrainSettings,
+    global_batch: int,
+    steps_per_epoch: int,
+    train_samples: int | None = None,
+    noise_scale: NoiseScaleHook | None = None,
 ) -> Strategy:
     """The strategy named by train_cfg.strategy for `net` (DDP-wrapped when there are several ranks).
 
     `train_samples` is an epoch's samples (default: `steps_per_epoch` full global batches); adascale trains to the
     recipe's steps over them. `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
     averaging period are laid out in steps. The step's precision (train.precision, train.channels_last)
-    runs on the device of `net`'s parameters.
+    runs on the device of `net`'s parameters. `noise_scale`: the hook an earlier strategy of the same run attached
+    (a DDP model takes one comm hook), kept with what it has measured when the batch changes.
     """
     name = train_cfg.strategy
     lr = peak_lr(train_cfg, global_batch)
@@ -459,7 +466,9 @@ def build_strategy(
     precision.attach_state(optimizer)
     samples = train_samples or steps_per_epoch * global_batch
     strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
-    if _world_size(net) > 1 and not polo:
+    if noise_scale is not None:
+        strategy.noise_scale = noise_scale
+    elif _world_size(net) > 1 and not polo:
         strategy.noise_scale = NoiseScaleHook(_world_size(net))
         strategy.noise_scale.attach(net)
     return strategy

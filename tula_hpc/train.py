@@ -14,16 +14,17 @@ when the loop goes on: the clock that closes an epoch or a mid-epoch save is rea
 Each epoch's `data_wait_s` (metrics.jsonl) is the part of it the loop waited for its loader, to set beside the
 profile's data part (which cannot overlap: profiling waits for every step). Epochs or parts of epochs that a
 kill, a preemption or running out of memory threw away are lost work; `train_time_with_lost_work_s`
-adds them, from a log rank 0 appends to every LOOP_LOG_EVERY_S seconds of the loop and on its way out.
+adds them, from a log rank 0 appends to as the loop goes and on its way out (loop_accounting.LoopClock).
+
+The batch. Under train.batch_schedule adaptive it is chosen again at every epoch's end (`Trainer.next_batch`,
+batch_schedule.py); the checkpoint keeps the batch in effect, so a resume sets up at it.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,14 +33,16 @@ import torch
 from torch import nn
 
 from . import launch
+from .batch_schedule import BatchSchedule, accumulation_for
 from .budget import budget_bytes, budget_source, device_memory, model_bytes
 from .checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
 from .cluster import train_job_minutes
 from .config import stage_settings
 from .data import loader_options, make_loader, start_epoch
 from .distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown
-from .files import append_jsonl, atomic_path, read_json, read_jsonl, write_json, write_jsonl
+from .files import append_jsonl, atomic_path, read_json, write_json, write_jsonl
 from .layout import steps_per_epoch as epoch_steps
+from .loop_accounting import LoopClock, StepTrace, TimedBatches, loop_time_s
 from .preemption import StopRequests
 from .records import Selection, TrainSummary
 from .stage import StageError, stage_main
@@ -49,54 +52,13 @@ from .training_step import build_for_job, clock_for, evaluate_accuracy, loop_ste
 if TYPE_CHECKING:
     from .job import Job
 
-LOOP_LOG_EVERY_S = 10.0
-STEP_TRACE_ENV = "TULA_STEP_TRACE"
-
-
-class LoopClock:
-    """Seconds this process spent in the epoch loop, appended to a log that survives the process.
-
-    Each process is one session; the loop time of all sessions together, kept or lost, is what the
-    run cost (`loop_time_s`).
-    """
-
-    def __init__(self, path: Path | None):
-        self.path, self.session, self.spent, self.logged = path, uuid.uuid4().hex[:12], 0.0, 0.0
-
-    def add(self, seconds: float, force: bool = False) -> None:
-        self.spent += seconds
-        if self.path is not None and (force or self.spent - self.logged >= LOOP_LOG_EVERY_S):
-            append_jsonl(self.path, {"session": self.session, "loop_s": self.spent})
-            self.logged = self.spent
-
-
-class StepTrace:
-    """Each step rank 0 finishes, appended as its number to the file TULA_STEP_TRACE names (none when unset): what
-    bench/chaos.py counts to find steps computed twice, which no log kept every LOOP_LOG_EVERY_S can tell after a
-    SIGKILL. One unbuffered line per step, so a kill loses none that finished."""
-
-    def __init__(self, is_main: bool):
-        path = os.environ.get(STEP_TRACE_ENV)
-        self.file = open(path, "a", buffering=1) if path and is_main else None  # noqa: SIM115 (open for the run)
-
-    def add(self, step: int) -> None:
-        if self.file is not None:
-            self.file.write(f"{step}\n")
-
-
-def loop_time_s(path: Path) -> float:
-    """Loop seconds of every session in the log (each session's last entry is its total)."""
-    if not Path(path).exists():
-        return 0.0
-    return sum({r["session"]: r["loop_s"] for r in read_jsonl(path)}.values())
-
 
 @dataclass
 class TrainState:
     """Everything of the run that resumes beside the model and the optimiser, as its checkpoint keeps it: finished
     epochs, samples per rank into the next one (the sampler's position), steps, the finished epochs' time and the
-    open epoch's time and data wait so far (saved mid-epoch), the steps it restarted at, the epochs' records, and
-    the strategy's and the noise estimator's own state (filled in when saving)."""
+    open epoch's time and data wait so far (saved mid-epoch), the steps it restarted at, the epochs' records, the
+    strategy's and the noise estimator's own state (filled in when saving), and the batch schedule's place."""
 
     epoch: int = 0
     samples_done: int = 0
@@ -108,6 +70,8 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     strategy: dict = field(default_factory=dict)
     noise_scale: dict | None = None
+    global_batch: int | None = None  # the batch in effect, once train.batch_schedule adaptive has changed it
+    optimizer_steps: int = 0  # every step taken, at whichever batch (`step` places the schedule at the current one)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -115,27 +79,6 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():
             setattr(self, key, value)
-
-
-class TimedBatches:
-    """A loader's batches, adding up the seconds the loop's host thread waited inside its `__next__` (`waited`).
-
-    That is the loader's share of training's time: on a GPU its work overlaps the steps still queued on the
-    device, which profiling's data part (every step waited for) cannot show.
-    """
-
-    def __init__(self, loader):
-        self.loader, self.waited = loader, 0.0
-
-    def __iter__(self):
-        batches = iter(self.loader)
-        while True:
-            asked = time.perf_counter()
-            batch = next(batches, None)
-            self.waited += time.perf_counter() - asked
-            if batch is None:
-                return
-            yield batch
 
 
 def train_worker(
@@ -148,16 +91,21 @@ def train_worker(
     selected_batch: int | None = None,
     failure_dir: str | None = None,
     loop_log_path: str | None = None,
+    schedule: BatchSchedule | None = None,
+    micro_cap: int | None = None,
 ) -> dict | None:
     """One training attempt on every rank, with the device limited to resources.device_memory_gb.
 
     `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
-    global batch, which names the run's checkpoint (default: global_batch). A rank that runs out of
-    memory records it in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
+    global batch, which names the run's checkpoint (default: global_batch). `schedule` (train.batch_schedule
+    adaptive) re-chooses the batch at epochs' ends, each computed in slices of at most `micro_cap` samples (set
+    after running out of memory). A rank that runs out of memory records it, with the batch and slice in effect,
+    in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
     Without `failure_dir` (called in-process) the error is raised instead.
     """
+    trainer = None
     try:
-        with out_of_memory_ends_job_step(failure_dir):
+        with out_of_memory_ends_job_step(failure_dir, lambda: trainer.batch_in_effect() if trainer else {}):
             trainer = Trainer(
                 job,
                 global_batch,
@@ -165,6 +113,8 @@ def train_worker(
                 Path(metrics_path),
                 accumulation,
                 selected_batch or global_batch,
+                schedule,
+                micro_cap,
             )
             summary = trainer.train(Path(model_path), Path(loop_log_path) if loop_log_path else None)
             shutdown()  # not on an error: a rank that fails ends the job step at once (end_job_step), peers and all
@@ -185,17 +135,16 @@ class Trainer:
         metrics_path: Path,
         accumulation: int,
         selected_batch: int,
+        schedule: BatchSchedule | None = None,
+        micro_cap: int | None = None,
     ):
-        self.job, self.global_batch, self.accumulation = job, global_batch, accumulation
+        self.job, self.accumulation, self.schedule, self.micro_cap = job, accumulation, schedule, micro_cap
         self.checkpoint_path, self.metrics_path = checkpoint_path, metrics_path
         self.ctx = ctx = init_distributed(job.resources.gpus_per_node > 0)
-        self.per_device = global_batch // ctx.world_size
         self.splits, self.model = build_for_job(job, ctx)
         device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(self.model), job)
         self.net = wrap_ddp(self.model, ctx)
-        self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
-        # The strategy (train.strategy) owns the optimiser, the per-step LR schedule and the hooks around the step.
-        self.strategy = build_strategy(self.net, job.train, global_batch, self.steps_per_epoch, len(self.splits.train))
+        self.loader_options = loader_options(job, ctx.device)
         # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older
         # one is ignored with a line saying so, not misread).
         self.run = {
@@ -204,22 +153,57 @@ class Trainer:
             "format": CHECKPOINT_FORMAT,
         }
         self.checkpointer = Checkpointer(checkpoint_path, self.run, ctx)
-        self.state = TrainState()
-        self.resumed_from = self.resume()
-        self.micro_batch = math.ceil(self.per_device / accumulation)
-        self.loader_options = loader_options(job, ctx.device)
+        self.state, self.strategy = TrainState(), None
+        checkpoint = self.checkpointer.load()
+        if checkpoint is not None:
+            self.state.load_state_dict(checkpoint["state"])
+        self.use_batch(self.state.global_batch or global_batch)  # the schedule's batch, where it changed it
+        self.resumed_from = self.resume(checkpoint)
+        del checkpoint
+        self.device_clock = clock_for(ctx.device)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.epochs = self.state.epoch + self.strategy.epochs_left(job.train.epochs, self.state.epoch)
+
+    def use_batch(self, global_batch: int) -> None:
+        """Train at `global_batch` from here: its per-device batch and slices, steps per epoch, loader, and the
+        strategy (train.strategy: the optimiser, the per-step LR schedule, the hooks around the step) built for it.
+
+        A strategy built before (a change of batch at an epoch's end) hands over the optimiser's state and its own,
+        placed at this batch's step of the epoch, as a resume from a checkpoint does; the noise scale hook stays.
+        """
+        ctx, previous = self.ctx, self.strategy
+        self.global_batch, self.per_device = global_batch, global_batch // ctx.world_size
+        if self.schedule is not None:
+            self.accumulation = accumulation_for(self.per_device, self.micro_cap)
+        self.micro_batch = math.ceil(self.per_device / self.accumulation)
+        self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
+        self.strategy = build_strategy(
+            self.net,
+            self.job.train,
+            global_batch,
+            self.steps_per_epoch,
+            len(self.splits.train),
+            noise_scale=previous.noise_scale if previous is not None else None,
+        )
+        if previous is not None:
+            self.state.step = self.state.epoch * self.steps_per_epoch
+            self.strategy.resume(previous.optimizer.state_dict(), self.state.step)
+            self.strategy.load_state_dict(previous.state_dict())
+            self.epochs = self.state.epoch + self.strategy.epochs_left(self.job.train.epochs, self.state.epoch)
         self.loader = make_loader(
             self.splits.train,
             self.per_device,
             rank=ctx.rank,
             world_size=ctx.world_size,
-            seed=job.train.seed,
+            seed=self.job.train.seed,
             shuffle=True,
             **self.loader_options,
         )
-        self.batches, self.device_clock = TimedBatches(self.loader), clock_for(ctx.device)
-        self.loss_fn = nn.CrossEntropyLoss()
-        self.epochs = self.strategy.max_epochs(job.train.epochs)  # adascale decides when it is done
+        self.batches = TimedBatches(self.loader)
+
+    def batch_in_effect(self) -> dict:
+        """The batch and the slice a device computes at once, as an out-of-memory record keeps them."""
+        return {"global_batch": self.global_batch, "accumulation": self.accumulation, "micro_batch": self.micro_batch}
 
     def train(self, model_path: Path, loop_log_path: Path | None) -> dict | None:
         """Every epoch left, each checkpointed; the final model and the summary (rank 0's; None elsewhere)."""
@@ -263,6 +247,7 @@ class Trainer:
                 )
                 loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
                 state.step, batches_done = state.step + 1, batches_done + 1
+                state.optimizer_steps += 1
                 self.trace.add(state.step)
                 saving = (stopping or self.checkpoint_due(state.step)) and batches_done < self.steps_per_epoch
                 if saving:
@@ -309,6 +294,8 @@ class Trainer:
             "lr": self.strategy.optimizer.param_groups[0]["lr"],
             **strategy_metrics,
         }
+        if self.schedule is not None:
+            record["batch_schedule"] = self.next_batch(strategy_metrics["noise_scale"])
         state.history.append(record)
         self.save(0, 0.0, 0.0)
         if self.ctx.is_main:
@@ -319,16 +306,30 @@ class Trainer:
                 flush=True,
             )
 
-    def resume(self) -> tuple[int, int] | None:
-        """The checkpoint of this run, restored into the model, the optimiser, the strategy, the noise estimator,
-        the state and this rank's RNGs; (epoch, step) resumed from, or None when there is none. Returning drops
-        the rest of the checkpoint: it must not hold device memory."""
-        checkpoint = self.checkpointer.load()
+    def next_batch(self, noise: dict | None) -> dict:
+        """train.batch_schedule adaptive at an epoch's end: the batch the epoch ran at, the one the schedule chooses
+        for the next from the noise scale measured so far (every rank reads the same), and the change made."""
+        ran = self.batch_in_effect()
+        choice = self.schedule.choose(self.global_batch, noise)
+        if choice["global_batch"] != self.global_batch and not self.strategy.finished():
+            self.use_batch(choice["global_batch"])
+            self.state.global_batch = self.global_batch
+            if self.ctx.is_main:
+                print(
+                    f"[train] batch {ran['global_batch']} -> {self.global_batch} at B_noise {choice['b_noise']:.3g} "
+                    f"({self.accumulation} slice(s) of {self.micro_batch} per device)",
+                    flush=True,
+                )
+        return {"ran": ran, **choice, "next": self.batch_in_effect()}
+
+    def resume(self, checkpoint: dict | None) -> tuple[int, int] | None:
+        """The checkpoint of this run (its state already read), restored into the model, the optimiser, the strategy,
+        the noise estimator and this rank's RNGs; (epoch, step) resumed from, or None when there is none. The caller
+        drops the rest of the checkpoint: it must not hold device memory."""
         if checkpoint is None:
             return None
         self.model.load_state_dict(checkpoint["model"])
         state = self.state
-        state.load_state_dict(checkpoint["state"])
         # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
         # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
         state.step = state.epoch * self.steps_per_epoch + math.ceil(state.samples_done / self.per_device)
@@ -367,6 +368,8 @@ class Trainer:
             "nodes": None,
             "global_batch": self.global_batch,
             "per_device_batch": self.per_device,
+            "batch_schedule": self.job.train.batch_schedule,
+            "optimizer_steps": state.optimizer_steps,
             "world_size": self.ctx.world_size,
             "accumulation": self.accumulation,
             "micro_batch": self.micro_batch,
@@ -422,14 +425,16 @@ def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world
 
 
 def _next_attempt(job: Job, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
-    """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk."""
+    """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk (its
+    slice only under train.batch_schedule adaptive, whose schedule owns the global batch)."""
     if not attempts:
         return chosen["batch"], 1
     last = attempts[-1]
     if last["outcome"] != "out_of_memory":
         attempts.pop()
         return last["global_batch"], last["accumulation"]
-    shrunk = after_out_of_memory(job.resources.on_oom, last["global_batch"], last["accumulation"], world_size)
+    on_oom = "keep_global_batch" if job.train.batch_schedule == "adaptive" else job.resources.on_oom
+    shrunk = after_out_of_memory(on_oom, last["global_batch"], last["accumulation"], world_size)
     if shrunk is None:
         raise StageError(
             f"job '{job.name}': training ran out of memory even with {last['micro_batch']} sample per device "
@@ -452,14 +457,38 @@ def stretched_to_progress(job: Job, chosen: dict) -> Job:
     return job.updated(train={"epochs": epochs, "lr_milestones": milestones})
 
 
-def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, work_dir: Path) -> TrainSummary:
+def batch_schedule_for(job: Job, perfmodel_path: Path | None, chosen: dict) -> BatchSchedule | None:
+    """train.batch_schedule adaptive's candidates, from perfmodel.json (None under fixed)."""
+    if job.train.batch_schedule != "adaptive":
+        return None
+    if perfmodel_path is None:
+        raise StageError(
+            f"job '{job.name}': field 'train.batch_schedule': adaptive chooses among the fitted model's candidates; "
+            f"give the train stage --perfmodel results/{job.name}/perfmodel.json"
+        )
+    try:
+        return BatchSchedule.for_run(job, read_json(perfmodel_path), chosen)
+    except ValueError as err:
+        raise StageError(f"{perfmodel_path}: {err}") from err
+
+
+def train(
+    job: Job,
+    selection_path: Path,
+    summary_path: Path,
+    model_path: Path,
+    work_dir: Path,
+    perfmodel_path: Path | None = None,
+) -> TrainSummary:
     """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
 
     Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
     last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
+    `perfmodel_path`: the fitted model's candidates, which train.batch_schedule adaptive chooses among.
     """
     selection = Selection.read(selection_path)
     chosen = selection.chosen
+    schedule = batch_schedule_for(job, perfmodel_path, chosen)
     job = stretched_to_progress(job, chosen)
     stage_dir = Path(work_dir) / "train"
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
@@ -492,6 +521,9 @@ def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, 
                 accumulation=accumulation,
                 selected_batch=chosen["batch"],
                 loop_log_path=str(stage_dir / "loop_time.jsonl"),
+                schedule=schedule,
+                # after running out of memory, the schedule's batches are computed in slices no larger
+                micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
             ),
             spec,
             stage_dir,
@@ -502,6 +534,11 @@ def train(job: Job, selection_path: Path, summary_path: Path, model_path: Path, 
             outcome=result.get("outcome", "completed"),
             **{k: result[k] for k in ("rank", "error", "noticed_after_s") if k in result},
         )
+        if out_of_memory is not None and "global_batch" in out_of_memory:  # what it ran at when it failed
+            attempt.update(
+                {k: out_of_memory[k] for k in ("global_batch", "accumulation", "micro_batch")},
+                per_device_batch=out_of_memory["global_batch"] // spec.world_size,
+            )
         write_json(log_path, {"selected": selected, "attempts": attempts})
         if attempt["outcome"] == "completed":
             break
@@ -530,9 +567,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--selection", required=True, type=Path, help="selection.json from the select stage")
         parser.add_argument("--summary", required=True, type=Path, help="results/{job}/train/summary.json")
         parser.add_argument("--model", required=True, type=Path, help="results/{job}/train/model.pt")
+        parser.add_argument(
+            "--perfmodel", type=Path, help="perfmodel.json: the candidates train.batch_schedule adaptive chooses among"
+        )
 
     def run(job: Job, args: argparse.Namespace) -> dict:
-        return train(job, args.selection, args.summary, args.model, args.work_dir)
+        return train(job, args.selection, args.summary, args.model, args.work_dir, args.perfmodel)
 
     return stage_main("train", add_args, run, argv)
 

@@ -73,10 +73,14 @@ def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:
         ticks = [hist["edges"][0], 1.0, hist["edges"][-1]]
         axes[0][2].set_xticks(ticks, labels=[f"{t:.3g}" for t in ticks])
         axes[0][2].minorticks_off()
+    ran = [(r["epoch"], r["batch_schedule"]["ran"]["global_batch"]) for r in history if "batch_schedule" in r]
     if noise:
-        _plot_noise_scale(axes[0][-1], noise, summary.global_batch)
+        _plot_noise_scale(axes[0][-1], noise, summary.global_batch, ran)
     save_png(fig, plot)
-    figure = f"\n\n![training]({link(plot, report)})\n{noise_scale_line(noise, summary.global_batch)}"
+    figure = (
+        f"\n\n![training]({link(plot, report)})\n{noise_scale_line(noise, summary.global_batch)}"
+        f"{batch_schedule_line(history)}"
+    )
     if not epochs:
         return f"\n## Training strategy\n`{strategy}`: no gradient scaling.{figure}"
     steps = sum(r["ags"]["steps"] for r in epochs)
@@ -89,11 +93,36 @@ def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:
     )
 
 
-def _plot_noise_scale(ax, noise: list[tuple[int, float]], batch: int) -> None:
+def _plot_noise_scale(ax, noise: list[tuple[int, float]], batch: int, ran: list[tuple[int, int]]) -> None:
+    """B_noise per epoch beside the global batch: each epoch's under train.batch_schedule adaptive (`ran`), else the
+    one trained throughout."""
     ax.plot([e for e, _ in noise], [b for _, b in noise], marker=".", label="B_noise")
-    ax.axhline(batch, color="black", linestyle=":", label=f"trained batch {batch}")
-    ax.set(yscale="log", xlabel="epoch", ylabel="gradient noise scale B_noise", title="noise scale over training")
+    if ran:
+        ax.plot([e for e, _ in ran], [b for _, b in ran], color="black", drawstyle="steps-mid", label="global batch")
+    else:
+        ax.axhline(batch, color="black", linestyle=":", label=f"trained batch {batch}")
+    title = "batch and noise scale over training" if ran else "noise scale over training"
+    ax.set(yscale="log", xlabel="epoch", ylabel="gradient noise scale B_noise", title=title)
     ax.legend(fontsize="small")
+
+
+def batch_schedule_line(history: list[dict]) -> str:
+    """train.batch_schedule adaptive's changes of batch, each with the noise scale that made it (none fixed)."""
+    schedule = [r for r in history if "batch_schedule" in r]
+    if not schedule:
+        return ""
+    changes = [
+        f"{r['batch_schedule']['ran']['global_batch']} -> {r['batch_schedule']['next']['global_batch']} after epoch "
+        f"{r['epoch']} (B_noise {r['batch_schedule']['b_noise']:.3g})"
+        for r in schedule
+        if r["batch_schedule"]["next"]["global_batch"] != r["batch_schedule"]["ran"]["global_batch"]
+    ]
+    start = schedule[0]["batch_schedule"]["ran"]["global_batch"]
+    said = "; ".join(changes) if changes else "no change: the goodput choice stayed at it"
+    return (
+        f"\nBatch schedule `adaptive` (chosen again by goodput at every epoch's end from the noise scale measured "
+        f"so far, at the node shape held): started at {start}; {said}.\n"
+    )
 
 
 def noise_scale_line(noise: list[tuple[int, float]], batch: int) -> str:

@@ -337,7 +337,7 @@ def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():
     net = nn.Linear(4, 2)
     strategy = build_strategy(net, _adascale_cfg(), global_batch=128, steps_per_epoch=5)
     assert strategy.noise_scale is None and strategy.scale == 4.0
-    assert strategy.target == 2 * 20 and strategy.max_epochs(2) == 8
+    assert strategy.target == 2 * 20 and strategy.epochs_left(2, 0) == 8
     rates = []
     while not strategy.finished():
         strategy.before_step(net, None, None, None)
@@ -347,6 +347,7 @@ def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():
     restored = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=128, steps_per_epoch=5)
     restored.load_state_dict(strategy.state_dict())
     assert restored.finished() and restored.end_epoch()["adascale"]["progress"] == 40
+    assert restored.epochs_left(2, 8) == 0  # no progress left: no epoch more
 
 
 def test_adascale_trains_to_the_recipes_steps_over_the_epochs_samples():
@@ -354,10 +355,10 @@ def test_adascale_trains_to_the_recipes_steps_over_the_epochs_samples():
     batch's steps scaled, which counts a partial last step whole); below the base batch the gain can fall to s,
     so the run may take up to 1 / s times the recipe's steps."""
     large = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=128, steps_per_epoch=5, train_samples=600)
-    assert large.target == 2 * 19 and large.max_epochs(2) == 8  # 38 steps of 32; 5 steps an epoch at gain >= 1
+    assert large.target == 2 * 19 and large.epochs_left(2, 0) == 8  # 38 steps of 32; 5 steps an epoch at gain >= 1
     small = build_strategy(nn.Linear(4, 2), _adascale_cfg(), global_batch=16, steps_per_epoch=38, train_samples=600)
-    assert small.target == 38 and small.max_epochs(2) == 2  # gain >= 1/2: up to 76 steps of 16
-    assert small.max_epochs(2) * small.steps_at_batch * small.scale >= small.target
+    assert small.target == 38 and small.epochs_left(2, 0) == 2  # gain >= 1/2: up to 76 steps of 16
+    assert small.epochs_left(2, 0) * small.steps_at_batch * small.scale >= small.target
 
 
 def _adascale_worker(rank: int, outdir: str) -> None:

@@ -8,23 +8,17 @@ import time
 import pytest
 import torch
 
+import tula_hpc.loop_accounting as loop_accounting
 import tula_hpc.train as train_module
 import tula_hpc.training_step as training_module
 from tests.conftest import default_job
 from tula_hpc.job import Job
+from tula_hpc.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
 from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.records import TrainSummary
 from tula_hpc.stage import StageError
 from tula_hpc.strategies import STRATEGIES
-from tula_hpc.train import (
-    STEP_TRACE_ENV,
-    LoopClock,
-    TimedBatches,
-    _next_attempt,
-    after_out_of_memory,
-    loop_time_s,
-    train_worker,
-)
+from tula_hpc.train import _next_attempt, after_out_of_memory, train_worker
 from tula_hpc.training_report import strategy_section
 
 
@@ -53,7 +47,7 @@ def _requeue_signal_during_step(monkeypatch, number: int) -> None:
 
 def _crashed_then_resumed(job: Job, folder, monkeypatch, module, function: str, at_call: int, batch: int = 256):
     """Training whose `module.function` raises at its `at_call`-th call (no signal, nothing saved on the way out), then
-    run again: (the resumed run's summary, its weights, every step rank 0 ran, in order: train.StepTrace)."""
+    run again: (the resumed run's summary, its weights, every step rank 0 ran, in order: loop_accounting.StepTrace)."""
     original, calls = getattr(module, function), []
 
     def crashing(*args, **kwargs):
@@ -191,7 +185,7 @@ def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
 
 
 def test_loop_time_counts_every_session_kept_or_lost(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_module, "LOOP_LOG_EVERY_S", 5.0)
+    monkeypatch.setattr(loop_accounting, "LOOP_LOG_EVERY_S", 5.0)
     log = tmp_path / "loop_time.jsonl"
     first, second = LoopClock(log), LoopClock(log)
     first.add(3.0)  # under the logging interval: not yet logged

@@ -63,6 +63,13 @@ def adaptive_manifest(wildcards):
     return []
 
 
+def batch_schedule_model(wildcards):
+    """perfmodel.json, whose candidates train.batch_schedule adaptive chooses among as training goes (none fixed)."""
+    if job_settings(config, wildcards.job).train.batch_schedule == "adaptive":
+        return [f"results/{wildcards.job}/perfmodel.json"]
+    return []
+
+
 def chosen_nodes(wildcards, input):
     """Processes the local launcher starts for training (1 while the selection is still unknown)."""
     try:

@@ -2,6 +2,7 @@
 rule train:
     input:
         "results/{job}/selection.json",
+        perfmodel=batch_schedule_model,
     output:
         summary="results/{job}/train/summary.json",
         model="results/{job}/train/model.pt",
@@ -14,6 +15,7 @@ rule train:
         timing_slot=1,
     params:
         settings=settings("train"),
+        perfmodel=lambda wildcards, input: f"--perfmodel {input.perfmodel}" if input.perfmodel else "",
     shell:
-        "tula-hpc train --job {wildcards.job} --selection {input}"
+        "tula-hpc train --job {wildcards.job} --selection {input[0]} {params.perfmodel}"
         " --summary {output.summary} --model {output.model} > {log} 2>&1"
