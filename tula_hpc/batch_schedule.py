@@ -64,8 +64,8 @@ class BatchSchedule:
 
     @classmethod
     def for_run(cls, job: Job, perfmodel: dict, chosen: dict) -> BatchSchedule:
-        shape = (chosen["nodes"], chosen.get("gpus_per_node"))
-        rows = tuple(r for r in perfmodel["candidates"] if (r["nodes"], r.get("gpus_per_node")) == shape)
+        shape = (chosen["nodes"], chosen.get("gpus_per_node") or 0)
+        rows = tuple(r for r in perfmodel["candidates"] if (r["nodes"], r.get("gpus_per_node") or 0) == shape)
         if not rows:
             raise ValueError(f"perfmodel.json has no candidate at the selected nodes/GPUs per node {shape}")
         return cls(job, rows, int(perfmodel["train_samples"]))

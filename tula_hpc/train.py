@@ -316,8 +316,8 @@ class Trainer:
             self.state.global_batch = self.global_batch
             if self.ctx.is_main:
                 print(
-                    f"[train] batch {ran['global_batch']} -> {self.global_batch} at B_noise {choice['b_noise']:.3g} "
-                    f"({self.accumulation} slice(s) of {self.micro_batch} per device)",
+                    f"[train] batch {ran['global_batch']} -> {self.global_batch} ({choice['reason']}, B_noise "
+                    f"{choice['b_noise']}; {self.accumulation} slice(s) of {self.micro_batch} per device)",
                     flush=True,
                 )
         return {"ran": ran, **choice, "next": self.batch_in_effect()}

@@ -113,7 +113,7 @@ def batch_schedule_line(history: list[dict]) -> str:
         return ""
     changes = [
         f"{r['batch_schedule']['ran']['global_batch']} -> {r['batch_schedule']['next']['global_batch']} after epoch "
-        f"{r['epoch']} (B_noise {r['batch_schedule']['b_noise']:.3g})"
+        f"{r['epoch']} (B_noise {r['batch_schedule']['b_noise'] or float('nan'):.3g})"
         for r in schedule
         if r["batch_schedule"]["next"]["global_batch"] != r["batch_schedule"]["ran"]["global_batch"]
     ]

@@ -109,3 +109,48 @@ def test_adascale_trains_until_the_base_recipes_progress_in_fewer_steps(tmp_path
     assert last["progress"] >= last["target"] == pytest.approx(base_steps, abs=2)
     assert 2 < summary["epochs"] <= summary["max_epochs"] == 8
     assert summary["steps"] < base_steps
+
+
+def _train_on_schedule(rank: int, port: int, job: Job, folder: str, schedule) -> None:
+    from tula_hpc.train import train_worker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    paths = {f"{name}_path": f"{folder}/{name}" for name in ("checkpoint", "model", "metrics")}
+    summary = train_worker(job, 32, **paths, schedule=schedule)
+    if summary is not None:
+        with open(f"{folder}/summary.json", "w") as f:
+            json.dump(summary, f)
+
+
+def test_an_adaptive_batch_follows_the_noise_scale_two_ranks_measure(tmp_path):
+    """train.batch_schedule adaptive on two gloo ranks: at each epoch's end the goodput choice among candidates whose
+    best batch grows with the noise scale (a step of a + c B), made from the scale the run measured, on both ranks
+    alike; the run trains on at the chosen batch and says so in metrics.jsonl. The step's fixed part is large enough
+    (20 ms) that the scale these ranks measure (about 30) chooses a batch above the first."""
+    from tests.unit.test_batch_schedule import SAMPLES, fastest_to_progress, rows
+    from tula_hpc.batch_schedule import BatchSchedule
+    from tula_hpc.layout import steps_per_epoch
+
+    job = default_job(
+        train=dict(strategy="adascale", epochs=3, lr_milestones=[], lr_base_batch=32, batch_schedule="adaptive"),
+        objective={"minimize": "goodput"},
+    )
+    latency = 20e-3
+    schedule = BatchSchedule(job, tuple(r for r in rows(latency_s=latency) if r["batch"] <= 256), SAMPLES)
+    mp.start_processes(
+        _train_on_schedule, args=(free_port(), job, str(tmp_path), schedule), nprocs=2, start_method="spawn"
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    epochs = [json.loads(line) for line in (tmp_path / "metrics").read_text().splitlines()]
+    ran = [e["batch_schedule"]["ran"]["global_batch"] for e in epochs]
+    assert ran[0] == 32 and len(set(ran)) > 1
+    for epoch, following in zip(epochs, ran[1:] + [None]):
+        chosen = epoch["batch_schedule"]
+        assert chosen["b_noise"] == epoch["noise_scale"]["b_noise"] > 0
+        assert chosen["global_batch"] == min(fastest_to_progress(chosen["b_noise"], latency), 256)
+        if following is not None:
+            assert following == chosen["next"]["global_batch"] == chosen["global_batch"]
+    assert summary["global_batch"] == ran[-1] and summary["batch_schedule"] == "adaptive"
+    full = [steps_per_epoch(summary["train_samples"], 2, b // 2) for b in ran]  # adascale may end its last early
+    assert sum(full[:-1]) < summary["optimizer_steps"] <= sum(full)

@@ -105,6 +105,30 @@ def test_shrinking_the_global_batch_instead_is_a_choice(tmp_path):
     assert summary["global_batch"] == summary["attempts"][-1]["global_batch"] < 512
 
 
+def test_an_adaptive_batch_schedule_relaunches_with_smaller_slices_of_its_batch(tmp_path):
+    """Under train.batch_schedule adaptive the schedule owns the global batch: running out of memory halves the slice
+    a device computes at once (shrink_global_batch notwithstanding), and the schedule's batch trains on in slices."""
+    from tests.unit.test_batch_schedule import rows
+
+    job = _job(tmp_path, device_memory_gb=TIGHT_GB, on_oom="shrink_global_batch")
+    job = job.updated(train={"batch_schedule": "adaptive", "strategy": "lbt"})
+    Selection.by_hand(job, {"nodes": 2, "batch": 512}).write(tmp_path / "selection.json")
+    perfmodel = tmp_path / "perfmodel.json"
+    only_512 = [r for r in rows(nodes=2) if r["batch"] == 512]  # the goodput choice at any noise scale
+    perfmodel.write_text(json.dumps({"train_samples": 1000, "candidates": only_512}))
+
+    summary = train(
+        job, tmp_path / "selection.json", tmp_path / "summary.json", tmp_path / "model.pt", tmp_path / "work", perfmodel
+    ).as_dict()
+
+    attempts = summary["attempts"]
+    assert attempts[0]["outcome"] == "out_of_memory" and attempts[-1]["outcome"] == "completed"
+    assert all(a["global_batch"] == 512 for a in attempts)
+    assert [a["micro_batch"] for a in attempts] == [256 // 2**i for i in range(len(attempts))]
+    assert summary["global_batch"] == 512 and summary["accumulation"] == attempts[-1]["accumulation"] > 1
+    assert [h["batch_schedule"]["next"]["global_batch"] for h in summary["history"]] == [512, 512, 512]
+
+
 def out_of_memory_beside_a_rank_that_never_notices(job: Job, spec: launch.LaunchSpec, folder) -> tuple[dict, float]:
     """Rank 1 runs out of memory for real while rank 0 waits as NCCL's ranks do (forever): the job must fail.
     Returns rank 1's record and when the stage knew the job had ended."""

@@ -22,13 +22,13 @@ from tula_hpc.train import _next_attempt, after_out_of_memory, train_worker
 from tula_hpc.training_report import strategy_section
 
 
-def _run_training(job: Job, tmp_path, batch: int = 256) -> tuple[dict, dict]:
+def _run_training(job: Job, tmp_path, batch: int = 256, **worker) -> tuple[dict, dict]:
     paths = dict(
         checkpoint_path=str(tmp_path / "checkpoint.pt"),
         model_path=str(tmp_path / "model.pt"),
         metrics_path=str(tmp_path / "metrics.jsonl"),
     )
-    summary = train_worker(job, batch, **paths)
+    summary = train_worker(job, batch, **paths, **worker)
     return summary, torch.load(paths["model_path"], weights_only=False)["model"]
 
 
@@ -45,7 +45,9 @@ def _requeue_signal_during_step(monkeypatch, number: int) -> None:
     monkeypatch.setattr(training_module, "training_step", signalled)
 
 
-def _crashed_then_resumed(job: Job, folder, monkeypatch, module, function: str, at_call: int, batch: int = 256):
+def _crashed_then_resumed(
+    job: Job, folder, monkeypatch, module, function: str, at_call: int, batch: int = 256, **worker
+):
     """Training whose `module.function` raises at its `at_call`-th call (no signal, nothing saved on the way out), then
     run again: (the resumed run's summary, its weights, every step rank 0 ran, in order: loop_accounting.StepTrace)."""
     original, calls = getattr(module, function), []
@@ -60,9 +62,9 @@ def _crashed_then_resumed(job: Job, folder, monkeypatch, module, function: str, 
     monkeypatch.setattr(module, function, crashing)
     monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
     with pytest.raises(RuntimeError, match="node lost"):
-        _run_training(job, folder, batch=batch)
+        _run_training(job, folder, batch=batch, **worker)
     monkeypatch.setattr(module, function, original)
-    summary, resumed = _run_training(job, folder, batch=batch)
+    summary, resumed = _run_training(job, folder, batch=batch, **worker)
     return summary, resumed, [int(step) for step in trace.read_text().split()]
 
 
@@ -110,6 +112,63 @@ def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkey
     assert crashed_at - resumed_at > 0
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
+
+
+class ScriptedSchedule:
+    """train.batch_schedule adaptive's part the Trainer calls, moving the batch by a table (batch -> next) whatever
+    the noise scale: one rank measures none (the real choice is tests/unit/test_batch_schedule.py's)."""
+
+    def __init__(self, moves: dict[int, int]):
+        self.moves = moves
+
+    def choose(self, global_batch: int, noise: dict | None) -> dict:
+        return {"global_batch": self.moves.get(global_batch, global_batch), "b_noise": None, "reason": "scripted"}
+
+
+ADAPTIVE = dict(epochs=4, warmup_epochs=1, lr_milestones=[3], batch_schedule="adaptive")
+MOVES = {256: 128, 128: 512}  # 256 for the first epoch, 128 for the second, 512 from the third
+
+
+@pytest.mark.parametrize("name", ["lrs", "ags", "adascale"])
+def test_a_resume_across_a_change_of_batch_gives_the_uninterrupted_weights(name, tmp_path, monkeypatch):
+    """The batch changes at epochs' ends, each epoch's record says so, and a crash in the third epoch (at 512, after
+    two changes) resumes at the checkpoint's batch to the uninterrupted run's weights, bit for bit."""
+    job = default_job(train=dict(strategy=name, **ADAPTIVE))
+    whole, uninterrupted = _run_training(job, tmp_path / "whole", schedule=ScriptedSchedule(MOVES))
+    ran = [h["batch_schedule"]["ran"]["global_batch"] for h in whole["history"]]
+    assert ran[:3] == [256, 128, 512] and set(ran[3:]) <= {512}
+    per_epoch = {b: -(-whole["train_samples"] // b) for b in (256, 128, 512)}
+    assert whole["optimizer_steps"] <= sum(per_epoch[b] for b in ran) and whole["global_batch"] == 512
+    assert whole["steps_per_epoch"] == per_epoch[512]
+    summary, resumed, _ = _crashed_then_resumed(
+        job, tmp_path / "split", monkeypatch, train_module, "evaluate_accuracy", 3, schedule=ScriptedSchedule(MOVES)
+    )
+    assert summary["resumed_from_epoch"] == 2 and summary["global_batch"] == 512
+    assert summary["optimizer_steps"] == whole["optimizer_steps"]
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+def test_a_run_preempted_mid_epoch_after_a_change_of_batch_ends_with_the_same_weights(tmp_path, monkeypatch):
+    job = default_job(train=dict(strategy="lrs", **ADAPTIVE))
+    _, uninterrupted = _run_training(job, tmp_path / "whole", schedule=ScriptedSchedule(MOVES))
+    first_epoch = -(-1 * len_train(job) // 256)
+    _requeue_signal_during_step(monkeypatch, first_epoch + 3)  # in the second epoch, at 128
+    with pytest.raises(Preempted):
+        _run_training(job, tmp_path / "split", schedule=ScriptedSchedule(MOVES))
+    monkeypatch.undo()
+    saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)["state"]
+    assert saved["epoch"] == 1 and saved["global_batch"] == 128 and saved["samples_done"] == 4 * 128
+    summary, resumed = _run_training(job, tmp_path / "split", schedule=ScriptedSchedule(MOVES))
+    assert summary["resumed_from_epoch"] == 1
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+def len_train(job: Job) -> int:
+    from tula_hpc.data import load_splits
+
+    return len(load_splits(job.data, job.train.seed).train)
 
 
 @pytest.mark.parametrize("name", ["ags", "lars"])
