@@ -169,10 +169,10 @@ def error_summary(errors: dict[str, float | None]) -> dict:
     }
 
 
-def train_cell(job: Job, global_batch: int, run_dir: Path, world: int, name: str) -> dict:
-    """One training run as the train stage runs it: train_worker on `world` ranks, a job of its own (launch.run);
-    the summary. A run interrupted earlier resumes from its checkpoint in `run_dir`, which gives the
-    uninterrupted result."""
+def train_cell(job: Job, global_batch: int, run_dir: Path, world: int, name: str, **worker) -> dict:
+    """One training run as the train stage runs it: train_worker on `world` ranks (with `worker`'s other arguments,
+    e.g. a batch schedule), a job of its own (launch.run); the summary. A run interrupted earlier resumes from its
+    checkpoint in `run_dir`, which gives the uninterrupted result."""
     import contextlib
 
     from tula_hpc import launch
@@ -188,6 +188,7 @@ def train_cell(job: Job, global_batch: int, run_dir: Path, world: int, name: str
                 checkpoint_path=str(run_dir / "checkpoint.pt"),
                 model_path=str(run_dir / "model.pt"),
                 metrics_path=str(run_dir / "metrics.jsonl"),
+                **worker,
             ),
             launch.LaunchSpec.for_job(job, nodes=world),
             run_dir,
