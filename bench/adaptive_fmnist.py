@@ -50,6 +50,10 @@ def adaptive_job(strategy: str, seed: int) -> Job:
     return job.updated(train={"batch_schedule": "adaptive"}, objective={"minimize": "goodput"})
 
 
+def job_of(kind: str, strategy: str, seed: int) -> Job:
+    return adaptive_job(strategy, seed) if kind != "reference" else cell_job(SCALE, MODEL, "lbt", seed, None)
+
+
 def the_choice(scratch: Path, digest: str) -> dict:
     """The DAG's goodput choice and perfmodel.json's candidates at its node count (cached with the code's digest)."""
     records = read_jsonl(CELLS) if CELLS.exists() else []
@@ -103,8 +107,12 @@ def run_cell(cell: dict, choice: dict, scratch: Path) -> dict:
 
 
 def cell(phase: str, kind: str, strategy: str, seed: int, batch: int, choice: dict, digest: str) -> dict:
-    job = adaptive_job(strategy, seed) if kind != "reference" else cell_job(SCALE, MODEL, "lbt", seed, None)
-    key = cell_key(job, batch, WORLD, digest + (choice["candidates_digest"] if kind != "reference" else ""))
+    key = cell_key(
+        job_of(kind, strategy, seed),
+        batch,
+        WORLD,
+        digest + (choice["candidates_digest"] if kind != "reference" else ""),
+    )
     return dict(phase=phase, kind=kind, strategy=strategy, seed=seed, batch=batch, key=key)
 
 

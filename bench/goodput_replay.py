@@ -36,8 +36,9 @@ Modelling choices (the replay's, not measurements):
 - time is the sum over its steps of the trace's step at (N, g, B / (N g)): step times only (no data loading, no
   warm-up, no epoch end, no cost of changing batch), every step of an epoch a whole one.
 Figures, over models and node shapes: the medians of adaptive / recipe time, adaptive / best fixed and static /
-best fixed (a failure counts as infinitely slow), and the adaptive schedule's failures. Fashion-MNIST (issue 42,
-part 3) has not run: its summary keys are null.
+best fixed (a failure counts as infinitely slow), and the adaptive schedule's failures. The Fashion-MNIST keys
+(issue 42, part 3: the schedule in training) are bench/adaptive_fmnist.py's figures, read from its result file
+(null where it has not run).
 
 Run:  .venv/bin/python bench/goodput_replay.py [--traces DIR] [--out FILE]   (seconds; CPU only, no torch work)
 """
@@ -54,9 +55,9 @@ from common import REPO, bench_parser, provenance, verdict, write_and_report
 from statistical_efficiency import predicted_iterations, read_curves
 from trace_accuracy import read_trace, trace_candidates, trace_job, traced_step, true_candidates
 
-from tula_hpc.choice import decide
+from tula_hpc.batch_schedule import goodput_choice
+from tula_hpc.files import read_json
 from tula_hpc.layout import steps_per_epoch
-from tula_hpc.prediction import to_progress
 
 TRACES = REPO / "bench" / "data" / "pollux"
 TARGET_DROP = 0.01  # issue 42: the recipe curve's final metric minus 1 point
@@ -66,7 +67,7 @@ TARGETS = {  # issue 42's targets, each a maximum
     "failures": 0,
 }
 FMNIST = ("fmnist_adaptive_accuracy_minus_reference", "fmnist_adaptive_steps_over_reference")
-FMNIST_NOTE = "issue 42 part 3 (Fashion-MNIST, the adaptive schedule in training) has not run yet"
+FMNIST_RESULT = REPO / "bench" / "results" / "adaptive_fmnist.json"  # bench/adaptive_fmnist.py's (issue 42 part 3)
 STATS = ("progress", "metric", "grad_sqr", "grad_var")
 
 
@@ -159,13 +160,6 @@ def shape_candidates(trace: dict, nodes: int, g: int, curves: dict) -> tuple:
             epoch_start_s=0.0,
         )
     return job, rows, steps
-
-
-def goodput_choice(job, rows: list[dict], train_samples: int, b_noise: float) -> dict:
-    """The goodput objective's choice at noise scale `b_noise`, as the DAG computes it."""
-    rows = [dict(r) for r in rows]
-    to_progress(rows, job, train_samples, b_noise)
-    return decide(rows, job.objective, job.train.lr_base_batch)["chosen"]
 
 
 def simulate(choose, course_of, target: float) -> dict:
@@ -289,7 +283,19 @@ def _median(values: list[float | None]) -> float | None:
     return None if math.isinf(found) else float(found)
 
 
-def run(traces: Path) -> dict:
+def fashion_mnist(path: Path) -> dict:
+    """The training half's figures, from bench/adaptive_fmnist.py's result (None each where it has not run)."""
+    if not path.exists():
+        return {"figures": dict.fromkeys(FMNIST), "source": None}
+    result = read_json(path)
+    return {
+        "figures": {key: result["summary"][key] for key in FMNIST},
+        "source": str(path),
+        "verdicts": result["verdicts"],
+    }
+
+
+def run(traces: Path, fmnist_result: Path = FMNIST_RESULT) -> dict:
     folders = sorted({p.parent for p in traces.glob("*/validation-*.csv")})
     if not folders:
         raise SystemExit(f"{traces}: no <model>/validation-<batch>.csv curves to replay")
@@ -302,12 +308,13 @@ def run(traces: Path) -> dict:
         "adaptive_time_over_best_fixed": _median([c["adaptive_time_over_best_fixed"] for c in cases]),
         "static_time_over_best_fixed": _median([c["static_time_over_best_fixed"] for c in cases]),
         "failures": failures["adaptive"],
-        **dict.fromkeys(FMNIST),
     }
+    fmnist = fashion_mnist(fmnist_result)
+    summary.update(fmnist["figures"])
     return {
         "summary": summary,
         "verdicts": {key: verdict(summary[key], target) for key, target in TARGETS.items()},
-        "not_run": {key: FMNIST_NOTE for key in FMNIST},
+        "fashion_mnist": fmnist,
         "failures_by_schedule": failures,
         "by_model": {
             name: {
@@ -345,14 +352,20 @@ def report(result: dict) -> None:
     for key, v in result["verdicts"].items():
         print(f"{key}: {v['figure']} (target <= {v['target']}): {'met' if v['met'] else 'NOT met'}")
     print(f"static_time_over_best_fixed: {result['summary']['static_time_over_best_fixed']} (baseline, no target)")
-    print(f"failures by schedule: {result['failures_by_schedule']}; {FMNIST_NOTE}")
+    print(f"failures by schedule: {result['failures_by_schedule']}")
+    fmnist = result["fashion_mnist"]
+    for key in FMNIST:
+        print(f"{key}: {result['summary'][key]} (from {fmnist['source'] or 'nothing: run bench/adaptive_fmnist.py'})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "goodput_replay.json")
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ traces (default %(default)s)")
+    parser.add_argument(
+        "--fmnist", type=Path, default=FMNIST_RESULT, help="bench/adaptive_fmnist.py's result (default %(default)s)"
+    )
     args = parser.parse_args(argv)
-    return write_and_report(args.out, run(args.traces), report)
+    return write_and_report(args.out, run(args.traces, args.fmnist), report)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def test_curve_between_traced_batches_is_log_interpolated(tmp_path):
 def test_result_file_opens_with_summary_and_leaves_fmnist_null(tmp_path):
     root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0)
     out = tmp_path / "goodput_replay.json"
-    assert bench.main(["--traces", str(root), "--out", str(out)]) == 0
+    assert bench.main(["--traces", str(root), "--out", str(out), "--fmnist", str(tmp_path / "none.json")]) == 0
     result = json.loads(out.read_text())
     assert list(result)[:2] == ["summary", "verdicts"]
     summary = result["summary"]
@@ -119,5 +119,18 @@ def test_result_file_opens_with_summary_and_leaves_fmnist_null(tmp_path):
     assert summary["static_time_over_best_fixed"] == pytest.approx(1.0)
     for key in bench.FMNIST:
         assert summary[key] is None
-        assert "part 3" in result["not_run"][key]
+    assert result["fashion_mnist"]["source"] is None
     assert all(v["met"] for v in result["verdicts"].values())
+
+
+def test_the_fashion_mnist_keys_are_the_training_benchs_figures(tmp_path):
+    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0)
+    trained = tmp_path / "adaptive_fmnist.json"
+    accuracy = {"mean": -0.1, "ci95": [-0.4, 0.2], "n": 5}
+    figures = {"fmnist_adaptive_accuracy_minus_reference": accuracy, "fmnist_adaptive_steps_over_reference": 1.2}
+    trained.write_text(json.dumps({"summary": {**figures, "other": 1}, "verdicts": {"a": {"met": True}}}))
+    out = tmp_path / "goodput_replay.json"
+    assert bench.main(["--traces", str(root), "--out", str(out), "--fmnist", str(trained)]) == 0
+    result = json.loads(out.read_text())
+    assert {key: result["summary"][key] for key in bench.FMNIST} == figures
+    assert result["fashion_mnist"]["verdicts"] == {"a": {"met": True}}
