@@ -57,3 +57,27 @@ def test_the_time_beside_the_steps_is_shown_apart_with_the_first_and_steady_epoc
     assert "First epoch: predicted 0.720 s, measured 0.800 s (-10%)" in text
     assert "steady epochs: predicted 0.150 s, measured 0.160 s (-6%)" in text
     assert "First epoch: not measured" in time_terms({}, {}, {})  # records made before these were predicted
+
+
+def test_an_adaptive_schedule_plots_the_batch_beside_the_noise_scale_and_lists_its_changes(tmp_path):
+    summary = _summary(lambda e: {"b_noise": 100.0 * e, "gradient_sq": 1.0, "trace_sigma": 100.0 * e, "steps": 9})
+    ran, following = [128, 256, 256], [256, 256, 512]
+    history = [
+        {
+            **h,
+            "batch_schedule": {
+                "ran": {"global_batch": r},
+                "global_batch": n,
+                "b_noise": 100.0 * h["epoch"],
+                "reason": "goodput",
+                "next": {"global_batch": n},
+            },
+        }
+        for h, r, n in zip(summary.history, ran, following)
+    ]
+    adaptive = TrainSummary.from_dict({**summary.as_dict(), "history": history})
+    section = strategy_section(adaptive, tmp_path / "training.png", tmp_path / "report.md")
+    assert (tmp_path / "training.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Batch schedule `adaptive`" in section and "started at 128" in section
+    assert "128 -> 256 after epoch 1 (B_noise 100); 256 -> 512 after epoch 3 (B_noise 300)" in section
+    assert "Batch schedule" not in strategy_section(summary, tmp_path / "fixed.png", tmp_path / "report.md")
