@@ -73,7 +73,7 @@ def batch_schedule_model(wildcards):
 def chosen_nodes(wildcards, input):
     """Processes the local launcher starts for training (1 while the selection is still unknown)."""
     try:
-        with open(input[0]) as handle:
+        with open(input.selection) as handle:
             return int(json.load(handle)["chosen"]["nodes"])
     except FileNotFoundError:
         return 1

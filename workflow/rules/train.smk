@@ -1,7 +1,7 @@
 # Checkpoints live in work/{job}/train/, never among the outputs: Snakemake deletes a failed job's outputs.
 rule train:
     input:
-        "results/{job}/selection.json",
+        selection="results/{job}/selection.json",
         perfmodel=batch_schedule_model,
     output:
         summary="results/{job}/train/summary.json",
@@ -17,5 +17,5 @@ rule train:
         settings=settings("train"),
         perfmodel=lambda wildcards, input: f"--perfmodel {input.perfmodel}" if input.perfmodel else "",
     shell:
-        "tula-hpc train --job {wildcards.job} --selection {input[0]} {params.perfmodel}"
+        "tula-hpc train --job {wildcards.job} --selection {input.selection} {params.perfmodel}"
         " --summary {output.summary} --model {output.model} > {log} 2>&1"
