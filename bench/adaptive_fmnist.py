@@ -34,9 +34,9 @@ from common import RESULTS, bench_parser, provenance, train_cell, trained_scores
 from efficiency_fmnist import CHOICE_JOB, WORLD, choose_by_goodput
 from generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 
-from tula_hpc.batch_schedule import BatchSchedule
-from tula_hpc.files import append_jsonl, read_json, read_jsonl
-from tula_hpc.job import Job
+from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
+from tula_hpc.core.job import Job
+from tula_hpc.performance.batch_schedule import BatchSchedule
 
 SCALE, MODEL = "cpu", "bn_cnn"
 CELLS = RESULTS / "adaptive_fmnist_cells.jsonl"

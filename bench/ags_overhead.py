@@ -41,11 +41,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tula_hpc.config import job_settings, load_config  # noqa: E402
-from tula_hpc.files import read_json, write_json  # noqa: E402
-from tula_hpc.job import TrainSettings  # noqa: E402
-from tula_hpc.models import build_model  # noqa: E402
-from tula_hpc.strategies import build_strategy  # noqa: E402
-from tula_hpc.training_step import training_step  # noqa: E402
+from tula_hpc.core.atomic_files import read_json, write_json  # noqa: E402
+from tula_hpc.core.job import TrainSettings  # noqa: E402
+from tula_hpc.training.models import build_model  # noqa: E402
+from tula_hpc.training.step import training_step  # noqa: E402
+from tula_hpc.training.strategies import build_strategy  # noqa: E402
 
 BATCH = 256
 SMALL = 32

@@ -43,8 +43,8 @@ import yaml
 from chaos_faults import DOWN_S, FAULTS, FULL_S, OUTAGE_S, POLL_S, SLURM, our_jobs, rank_pids, wait_until
 from common import bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
 
-from tula_hpc.files import write_json
-from tula_hpc.loop_accounting import STEP_TRACE_ENV
+from tula_hpc.core.atomic_files import write_json
+from tula_hpc.training.loop_accounting import STEP_TRACE_ENV
 
 SEARCH = {"warmup_steps": 2, "steps": 4}
 RESOURCES = {"checkpoint_every_steps": 1}  # a SIGKILL then costs only the step it interrupts

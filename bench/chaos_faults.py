@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 from common import REPO
 
-from tula_hpc import slurm_states
-from tula_hpc.checkpoint import load_checkpoint, previous_path
+from tula_hpc.cluster import slurm_states
+from tula_hpc.training.checkpoint import load_checkpoint, previous_path
 
 POLL_S = 0.2
 DOWN_S = 20  # a node down this long: Slurm's jobs on it end, and what was requeued waits for it

@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 
 from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
-from tula_hpc.files import write_json
-from tula_hpc.job import Job
+from tula_hpc.core.atomic_files import write_json
+from tula_hpc.core.job import Job
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -175,8 +175,8 @@ def train_cell(job: Job, global_batch: int, run_dir: Path, world: int, name: str
     checkpoint in `run_dir`, which gives the uninterrupted result."""
     import contextlib
 
-    from tula_hpc import launch
-    from tula_hpc.train import train_worker
+    from tula_hpc.cluster import launch
+    from tula_hpc.training.trainer import train_worker
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "launch.log", "a") as log, contextlib.redirect_stdout(log):
@@ -205,9 +205,9 @@ def trained_scores(job: Job, model_path: Path) -> dict:
     test split only, so the validation split is scored here with its functions)."""
     import torch
 
-    from tula_hpc.data import load_splits
-    from tula_hpc.distributed import Context
-    from tula_hpc.evaluate import evaluate_worker, load_trained_model, score
+    from tula_hpc.cluster.distributed import Context
+    from tula_hpc.stages.evaluate import evaluate_worker, load_trained_model, score
+    from tula_hpc.training.data import load_splits
 
     model = load_trained_model(model_path)
     splits = load_splits(job.data, job.train.seed)

@@ -30,7 +30,7 @@ import yaml
 from common import JOBS_FILE, REPO, RESULTS, bench_config, train_cell, trained_scores
 from generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 
-from tula_hpc.files import append_jsonl, read_json, read_jsonl
+from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
 
 SCALE = "cpu"
 MODELS = ("bn_cnn",)  # Table I's first architecture; cifar_resnet's cells take several times as long here

@@ -1,7 +1,7 @@
 """The paper's Table I on what runs here: test accuracy of every strategy at global batches 256, 512, 1024.
 
-Every cell is the real training loop (tula_hpc.train.train_worker with its strategy hooks) on 2 ranks
-(DDP, gloo, 1 thread each), launched as the train stage launches it (tula_hpc.launch, one job per
+Every cell is the real training loop (tula_hpc.stages.train.train_worker with its strategy hooks) on 2 ranks
+(DDP, gloo, 1 thread each), launched as the train stage launches it (tula_hpc.cluster.launch, one job per
 cell), so polo runs PyTorch's post-local SGD and ags averages its factors over ranks as on a cluster;
 the evaluate stage's worker scores it. Data: scikit-learn's digits (1257 training images) with the job's seeded split
 (a seed changes the split, the initial weights and the shuffling). A run is a model at a budget of
@@ -33,10 +33,10 @@ from pathlib import Path
 
 from common import WORK, bench_job, bench_parser, train_cell, trained_scores, write_result
 
-from tula_hpc.data import load_splits
-from tula_hpc.files import append_jsonl, read_jsonl, write_jsonl
-from tula_hpc.job import Job
-from tula_hpc.strategies import STRATEGIES
+from tula_hpc.core.atomic_files import append_jsonl, read_jsonl, write_jsonl
+from tula_hpc.core.job import Job
+from tula_hpc.training.data import load_splits
+from tula_hpc.training.strategies import STRATEGIES
 
 WORLD = 2
 BATCHES = (256, 512, 1024)

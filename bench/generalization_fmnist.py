@@ -44,9 +44,9 @@ from pathlib import Path
 from common import RESULTS, WORK, bench_job, bench_parser, files_digest, train_cell, trained_scores, write_result
 from scipy import stats
 
-from tula_hpc.config import stage_settings
-from tula_hpc.files import append_jsonl, read_jsonl
-from tula_hpc.job import Job
+from tula_hpc.core.atomic_files import append_jsonl, read_jsonl
+from tula_hpc.core.dependencies import stage_settings
+from tula_hpc.core.job import Job
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")
 BASELINES = ("lbt", "lrs", "lars", "polo")  # the paper's Table I

@@ -55,9 +55,9 @@ from common import REPO, bench_parser, provenance, verdict, write_and_report
 from statistical_efficiency import predicted_iterations, read_curves
 from trace_accuracy import read_trace, trace_candidates, trace_job, traced_step, true_candidates
 
-from tula_hpc.batch_schedule import goodput_choice
-from tula_hpc.files import read_json
-from tula_hpc.layout import steps_per_epoch
+from tula_hpc.core.atomic_files import read_json
+from tula_hpc.core.run_layout import steps_per_epoch
+from tula_hpc.performance.batch_schedule import goodput_choice
 
 TRACES = REPO / "bench" / "data" / "pollux"
 TARGET_DROP = 0.01  # issue 42: the recipe curve's final metric minus 1 point

@@ -63,7 +63,7 @@ import gpu_plan
 import gpu_steps
 from common import REPO, WORK, bench_job, bench_parser, files_digest, provenance, verdict
 
-from tula_hpc.files import write_json
+from tula_hpc.core.atomic_files import write_json
 
 SECTIONS = {  # in order of value (gpu_plan.VALUE)
     "memory": gpu_memory.memory_section,

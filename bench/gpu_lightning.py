@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from tula_hpc.job import Job
+from tula_hpc.core.job import Job
 
 PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
@@ -42,8 +42,8 @@ def lightning_module(pl, job: Job, settings: dict, trials: list[dict]):
     import torch
     from torch.utils.data import DataLoader
 
-    from tula_hpc.budget import budget_bytes, device_memory, model_bytes
-    from tula_hpc.memory_probes import _build, probe_device, shaped_batch
+    from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
+    from tula_hpc.profiling.memory_probes import _build, probe_device, shaped_batch
 
     splits, model, loss_fn = _build(job)
     device = probe_device(job)
@@ -84,8 +84,8 @@ def search(job: Job, settings: dict, folder: Path) -> dict:
     pl = lightning()
     if pl is None:
         return {"skipped": "PyTorch Lightning is not importable here"}
-    from tula_hpc.budget import device_memory
-    from tula_hpc.memory_probes import probe_device
+    from tula_hpc.memory.device_budget import device_memory
+    from tula_hpc.profiling.memory_probes import probe_device
 
     class Finder(pl.callbacks.BatchSizeFinder):
         def on_fit_start(self, trainer, module):

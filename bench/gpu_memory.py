@@ -16,8 +16,8 @@ from pathlib import Path
 from common import bench_job, error_summary, verdict
 from gpu_plan import STEPS_PER_EPOCH
 
-from tula_hpc.files import write_json
-from tula_hpc.job import Job
+from tula_hpc.core.atomic_files import write_json
+from tula_hpc.core.job import Job
 
 TARGETS = {"memory_median": 0.03, "memory_max": 0.08, "truth_bracket": 0.01, "stage_vs_truth": 0.02}
 TARGETS |= {"stage_over_lightning": 0.5, "both_ways": 0.02}
@@ -64,8 +64,8 @@ def workload_job(device: str, case: dict, name: str, batch: int, **sections) -> 
 
 
 def index_cap(job: Job, splits) -> int:
-    """tula_hpc.models.index_cap of the job's model for its data (`splits`' classes and channels)."""
-    from tula_hpc import models
+    """tula_hpc.training.models.index_cap of the job's model for its data (`splits`' classes and channels)."""
+    from tula_hpc.training import models
 
     return models.index_cap(
         job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs
@@ -74,7 +74,7 @@ def index_cap(job: Job, splits) -> int:
 
 def compared(models: dict, batch: int, measured: dict) -> dict:
     """Each figure's predicted peak at `batch` against the measured one, where measured."""
-    from tula_hpc import memory_model
+    from tula_hpc.memory import model as memory_model
 
     rows = {}
     for figure, key in memory_model.PEAK.items():
@@ -104,9 +104,9 @@ def new_case_path(folder: Path, device_name: str, case: str) -> Path:
 def stage_run(job: Job, way: str) -> dict:
     """The probe stage's worker and summary (`probe_memory.probe_worker`, `summarise`) here, its probes and trials run
     `way` (resources.memory_probes_in): its answer and its seconds."""
-    from tula_hpc import probe_memory
-    from tula_hpc.budget import device_memory
-    from tula_hpc.memory_probes import probe_device
+    from tula_hpc.memory.device_budget import device_memory
+    from tula_hpc.profiling.memory_probes import probe_device
+    from tula_hpc.stages import probe_memory
 
     job = job.updated(resources={"memory_probes_in": way})
     device = probe_device(job)
@@ -138,7 +138,7 @@ def stage_run(job: Job, way: str) -> dict:
 
 def model_errors(record: dict) -> dict:
     """Each figure's model (fitted to the case's probes) against the peaks of every bisection trial that fit."""
-    from tula_hpc import memory_model
+    from tula_hpc.memory import model as memory_model
 
     ran = memory_model.measured(record["memory"]["probes"])
     models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
@@ -164,8 +164,8 @@ def memory_case(name: str, case: dict, device: str, spec: dict, scratch: Path, c
     import gpu_lightning
     import gpu_truth
 
-    from tula_hpc.budget import device_memory
-    from tula_hpc.memory_probes import probe_device
+    from tula_hpc.memory.device_budget import device_memory
+    from tula_hpc.profiling.memory_probes import probe_device
 
     record = gpu_truth.run_case(name, case, device, spec["device_memory_gb"], context["deadline"], context["recorded"])
     path = new_case_path(context["cases_dir"], record["recorded"]["device"]["name"], name)
@@ -186,7 +186,7 @@ def memory_case(name: str, case: dict, device: str, spec: dict, scratch: Path, c
 def memory_verdicts(cases: list[dict], failed: list[dict]) -> dict:
     """The section's targets over its cases; a case that crashed leaves every target it bears on unmet, and a
     comparison a case does not make (Lightning absent, no stage timed) is left out rather than failed."""
-    from tula_hpc.memory_model import PEAK
+    from tula_hpc.memory.model import PEAK
 
     every = not failed
     verdicts = {}
@@ -247,8 +247,8 @@ def oom_budget(job_at, batch: int, device) -> tuple[Job, list[dict]]:
     this process (the stage's trial): it starts OOM_BUDGET_AT of the way up from the allocated peak at half the batch
     to the one at the batch (without a cap, that step's peak) and moves between them until both hold. The job under
     that budget (resources.device_memory_gb, which the train stage runs under) and every check."""
-    from tula_hpc.budget import GB, budget_bytes
-    from tula_hpc.memory_probes import run_in_this_process
+    from tula_hpc.memory.device_budget import GB, budget_bytes
+    from tula_hpc.profiling.memory_probes import run_in_this_process
 
     def trial(job: Job, b: int) -> dict:
         return run_in_this_process("trial", job, batch=b, budget=budget_bytes(job, device), ddp=False)
@@ -269,16 +269,16 @@ def oom_budget(job_at, batch: int, device) -> tuple[Job, list[dict]]:
 
 def real_out_of_memory(attempt: dict) -> bool:
     """The attempt ended in the allocator's own out-of-memory error (CUDA's, or the CPU budget allocator's)."""
-    from tula_hpc.budget import is_out_of_memory
+    from tula_hpc.cluster.devices import is_out_of_memory
 
     return attempt.get("outcome") == "out_of_memory" and is_out_of_memory(RuntimeError(attempt.get("error", "")))
 
 
 def oom_section(device: str, preset: dict, scratch: Path, context: dict) -> dict:
     """The train stage under a budget its selected batch does not fit (a real out-of-memory error) but half does."""
-    from tula_hpc.files import read_json
-    from tula_hpc.records import Selection
-    from tula_hpc.train import train
+    from tula_hpc.core.atomic_files import read_json
+    from tula_hpc.core.records import Selection
+    from tula_hpc.stages.train import train
 
     spec = preset["oom"]
     batch, folder = spec["batch"], scratch / "oom"

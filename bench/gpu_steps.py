@@ -30,8 +30,8 @@ from common import (
 )
 from gpu_memory import gpus, workload_job
 
-from tula_hpc.files import read_jsonl
-from tula_hpc.job import Job
+from tula_hpc.core.atomic_files import read_jsonl
+from tula_hpc.core.job import Job
 
 # A launched process cannot import bench/'s modules: its worker (steps_worker) travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -48,9 +48,9 @@ def steps_worker(jobs: dict[str, Job], schedule: list[dict], folders: dict[str, 
     """In a launched process: `step_timing.measure` at each scheduled (job, per-device batch), one rank; then the train
     stage's worker (`train.train_worker`, at N = 1 as the stage runs it) for each job at its profiled middle batch,
     in `folders` (one launch for all: a launch's start is seconds of a short GPU slot)."""
-    from tula_hpc.distributed import init_distributed, shutdown
-    from tula_hpc.step_timing import measure
-    from tula_hpc.train import train_worker
+    from tula_hpc.cluster.distributed import init_distributed, shutdown
+    from tula_hpc.profiling.step_timing import measure
+    from tula_hpc.training.trainer import train_worker
 
     job = next(iter(jobs.values()))
     ctx = init_distributed(job.resources.gpus_per_node > 0)
@@ -77,7 +77,7 @@ def steps_worker(jobs: dict[str, Job], schedule: list[dict], folders: dict[str, 
 
 def step_time_figures(records: list[dict], settings: dict) -> dict:
     """One case's noise floor and leave-one-out error over its rounds, as bench/perf_accuracy.py defines them."""
-    from tula_hpc.performance import fit_profiles, profile_row
+    from tula_hpc.performance.fitting import fit_profiles, profile_row
 
     rounds = sorted({r["round"] for r in records})
     by_round = {n: {r["per_device_batch"]: r for r in records if r["round"] == n} for n in rounds}
@@ -128,9 +128,9 @@ def middle(low: int, high: int) -> int:
 def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, dict, dict]:
     """(jobs, grids, records): `step_timing.measure` over each case's whole batch axis at N = 1 (the plan stage's
     grid of a full search), in shuffled rounds inside one launched process."""
-    from tula_hpc import launch
-    from tula_hpc.data import load_splits
-    from tula_hpc.plan import candidate_grid
+    from tula_hpc.cluster import launch
+    from tula_hpc.stages.plan import candidate_grid
+    from tula_hpc.training.data import load_splits
 
     jobs = {
         f"{case['model'].rsplit(':', 1)[-1]}-{case['image_size']}": workload_job(
@@ -173,10 +173,10 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
     against the epoch the performance model predicts there, fitted and used as the fit-model stage does
     on `profiles` (one round: what the profile stage gives). Epochs before STEADY_FROM (loader start, kernel choice,
     the allocator's growth) are reported, not judged."""
-    from tula_hpc.data import load_splits
-    from tula_hpc.performance import model_params
-    from tula_hpc.prediction import fit_and_predict
-    from tula_hpc.run_overhead import epoch_times
+    from tula_hpc.performance.fitting import model_params
+    from tula_hpc.performance.prediction import fit_and_predict
+    from tula_hpc.performance.run_overhead import epoch_times
+    from tula_hpc.training.data import load_splits
 
     [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]
     train_samples = len(load_splits(job.data, job.train.seed).train)
@@ -198,7 +198,7 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
 
 
 def steptime_section(device: str, preset: dict, scratch: Path, context: dict) -> dict:
-    from tula_hpc.performance import model_params
+    from tula_hpc.performance.fitting import model_params
 
     spec, started = preset["steptime"], time.perf_counter()
     jobs, grids, found, folders = profiled_rounds(device, spec, scratch)
@@ -274,7 +274,7 @@ def dag_section(device: str, preset: dict, scratch: Path, context: dict) -> dict
     """The default DAG on one device at N = 1, in a scratch folder, through the local profile."""
     import yaml
 
-    from tula_hpc.files import read_json
+    from tula_hpc.core.atomic_files import read_json
 
     spec = preset["dag"]
     folder = scratch / "dag"

@@ -29,8 +29,8 @@ from pathlib import Path
 from common import bench_job
 from gpu_check import device_info, provenance_here
 
-from tula_hpc.files import write_json
-from tula_hpc.job import Job
+from tula_hpc.core.atomic_files import write_json
+from tula_hpc.core.job import Job
 
 NO_CAP = 2**40  # the truth is the card's limit, not the training set's
 WARMUP_STEPS = 25
@@ -76,9 +76,9 @@ def case_job(name: str, case: dict, device: str, memory_gb) -> Job:
 
 def timed_steps(job: Job, batch: int, count: int) -> list[float]:
     """Seconds of each of `count` plain training steps at `batch`, the device synchronised after each."""
-    from tula_hpc.memory_probes import _build, probe_device, shaped_batch
-    from tula_hpc.strategies import build_strategy
-    from tula_hpc.training_step import accumulate_gradients, apply_update, clock_for
+    from tula_hpc.profiling.memory_probes import _build, probe_device, shaped_batch
+    from tula_hpc.training.step import accumulate_gradients, apply_update, clock_for
+    from tula_hpc.training.strategies import build_strategy
 
     splits, model, loss_fn = _build(job)
     device = probe_device(job)
@@ -97,9 +97,9 @@ def timed_steps(job: Job, batch: int, count: int) -> list[float]:
 
 def probes_of(job: Job, cap: int) -> tuple[list[dict], float]:
     """The stage's probes in this process (configured, then `next_probe`'s), and their seconds."""
-    from tula_hpc.budget import budget_bytes
-    from tula_hpc.memory_model import next_probe
-    from tula_hpc.memory_probes import probe_device, run_in_this_process
+    from tula_hpc.memory.device_budget import budget_bytes
+    from tula_hpc.memory.model import next_probe
+    from tula_hpc.profiling.memory_probes import probe_device, run_in_this_process
 
     started, budget = time.perf_counter(), budget_bytes(job, probe_device(job))
     probes = [run_in_this_process("measure", job, batch=b) for b in job.resources.memory_probe_batches]
@@ -110,7 +110,7 @@ def probes_of(job: Job, cap: int) -> tuple[list[dict], float]:
 
 def trial(job: Job, batch: int, budget: int) -> dict:
     """The stage's verification trial at `batch` here; an error other than running out of memory is an outcome."""
-    from tula_hpc.memory_probes import run_in_this_process
+    from tula_hpc.profiling.memory_probes import run_in_this_process
 
     started = time.perf_counter()
     try:
@@ -132,7 +132,7 @@ def bisect(job: Job, model, room: int, budget: int, deadline: float) -> tuple[li
     """Real trials chosen by the stage's own rule (memory_model.next_bracket_trial, from the allocated model's largest
     batch for `room`) until a fitting and a failing batch lie within its BRACKET (or its trial limit, or the
     deadline): the trials and the truth they found (memory_model.cuda_choice reads it off them)."""
-    from tula_hpc.memory_model import cuda_choice, next_bracket_trial
+    from tula_hpc.memory.model import cuda_choice, next_bracket_trial
 
     trials: list[dict] = []
     while time.monotonic() < deadline and (batch := next_bracket_trial(model, room, trials, NO_CAP)) is not None:
@@ -156,10 +156,10 @@ def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, sta
     import torch
     from gpu_memory import index_cap
 
-    from tula_hpc.budget import budget_bytes, device_memory
-    from tula_hpc.data import load_splits
-    from tula_hpc.memory_model import fit_probes, measured, room_for_steps
-    from tula_hpc.memory_probes import probe_device
+    from tula_hpc.memory.device_budget import budget_bytes, device_memory
+    from tula_hpc.memory.model import fit_probes, measured, room_for_steps
+    from tula_hpc.profiling.memory_probes import probe_device
+    from tula_hpc.training.data import load_splits
 
     job = case_job(name, case, device, memory_gb)
     print(f"== {name}", flush=True)

@@ -21,7 +21,7 @@ import time
 import steady_truth
 from common import bench_job, bench_parser, write_result
 
-from tula_hpc.job import Job
+from tula_hpc.core.job import Job
 
 # (model, image side) -> device budget, GB: each largest batch stays below the digits training set (1258
 # samples), beyond which the probe stage does not go (no device of the job ever sees a larger batch).
@@ -41,7 +41,7 @@ class Trials:
     def __init__(self, job: Job):
         import torch
 
-        from tula_hpc.budget import budget_bytes
+        from tula_hpc.memory.device_budget import budget_bytes
 
         # Bench budgets are figures (BUDGET_GB), the same on any device.
         self.job, self.answers, self.seconds = job, {}, 0.0
@@ -79,7 +79,7 @@ def true_largest(trials: Trials, found: int) -> int:
 
 
 def ours(job: Job) -> dict:
-    from tula_hpc.probe_memory import probe_worker, summarise
+    from tula_hpc.stages.probe_memory import probe_worker, summarise
 
     started = time.perf_counter()
     measured_steps = probe_worker(job)

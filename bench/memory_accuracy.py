@@ -22,7 +22,7 @@ import steady_truth
 from common import bench_job, bench_parser, write_result
 from sklearn.linear_model import LinearRegression
 
-from tula_hpc.job import Job
+from tula_hpc.core.job import Job
 
 # (model, image side) -> batches to predict. At 8x8 only these networks run (config.MIN_IMAGE_SIZE); resnet18
 # at 32x32 trains at about 28 images/s here, so its batches stop at 512.
@@ -60,10 +60,10 @@ def eq3_prediction(probes: list[dict], batch: int) -> float:
 def bench_case(job: Job, batches: list[int]) -> tuple[list[dict], dict]:
     import torch
 
-    from tula_hpc.budget import budget_bytes
-    from tula_hpc.data import load_splits
-    from tula_hpc.memory_model import fit_probes, measured
-    from tula_hpc.probe_memory import run_probes
+    from tula_hpc.memory.device_budget import budget_bytes
+    from tula_hpc.memory.model import fit_probes, measured
+    from tula_hpc.stages.probe_memory import run_probes
+    from tula_hpc.training.data import load_splits
 
     model_name, side = job.model.name, job.data.image_size
     started = time.perf_counter()

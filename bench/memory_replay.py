@@ -29,9 +29,9 @@ from pathlib import Path
 
 from common import REPO, bench_job, bench_parser, merged, provenance
 
-from tula_hpc.files import write_json
-from tula_hpc.job import Job
-from tula_hpc.memory_model import (
+from tula_hpc.core.atomic_files import write_json
+from tula_hpc.core.job import Job
+from tula_hpc.memory.model import (
     cuda_choice,
     ddp_bucket_bytes,
     fit_probes,

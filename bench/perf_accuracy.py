@@ -62,7 +62,7 @@ from common import RESULTS, WORK, bench_job, bench_parser, files_digest, write_r
 from perf_replay import MEASUREMENT, OBJECTIVES, RULED, RULES, SEARCHES, disturbed, evaluate_model
 
 if TYPE_CHECKING:
-    from tula_hpc.job import Job
+    from tula_hpc.core.job import Job
 
 DIGITS = {"name": "digits", "image_size": 8}  # the default job's data
 FASHION_MNIST = {"name": "fashion_mnist", "root": None, "image_size": 14, "augment": "standard"}
@@ -141,7 +141,7 @@ def bench_jobs(launcher: str) -> dict[str, Job]:
 def measurement_digest(jobs: dict[str, Job]) -> str:
     """The measuring code and what each job's profiles depend on (stage_settings "profile": model, data, step and
     MEASUREMENT settings), with the launcher and the grid's bounds."""
-    from tula_hpc.config import stage_settings
+    from tula_hpc.core.dependencies import stage_settings
 
     settings = {m: {**stage_settings(job.as_dict(), "profile"), "launcher": job.launcher} for m, job in jobs.items()}
     return files_digest(MEASURING_CODE, {"jobs": settings, "nodes": NODES, "per_device_batch": PER_DEVICE})
@@ -159,7 +159,7 @@ def reusable(stored: dict, path: Path, digest: str) -> list[dict]:
 
 
 def grid(job: Job, train_samples: int) -> list[dict]:
-    from tula_hpc.plan import candidate_grid
+    from tula_hpc.stages.plan import candidate_grid
 
     return [
         c for c in candidate_grid(job.search, PER_DEVICE[1], train_samples) if c["per_device_batch"] >= PER_DEVICE[0]
@@ -175,9 +175,9 @@ def pool_worker(jobs: dict[str, Job], rounds: list[list[dict]], budget_s: float)
     import torch
     import torch.distributed as dist
 
-    from tula_hpc.distributed import Context, init_distributed, shutdown
-    from tula_hpc.layout import devices_per_node, ranks_per_host
-    from tula_hpc.step_timing import measure
+    from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
+    from tula_hpc.core.run_layout import devices_per_node, ranks_per_host
+    from tula_hpc.profiling.step_timing import measure
 
     ctx = init_distributed(False)
     alone = Context(0, 1, 0, torch.device("cpu"))
@@ -211,7 +211,7 @@ def pool_worker(jobs: dict[str, Job], rounds: list[list[dict]], budget_s: float)
 
 
 def measure_all(jobs: dict[str, Job], grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
-    from tula_hpc import launch
+    from tula_hpc.cluster import launch
 
     rng = random.Random(seed)
     schedule = []
@@ -422,8 +422,8 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    from tula_hpc.data import load_splits
-    from tula_hpc.files import read_json
+    from tula_hpc.core.atomic_files import read_json
+    from tula_hpc.training.data import load_splits
 
     stored = read_json(args.reuse) if args.reuse else None
     launcher = stored["settings"]["launcher"] if stored else args.launcher

@@ -7,10 +7,10 @@ import dataclasses
 import statistics
 from typing import TYPE_CHECKING
 
-from tula_hpc.search import SECOND_BATCHES as RULES  # partial search's second batch at the largest N
+from tula_hpc.performance.search_modes import SECOND_BATCHES as RULES  # partial search's second batch at the largest N
 
 if TYPE_CHECKING:
-    from tula_hpc.job import Job, ObjectiveSettings
+    from tula_hpc.core.job import Job, ObjectiveSettings
 
 MEASUREMENT = {"warmup_steps": 2, "steps": 4, "min_measure_s": 1.0, "max_attempts": 3, "interference_tolerance": 0.1}
 OBJECTIVES = ("time", "cost", "knee")
@@ -36,7 +36,7 @@ def _rel(predicted: float, measured: float) -> float:
 
 def stage_prediction(job: Job, profiles: list[dict], candidates: list[dict], train_samples: int, settings: dict):
     """T and cost of every candidate as the fit_model stage computes them from these profiles."""
-    from tula_hpc.prediction import fit_and_predict
+    from tula_hpc.performance.prediction import fit_and_predict
 
     return fit_and_predict(job, profiles, candidates, train_samples, NO_MEMORY, settings)[3]
 
@@ -45,7 +45,7 @@ def regrets(
     predicted: list[dict], measured: list[dict], objective: ObjectiveSettings, recipe_batch: int
 ) -> dict[str, float]:
     """Per objective: what the select stage's choice on the prediction measures, against its choice on the truth."""
-    from tula_hpc.choice import select
+    from tula_hpc.performance.choice import select
 
     truth = {_key(c): c for c in measured}
     found = {}
@@ -64,8 +64,8 @@ class ModelReplay:
     of the other rounds (their quiet measurements where there are any) is the truth they are judged against."""
 
     def __init__(self, name: str, job: Job, candidates: list[dict], records: list[dict], train_samples: int):
-        from tula_hpc.layout import devices_per_node
-        from tula_hpc.performance import model_params
+        from tula_hpc.core.run_layout import devices_per_node
+        from tula_hpc.performance.fitting import model_params
 
         self.name, self.job, self.candidates, self.train_samples = name, job, candidates, train_samples
         self.devices, self.launcher = devices_per_node(job), job.launcher
@@ -74,7 +74,7 @@ class ModelReplay:
         self.settings = model_params(job)
 
     def row(self, c: dict) -> list[float]:
-        from tula_hpc.performance import candidate_row
+        from tula_hpc.performance.fitting import candidate_row
 
         return candidate_row(c, self.devices, self.launcher)
 
@@ -86,8 +86,8 @@ class ModelReplay:
     def measured_run(self, excluded: int) -> list[dict]:
         """T and cost of every candidate from its true step (weight 1: the model only scales the last step), known
         exactly (no band: the truth's best is its figure's, no tie)."""
-        from tula_hpc.performance import fit_profiles
-        from tula_hpc.prediction import predict_candidates
+        from tula_hpc.performance.fitting import fit_profiles
+        from tula_hpc.performance.prediction import predict_candidates
 
         elsewhere = [x for r in self.rounds if r != excluded for x in self.by_round[r].values()]
         steps = {(c["nodes"] * self.devices, c["per_device_batch"]): self.truth(c, excluded) for c in self.candidates}
@@ -100,7 +100,7 @@ class ModelReplay:
 
     def searches(self, current: int) -> tuple[dict[str, list[dict]], dict[str, dict]]:
         """What each search (SEARCHES) profiles in round `current`, and the model settings it fits with."""
-        from tula_hpc.search import adaptive_search, planned
+        from tula_hpc.performance.search_modes import adaptive_search, planned
 
         candidates, devices, launcher, settings = self.candidates, self.devices, self.launcher, self.settings
         adaptive_settings = self.job.search.adaptive
@@ -127,7 +127,7 @@ class ModelReplay:
 
     def errors(self, current: int, search: str, chosen: list[dict]) -> list[dict]:
         """Step-time errors of the configurations `search` did not profile (full: leave-one-out)."""
-        from tula_hpc.performance import fit_profiles
+        from tula_hpc.performance.fitting import fit_profiles
 
         measure = self.by_round[current]
         if search == "full":

@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 from common import REPO, bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
 
-from tula_hpc import slurm_states
+from tula_hpc.cluster import slurm_states
 
 LOAD_S = 40  # each competing job's hold on both nodes
 WAITED_S = 5  # a job that started this long after its submission waited in the queue

@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 from common import REPO, bench_config, bench_parser, write_result
 
-from tula_hpc import launch, slurm_states
-from tula_hpc.files import read_json
+from tula_hpc.cluster import launch, slurm_states
+from tula_hpc.core.atomic_files import read_json
 
 TRIVIAL_JOBS = 7
 # The default digits job, shortened so that the whole DAG takes about a minute.

@@ -44,8 +44,8 @@ from pathlib import Path
 import efficiency_fmnist
 from common import REPO, WORK, bench_job, bench_parser, provenance, verdict, write_and_report
 
-from tula_hpc.files import write_json
-from tula_hpc.progress import adascale_gain
+from tula_hpc.core.atomic_files import write_json
+from tula_hpc.training.progress import adascale_gain
 
 TRACES = REPO / "bench" / "data" / "pollux"
 TARGET = 0.10  # issue 26: iterations to each batch's progress within 10 % median
@@ -103,9 +103,9 @@ def _overhead_rank(rank: int, port: int, out: str) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from tula_hpc.models import build_model
-    from tula_hpc.strategies import build_strategy
-    from tula_hpc.training_step import training_step
+    from tula_hpc.training.models import build_model
+    from tula_hpc.training.step import training_step
+    from tula_hpc.training.strategies import build_strategy
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Ground truth for the memory benchmarks: the device's peak over steady training, measured apart from the model.
 
-The memory model (tula_hpc.probe_memory) is built from phase-by-phase peaks of probe steps it runs itself. The
+The memory model (tula_hpc.stages.probe_memory) is built from phase-by-phase peaks of probe steps it runs itself. The
 truth here shares none of that path: the training loop's own step (`training_step.training_step`) on batches
 from a DataLoader (sampled with replacement, so a batch may exceed the digits set), STEPS_PER_EPOCH steps
 per epoch for EPOCHS epochs with the strategy's epoch end between them (so AGS runs its update step each
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tula_hpc.job import Job
+from tula_hpc.core.job import Job
 
 STEPS_PER_EPOCH = 2
 EPOCHS = 3
@@ -31,11 +31,12 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     from torch import nn
     from torch.utils.data import DataLoader, RandomSampler
 
-    from tula_hpc.budget import budget_bytes, device_memory, is_out_of_memory, model_bytes
-    from tula_hpc.distributed import Context
-    from tula_hpc.memory_model import PEAK
-    from tula_hpc.strategies import build_strategy
-    from tula_hpc.training_step import build_for_job, training_step
+    from tula_hpc.cluster.devices import is_out_of_memory
+    from tula_hpc.cluster.distributed import Context
+    from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
+    from tula_hpc.memory.model import PEAK
+    from tula_hpc.training.step import build_for_job, training_step
+    from tula_hpc.training.strategies import build_strategy
 
     torch.set_num_threads(job.resources.cpus_per_task)
     use_gpu = job.resources.gpus_per_node > 0 and torch.cuda.is_available()

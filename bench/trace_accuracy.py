@@ -81,7 +81,7 @@ from trace_figures import (
 )
 
 if TYPE_CHECKING:
-    from tula_hpc.job import Job
+    from tula_hpc.core.job import Job
 
 TRACES = REPO / "bench" / "data" / "pollux"
 MODES = ("partial", "full", "adaptive")
@@ -175,7 +175,7 @@ def trace_profile(
 ) -> dict:
     """A profile record (step_timing.measure's keys, plus what profile_one adds) read from a trace row, every part
     times the read's noise `factor`; its measuring wall time is the job's warm-up and measured steps at that step."""
-    from tula_hpc.layout import candidate_devices, ranks_per_host
+    from tula_hpc.core.run_layout import candidate_devices, ranks_per_host
 
     devices, nodes, b = candidate_devices(candidate, job), candidate["nodes"], candidate["per_device_batch"]
     step, compute, sync = (None if part is None else part * factor for part in split)
@@ -219,8 +219,8 @@ def traced_step(steps: dict, nodes: int, g: int, b: int) -> float:
 def true_candidates(job: Job, candidates: list[dict], steps: dict, train_samples: int) -> list[dict]:
     """Candidates with their true T and cost: T = epochs x (the traced step for every step of an epoch but the
     last, and the trace at the last one's smaller batch for it), as predict_candidates counts an epoch."""
-    from tula_hpc.layout import candidate_devices, last_batch, steps_per_epoch
-    from tula_hpc.pricing import costs
+    from tula_hpc.core.run_layout import candidate_devices, last_batch, steps_per_epoch
+    from tula_hpc.performance.pricing import costs
 
     objective = job.objective
     rows = []
@@ -249,8 +249,8 @@ def confirmed_choices(
     """Per max_nodes and goal, a job of its own: search.confirm_choice from the mode's profiles (its own confirming
     profiles, at most constants["confirm"]), then its time or cost regret against the true best (or its knee against
     the true knee), the profiles that confirmed it and what the search's profiles cost against the whole grid's."""
-    from tula_hpc.choice import decide, select
-    from tula_hpc.search import confirm_choice, search_price
+    from tula_hpc.performance.choice import decide, select
+    from tula_hpc.performance.search_modes import confirm_choice, search_price
 
     true_of, recipe = {_key(c): c for c in truth}, job.train.lr_base_batch
     found = []
@@ -288,9 +288,9 @@ def searched(
     job: Job, candidates: list[dict], measure, modes: tuple[str, ...] = MODES
 ) -> dict[str, tuple[list[dict], dict, dict | None]]:
     """Per mode: the candidates it profiles, the fit settings, and adaptive search's record (search.py decides)."""
-    from tula_hpc.layout import candidate_devices, devices_per_node
-    from tula_hpc.performance import candidate_row, model_params
-    from tula_hpc.search import adaptive_search, planned
+    from tula_hpc.core.run_layout import candidate_devices, devices_per_node
+    from tula_hpc.performance.fitting import candidate_row, model_params
+    from tula_hpc.performance.search_modes import adaptive_search, planned
 
     devices, launcher, search = devices_per_node(job), job.launcher, job.search
     settings = model_params(job)
@@ -330,7 +330,7 @@ RUN_OVERHEADS = (
 
 def default_constants(job: Job) -> dict:
     """The constants the confirmation and the tie rule run with: the job's search.confirm, choice.py's bands."""
-    from tula_hpc.choice import CONFIRM_BAND_SIGMAS, TIE_SIGMAS
+    from tula_hpc.performance.choice import CONFIRM_BAND_SIGMAS, TIE_SIGMAS
 
     return {"confirm": job.search.confirm, "band_sigmas": CONFIRM_BAND_SIGMAS, "tie_sigmas": TIE_SIGMAS}
 
@@ -353,7 +353,7 @@ def replay(
     every profile read with the seed's noise: each search mode's errors, coverage, regrets and knees against the
     trace, each objective's choice confirmed by its own profiles (`constants` override default_constants). `fits`:
     fits already made, by model, reads and settings (the tuning replays the same profiles many times)."""
-    from tula_hpc.prediction import fit_and_predict
+    from tula_hpc.performance.prediction import fit_and_predict
 
     name, meta = trace["name"], trace["meta"]
     points = {key: value for key, value in trace["points"].items() if key[1] in gpus}

@@ -30,7 +30,7 @@ from common import RESULTS, WORK, bench_job, bench_parser, provenance, verdict
 from perf_replay import stage_prediction
 
 if TYPE_CHECKING:
-    from tula_hpc.job import Job
+    from tula_hpc.core.job import Job
 
 MODELS = ("tiny_cnn", "resnet18")  # the digits models: an epoch of Fashion-MNIST takes minutes here
 CONFIGS = ((1, 32), (2, 32))  # (ranks, per-device batch): 40 and 20 steps per epoch of the digits
@@ -51,10 +51,10 @@ def _fresh(folder):
 
 def one_run(job: Job, nodes: int, per_device: int, folder) -> dict:
     """A profile in a fresh job, then EPOCHS epochs of training in another: the record, the run's epochs."""
-    from tula_hpc import launch
-    from tula_hpc.layout import devices_per_node, ranks_per_host
-    from tula_hpc.step_timing import profile_worker
-    from tula_hpc.train import train_worker
+    from tula_hpc.cluster import launch
+    from tula_hpc.core.run_layout import devices_per_node, ranks_per_host
+    from tula_hpc.profiling.step_timing import profile_worker
+    from tula_hpc.training.trainer import train_worker
 
     spec = launch.LaunchSpec.for_job(job, nodes=nodes)
     batch = per_device * spec.world_size
@@ -105,8 +105,8 @@ def measure(jobs: dict[str, Job], configs: tuple = CONFIGS) -> list[dict]:
 
 def predicted(job: Job, run: dict, train_samples: int) -> dict:
     """The stages' prediction of the run from its own profile: T, each epoch, and T of the steps alone."""
-    from tula_hpc.performance import model_params
-    from tula_hpc.run_overhead import epoch_times
+    from tula_hpc.performance.fitting import model_params
+    from tula_hpc.performance.run_overhead import epoch_times
 
     job = short_run_job(job)
     candidate = {"nodes": run["nodes"], "batch": run["profile"]["global_batch"]}
@@ -186,8 +186,8 @@ def gpu_job() -> Job:
 def main() -> int:
     from perf_accuracy import bench_jobs
 
-    from tula_hpc.data import load_splits
-    from tula_hpc.files import write_json
+    from tula_hpc.core.atomic_files import write_json
+    from tula_hpc.training.data import load_splits
 
     parser = bench_parser(__doc__, "whole_run_cpu.json")
     parser.add_argument("--gpu", action="store_true", help="the GPU-shaped case on this machine's GPU")

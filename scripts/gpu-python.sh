@@ -30,7 +30,7 @@ export PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
 "$python" scripts/gpu_wheels.py check --site "$site" || true
 
 if compgen -G "$carried_data/*.gz" >/dev/null; then
-    folder=$("$python" -c 'from tula_hpc.datacheck import FASHION_MNIST_FOLDER; print(FASHION_MNIST_FOLDER)')
+    folder=$("$python" -c 'from tula_hpc.training.data_check import FASHION_MNIST_FOLDER; print(FASHION_MNIST_FOLDER)')
     if ! compgen -G "$folder/*.gz" >/dev/null; then
         mkdir -p "$folder" && cp "$carried_data"/*.gz "$folder"/ && echo "gpu-python: Fashion-MNIST's files copied to $folder" >&2
     fi

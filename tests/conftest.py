@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 import yaml
 
 from tula_hpc.config import job_settings, load_config, validate_config
-from tula_hpc.frozen import deep_update
-from tula_hpc.job import Job
-from tula_hpc.records import Selection
+from tula_hpc.core.job import Job
+from tula_hpc.core.plain_data import deep_update
+from tula_hpc.core.records import Selection
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = "digits-cnn"  # the one job config/jobs.yaml defines
@@ -120,7 +120,7 @@ def train_stage(
     job = job_settings(load_config([config_path]), name)
     Selection.by_hand(job, {"nodes": nodes, "batch": batch, "per_device_batch": batch // nodes}).write(selection)
     cmd = [
-        *(sys.executable, "-m", "tula_hpc.train", "--config", str(config_path), "--job", name),
+        *(sys.executable, "-m", "tula_hpc.stages.train", "--config", str(config_path), "--job", name),
         *("--launcher", launcher, "--selection", str(selection)),
         *("--summary", str(tmp_path / tag / "out" / "summary.json")),
         *("--model", str(tmp_path / tag / "out" / "model.pt")),

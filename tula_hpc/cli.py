@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 STAGES = {
-    "probe-memory": "tula_hpc.probe_memory",
-    "plan": "tula_hpc.plan",
-    "profile": "tula_hpc.profiling",
-    "fit-model": "tula_hpc.fit_model",
-    "select": "tula_hpc.selection",
-    "train": "tula_hpc.train",
-    "evaluate": "tula_hpc.evaluate",
-    "report": "tula_hpc.report",
+    "probe-memory": "tula_hpc.stages.probe_memory",
+    "plan": "tula_hpc.stages.plan",
+    "profile": "tula_hpc.stages.profile",
+    "fit-model": "tula_hpc.stages.fit_model",
+    "select": "tula_hpc.stages.select",
+    "train": "tula_hpc.stages.train",
+    "evaluate": "tula_hpc.stages.evaluate",
+    "report": "tula_hpc.stages.report",
 }
 
 
@@ -27,7 +27,7 @@ def record_driver(workdir: Path = Path(".")) -> None:
     lock, for the next run to tell a stale lock from a live one."""
     import psutil
 
-    from .files import write_json
+    from tula_hpc.core.atomic_files import write_json
 
     me = psutil.Process()
     write_json(workdir / DRIVER_RECORD, {"host": socket.gethostname(), "pid": me.pid, "created": me.create_time()})
@@ -40,7 +40,7 @@ def remove_stale_lock(workdir: Path = Path(".")) -> bool:
     so, and `tula-hpc unlock-stale` remains."""
     import psutil
 
-    from .files import read_json
+    from tula_hpc.core.atomic_files import read_json
 
     locks, record_path = workdir / ".snakemake" / "locks", workdir / DRIVER_RECORD
     if not locks.is_dir() or not any(locks.iterdir()) or not record_path.exists():

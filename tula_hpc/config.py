@@ -9,19 +9,16 @@ checked below, and defaults that depend on other fields (search.sync_prior, by d
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import yaml
 
-from .datacheck import DataError, check_data
-from .devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
-from .frozen import deep_update, to_plain
-from .job import Job, TrainSettings
-from .layout import ranks_per_host
+from tula_hpc.cluster.devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
+from tula_hpc.core.job import WARMUP_RECIPES, Job, recipe
+from tula_hpc.core.plain_data import deep_update, to_plain
+from tula_hpc.core.run_layout import ranks_per_host
+from tula_hpc.training.data_check import DataError, check_data
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
 
@@ -44,103 +41,6 @@ MIN_IMAGE_SIZE = {
 # on a GPU, torch 2.2 with CUDA 11.8; #12873: 1.9 GB after one convolution), and 1 GB more for the data set, pinned
 # batches and loader workers; a large data set or many workers need more.
 HOST_GB_PER_GPU_RANK = 3
-
-# The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up, and that scale the rate linearly.
-WARMUP_RECIPES = frozenset({"lrs", "lars", "polo"})
-LR_SCALING_RECIPES = frozenset({"lrs", "lars"})
-
-
-def recipe(train: TrainSettings) -> str:
-    """The strategy whose optimiser, peak rate and warm-up a run follows: static and ags scale the gradients of
-    train.ags.base (sgd, the paper's: plain SGD at lr without warm-up, as lbt), every other strategy its own."""
-    if train.strategy in ("static", "ags"):
-        return {"sgd": "lbt"}.get(train.ags.base, train.ags.base)
-    return train.strategy
-
-
-# What a training step is made of, apart from how many there are and the learning-rate schedule.
-STEP_SETTINGS = (
-    "model",
-    "data",
-    "train.seed",
-    "train.optimizer",
-    "train.momentum",
-    "train.strategy",
-    "train.ags",
-    "train.lars",
-    "train.polo",
-    "train.precision",
-    "train.channels_last",
-    "resources.gpus_per_node",
-    "resources.cpus_per_task",
-    "resources.cuda_alloc_conf",
-)
-MEASUREMENT_SETTINGS = tuple(
-    f"search.{key}" for key in ("warmup_steps", "steps", "min_measure_s", "max_attempts", "interference_tolerance")
-)
-FIT_SETTINGS = tuple(
-    f"search.{key}"
-    for key in (
-        "collective",
-        "sync_fit",
-        "sync_prior",
-        "noise_prior",
-        "discrepancy_per_octave",
-        "interference_tolerance",
-    )
-)
-# What each stage's output depends on, as "section" or "section.key[.key]": the rules' params (editing one
-# reruns that stage and what follows, editing anything else does not) and every fingerprint (a profile or
-# checkpoint made under other settings is not reused). Which launcher runs a stage is no dependency.
-STAGE_SETTINGS = {
-    "probe_memory": STEP_SETTINGS
-    + (
-        "resources.device_memory_gb",
-        "resources.mem_gb",  # the CPU's budget under device_memory_gb: auto
-        "resources.memory_headroom",
-        "resources.memory_probe_batches",
-        "resources.memory_probes_in",
-        "search.nodes",
-    ),
-    "plan": (
-        "resources.slurm",  # the partition, whose limits bound the grid
-        "search.mode",
-        "search.partial_second_batch",
-        "search.nodes",
-        "search.gpus_per_node",
-        "search.batch",
-        "resources.gpus_per_node",
-    ),
-    "profile": STEP_SETTINGS + MEASUREMENT_SETTINGS,
-    # The profiles that confirm the choice follow the objective and what predicts it (fit_model's and select's).
-    "adapt": STEP_SETTINGS
-    + MEASUREMENT_SETTINGS
-    + FIT_SETTINGS
-    + ("search.adaptive", "search.confirm", "train.epochs", "train.lr_base_batch", "objective", "resources.slurm"),
-    "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
-    "select": ("objective",),
-    "train": ("model", "data", "train", "resources.on_oom", "resources.cuda_alloc_conf"),
-    "evaluate": ("model", "data", "train.seed", "objective", "resources.gpus_per_node"),
-    "report": (),
-}
-
-
-def stage_settings(settings: dict, stage: str) -> dict[str, Any]:
-    """The settings `stage` depends on (STAGE_SETTINGS), keyed by their dotted names, from a job's settings as plain
-    data (a rule's config, or Job.as_dict())."""
-    picked = {}
-    for name in STAGE_SETTINGS[stage]:
-        value: Any = settings
-        for key in name.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        picked[name] = value
-    return picked
-
-
-def fingerprint(job: Job, stage: str) -> str:
-    """A short hash of what `stage` depends on: equal fingerprints mean reusable results."""
-    settings = stage_settings(job.as_dict(), stage)
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class ConfigError(ValueError):
@@ -196,7 +96,7 @@ def _explain(error: jsonschema.ValidationError) -> str:
 
 def _fill_by_device(job: dict) -> None:
     """search.sync_prior's figures, sync_fit and discrepancy_per_octave the user left out, from the presets of the
-    job's device (devices.py), and search.gpus_per_node's ends, the node's own GPUs: a schema default cannot
+    job's device (cluster/devices.py), and search.gpus_per_node's ends, the node's own GPUs: a schema default cannot
     depend on resources.gpus_per_node."""
     gpus = job["resources"]["gpus_per_node"]
     job["search"]["gpus_per_node"] = {"min": gpus, "max": gpus, **job["search"].get("gpus_per_node", {})}
@@ -245,8 +145,8 @@ def _check_semantics(job: Job) -> None:
     if ":" in model.name or model.kwargs:
         # Built once for the data set's shape and run on two images on the meta device. torch (seconds to import)
         # only here: the built-ins without kwargs are known to build, at MIN_IMAGE_SIZE and above.
-        from .data import data_shape
-        from .models import ModelError, check_model
+        from tula_hpc.training.data import data_shape
+        from tula_hpc.training.models import ModelError, check_model
 
         try:
             check_model(model.name, *data_shape(data), data.image_size, model.kwargs)
@@ -287,7 +187,8 @@ def _check_semantics(job: Job) -> None:
     _check_batch_schedule(job, fail)
 
 
-# strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, batch_schedule.py) makes no
+# strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, performance/batch_schedule.py)
+# makes no
 # sense with it
 ADAPTIVE_BATCH_REFUSED = {
     "polo": "its local SGD all-reduces no gradients to measure the noise scale with, and its averaging period is "

@@ -20,10 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.conftest import JOB, REPO, tiny_job_config
 from tests.integration.collective_workers import CollectiveSpy, served_device_types, spied_on_two_ranks
 from tula_hpc.config import HOST_GB_PER_GPU_RANK, job_settings, validate_config
-from tula_hpc.evaluate import evaluate_worker
-from tula_hpc.job import Job
-from tula_hpc.step_timing import profile_worker
-from tula_hpc.train import train_worker
+from tula_hpc.core.job import Job
+from tula_hpc.profiling.step_timing import profile_worker
+from tula_hpc.stages.evaluate import evaluate_worker
+from tula_hpc.training.trainer import train_worker
 
 JOB_SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "jobs.schema.yaml").read_text())["properties"]["jobs"]
 STRATEGIES = JOB_SCHEMA["additionalProperties"]["properties"]["train"]["properties"]["strategy"]["enum"]

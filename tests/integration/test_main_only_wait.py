@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import tula_hpc.checkpoint as checkpoint_module
-import tula_hpc.train as train_module
-import tula_hpc.training_step as training_module
+import tula_hpc.training.checkpoint as checkpoint_module
+import tula_hpc.training.step as training_module
+import tula_hpc.training.trainer as train_module
 from tests.conftest import default_job, free_port
-from tula_hpc.job import Job
+from tula_hpc.core.job import Job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SLOW_SAVE_S = 6

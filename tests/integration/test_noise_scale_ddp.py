@@ -15,8 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.conftest import default_job, free_port
-from tula_hpc.job import Job
-from tula_hpc.noise_scale import NoiseScaleHook, two_batch_estimates
+from tula_hpc.core.job import Job
+from tula_hpc.training.noise_scale import NoiseScaleHook, two_batch_estimates
 
 pytestmark = [pytest.mark.integration]
 
@@ -68,7 +68,7 @@ def test_the_hook_all_reduces_as_ddp_does_and_reads_both_batch_sizes(tmp_path):
 
 
 def _train(rank: int, port: int, job: Job, folder: str) -> None:
-    from tula_hpc.train import train_worker
+    from tula_hpc.training.trainer import train_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -87,7 +87,7 @@ def test_training_records_the_noise_scale_every_epoch(tmp_path):
 
 
 def _train_adascale(rank: int, port: int, job: Job, folder: str) -> None:
-    from tula_hpc.train import train_worker
+    from tula_hpc.training.trainer import train_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -112,7 +112,7 @@ def test_adascale_trains_until_the_base_recipes_progress_in_fewer_steps(tmp_path
 
 
 def _train_on_schedule(rank: int, port: int, job: Job, folder: str, schedule) -> None:
-    from tula_hpc.train import train_worker
+    from tula_hpc.training.trainer import train_worker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -129,8 +129,8 @@ def test_an_adaptive_batch_follows_the_noise_scale_two_ranks_measure(tmp_path):
     alike; the run trains on at the chosen batch and says so in metrics.jsonl. The step's fixed part is large enough
     (20 ms) that the scale these ranks measure (about 30) chooses a batch above the first."""
     from tests.unit.test_batch_schedule import SAMPLES, fastest_to_progress, rows
-    from tula_hpc.batch_schedule import BatchSchedule
-    from tula_hpc.layout import steps_per_epoch
+    from tula_hpc.core.run_layout import steps_per_epoch
+    from tula_hpc.performance.batch_schedule import BatchSchedule
 
     job = default_job(
         train=dict(strategy="adascale", epochs=3, lr_milestones=[], lr_base_batch=32, batch_schedule="adaptive"),

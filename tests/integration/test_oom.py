@@ -11,15 +11,16 @@ import pytest
 import torch
 import yaml
 
-import tula_hpc.train as train_module
+import tula_hpc.training.trainer as trainer_module
 from tests.conftest import REPO, tiny_job_config
 from tests.integration.workers import NEVER_NOTICES_S, train_beside_a_rank_that_never_notices
-from tula_hpc import launch
+from tula_hpc.cluster import launch
+from tula_hpc.cluster.distributed import failure_records
 from tula_hpc.config import job_settings, load_config
-from tula_hpc.distributed import failure_records
-from tula_hpc.job import Job
-from tula_hpc.records import Selection
-from tula_hpc.train import train, train_worker
+from tula_hpc.core.job import Job
+from tula_hpc.core.records import Selection
+from tula_hpc.stages.train import train
+from tula_hpc.training.trainer import train_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,7 +40,7 @@ def _job(tmp_path, **resources) -> Job:
 
 def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None:
     """A run of the same selection that died in its second epoch, with a budget it fitted in."""
-    evaluate, calls = train_module.evaluate_accuracy, []
+    evaluate, calls = trainer_module.evaluate_accuracy, []
 
     def lose_the_node_in_epoch_2(*args, **kwargs):
         calls.append(1)
@@ -48,7 +49,7 @@ def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None
         return evaluate(*args, **kwargs)
 
     roomy = job.updated(resources={"device_memory_gb": 1})
-    monkeypatch.setattr(train_module, "evaluate_accuracy", lose_the_node_in_epoch_2)
+    monkeypatch.setattr(trainer_module, "evaluate_accuracy", lose_the_node_in_epoch_2)
     with pytest.raises(RuntimeError, match="node lost"):
         train_worker(
             roomy,
@@ -174,7 +175,7 @@ def test_a_budget_too_small_for_the_model_fails_the_stage_naming_job_and_bytes(t
         [
             sys.executable,
             "-m",
-            "tula_hpc.probe_memory",
+            "tula_hpc.stages.probe_memory",
             "--config",
             str(tmp_path / "jobs.yaml"),
             "--job",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import paced_job, train_stage, wait_for
-from tula_hpc.preemption import REQUEUE_SIGNAL
+from tula_hpc.training.preemption import REQUEUE_SIGNAL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

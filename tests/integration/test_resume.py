@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-import tula_hpc.train as train_module
+import tula_hpc.training.trainer as train_module
 from tests.conftest import tiny_job_config
 from tula_hpc.config import job_settings, load_config
-from tula_hpc.train import train_worker
+from tula_hpc.training.trainer import train_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -6,11 +6,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-import tula_hpc.train as train_module
-import tula_hpc.training_step as training_module
+import tula_hpc.training.step as training_module
+import tula_hpc.training.trainer as train_module
 
 if TYPE_CHECKING:
-    from tula_hpc.job import Job
+    from tula_hpc.core.job import Job
 
 NEVER_NOTICES_S = 600
 

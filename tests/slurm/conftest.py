@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tula_hpc import launch
-from tula_hpc.allocation import release_allocation
-from tula_hpc.launch_spec import Allocation
+from tula_hpc.cluster import launch
+from tula_hpc.cluster.allocation import release_allocation
+from tula_hpc.cluster.launch_spec import Allocation
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("TULA_SLURM_DIR", REPO / "work" / "slurm"))

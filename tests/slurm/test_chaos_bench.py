@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
-from tula_hpc.files import read_json
+from tula_hpc.core.atomic_files import read_json
 
 SHORT_TRIALS = [3, 6]  # of seed 28's draws: digits node_down, digits corrupt_checkpoint
 

@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import snakemake_command, unique_job_config, wait_for
 from tests.slurm.conftest import sacct_jobs, sacct_steps
-from tula_hpc.slurm_states import slurm_state
+from tula_hpc.cluster.slurm_states import slurm_state
 
 pytestmark = pytest.mark.slow  # the module's DAG run takes about 90 s
 

@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import wait_for
 from tests.slurm.conftest import measuring_spec
 from tests.slurm.workers import all_reduce_for, hang_the_first_time, hold_memory
-from tula_hpc import launch
-from tula_hpc.files import read_json
+from tula_hpc.cluster import launch
+from tula_hpc.core.atomic_files import read_json
 
 
 def _rank_pid(job_id: str, rank: int) -> int | None:

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.slurm.workers import gpu_rank_on_a_node_without_cuda, report_ranks
-from tula_hpc import launch, slurm_states
-from tula_hpc.files import read_json
+from tula_hpc.cluster import launch, slurm_states
+from tula_hpc.core.atomic_files import read_json
 
 pytestmark = pytest.mark.slurm
 

@@ -13,10 +13,10 @@ import pytest
 
 from tests.conftest import default_job, wait_for
 from tests.slurm.conftest import SCRIPTS, STATE
-from tula_hpc import cluster
-from tula_hpc.choice import select
-from tula_hpc.selection import with_queue_waits
-from tula_hpc.slurm_states import slurm_state
+from tula_hpc.cluster import partition as cluster
+from tula_hpc.cluster.slurm_states import slurm_state
+from tula_hpc.performance.choice import select
+from tula_hpc.stages.select import with_queue_waits
 
 BLOCK_MIN = 10  # the competing job's time limit: Slurm's estimate of when its node is free again
 

@@ -18,9 +18,9 @@ from tests.conftest import unique_job_config, wait_for
 from tests.integration.test_oom import out_of_memory_beside_a_rank_that_never_notices
 from tests.slurm.conftest import SCRIPTS, STATE, measuring_spec, sacct_jobs, sacct_steps, step_end_time
 from tests.slurm.workers import hang_the_first_time
-from tula_hpc import allocation, launch, slurm_states
+from tula_hpc.cluster import allocation, launch, slurm_states
 from tula_hpc.config import job_settings, load_config
-from tula_hpc.files import read_json
+from tula_hpc.core.atomic_files import read_json
 
 pytestmark = pytest.mark.slow
 

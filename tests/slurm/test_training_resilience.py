@@ -14,10 +14,10 @@ import yaml
 from tests.conftest import paced_job, train_stage, unique_job_config, wait_for
 from tests.integration.test_oom import TIGHT_GB, out_of_memory_beside_a_rank_that_never_notices
 from tests.slurm.conftest import sacct_jobs, step_end_time
-from tula_hpc import launch
+from tula_hpc.cluster import launch
+from tula_hpc.cluster.slurm_states import slurm_state
 from tula_hpc.config import job_settings, load_config
-from tula_hpc.files import read_json
-from tula_hpc.slurm_states import slurm_state
+from tula_hpc.core.atomic_files import read_json
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tula_hpc.distributed import init_distributed, shutdown
-from tula_hpc.models import build_model
+from tula_hpc.cluster.distributed import init_distributed, shutdown
+from tula_hpc.training.models import build_model
 
 
 def all_reduce_for(seconds: float) -> int:

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import MultiStepLR
 
 from tests.conftest import run_on_two_ranks
-from tula_hpc.ags import TulaOptimizer
+from tula_hpc.training.ags import TulaOptimizer
 
 
 def _mlp(dropout: float = 0.0) -> nn.Module:

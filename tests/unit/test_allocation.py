@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.conftest import fake_commands as _fake_commands
 from tests.unit.test_launch import PARTITION, shared_spec
-from tula_hpc import allocation, slurm_states
+from tula_hpc.cluster import allocation, slurm_states
 
 
 def test_the_allocation_asks_slurm_for_the_phases_time_and_memory_not_one_steps():

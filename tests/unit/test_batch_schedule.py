@@ -4,10 +4,10 @@ and the combinations validation refuses."""
 import pytest
 
 from tests.conftest import default_job, job_config
-from tula_hpc.batch_schedule import BatchSchedule, accumulation_for, goodput_choice
 from tula_hpc.config import ConfigError, validate_config
-from tula_hpc.layout import steps_per_epoch
-from tula_hpc.progress import steps_to_progress
+from tula_hpc.core.run_layout import steps_per_epoch
+from tula_hpc.performance.batch_schedule import BatchSchedule, goodput_choice
+from tula_hpc.training.progress import steps_to_progress
 
 SAMPLES = 48_000
 LATENCY_S, PER_SAMPLE_S = 4e-3, 5.5e-5  # a step of B samples takes a + c B (2 CPU ranks, bn_cnn at 14x14)
@@ -87,13 +87,6 @@ def test_the_schedule_takes_the_candidates_at_the_node_shape_the_run_holds():
     assert {r["nodes"] for r in schedule.rows} == {2} and len(schedule.rows) == len(BATCHES)
     with pytest.raises(ValueError, match=r"no candidate at the selected nodes/GPUs per node \(4, 0\)"):
         BatchSchedule.for_run(goodput_job(), perfmodel, {"nodes": 4, "gpus_per_node": 0, "batch": 64})
-
-
-def test_slices_stay_within_the_cap_set_after_running_out_of_memory():
-    assert accumulation_for(64, None) == 1
-    assert accumulation_for(64, 64) == 1
-    assert accumulation_for(64, 16) == 4
-    assert accumulation_for(100, 32) == 4
 
 
 def test_validation_refuses_polo_and_a_search_over_one_rank():

@@ -9,21 +9,21 @@ import yaml
 from torch import nn
 
 from tests.conftest import default_job, job_config
-from tula_hpc.budget import (
+from tula_hpc.cluster.devices import is_out_of_memory
+from tula_hpc.config import ConfigError, load_config
+from tula_hpc.memory.device_budget import (
     GB,
     DeviceBudgetError,
     budget_bytes,
     budget_source,
     cuda_failed_at,
     device_memory,
-    is_out_of_memory,
     nccl_ring_buffer_bytes,
     optimizer_state_bytes,
     saved_tensor_bytes,
     usable_bytes,
 )
-from tula_hpc.config import ConfigError, load_config
-from tula_hpc.strategies import Precision
+from tula_hpc.training.strategies import Precision
 
 CUDA = torch.device("cuda", 0)
 GiB, MiB, KiB = 2**30, 2**20, 2**10

@@ -8,7 +8,7 @@ import torch
 
 from tests.conftest import run_on_two_ranks
 from tula_hpc import checkpoint as checkpoint_module
-from tula_hpc.checkpoint import own_rng_state, restore_rng, rng_state, rng_states
+from tula_hpc.training.checkpoint import own_rng_state, restore_rng, rng_state, rng_states
 
 
 def test_each_rank_takes_its_own_states_and_rank_0s_when_the_world_size_changed(capsys):
@@ -70,8 +70,8 @@ def test_a_rank_saves_and_restores_only_its_own_gpus_generator(monkeypatch):
 def test_the_checkpointer_loads_only_its_own_runs_checkpoint(tmp_path, capsys):
     from torch import nn
 
-    from tula_hpc.checkpoint import Checkpointer
-    from tula_hpc.distributed import Context
+    from tula_hpc.cluster.distributed import Context
+    from tula_hpc.training.checkpoint import Checkpointer
 
     ctx = Context(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     model = nn.Linear(2, 1)

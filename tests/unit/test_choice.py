@@ -4,7 +4,8 @@ rivals that could still win, or why none meets the constraints."""
 import pytest
 
 from tests.unit.candidates import GRID, candidate, curve, objective
-from tula_hpc.choice import (
+from tula_hpc.core.errors import StageError
+from tula_hpc.performance.choice import (
     TIE_SIGMAS,
     InfeasibleError,
     best_time_per_batch,
@@ -14,7 +15,6 @@ from tula_hpc.choice import (
     model_knee,
     select,
 )
-from tula_hpc.stage import StageError
 
 RECIPE_BATCH = 128
 
@@ -111,7 +111,7 @@ def test_node_shapes_sharing_nodes_and_batch_are_told_apart():
 def test_goodput_counts_the_steps_each_batch_needs_to_the_recipes_progress():
     """At B_noise = 256 the largest batches need many more epochs: time to the same progress is fastest at a
     middle batch, though time per recipe is fastest at the largest."""
-    from tula_hpc.progress import steps_to_progress
+    from tula_hpc.training.progress import steps_to_progress
 
     grid = []
     for c in GRID:

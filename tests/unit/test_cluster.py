@@ -1,4 +1,5 @@
-"""tula_hpc.cluster on Slurm's recorded output: durations, partition limits, --test-only starts, wall times."""
+"""tula_hpc.cluster.partition on Slurm's recorded output: durations, partition limits, --test-only starts, wall
+times."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import subprocess
 import pytest
 
 from tests.conftest import default_job, fake_commands
-from tula_hpc import cluster
-from tula_hpc.job import Job
+from tula_hpc.cluster import partition as cluster
+from tula_hpc.core.job import Job
 
 # `scontrol show partition -o` of a cluster with a GPU partition (its default) and a CPU one
 PARTITIONS = (
@@ -100,8 +101,8 @@ def test_the_train_wall_time_follows_the_prediction_capped_by_max_time():
 
 def test_the_train_wall_time_counts_what_each_epochs_end_does_outside_the_epochs(monkeypatch):
     """Validation, the checkpoint and the strategy's epoch end run every epoch, outside the predicted epochs' time."""
-    from tula_hpc.records import Selection
-    from tula_hpc.selection import predicted_run
+    from tula_hpc.core.records import Selection
+    from tula_hpc.stages.select import predicted_run
 
     job = _slurm_job(time_margin=0.5)
     candidate = {"time_s": 1000.0, "cost": 1.0, "rel_uncertainty": 0.1, "outside_epoch_s": 5.0}

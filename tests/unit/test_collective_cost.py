@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tula_hpc.collective_cost import (
+from tula_hpc.performance.collective_cost import (
     fit_latent_sync,
     hierarchical_sync_features,
     hosts_spanned,

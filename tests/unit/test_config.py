@@ -11,18 +11,11 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, default_job, job_config
-from tula_hpc.config import (
-    STAGE_SETTINGS,
-    ConfigError,
-    fingerprint,
-    job_settings,
-    load_config,
-    stage_settings,
-    validate_config,
-)
-from tula_hpc.datacheck import FASHION_MNIST_FOLDER
-from tula_hpc.devices import SYNC_PRIORS
-from tula_hpc.stage import load_job
+from tula_hpc.cluster.devices import SYNC_PRIORS
+from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
+from tula_hpc.core.dependencies import STAGE_SETTINGS, fingerprint, stage_settings
+from tula_hpc.stages.runner import load_job
+from tula_hpc.training.data_check import FASHION_MNIST_FOLDER
 
 BAD_CASES = [
     ("unknown model", lambda j: j["model"].update(name="resnet1000"), ["model.name", "resnet18"]),
@@ -55,7 +48,7 @@ BAD_CASES = [
     ),
     (
         "callable missing from module",
-        lambda j: j["model"].update(name="tula_hpc.models:no_such_factory"),
+        lambda j: j["model"].update(name="tula_hpc.training.models:no_such_factory"),
         ["model.name", "no_such_factory"],
     ),
     ("image too small for the model", lambda j: j["model"].update(name="vgg11"), ["data.image_size", "vgg11", "32"]),
@@ -137,7 +130,7 @@ def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path):
         [
             sys.executable,
             "-m",
-            "tula_hpc.probe_memory",
+            "tula_hpc.stages.probe_memory",
             "--config",
             str(config_path),
             "--job",
@@ -287,7 +280,8 @@ def test_validating_a_built_in_model_leaves_torch_unimported():
     assert "torch" not in modules.stdout.split()
 
 
-# --- data sets checked before anything is submitted (tula_hpc.datacheck) ---------------------------------------
+# --- data sets checked before anything is submitted (tula_hpc.training.data_check)
+# ---------------------------------------
 
 FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz")
 
@@ -366,7 +360,15 @@ def test_a_stage_stops_on_bad_data_before_submitting_and_leaves_results_untouche
     results = tmp_path / "results" / "digits-cnn"
     results.mkdir(parents=True)
     (results / "memory.json").write_text('{"earlier": true}\n')
-    command = [sys.executable, "-m", "tula_hpc.probe_memory", "--config", str(config_path), "--job", "digits-cnn"]
+    command = [
+        sys.executable,
+        "-m",
+        "tula_hpc.stages.probe_memory",
+        "--config",
+        str(config_path),
+        "--job",
+        "digits-cnn",
+    ]
     command += ["--out", str(results / "memory.json")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # the callable's module, from this checkout
     proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -528,7 +530,15 @@ def test_a_stage_stops_on_a_local_gpu_job_without_cuda_before_submitting(tmp_pat
     """CUDA_VISIBLE_DEVICES naming no GPU makes CUDA unusable on any machine."""
     config_path = tmp_path / "jobs.yaml"
     config_path.write_text(yaml.safe_dump(_gpu_config("local")))
-    command = [sys.executable, "-m", "tula_hpc.probe_memory", "--config", str(config_path), "--job", "digits-cnn"]
+    command = [
+        sys.executable,
+        "-m",
+        "tula_hpc.stages.probe_memory",
+        "--config",
+        str(config_path),
+        "--job",
+        "digits-cnn",
+    ]
     command += ["--launcher", "local", "--out", str(tmp_path / "memory.json")]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from tests.conftest import JOB, default_job, job_config
 from tula_hpc.config import ConfigError, job_settings, validate_config
-from tula_hpc.data import (
+from tula_hpc.training.data import (
     DataError,
     SyntheticImages,
     TensorImages,
@@ -28,7 +28,7 @@ from tula_hpc.data import (
     make_loader,
     start_epoch,
 )
-from tula_hpc.datacheck import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, check_data
+from tula_hpc.training.data_check import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, check_data
 
 DIGITS = default_job().data
 
@@ -377,7 +377,7 @@ def test_synthetic_batches_are_made_on_the_device_asked_for():
 
 
 def test_the_shape_of_synthetic_data_comes_from_its_settings_without_building_images(monkeypatch):
-    import tula_hpc.data as data
+    import tula_hpc.training.data as data
 
     jobs = [_synthetic_data(channels=1, classes=4)[0], _synthetic_data()[0]]
 

@@ -4,8 +4,8 @@ states it."""
 import pytest
 import torch
 
-from tula_hpc import devices
-from tula_hpc.devices import backend_for
+from tula_hpc.cluster import devices
+from tula_hpc.cluster.devices import backend_for
 
 
 def test_a_gpu_rank_joins_a_group_that_serves_its_cpu_tensors_too():

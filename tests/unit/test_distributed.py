@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tula_hpc.distributed import (
+from tula_hpc.cluster.distributed import (
     COLLECTIVE_TIMEOUT_S,
     MAIN_ONLY_TIMEOUT_S,
     out_of_memory_ends_job_step,
@@ -19,7 +19,7 @@ from tula_hpc.distributed import (
 
 def _rank(monkeypatch, local_rank: int, gpus: int | None) -> list:
     """One rank's environment on a host with `gpus` GPUs (None: CUDA unusable); the devices it selects."""
-    import tula_hpc.distributed as distributed
+    import tula_hpc.cluster.distributed as distributed
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", str(local_rank))
@@ -35,8 +35,8 @@ def test_a_gpu_rank_never_falls_back_to_the_cpu(monkeypatch, tmp_path):
     """A driver older than the wheel's CUDA, or a CUDA_VISIBLE_DEVICES mistake: the rank stops and says why."""
     import socket
 
-    import tula_hpc.devices as devices
-    from tula_hpc.distributed import init_distributed
+    import tula_hpc.cluster.devices as devices
+    from tula_hpc.cluster.distributed import init_distributed
 
     selected = _rank(monkeypatch, 0, None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0000")
@@ -57,8 +57,8 @@ def test_a_gpu_rank_never_falls_back_to_the_cpu(monkeypatch, tmp_path):
 
 def test_a_rank_without_a_gpu_of_its_own_stops_instead_of_sharing_one(monkeypatch):
     """Two NCCL ranks on one GPU are refused by NCCL; each rank of a node takes the GPU of its local rank."""
-    from tula_hpc.devices import DeviceError
-    from tula_hpc.distributed import init_distributed
+    from tula_hpc.cluster.devices import DeviceError
+    from tula_hpc.cluster.distributed import init_distributed
 
     selected = _rank(monkeypatch, 1, 1)
     with pytest.raises(DeviceError, match="local rank 1 has no GPU of its own: 1 GPU"):
@@ -98,7 +98,7 @@ def test_waiting_for_rank_0_alone_has_a_timeout_of_its_own():
 
 
 def _mean_worker(rank: int, outdir: str) -> None:
-    from tula_hpc.distributed import Context, mean_over_ranks
+    from tula_hpc.cluster.distributed import Context, mean_over_ranks
 
     ctx = Context(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"))
     value = torch.tensor(float(rank + 1))
@@ -108,7 +108,7 @@ def _mean_worker(rank: int, outdir: str) -> None:
 
 def test_an_epochs_loss_is_the_mean_over_ranks(tmp_path):
     from tests.conftest import run_on_two_ranks
-    from tula_hpc.distributed import Context, mean_over_ranks
+    from tula_hpc.cluster.distributed import Context, mean_over_ranks
 
     run_on_two_ranks(_mean_worker, str(tmp_path))
     assert [float((tmp_path / f"mean{rank}").read_text()) for rank in range(2)] == [1.5, 1.5]

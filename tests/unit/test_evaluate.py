@@ -7,9 +7,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tests.conftest import default_job
-from tula_hpc.distributed import Context
-from tula_hpc.evaluate import PRECISE_BN_SAMPLES, measured_costs, recompute_batchnorm_statistics
-from tula_hpc.records import TrainSummary
+from tula_hpc.cluster.distributed import Context
+from tula_hpc.core.records import TrainSummary
+from tula_hpc.stages.evaluate import PRECISE_BN_SAMPLES, measured_costs, recompute_batchnorm_statistics
 
 CPU = Context(0, 1, 0, torch.device("cpu"))
 

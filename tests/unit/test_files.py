@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from tula_hpc.files import StageInputError, atomic_path, read_json, read_jsonl, write_json
+from tula_hpc.core.atomic_files import StageInputError, atomic_path, read_json, read_jsonl, write_json
 
 
 def test_interrupted_write_keeps_the_earlier_file(tmp_path):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tula_hpc.frozen import deep_update, from_plain, optional, to_plain
+from tula_hpc.core.plain_data import deep_update, from_plain, optional, to_plain
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""The package's import structure: stage modules import shared modules, never each other; no cycles anywhere.
+"""The package's import structure: its folders import one way (LAYERS), stage modules never import each other, and
+no module's imports close a cycle.
 
-Imports inside functions count too: a deferred import hides a cycle, it does not remove it.
+Imports inside functions count too: a deferred import hides a cycle or a wrong direction, it does not remove it.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,25 +15,55 @@ from pathlib import Path
 from tula_hpc.cli import STAGES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tula_hpc"
-STAGE_MODULES = {module.rsplit(".", 1)[1] for module in STAGES.values()}
+# Bottom to top: a module may import its own folder and those before it (README.md, "Layout"). config.py and cli.py
+# are single modules at the package's top.
+LAYERS = ("core", "cluster", "memory", "training", "profiling", "performance", "reporting", "config", "stages", "cli")
+STAGE_MODULES = {module.removeprefix("tula_hpc.") for module in STAGES.values()}
+RUNNER = "stages.runner"  # what every stage shares; not a stage
 
 
-def package_imports(source: str) -> set[str]:
-    """Modules of tula_hpc that `source` (a module of tula_hpc) imports, anywhere in it."""
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found |= {node.module.split(".")[0]} if node.module else {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tula_hpc."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("tula_hpc.")}
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package by its dotted name below tula_hpc (a folder's __init__ by the folder's)."""
+    found = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if parts:
+            found[".".join(parts)] = path
     return found
 
 
+def package_imports(source: str, known: set[str]) -> set[str]:
+    """The modules of tula_hpc (dotted below it, among `known`) that `source` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tula_hpc"):
+            base = node.module.removeprefix("tula_hpc").lstrip(".")
+            for alias in node.names:
+                name = f"{base}.{alias.name}" if base else alias.name
+                found.add(name if name in known else base)
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("tula_hpc.") for a in node.names if a.name.startswith("tula_hpc.")}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            relative = "." * node.level + (node.module or "")
+            raise AssertionError(f"a relative import ({relative}): the house imports tula_hpc.* by name")
+    return found & known
+
+
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    modules = {path.stem: path for path in package.glob("*.py") if path.stem != "__init__"}
-    return {name: package_imports(path.read_text()) & set(modules) for name, path in modules.items()}
+    found = modules(package)
+    return {name: package_imports(path.read_text(), set(found)) - {name} for name, path in found.items()}
+
+
+def layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def against_the_direction(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports of a later folder (LAYERS), and of one stage by another."""
+    wrong = [(a, b) for a, targets in graph.items() for b in targets if layer(b) > layer(a)]
+    wrong += [(a, b) for a in STAGE_MODULES for b in graph.get(a, ()) if b in STAGE_MODULES]
+    return sorted(wrong)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -53,35 +85,53 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_stage_list_names_real_modules():
-    assert STAGE_MODULES <= set(import_graph()), STAGE_MODULES - set(import_graph())
-    assert len(STAGE_MODULES) == 8
-
-
-def test_no_stage_module_imports_another():
+def test_every_module_lives_in_a_layer_and_the_stage_list_names_real_modules():
     graph = import_graph()
-    offenders = {stage: sorted(graph[stage] & STAGE_MODULES) for stage in STAGE_MODULES if graph[stage] & STAGE_MODULES}
-    assert not offenders, f"stage modules importing stage modules: {offenders}"
+    assert {name.split(".")[0] for name in graph} == set(LAYERS)
+    assert STAGE_MODULES <= set(graph), STAGE_MODULES - set(graph)
+    assert len(STAGE_MODULES) == 8 and all(m.startswith("stages.") for m in STAGE_MODULES)
+
+
+def test_imports_run_one_way_between_folders_and_no_stage_imports_another():
+    assert not against_the_direction(import_graph())
 
 
 def test_no_import_cycles():
     assert not cycles(import_graph())
 
 
+def test_a_planted_wrong_import_is_found(tmp_path):
+    """The check fails on an import against the direction: the real package with one wrong line added, deferred."""
+    planted = tmp_path / "tula_hpc"
+    shutil.copytree(PACKAGE, planted, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    job = planted / "core" / "job.py"
+    job.write_text(job.read_text() + "\n\ndef late():\n    from tula_hpc.training.data import load_splits\n")
+    evaluate = planted / "stages" / "evaluate.py"
+    evaluate.write_text(evaluate.read_text() + "\nimport tula_hpc.stages.train\n")
+    assert against_the_direction(import_graph(planted)) == [
+        ("core.job", "training.data"),
+        ("stages.evaluate", "stages.train"),
+    ]
+
+
 def test_the_checks_see_deferred_imports_and_cycles():
-    source = "import os\nfrom . import launch\ndef f():\n    from .train import x\n    import tula_hpc.probe_memory\n"
-    assert package_imports(source) == {"launch", "train", "probe_memory"}
+    known = {"cluster", "cluster.launch", "stages.train", "stages.probe_memory", "core.job"}
+    source = (
+        "import os\nfrom tula_hpc.cluster import launch\ndef f():\n    from tula_hpc.stages.train import x\n"
+        "    import tula_hpc.stages.probe_memory\n"
+    )
+    assert package_imports(source, known) == {"cluster.launch", "stages.train", "stages.probe_memory"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 # The stages that plan, profile (they only submit the timed steps), fit, choose and report run where Snakemake runs,
 # often a login node: torch costs them seconds per stage (5-6 s a stage with CUDA's libraries, issue 39).
-LOGIN_NODE_STAGES = ("plan", "profiling", "fit_model", "selection", "report")
+LOGIN_NODE_STAGES = ("stages.plan", "stages.profile", "stages.fit_model", "stages.select", "stages.report")
 
 
 def test_the_stages_that_run_on_the_login_node_import_no_torch():
     check = f"import sys; import {', '.join(f'tula_hpc.{m}' for m in LOGIN_NODE_STAGES)}; print(*sys.modules)"
-    modules = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
-    assert "torch" not in modules.stdout.split()
-    assert {f"tula_hpc.{m}" for m in LOGIN_NODE_STAGES} <= set(modules.stdout.split())
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert "torch" not in loaded.stdout.split()
+    assert {f"tula_hpc.{m}" for m in LOGIN_NODE_STAGES} <= set(loaded.stdout.split())

@@ -12,7 +12,7 @@ import yaml
 
 from tests.conftest import default_job
 from tula_hpc.config import SCHEMA_PATH
-from tula_hpc.job import Job
+from tula_hpc.core.job import Job
 
 # Set by config.job_settings beside the schema's job fields.
 JOB_ONLY_FIELDS = {"name", "launcher"}

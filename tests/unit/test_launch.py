@@ -19,8 +19,8 @@ import submitit
 from tests.conftest import default_job, wait_for
 from tests.conftest import fake_commands as _fake_commands
 from tests.unit.test_slurm_states import SACCT_STEPS
-from tula_hpc import launch, launch_spec, slurm_states
-from tula_hpc.job import Job, SlurmSettings
+from tula_hpc.cluster import launch, launch_spec, slurm_states
+from tula_hpc.core.job import Job, SlurmSettings
 
 DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "slurm"

@@ -1,7 +1,7 @@
 """How ranks and samples are laid out: hosts shared, steps per epoch."""
 
 from tests.conftest import default_job
-from tula_hpc.layout import (
+from tula_hpc.core.run_layout import (
     candidate_devices,
     devices_per_node,
     last_batch,

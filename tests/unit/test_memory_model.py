@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression
 
-from tula_hpc.memory_model import (
+from tula_hpc.memory.model import (
     BRACKET,
     GROWING_SHARE,
     MAX_BRACKET_TRIALS,
@@ -22,7 +22,7 @@ from tula_hpc.memory_model import (
     next_trial,
     settle,
 )
-from tula_hpc.memory_probes import peak_fields
+from tula_hpc.profiling.memory_probes import peak_fields
 
 # --- synthetic probes and trials --------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ import torch
 from tests.conftest import default_job
 from tests.unit.test_budget import CUDA, GiB, MiB, cuda_out_of_memory_message
 from tests.unit.test_memory_model import ANY_CAP, fits
-from tula_hpc import memory_probes
-from tula_hpc.budget import budget_bytes
-from tula_hpc.devices import DeviceError
-from tula_hpc.memory_model import PARTS, StepMemoryModel, next_trial, settle
-from tula_hpc.memory_probes import run_in_fresh_process
+from tula_hpc.cluster.devices import DeviceError
+from tula_hpc.memory.device_budget import budget_bytes
+from tula_hpc.memory.model import PARTS, StepMemoryModel, next_trial, settle
+from tula_hpc.profiling import memory_probes
+from tula_hpc.profiling.memory_probes import run_in_fresh_process
 
 # --- real probes and trials -------------------------------------------------------------------------
 

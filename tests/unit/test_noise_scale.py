@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tula_hpc.noise_scale import NoiseScale, NoiseScaleHook, describe, two_batch_estimates
+from tula_hpc.training.noise_scale import NoiseScale, NoiseScaleHook, describe, two_batch_estimates
 
 
 def test_expected_squared_norms_give_the_exact_gradient_and_trace():

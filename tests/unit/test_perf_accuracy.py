@@ -154,7 +154,7 @@ def test_the_digest_follows_the_measuring_code_and_the_profile_settings(monkeypa
     assert bench.measurement_digest(slower) != digest
     fitted = {m: job.updated(search={"noise_prior": 0.5}) for m, job in jobs.items()}
     assert bench.measurement_digest(fitted) == digest  # a fit setting does not change what was measured
-    monkeypatch.setattr(bench, "MEASURING_CODE", [*bench.MEASURING_CODE, "tula_hpc/performance.py"])
+    monkeypatch.setattr(bench, "MEASURING_CODE", [*bench.MEASURING_CODE, "tula_hpc/performance/estimator.py"])
     assert bench.measurement_digest(jobs) != digest
 
 

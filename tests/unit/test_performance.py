@@ -6,17 +6,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import default_job
-from tula_hpc.job import Span
-from tula_hpc.performance import (
-    OVERLAP_GAMMA_BOUNDS,
-    SYNC_TERMS,
-    PerfModel,
-    candidate_row,
-    hierarchical_sync_features,
-    measurement_weight,
-)
-from tula_hpc.plan import candidate_grid
-from tula_hpc.search import partial_set
+from tula_hpc.core.job import Span
+from tula_hpc.performance.estimator import OVERLAP_GAMMA_BOUNDS, SYNC_TERMS, PerfModel, hierarchical_sync_features
+from tula_hpc.performance.fitting import candidate_row, measurement_weight
+from tula_hpc.performance.search_modes import partial_set
+from tula_hpc.stages.plan import candidate_grid
 
 GRAD_BYTES = 4e7
 
@@ -289,9 +283,9 @@ def test_sync_no_profile_holds_is_predicted_at_the_prior_of_the_jobs_device():
     """Profiles on one host leave inter-node sync to the prior: NCCL's for a GPU job, gloo's (about 100 times
     slower) for a CPU job, each job's search.sync_prior filled by device; a model outside a job takes NCCL's."""
     from tests.conftest import job_config
+    from tula_hpc.cluster.devices import SYNC_PRIORS
     from tula_hpc.config import job_settings, validate_config
-    from tula_hpc.devices import SYNC_PRIORS
-    from tula_hpc.performance import model_params
+    from tula_hpc.performance.fitting import model_params
 
     gpu_config = {**job_config(resources={"gpus_per_node": 1, "mem_gb": 16}), "launcher": "slurm"}
     jobs = {"cpu": default_job(), "gpu": job_settings(validate_config(gpu_config), "digits-cnn")}
@@ -359,7 +353,7 @@ def test_an_unfitted_or_misshapen_input_is_refused():
 
 
 def test_leave_one_out_predicts_each_profile_from_the_others():
-    from tula_hpc.performance import fit_profiles, leave_one_out, profile_row
+    from tula_hpc.performance.fitting import fit_profiles, leave_one_out, profile_row
 
     ranks, batch = grid_points(nodes=(1, 2, 4), batches=(8, 32, 128, 512))
     profiles = [profile_record(int(r), int(b), seed=i, noise=0.03) for i, (r, b) in enumerate(zip(ranks, batch))]

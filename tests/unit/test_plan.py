@@ -7,10 +7,10 @@ import pytest
 
 from tests.conftest import default_job
 from tula_hpc import plan as plan_stage
-from tula_hpc.cluster import PartitionLimits
-from tula_hpc.job import SearchSettings, Span
-from tula_hpc.plan import candidate_grid
-from tula_hpc.stage import StageError
+from tula_hpc.cluster.partition import PartitionLimits
+from tula_hpc.core.errors import StageError
+from tula_hpc.core.job import SearchSettings, Span
+from tula_hpc.stages.plan import candidate_grid
 
 
 def search_over(nodes: tuple, batch: tuple, gpus: tuple = (1, 1)) -> SearchSettings:

@@ -7,12 +7,12 @@ import pytest
 
 from tests.conftest import default_job
 from tests.unit.test_performance import fit, synthetic
-from tula_hpc.job import Job
-from tula_hpc.layout import steps_per_epoch
-from tula_hpc.performance import estimate_steps
-from tula_hpc.prediction import predict_candidates
-from tula_hpc.run_overhead import fit_overheads
-from tula_hpc.stage import StageError
+from tula_hpc.core.errors import StageError
+from tula_hpc.core.job import Job
+from tula_hpc.core.run_layout import steps_per_epoch
+from tula_hpc.performance.fitting import estimate_steps
+from tula_hpc.performance.prediction import predict_candidates
+from tula_hpc.performance.run_overhead import fit_overheads
 
 
 def _job(**objective) -> Job:
@@ -74,7 +74,7 @@ def test_service_units_without_a_factor_for_the_partition_is_a_clear_error():
 
 def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_apart():
     """2 nodes x 2 GPUs and 4 nodes x 1 GPU: 4 ranks at 16 per device both, but 2 and 1 ranks per host."""
-    from tula_hpc.performance import measured_steps
+    from tula_hpc.performance.fitting import measured_steps
 
     model = fit(synthetic([1, 1, 4, 4], [10, 40, 16, 40], per_host=[1, 1, 2, 2]))
     shapes = [{"nodes": n, "gpus_per_node": g, "batch": 64, "per_device_batch": 16} for n, g in ((2, 2), (4, 1))]
@@ -89,8 +89,8 @@ def test_node_shapes_with_the_same_ranks_and_batch_are_predicted_and_measured_ap
 
 
 def test_time_to_the_recipes_progress_counts_the_steps_the_batch_needs():
-    from tula_hpc.prediction import to_progress
-    from tula_hpc.progress import steps_to_progress
+    from tula_hpc.performance.prediction import to_progress
+    from tula_hpc.training.progress import steps_to_progress
 
     job = default_job(train={"epochs": 10, "lr_base_batch": 100, "lr_milestones": []})
     row = {"batch": 400, "step_s": 0.5, "steps_per_epoch": 25, "time_s": 125.0, "cost": 2.0}

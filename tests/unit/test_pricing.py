@@ -3,8 +3,8 @@
 import dataclasses
 
 from tests.conftest import default_job
-from tula_hpc.job import ObjectiveSettings
-from tula_hpc.pricing import charge_factor, costs, device_memory_gb
+from tula_hpc.core.job import ObjectiveSettings
+from tula_hpc.performance.pricing import charge_factor, costs, device_memory_gb
 
 MEMORY = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
 

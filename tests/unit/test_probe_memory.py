@@ -20,14 +20,15 @@ from tests.unit.test_memory_model import (
     probes_at,
     step_parts,
 )
-from tula_hpc import memory_model, probe_memory
-from tula_hpc.budget import GB, budget_bytes, nccl_ring_buffer_bytes
 from tula_hpc.config import ConfigError, load_config
-from tula_hpc.job import Job
-from tula_hpc.memory_model import collective_buffer_bytes
-from tula_hpc.memory_probes import peak_fields
-from tula_hpc.probe_memory import run_probes, summarise
-from tula_hpc.stage import StageError
+from tula_hpc.core.errors import StageError
+from tula_hpc.core.job import Job
+from tula_hpc.memory import model as memory_model
+from tula_hpc.memory.device_budget import GB, budget_bytes, nccl_ring_buffer_bytes
+from tula_hpc.memory.model import collective_buffer_bytes
+from tula_hpc.profiling.memory_probes import peak_fields
+from tula_hpc.stages import probe_memory
+from tula_hpc.stages.probe_memory import run_probes, summarise
 
 # --- memory.json and bad budgets --------------------------------------------------------------------
 

@@ -8,8 +8,9 @@ import torch
 import yaml
 
 from tests.conftest import default_job, job_config
-from tula_hpc import profiling, step_timing
-from tula_hpc.stage import StageError
+from tula_hpc.core.errors import StageError
+from tula_hpc.profiling import step_timing
+from tula_hpc.stages import profile as profiling
 
 
 @pytest.fixture

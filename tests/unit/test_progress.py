@@ -2,7 +2,7 @@
 
 import pytest
 
-from tula_hpc.progress import adascale_gain, measured_noise_scale, steps_to_progress
+from tula_hpc.training.progress import adascale_gain, measured_noise_scale, steps_to_progress
 
 
 def test_adascale_gain_runs_from_one_without_noise_to_the_scale_with_only_noise():

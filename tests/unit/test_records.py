@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tests.conftest import default_job
-from tula_hpc.files import StageInputError
-from tula_hpc.records import Selection
+from tula_hpc.core.atomic_files import StageInputError
+from tula_hpc.core.records import Selection
 
 SELECTION = {
     "job": "digits-cnn",

@@ -11,8 +11,11 @@ import pytest
 import yaml
 
 from tests.conftest import default_job
-from tula_hpc import choice, config, data, models, pricing, strategies
+from tula_hpc import config
 from tula_hpc.config import SCHEMA_PATH
+from tula_hpc.core import job
+from tula_hpc.performance import choice, pricing
+from tula_hpc.training import data, models, strategies
 
 
 def job_field(*path: str) -> dict:
@@ -63,4 +66,4 @@ def test_every_builtin_model_has_its_smallest_image_and_no_other_name_does():
 
 
 def test_the_recipes_that_warm_up_or_scale_the_rate_are_strategies():
-    assert config.LR_SCALING_RECIPES <= config.WARMUP_RECIPES <= set(strategies.BUILDERS)
+    assert job.LR_SCALING_RECIPES <= job.WARMUP_RECIPES <= set(strategies.BUILDERS)

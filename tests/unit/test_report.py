@@ -4,8 +4,8 @@ import json
 from dataclasses import replace
 
 from tests.conftest import REPO
-from tula_hpc.records import FitResult, Selection, TrainSummary
-from tula_hpc.report import main
+from tula_hpc.core.records import FitResult, Selection, TrainSummary
+from tula_hpc.stages.report import main
 
 GRID = [(nodes, batch) for nodes in (1, 2) for batch in (64, 128, 256)]
 
@@ -295,7 +295,7 @@ def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_n
 
 
 def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
-    from tula_hpc.report import _model_section
+    from tula_hpc.stages.report import _model_section
 
     perfmodel = FitResult.from_dict(INPUTS["perfmodel"])
     assert "(split fit)" in _model_section(INPUTS["plan"], perfmodel)
@@ -308,7 +308,7 @@ def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
 
 
 def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():
-    from tula_hpc.report import _progress
+    from tula_hpc.stages.report import _progress
 
     selection = Selection.from_dict(
         {
@@ -326,7 +326,7 @@ def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():
 
 
 def test_the_report_names_the_partitions_limits_the_queue_wait_and_the_wall_time_asked_for():
-    from tula_hpc.report import _cluster
+    from tula_hpc.stages.report import _cluster
 
     plan = {
         "partition": {

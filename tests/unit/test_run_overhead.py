@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tula_hpc.run_overhead import (
+from tula_hpc.performance.run_overhead import (
     TERMS,
     RunOverheads,
     compare_epochs,

@@ -6,11 +6,20 @@ import pytest
 
 from tests.unit.test_performance import PRIOR, TRUE, profile_record
 from tests.unit.test_plan import SEARCH, search_over
-from tula_hpc.collective_cost import sync_features
-from tula_hpc.layout import ranks_per_host
-from tula_hpc.performance import PerfModel, candidate_row
-from tula_hpc.plan import candidate_grid
-from tula_hpc.search import MODES, SECOND_BATCHES, VALIDATIONS, adaptive_search, adds_profiles, partial_set, planned
+from tula_hpc.core.run_layout import ranks_per_host
+from tula_hpc.performance.collective_cost import sync_features
+from tula_hpc.performance.estimator import PerfModel
+from tula_hpc.performance.fitting import candidate_row
+from tula_hpc.performance.search_modes import (
+    MODES,
+    SECOND_BATCHES,
+    VALIDATIONS,
+    adaptive_search,
+    adds_profiles,
+    partial_set,
+    planned,
+)
+from tula_hpc.stages.plan import candidate_grid
 
 
 def test_each_mode_plans_its_profiles_and_only_adaptive_adds_more():

@@ -1,8 +1,8 @@
 """search_report.py: the report says which profiles confirmed the choice and why they stopped, what the search's
 profiles cost against the grid's, and which configurations tied and by which rule; nothing where there was none."""
 
-from tula_hpc.records import FitResult, Selection
-from tula_hpc.search_report import search_section, tie_sentence
+from tula_hpc.core.records import FitResult, Selection
+from tula_hpc.reporting.search_section import search_section, tie_sentence
 
 CONFIRM = {
     "objective": "time",

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import default_job
 from tests.unit.candidates import GRID, candidate, objective, perfmodel
-from tula_hpc.choice import InfeasibleError, select
-from tula_hpc.selection import predicted_run, run_select, with_queue_waits
+from tula_hpc.performance.choice import InfeasibleError, select
+from tula_hpc.stages.select import predicted_run, run_select, with_queue_waits
 
 
 def test_infeasible_constraints_name_the_closest_candidates_and_what_each_breaks(tmp_path):

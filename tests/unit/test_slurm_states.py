@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_commands
-from tula_hpc import slurm_states
+from tula_hpc.cluster import slurm_states
 
 RECORDED = Path(__file__).parent / "data" / "slurm"
 

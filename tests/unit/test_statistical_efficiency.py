@@ -14,7 +14,7 @@ sys.path.insert(0, str(BENCH))
 bench = importlib.import_module("statistical_efficiency")
 sys.path.remove(str(BENCH))
 
-from tula_hpc.progress import adascale_gain  # noqa: E402
+from tula_hpc.training.progress import adascale_gain  # noqa: E402
 
 
 def write_curves(root: Path, base: int = 100, batches=(100, 400, 1600), rows: int = 5) -> Path:

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from tests.conftest import default_job, run_on_two_ranks
-from tula_hpc import step_timing, training_step
-from tula_hpc.distributed import Context
-from tula_hpc.step_timing import measure
+from tula_hpc.cluster.distributed import Context
+from tula_hpc.profiling import step_timing
+from tula_hpc.profiling.step_timing import measure
+from tula_hpc.training import step as training_step
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ def test_a_disturbed_measurement_is_repeated_and_the_quietest_attempt_kept(job, 
 def test_ranks_under_another_hostname_on_this_machine_count_as_the_same_machine():
     """Slurm nodes in namespaces of one host have their own hostnames but share its CPUs: the profiler must
     not count a fellow rank's CPU time as other users' work."""
-    probe = [sys.executable, "-c", "from tula_hpc.step_timing import _machine_id; print(_machine_id())"]
+    probe = [sys.executable, "-c", "from tula_hpc.profiling.step_timing import _machine_id; print(_machine_id())"]
     renamed = subprocess.run(
         ["unshare", "--uts", "sh", "-c", 'hostname tula-test-node && exec "$@"', "sh", *probe],
         capture_output=True,

@@ -15,11 +15,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.conftest import REPO, default_job, run_on_two_ranks
-from tula_hpc.ags import TulaOptimizer
 from tula_hpc.config import ConfigError, load_config, validate_config
-from tula_hpc.job import TrainSettings
-from tula_hpc.strategies import LARS, build_strategy
-from tula_hpc.training_step import training_step
+from tula_hpc.core.job import TrainSettings
+from tula_hpc.training.ags import TulaOptimizer
+from tula_hpc.training.step import training_step
+from tula_hpc.training.strategies import LARS, build_strategy
 
 
 def _lrs(strategy, steps: int) -> list[float]:

@@ -8,18 +8,20 @@ import time
 import pytest
 import torch
 
-import tula_hpc.loop_accounting as loop_accounting
-import tula_hpc.train as train_module
-import tula_hpc.training_step as training_module
+import tula_hpc.stages.train as train_module
+import tula_hpc.training.loop_accounting as loop_accounting
+import tula_hpc.training.step as training_module
+import tula_hpc.training.trainer as trainer_module
 from tests.conftest import default_job
-from tula_hpc.job import Job
-from tula_hpc.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
-from tula_hpc.preemption import REQUEUE_SIGNAL, Preempted
-from tula_hpc.records import TrainSummary
-from tula_hpc.stage import StageError
-from tula_hpc.strategies import STRATEGIES
-from tula_hpc.train import _next_attempt, after_out_of_memory, train_worker
-from tula_hpc.training_report import strategy_section
+from tula_hpc.core.errors import StageError
+from tula_hpc.core.job import Job
+from tula_hpc.core.records import TrainSummary
+from tula_hpc.reporting.training_section import strategy_section
+from tula_hpc.stages.train import _next_attempt, after_out_of_memory
+from tula_hpc.training.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
+from tula_hpc.training.preemption import REQUEUE_SIGNAL, Preempted
+from tula_hpc.training.strategies import STRATEGIES
+from tula_hpc.training.trainer import accumulation_for, train_worker
 
 
 def _run_training(job: Job, tmp_path, batch: int = 256, **worker) -> tuple[dict, dict]:
@@ -102,7 +104,7 @@ def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkey
 
     # the third epoch's validation crashes: its steps ran before the crash, and again
     summary, resumed, steps = _crashed_then_resumed(
-        job, tmp_path / "split", monkeypatch, train_module, "evaluate_accuracy", 3
+        job, tmp_path / "split", monkeypatch, trainer_module, "evaluate_accuracy", 3
     )
 
     assert summary["resumed_from_epoch"] == 2
@@ -141,7 +143,7 @@ def test_a_resume_across_a_change_of_batch_gives_the_uninterrupted_weights(name,
     assert whole["optimizer_steps"] <= sum(per_epoch[b] for b in ran) and whole["global_batch"] == 512
     assert whole["steps_per_epoch"] == per_epoch[512]
     summary, resumed, _ = _crashed_then_resumed(
-        job, tmp_path / "split", monkeypatch, train_module, "evaluate_accuracy", 3, schedule=ScriptedSchedule(MOVES)
+        job, tmp_path / "split", monkeypatch, trainer_module, "evaluate_accuracy", 3, schedule=ScriptedSchedule(MOVES)
     )
     assert summary["resumed_from_epoch"] == 2 and summary["global_batch"] == 512
     assert summary["optimizer_steps"] == whole["optimizer_steps"]
@@ -166,7 +168,7 @@ def test_a_run_preempted_mid_epoch_after_a_change_of_batch_ends_with_the_same_we
 
 
 def len_train(job: Job) -> int:
-    from tula_hpc.data import load_splits
+    from tula_hpc.training.data import load_splits
 
     return len(load_splits(job.data, job.train.seed).train)
 
@@ -263,7 +265,7 @@ def test_the_epoch_clock_waits_for_the_device_at_epoch_ends_and_mid_epoch_saves_
     job = default_job(train=dict(strategy="lrs", epochs=2, warmup_epochs=1, lr_milestones=[]))
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device: events.append(("wait", device)))
-    monkeypatch.setattr(train_module, "clock_for", training_module.CudaClock)
+    monkeypatch.setattr(trainer_module, "clock_for", training_module.CudaClock)
     add = LoopClock.add
 
     def read(clock, seconds, force=False):
@@ -313,3 +315,10 @@ def test_a_goodput_choice_trains_the_epochs_its_batch_needs_with_the_schedule_st
         ),
     ):
         assert train_module.stretched_to_progress(unchanged, {"progress_epochs": 19.2}) is unchanged
+
+
+def test_slices_stay_within_the_cap_set_after_running_out_of_memory():
+    assert accumulation_for(64, None) == 1
+    assert accumulation_for(64, 64) == 1
+    assert accumulation_for(64, 16) == 4
+    assert accumulation_for(100, 32) == 4

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import default_job, run_on_two_ranks
-from tula_hpc.distributed import Context
-from tula_hpc.preemption import REQUEUE_SIGNAL, StopRequests
-from tula_hpc.strategies import build_strategy
-from tula_hpc.training_step import accumulate_gradients, build_for_job, evaluate_accuracy, loop_step, training_step
+from tula_hpc.cluster.distributed import Context
+from tula_hpc.training.preemption import REQUEUE_SIGNAL, StopRequests
+from tula_hpc.training.step import accumulate_gradients, build_for_job, evaluate_accuracy, loop_step, training_step
+from tula_hpc.training.strategies import build_strategy
 
 
 def test_accumulated_slices_take_the_same_step_as_the_whole_batch():

@@ -5,10 +5,11 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from tula_hpc import search
 from tula_hpc.cli import record_driver, remove_stale_lock
-from tula_hpc.config import ConfigError, job_settings, stage_settings, validate_config
-from tula_hpc.layout import profile_name
+from tula_hpc.config import ConfigError, job_settings, validate_config
+from tula_hpc.core.dependencies import stage_settings
+from tula_hpc.core.run_layout import profile_name
+from tula_hpc.performance import search_modes as search
 
 # Clear, per-field messages first; then Snakemake's own validation against the same schema.
 try:
@@ -36,12 +37,12 @@ os.environ.update(
 wildcard_constraints:
     job="|".join(JOBS),
     nodes=r"\d+",
-    gpus=r"(_G\d+)?",  # a profile's GPUs per node, where they are not the job's own (tula_hpc.layout.profile_name)
+    gpus=r"(_G\d+)?",  # a profile's GPUs per node, where they are not the job's own (tula_hpc.core.run_layout.profile_name)
     batch=r"\d+",
 
 
 def settings(stage):
-    """What `stage` depends on (tula_hpc.config.STAGE_SETTINGS) as a rule's params: editing one of those
+    """What `stage` depends on (tula_hpc.core.dependencies.STAGE_SETTINGS) as a rule's params: editing one of those
     settings reruns that stage and what follows, editing anything else (say, epochs before training) does not."""
     return lambda wildcards: stage_settings(config["jobs"][wildcards.job], stage)
 
@@ -80,8 +81,9 @@ def chosen_nodes(wildcards, input):
 
 
 def release_measuring_allocations():
-    """On the way out of a failure no measuring allocation keeps its nodes (tula_hpc.allocation.release_allocation)."""
-    from tula_hpc.allocation import release_allocation
+    """On the way out of a failure no measuring allocation keeps its nodes
+    (tula_hpc.cluster.allocation.release_allocation)."""
+    from tula_hpc.cluster.allocation import release_allocation
 
     for job in JOBS:
         release_allocation(os.path.join("work", job))

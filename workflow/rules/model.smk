@@ -3,7 +3,7 @@ rule fit_model:
         plan="results/{job}/plan.json",
         memory="results/{job}/memory.json",
         profiles=planned_profiles,
-        # Only when the search mode adds profiles (tula_hpc.search): the profiles adaptive search took.
+        # Only when the search mode adds profiles (tula_hpc.performance.search_modes): the profiles adaptive search took.
         adaptive=adaptive_manifest,
     output:
         "results/{job}/perfmodel.json",

@@ -1,0 +1,33 @@
+"""Work started before the folders (issue 43) goes on after them: a stage job's pickle names its function by the old
+module path, and a checkpoint written then resumes now."""
+
+import pickle
+from pathlib import Path
+
+import torch
+
+import tula_hpc
+from tests.conftest import default_job
+from tula_hpc.core.job import Job
+from tula_hpc.training.trainer import train_worker
+
+BEFORE = Path(__file__).parent / "data" / "checkpoint_before_folders.pt"  # one epoch of ags, written before the move
+
+
+def test_a_pickle_naming_old_module_paths_loads_the_moved_objects():
+    """submitit pickles a job's function and arguments by reference (protocol 0's GLOBAL opcode spells it out)."""
+    for old, name, moved in [("train", "train_worker", train_worker), ("job", "Job", Job)]:
+        assert pickle.loads(f"ctula_hpc.{old}\n{name}\n.".encode()) is moved
+    for old, new in tula_hpc.MOVED.items():
+        assert __import__(f"tula_hpc.{old}", fromlist=["_"]) is __import__(f"tula_hpc.{new}", fromlist=["_"])
+
+
+def test_a_checkpoint_written_before_the_move_resumes(tmp_path):
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(BEFORE.read_bytes())
+    job = default_job(train=dict(strategy="ags", epochs=1, lr_milestones=[]))  # the settings it was written under
+    summary = train_worker(job, 256, str(checkpoint), str(tmp_path / "model.pt"), str(tmp_path / "metrics.jsonl"))
+    assert summary["resumed_from_epoch"] == 1 and summary["epochs"] == 1
+    saved = torch.load(BEFORE, weights_only=False)["model"]
+    trained = torch.load(tmp_path / "model.pt", weights_only=False)["model"]
+    assert all(torch.equal(saved[k], trained[k]) for k in saved)

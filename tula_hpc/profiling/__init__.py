@@ -1,0 +1,6 @@
+"""Measuring the training step as training runs it: its peak memory at a few batches (memory_probes.py, what the
+memory model is fitted to) and its time split into data, compute and sync (step_timing.py, what the performance
+model is fitted to).
+
+May import core, cluster, memory and training.
+"""

@@ -1,0 +1,211 @@
+"""Stage `train`: the selected configuration trained by training/trainer.py's loop on every rank, relaunched with
+smaller slices while it runs out of memory; each attempt resumes from the last checkpoint. Under a goodput objective
+the epochs are stretched to the chosen batch's progress; under train.batch_schedule adaptive the fitted model's
+candidates (perfmodel.json) go to the loop, which chooses the batch again at every epoch's end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tula_hpc.cluster import launch
+from tula_hpc.cluster.partition import train_job_minutes
+from tula_hpc.core.atomic_files import read_json, write_json
+from tula_hpc.core.errors import StageError
+from tula_hpc.core.records import Selection, TrainSummary
+from tula_hpc.memory.device_budget import budget_source
+from tula_hpc.performance.batch_schedule import BatchSchedule
+from tula_hpc.stages.runner import stage_main
+from tula_hpc.training.loop_accounting import loop_time_s
+from tula_hpc.training.trainer import train_worker
+
+if TYPE_CHECKING:
+    from tula_hpc.core.job import Job
+
+
+def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world_size: int) -> tuple[int, int] | None:
+    """The next attempt's (global batch, accumulation) after running out of memory; None once one sample failed.
+
+    keep_global_batch halves the slice each device computes at once and doubles the accumulation, so the
+    selected configuration (global batch, steps, gradient statistics) stays; shrink_global_batch halves
+    the global batch instead, as the paper does.
+    """
+    per_device = global_batch // world_size
+    if math.ceil(per_device / accumulation) <= 1:
+        return None
+    if on_oom == "keep_global_batch":
+        return global_batch, accumulation * 2
+    return per_device // 2 * world_size, accumulation
+
+
+def _next_attempt(job: Job, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
+    """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk (its
+    slice only under train.batch_schedule adaptive, whose schedule owns the global batch)."""
+    if not attempts:
+        return chosen["batch"], 1
+    last = attempts[-1]
+    if last["outcome"] != "out_of_memory":
+        attempts.pop()
+        return last["global_batch"], last["accumulation"]
+    on_oom = "keep_global_batch" if job.train.batch_schedule == "adaptive" else job.resources.on_oom
+    shrunk = after_out_of_memory(on_oom, last["global_batch"], last["accumulation"], world_size)
+    if shrunk is None:
+        raise StageError(
+            f"job '{job.name}': training ran out of memory even with {last['micro_batch']} sample per device "
+            f"at once ({len(attempts)} attempts): field 'resources.device_memory_gb' "
+            f"({budget_source(job)}) "
+            f"cannot train {job.model.name} with strategy {job.train.strategy}; last error: {last['error']}"
+        )
+    return shrunk
+
+
+def stretched_to_progress(job: Job, chosen: dict) -> Job:
+    """Under a goodput objective, the job with train.epochs (and its milestones with them) stretched to the epochs
+    the chosen batch needs to make the recipe's progress (prediction.to_progress); adascale reaches that progress
+    by its own gain, and the other objectives train the recipe's epochs."""
+    if job.objective.minimize not in ("goodput", "goodput_cost") or job.train.strategy == "adascale":
+        return job
+    epochs = max(1, math.ceil(chosen["progress_epochs"]))
+    stretch = epochs / job.train.epochs
+    milestones = [max(1, round(m * stretch)) for m in job.train.lr_milestones]
+    return job.updated(train={"epochs": epochs, "lr_milestones": milestones})
+
+
+def batch_schedule_for(job: Job, perfmodel_path: Path | None, chosen: dict) -> BatchSchedule | None:
+    """train.batch_schedule adaptive's candidates, from perfmodel.json (None under fixed)."""
+    if job.train.batch_schedule != "adaptive":
+        return None
+    if perfmodel_path is None:
+        raise StageError(
+            f"job '{job.name}': field 'train.batch_schedule': adaptive chooses among the fitted model's candidates; "
+            f"give the train stage --perfmodel results/{job.name}/perfmodel.json"
+        )
+    try:
+        return BatchSchedule.for_run(job, read_json(perfmodel_path), chosen)
+    except ValueError as err:
+        raise StageError(f"{perfmodel_path}: {err}") from err
+
+
+def _attempt_at(global_batch: int, accumulation: int, world_size: int) -> dict:
+    """An attempt's record as it starts."""
+    per_device = global_batch // world_size
+    return {
+        "global_batch": global_batch,
+        "per_device_batch": per_device,
+        "accumulation": accumulation,
+        "micro_batch": math.ceil(per_device / accumulation),
+        "outcome": "running",
+    }
+
+
+def _record_outcome(attempt: dict, result: dict, world_size: int) -> None:
+    """How the attempt ended; out of memory, the rank, the error and the batch and slices it ran at when it failed
+    (a batch schedule may have moved them since the attempt began)."""
+    attempt.update(
+        outcome=result.get("outcome", "completed"),
+        **{k: result[k] for k in ("rank", "error", "noticed_after_s") if k in result},
+    )
+    if attempt["outcome"] == "out_of_memory" and "global_batch" in result:
+        attempt.update(
+            {k: result[k] for k in ("global_batch", "accumulation", "micro_batch")},
+            per_device_batch=result["global_batch"] // world_size,
+        )
+
+
+def train(
+    job: Job,
+    selection_path: Path,
+    summary_path: Path,
+    model_path: Path,
+    work_dir: Path,
+    perfmodel_path: Path | None = None,
+) -> TrainSummary:
+    """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
+
+    Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
+    last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
+    `perfmodel_path`: the fitted model's candidates, which train.batch_schedule adaptive chooses among.
+    """
+    selection = Selection.read(selection_path)
+    chosen = selection.chosen
+    schedule = batch_schedule_for(job, perfmodel_path, chosen)
+    job = stretched_to_progress(job, chosen)
+    stage_dir = Path(work_dir) / "train"
+    spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
+    spec = replace(spec, time_min=train_job_minutes(job, selection))
+    started = time.time()
+    selected = {key: chosen[key] for key in ("nodes", "gpus_per_node", "batch") if key in chosen}
+    log_path = stage_dir / "attempts.json"
+    log = read_json(log_path) if log_path.exists() else {}
+    attempts = log["attempts"] if log.get("selected") == selected else []
+    while True:
+        global_batch, accumulation = _next_attempt(job, chosen, attempts, spec.world_size)
+        attempt = _attempt_at(global_batch, accumulation, spec.world_size)
+        attempts.append(attempt)
+        write_json(log_path, {"selected": selected, "attempts": attempts})
+        result, out_of_memory = launch.run_or_out_of_memory(
+            train_worker,
+            dict(
+                job=job,
+                global_batch=global_batch,
+                checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                model_path=str(Path(model_path).resolve()),
+                metrics_path=str(stage_dir / "metrics.jsonl"),
+                accumulation=accumulation,
+                selected_batch=chosen["batch"],
+                loop_log_path=str(stage_dir / "loop_time.jsonl"),
+                schedule=schedule,
+                # after running out of memory, the schedule's batches are computed in slices no larger
+                micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
+            ),
+            spec,
+            stage_dir,
+            name=f"{job.name}-train",
+        )
+        result = result if out_of_memory is None else out_of_memory
+        _record_outcome(attempt, result, spec.world_size)
+        write_json(log_path, {"selected": selected, "attempts": attempts})
+        if attempt["outcome"] == "completed":
+            break
+        print(
+            f"[train] out of memory on rank {attempt['rank']} at {attempt['micro_batch']} samples per device at once; "
+            f"(recorded {attempt['noticed_after_s']} s before the job's end was known here)",
+            flush=True,
+        )
+    summary = TrainSummary.from_dict(
+        {
+            **result,
+            "nodes": chosen["nodes"],
+            "gpus_per_node": spec.gpus_per_node,
+            "time_limit_min": spec.time_min,
+            "train_time_with_lost_work_s": loop_time_s(stage_dir / "loop_time.jsonl"),
+            "wall_time_s": time.time() - started,
+            "attempts": attempts,
+        }
+    )
+    summary.write(summary_path)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--selection", required=True, type=Path, help="selection.json from the select stage")
+        parser.add_argument("--summary", required=True, type=Path, help="results/{job}/train/summary.json")
+        parser.add_argument("--model", required=True, type=Path, help="results/{job}/train/model.pt")
+        parser.add_argument(
+            "--perfmodel", type=Path, help="perfmodel.json: the candidates train.batch_schedule adaptive chooses among"
+        )
+
+    def run(job: Job, args: argparse.Namespace) -> dict:
+        return train(job, args.selection, args.summary, args.model, args.work_dir, args.perfmodel)
+
+    return stage_main("train", add_args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""Whether a job's data set is there and well formed, checked before anything is submitted.
+
+The config's validation (the Snakefile and every stage) runs `check_data`; the loaders in `data` run the same
+checks. Torch-free for the built-in data sets, so validating a config stays light; only a user's data-set
+callable brings torch in. Every message begins with the field to change: "field 'data.root': ...".
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import importlib
+import inspect
+import json
+import math
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tula_hpc.core.job import DataSettings
+from tula_hpc.core.plain_data import from_plain, to_plain
+
+FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
+FASHION_MNIST_FOLDER = Path("/usr/share/datasets/fashion-mnist")  # where Debian's package puts the files
+# The four original files: the idx magic number (2051 images, 2049 labels) and each item's shape.
+FASHION_MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": (2051, (28, 28)),
+    "train-labels-idx1-ubyte.gz": (2049, ()),
+    "t10k-images-idx3-ubyte.gz": (2051, (28, 28)),
+    "t10k-labels-idx1-ubyte.gz": (2049, ()),
+}
+FASHION_MNIST_HINT = (
+    f"Debian's package {FASHION_MNIST_PACKAGE} installs the four original .gz files in {FASHION_MNIST_FOLDER} "
+    f"(`make data` installs it, as root)"
+)
+SAMPLES_CHECKED = 5  # of each of a callable's sets: the first, the last and some between
+
+
+class DataError(RuntimeError):
+    """The data set is missing or malformed; the message begins with the field to change."""
+
+
+def _fail(field: str, message: str) -> NoReturn:
+    raise DataError(f"field 'data.{field}': {message}")
+
+
+def check_data(data: DataSettings) -> None:
+    """Raise DataError unless the data set of a job's `data` section can be loaded."""
+    name = data.name
+    if ":" in name:
+        user_data_sets(data)
+    elif name == "fashion_mnist":
+        fashion_mnist_files(data)
+    elif name == "synthetic":
+        _check_synthetic(data.kwargs)
+    elif name != "digits":  # cifar10, cifar100, imagefolder: their own files under root
+        if not data.root:
+            _fail("root", f"data set '{name}' needs a root folder holding its files (nothing is downloaded)")
+        root = Path(data.root)
+        if not root.is_dir():
+            _fail("root", f"folder '{root}' does not exist")
+        if name == "imagefolder" and not any(entry.is_dir() for entry in root.iterdir()):
+            _fail("root", f"'{root}' has no class folders (root/<class>/... or root/train/<class>/...)")
+
+
+SYNTHETIC_KEYS = ("channels", "classes", "size")
+
+
+def _check_synthetic(kwargs: dict) -> None:
+    for key, value in kwargs.items():
+        if key not in SYNTHETIC_KEYS:
+            _fail("kwargs", f"the synthetic data set takes {', '.join(SYNTHETIC_KEYS)}, not '{key}'")
+        if isinstance(value, bool) or not isinstance(value, int) or value < (2 if key == "classes" else 1):
+            least = 2 if key == "classes" else 1
+            _fail("kwargs", f"synthetic {key} must be a whole number of at least {least}, got {value!r}")
+
+
+def fashion_mnist_root(data: DataSettings) -> Path:
+    return Path(data.root or FASHION_MNIST_FOLDER)
+
+
+def fashion_mnist_files(data: DataSettings) -> dict[Path, int]:
+    """Fashion-MNIST's four .gz files under data.root, each with the bytes it decompresses to.
+
+    Cheap: each file's idx header (inside the gzip stream) says how many bytes follow, and the gzip trailer (the
+    last 4 bytes) how many the stream holds; a truncated file ends mid-stream, so its last 4 bytes disagree."""
+    root = fashion_mnist_root(data)
+    if not root.is_dir():
+        _fail("root", f"folder '{root}' does not exist; fashion_mnist reads its files from there; {FASHION_MNIST_HINT}")
+    sizes, counts = {}, {}
+    for name, (magic, shape) in FASHION_MNIST_FILES.items():
+        path = root / name
+        if not path.is_file():
+            _fail("root", f"'{path}' is missing; {FASHION_MNIST_HINT}")
+        counts[name], sizes[path] = _idx_gz(path, magic, shape)
+    for split in ("train", "t10k"):
+        images, labels = counts[f"{split}-images-idx3-ubyte.gz"], counts[f"{split}-labels-idx1-ubyte.gz"]
+        if images != labels:
+            _fail("root", f"'{root}' has {images} {split} images but {labels} labels; {FASHION_MNIST_HINT}")
+    return sizes
+
+
+def _idx_gz(path: Path, magic: int, shape: tuple) -> tuple[int, int]:
+    """(items, decompressed bytes) of one gzipped idx file, or DataError naming what is wrong with it."""
+    header_bytes = 4 * (2 + len(shape))
+    try:
+        with gzip.open(path) as stream:
+            header = stream.read(header_bytes)
+        with path.open("rb") as raw:
+            raw.seek(-4, 2)
+            stored = struct.unpack("<I", raw.read(4))[0]
+    except (OSError, EOFError, zlib.error, struct.error) as err:
+        _fail("root", f"'{path}' is not a readable gzip file ({err}); {FASHION_MNIST_HINT}")
+    if len(header) < header_bytes or struct.unpack(">I", header[:4])[0] != magic:
+        _fail("root", f"'{path}' is not an idx file of {'images' if shape else 'labels'}; {FASHION_MNIST_HINT}")
+    count, *dims = struct.unpack(f">{1 + len(shape)}I", header[4:])
+    if tuple(dims) != shape:
+        _fail("root", f"'{path}' holds items of shape {tuple(dims)}, expected {shape}; {FASHION_MNIST_HINT}")
+    size = header_bytes + count * math.prod(shape)
+    if stored != size % 2**32:
+        _fail(
+            "root",
+            f"'{path}' is truncated or damaged: its header announces {count} items ({size} bytes) but the gzip "
+            f"stream ends otherwise; {FASHION_MNIST_HINT}",
+        )
+    return count, size
+
+
+def user_data_sets(data: DataSettings) -> tuple[Any, Any, int, int]:
+    """(train, test, num_classes, in_channels) of a `package.module:callable` data set, its answer checked.
+
+    The callable gets `root` and `image_size` if its signature names them, and data.kwargs; it returns (train,
+    test) or (train, test, num_classes), each set indexable, sample i an (image, label) pair: a float32 tensor
+    (C, image_size, image_size) and an int (or 0-dim int64 tensor) in [0, num_classes). Without num_classes, the
+    training set's `.classes` (torchvision's convention) or `.targets` tells it. A few samples of each set are
+    checked (all labels where `.targets` lists them).
+
+    Remembered for the last `data` section asked about: validation asks twice (check_data, then the model's
+    check), and a stage validates its config before it loads the data, so the callable runs once per process."""
+    return _user_data_sets(json.dumps(to_plain(data), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=1)
+def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
+    data = from_plain(DataSettings, json.loads(data_json), "data")
+    spec = data.name
+    module_name, attr = spec.split(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        _fail("name", f"'{spec}' does not import ({err}); expected package.module:callable")
+    if not callable(factory):
+        _fail("name", f"'{spec}' is not callable")
+    try:
+        named = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it gets data.kwargs only
+        named = {}
+    arguments = {key: getattr(data, key) for key in ("root", "image_size") if key in named} | data.kwargs
+    try:
+        answer = factory(**arguments)
+    except Exception as err:  # the user's code: whatever it raises is theirs to read
+        _fail("name", f"'{spec}' raised {type(err).__name__}: {err}")
+    if not isinstance(answer, tuple) or len(answer) not in (2, 3):
+        _fail("name", f"'{spec}' returned {_kind(answer)}; expected (train, test) or (train, test, num_classes)")
+    train, test = answer[:2]
+    for part, dataset in (("training", train), ("test", test)):
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            _fail("name", f"'{spec}' returned {_kind(dataset)} as its {part} set; expected a torch Dataset")
+        if len(dataset) == 0:
+            _fail("name", f"'{spec}' returned an empty {part} set")
+    num_classes = answer[2] if len(answer) == 3 else _classes(spec, train)
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
+        _fail("name", f"'{spec}' returned num_classes {num_classes!r}; expected a positive int")
+    channels = {
+        _check_samples(spec, part, dataset, num_classes, data.image_size)
+        for part, dataset in (("training", train), ("test", test))
+    }
+    if len(channels) > 1:
+        _fail("name", f"'{spec}': its training and test images have {sorted(channels)} channels")
+    return train, test, num_classes, channels.pop()
+
+
+def _kind(value: Any) -> str:
+    return f"a {type(value).__name__}" if not isinstance(value, tuple) else f"a tuple of {len(value)}"
+
+
+def _classes(spec: str, train: Any) -> int:
+    import torch
+
+    if hasattr(train, "classes"):
+        return len(train.classes)
+    if hasattr(train, "targets"):
+        return int(torch.as_tensor(train.targets).max()) + 1
+    _fail(
+        "name",
+        f"'{spec}' returned no num_classes and its training set has no .classes or .targets; "
+        "return (train, test, num_classes)",
+    )
+
+
+def _check_samples(spec: str, part: str, dataset: Any, num_classes: int, image_size: int) -> int:
+    """The channels of `dataset`'s images, after checking SAMPLES_CHECKED samples and every listed target."""
+    import torch
+
+    def bad(field: str, i: int, what: str) -> NoReturn:
+        _fail(field, f"'{spec}': {part} sample {i}: {what}")
+
+    n = len(dataset)
+    channels = set()
+    for i in sorted({round(k * (n - 1) / (SAMPLES_CHECKED - 1)) for k in range(SAMPLES_CHECKED)}):
+        try:
+            sample = dataset[i]
+        except Exception as err:  # the user's code, as above
+            bad("name", i, f"raised {type(err).__name__}: {err}")
+        if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+            bad("name", i, f"is {_kind(sample)}; expected a pair (image, label)")
+        image, label = sample
+        if not isinstance(image, torch.Tensor) or image.dtype != torch.float32 or image.dim() != 3:
+            what = (
+                f"a {image.dtype} tensor of shape {tuple(image.shape)}"
+                if isinstance(image, torch.Tensor)
+                else _kind(image)
+            )
+            bad("name", i, f"the image is {what}; expected a float32 tensor (channels, height, width)")
+        if tuple(image.shape[1:]) != (image_size, image_size):
+            bad("image_size", i, f"the image is {image.shape[1]}x{image.shape[2]}, data.image_size is {image_size}")
+        channels.add(image.shape[0])
+        is_int = isinstance(label, int) and not isinstance(label, bool)
+        if not (is_int or isinstance(label, torch.Tensor) and label.dtype == torch.int64 and label.dim() == 0):
+            bad("name", i, f"the label is {label!r}; expected an int or a 0-dim int64 tensor")
+        if not 0 <= int(label) < num_classes:
+            bad("name", i, f"label {int(label)} lies outside the {num_classes} classes 0..{num_classes - 1}")
+    if len(channels) > 1:
+        _fail("name", f"'{spec}': its {part} images have {sorted(channels)} channels")
+    if hasattr(dataset, "targets"):
+        targets = torch.as_tensor(dataset.targets)
+        outside = targets[(targets < 0) | (targets >= num_classes)].unique()
+        if len(outside):
+            _fail(
+                "name",
+                f"'{spec}': {part} labels {outside[:5].tolist()} lie outside the {num_classes} classes "
+                f"0..{num_classes - 1}",
+            )
+    return channels.pop()

@@ -1,0 +1,42 @@
+"""What the gradient noise scale (noise_scale.py measures it) means for training's progress: AdaScale's gain,
+the
+steps of the user's recipe, the steps another batch needs to make the same progress, and the noise scale the
+profiles measured. No torch here: the plan, fit-model, select and adapt stages read it on a login node.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tula_hpc.core.job import TrainSettings
+
+
+def adascale_gain(gradient_sq, trace_at_base, scale):
+    """AdaScale's gain r = (sigma^2 + |G|^2) / (sigma^2 / s + |G|^2) (Johnson et al., ICML 2020): how many steps of the
+    base batch one step at s times it is worth. sigma^2 = tr(Sigma) / B_base, the gradient's variance at the base
+    batch; r runs from 1 (no noise: a larger batch buys nothing) to s (all noise: s base steps at once). Equal to
+    McCandlish's (1 + B_noise / B_base) / (1 + B_noise / B)."""
+    return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
+
+
+def recipe_steps(train_cfg: TrainSettings, train_samples: int) -> int:
+    """The steps of the user's recipe, train.epochs at train.lr_base_batch: the progress AdaScale and the goodput
+    objectives train to."""
+    return train_cfg.epochs * math.ceil(train_samples / train_cfg.lr_base_batch)
+
+
+def steps_to_progress(base_steps: float, b_noise: float, base_batch: int, batch: int) -> float:
+    """Steps at `batch` that make the progress of `base_steps` at `base_batch`: S(B) = S_min (1 + B_noise / B)
+    (McCandlish et al.), so base_steps x (1 + B_noise / B) / (1 + B_noise / B_base)."""
+    return base_steps * (1 + b_noise / batch) / (1 + b_noise / base_batch)
+
+
+def measured_noise_scale(profiles: list[dict]) -> dict | None:
+    """The noise scale the profiles measured: the median B_noise over those that have one (multi-rank ones)."""
+    values = sorted(p["noise_scale"]["b_noise"] for p in profiles if (p.get("noise_scale") or {}).get("b_noise"))
+    if not values:
+        return None
+    return {"b_noise": statistics.median(values), "profiles": len(values), "range": [values[0], values[-1]]}

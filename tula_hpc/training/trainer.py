@@ -1,0 +1,418 @@
+"""The training loop on every rank: DDP training at one global batch (or a schedule of them), checkpointed every
+epoch, every resources.checkpoint_every_steps steps if set, and at the step where a signal asks the job to stop
+(preemption.py). The train stage (stages/train.py) launches `train_worker` and relaunches it after running
+out of memory.
+
+Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up
+are step.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
+declared output, so Snakemake never deletes them); only rank 0 writes, with every rank's RNG states, while
+the others wait for it outside any collective (distributed.wait_for_main: a checkpoint may outlast the
+collective timeout).
+
+Time. `train_time_s` is the time of the epochs the final model went through (steps and data loading,
+not validation or checkpoints): what the performance model predicts. On a GPU the steps are queued, not done,
+when the loop goes on: the clock that closes an epoch or a mid-epoch save is read once the device is done
+(step.clock_for), and at no other step, which would take away the overlap of host and device training has.
+Each epoch's `data_wait_s` (metrics.jsonl) is the part of it the loop waited for its loader, to set beside the
+profile's data part (which cannot overlap: profiling waits for every step). Epochs or parts of epochs that a
+kill, a preemption or running out of memory threw away are lost work; `train_time_with_lost_work_s`
+adds them, from a log rank 0 appends to as the loop goes and on its way out (loop_accounting.LoopClock).
+
+The batch. Under train.batch_schedule adaptive it is chosen again at every epoch's end (`Trainer.next_batch`, by
+performance/batch_schedule.py's BatchSchedule); the checkpoint keeps the batch in effect, so a resume sets up at it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+
+from tula_hpc.cluster.distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown
+from tula_hpc.core.atomic_files import append_jsonl, atomic_path, write_jsonl
+from tula_hpc.core.dependencies import stage_settings
+from tula_hpc.core.run_layout import steps_per_epoch as epoch_steps
+from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
+from tula_hpc.training.checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
+from tula_hpc.training.data import loader_options, make_loader, start_epoch
+from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
+from tula_hpc.training.preemption import StopRequests
+from tula_hpc.training.step import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
+from tula_hpc.training.strategies import build_strategy
+
+if TYPE_CHECKING:
+    from tula_hpc.core.job import Job
+
+
+class BatchChooser(Protocol):
+    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule): the next epoch's
+    global batch from the noise scale measured so far, with why."""
+
+    def choose(self, global_batch: int, noise: dict | None) -> dict: ...
+
+
+def accumulation_for(per_device_batch: int, micro_cap: int | None) -> int:
+    """Slices a device's batch is computed in: 1, or enough that none is above `micro_cap` (after running out of
+    memory)."""
+    return 1 if micro_cap is None else max(1, math.ceil(per_device_batch / micro_cap))
+
+
+@dataclass
+class TrainState:
+    """Everything of the run that resumes beside the model and the optimiser, as its checkpoint keeps it: finished
+    epochs, samples per rank into the next one (the sampler's position), steps, the finished epochs' time and the
+    open epoch's time and data wait so far (saved mid-epoch), the steps it restarted at, the epochs' records, the
+    strategy's and the noise estimator's own state (filled in when saving), and the batch schedule's place."""
+
+    epoch: int = 0
+    samples_done: int = 0
+    step: int = 0
+    train_time: float = 0.0
+    open_epoch_time: float = 0.0
+    open_epoch_data_wait: float = 0.0
+    restarts: list[int] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    strategy: dict = field(default_factory=dict)
+    noise_scale: dict | None = None
+    global_batch: int | None = None  # the batch in effect, once train.batch_schedule adaptive has changed it
+    optimizer_steps: int = 0  # every step taken, at whichever batch (`step` places the schedule at the current one)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def train_worker(
+    job: Job,
+    global_batch: int,
+    checkpoint_path: str,
+    model_path: str,
+    metrics_path: str,
+    accumulation: int = 1,
+    selected_batch: int | None = None,
+    failure_dir: str | None = None,
+    loop_log_path: str | None = None,
+    schedule: BatchChooser | None = None,
+    micro_cap: int | None = None,
+) -> dict | None:
+    """One training attempt on every rank, with the device limited to resources.device_memory_gb.
+
+    `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
+    global batch, which names the run's checkpoint (default: global_batch). `schedule` (train.batch_schedule
+    adaptive) re-chooses the batch at epochs' ends, each computed in slices of at most `micro_cap` samples (set
+    after running out of memory). A rank that runs out of memory records it, with the batch and slice in effect,
+    in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
+    Without `failure_dir` (called in-process) the error is raised instead.
+    """
+    trainer = None
+    try:
+        with out_of_memory_ends_job_step(failure_dir, lambda: trainer.batch_in_effect() if trainer else {}):
+            trainer = Trainer(
+                job,
+                global_batch,
+                Path(checkpoint_path),
+                Path(metrics_path),
+                accumulation,
+                selected_batch or global_batch,
+                schedule,
+                micro_cap,
+            )
+            summary = trainer.train(Path(model_path), Path(loop_log_path) if loop_log_path else None)
+            shutdown()  # not on an error: a rank that fails ends the job step at once (end_job_step), peers and all
+            return summary
+    finally:
+        device_memory.lift()
+
+
+class Trainer:
+    """One training attempt on this rank: set up (model, strategy, loader, resumed from the checkpoint), then
+    `train`, which hands each piece to a method: the epoch's steps, the epoch's end, the checkpoint, the summary."""
+
+    def __init__(
+        self,
+        job: Job,
+        global_batch: int,
+        checkpoint_path: Path,
+        metrics_path: Path,
+        accumulation: int,
+        selected_batch: int,
+        schedule: BatchChooser | None = None,
+        micro_cap: int | None = None,
+    ):
+        self.job, self.accumulation, self.schedule, self.micro_cap = job, accumulation, schedule, micro_cap
+        self.checkpoint_path, self.metrics_path = checkpoint_path, metrics_path
+        self.ctx = ctx = init_distributed(job.resources.gpus_per_node > 0)
+        self.splits, self.model = build_for_job(job, ctx)
+        device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(self.model), job)
+        self.net = wrap_ddp(self.model, ctx)
+        self.loader_options = loader_options(job, ctx.device)
+        # What a resumable checkpoint matches: the settings, the selection, and the checkpoint's layout (an older
+        # one is ignored with a line saying so, not misread).
+        self.run = {
+            **stage_settings(job.as_dict(), "train"),
+            "selected_batch": selected_batch,
+            "format": CHECKPOINT_FORMAT,
+        }
+        self.checkpointer = Checkpointer(checkpoint_path, self.run, ctx)
+        self.state, self.strategy = TrainState(), None
+        checkpoint = self.checkpointer.load()
+        if checkpoint is not None:
+            self.state.load_state_dict(checkpoint["state"])
+        self.use_batch(self.state.global_batch or global_batch)  # the schedule's batch, where it changed it
+        self.resumed_from = self.resume(checkpoint)
+        del checkpoint
+        self.device_clock = clock_for(ctx.device)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.epochs = self.state.epoch + self.strategy.epochs_left(job.train.epochs, self.state.epoch)
+
+    def use_batch(self, global_batch: int) -> None:
+        """Train at `global_batch` from here: its per-device batch and slices, steps per epoch, loader, and the
+        strategy (train.strategy: the optimiser, the per-step LR schedule, the hooks around the step) built for it.
+
+        A strategy built before (a change of batch at an epoch's end) hands over the optimiser's state and its own,
+        placed at this batch's step of the epoch, as a resume from a checkpoint does; the noise scale hook stays.
+        """
+        ctx, previous = self.ctx, self.strategy
+        self.global_batch, self.per_device = global_batch, global_batch // ctx.world_size
+        if self.schedule is not None:
+            self.accumulation = accumulation_for(self.per_device, self.micro_cap)
+        self.micro_batch = math.ceil(self.per_device / self.accumulation)
+        self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
+        self.strategy = build_strategy(
+            self.net,
+            self.job.train,
+            global_batch,
+            self.steps_per_epoch,
+            len(self.splits.train),
+            noise_scale=previous.noise_scale if previous is not None else None,
+        )
+        if previous is not None:
+            self.state.step = self.state.epoch * self.steps_per_epoch
+            self.strategy.resume(previous.optimizer.state_dict(), self.state.step)
+            self.strategy.load_state_dict(previous.state_dict())
+            self.epochs = self.state.epoch + self.strategy.epochs_left(self.job.train.epochs, self.state.epoch)
+        self.loader = make_loader(
+            self.splits.train,
+            self.per_device,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=self.job.train.seed,
+            shuffle=True,
+            **self.loader_options,
+        )
+        self.batches = TimedBatches(self.loader)
+
+    def batch_in_effect(self) -> dict:
+        """The batch and the slice a device computes at once, as an out-of-memory record keeps them."""
+        return {"global_batch": self.global_batch, "accumulation": self.accumulation, "micro_batch": self.micro_batch}
+
+    def train(self, model_path: Path, loop_log_path: Path | None) -> dict | None:
+        """Every epoch left, each checkpointed; the final model and the summary (rank 0's; None elsewhere)."""
+        ctx, state = self.ctx, self.state
+        if ctx.is_main:
+            # The checkpoint's history is the truth: a kill between checkpoint and log line must not lose an epoch.
+            write_jsonl(self.metrics_path, state.history)
+            if self.resumed_from is None and loop_log_path is not None:
+                write_jsonl(loop_log_path, [])  # a fresh run: earlier runs' loop time is not this run's
+        self.clock = LoopClock(loop_log_path if ctx.is_main else None)
+        self.trace = StepTrace(ctx.is_main)
+        with StopRequests(ctx.world_size) as stop:
+            while state.epoch < self.epochs and not self.strategy.finished():
+                loss, epoch_time, stopping = self.run_epoch(stop)
+                self.end_epoch(loss, epoch_time)
+                if stopping and state.epoch < self.epochs and not self.strategy.finished():
+                    stop.leave(ctx.rank)
+        if not ctx.is_main:
+            return None
+        _save_model(model_path, self.model, self.job, self.splits)
+        return self.summary()
+
+    def run_epoch(self, stop) -> tuple[torch.Tensor, float, bool]:
+        """The open epoch's steps: (this rank's mean loss over the steps it ran, the epoch's time, whether a rank was
+        asked to stop).
+
+        Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
+        own checkpoint does it. Every resources.checkpoint_every_steps steps (if set) it is saved too. The time of
+        a step's work still queued on the device counts (`device.wait`).
+        """
+        state, clock, per_device = self.state, self.clock, self.per_device
+        start_epoch(self.loader, state.epoch, state.samples_done)
+        batches_done = math.ceil(state.samples_done / per_device)
+        spent_before, started, stopping = clock.spent - state.open_epoch_time, time.perf_counter(), False
+        self.batches.waited = state.open_epoch_data_wait
+        loss_sum, steps = torch.zeros((), device=self.ctx.device), 0  # summed on the device: no sync per step
+        try:
+            for batch in self.batches:
+                loss, stopping = loop_step(
+                    self.net, self.strategy, self.loss_fn, batch, self.ctx.device, stop, self.accumulation
+                )
+                loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
+                state.step, batches_done = state.step + 1, batches_done + 1
+                state.optimizer_steps += 1
+                self.trace.add(state.step)
+                saving = (stopping or self.checkpoint_due(state.step)) and batches_done < self.steps_per_epoch
+                if saving:
+                    self.device_clock.wait()
+                now = time.perf_counter()
+                clock.add(now - started, force=saving)
+                if saving:
+                    self.save(batches_done * per_device, clock.spent - spent_before, self.batches.waited)
+                    if stopping:
+                        stop.leave(self.ctx.rank)
+                started = time.perf_counter()  # a save's time is not the loop's
+                if self.strategy.finished():  # its progress is made mid-epoch: the epoch ends here
+                    break
+            self.device_clock.wait()
+        finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
+            clock.add(time.perf_counter() - started, force=True)
+        return loss_sum / max(steps, 1), clock.spent - spent_before, stopping
+
+    def checkpoint_due(self, step: int) -> bool:
+        """resources.checkpoint_every_steps: the same steps on every rank, so that they save together."""
+        every = self.job.resources.checkpoint_every_steps
+        return every is not None and step % every == 0
+
+    def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
+        """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps) and
+        its checkpoint."""
+        state, loss = self.state, mean_over_ranks(loss, self.ctx)
+        strategy_metrics = self.strategy.end_epoch()
+        noise = self.strategy.noise_scale
+        strategy_metrics["noise_scale"] = noise.read() if noise is not None else None
+        state.train_time += epoch_time
+        state.epoch, state.samples_done = state.epoch + 1, 0
+        state.open_epoch_time = state.open_epoch_data_wait = 0.0
+        val_accuracy = evaluate_accuracy(
+            self.net, self.splits.val, self.ctx, batch_size=self.micro_batch, **self.loader_options
+        )
+        record = {
+            "epoch": state.epoch,
+            "step": state.step,
+            "loss": loss,
+            "val_accuracy": val_accuracy,
+            "epoch_time_s": epoch_time,
+            "data_wait_s": self.batches.waited,
+            "lr": self.strategy.optimizer.param_groups[0]["lr"],
+            **strategy_metrics,
+        }
+        if self.schedule is not None:
+            record["batch_schedule"] = self.next_batch(strategy_metrics["noise_scale"])
+        state.history.append(record)
+        self.save(0, 0.0, 0.0)
+        if self.ctx.is_main:
+            append_jsonl(self.metrics_path, record)
+            print(
+                f"[train] epoch {state.epoch}/{self.epochs} loss {loss:.4f} val_acc {val_accuracy:.4f} "
+                f"time {epoch_time:.2f}s (data wait {self.batches.waited:.2f}s)",
+                flush=True,
+            )
+
+    def next_batch(self, noise: dict | None) -> dict:
+        """train.batch_schedule adaptive at an epoch's end: the batch the epoch ran at, the one the schedule chooses
+        for the next from the noise scale measured so far (every rank reads the same), and the change made."""
+        ran = self.batch_in_effect()
+        choice = self.schedule.choose(self.global_batch, noise)
+        if choice["global_batch"] != self.global_batch and not self.strategy.finished():
+            self.use_batch(choice["global_batch"])
+            self.state.global_batch = self.global_batch
+            if self.ctx.is_main:
+                print(
+                    f"[train] batch {ran['global_batch']} -> {self.global_batch} ({choice['reason']}, B_noise "
+                    f"{choice['b_noise']}; {self.accumulation} slice(s) of {self.micro_batch} per device)",
+                    flush=True,
+                )
+        return {"ran": ran, **choice, "next": self.batch_in_effect()}
+
+    def resume(self, checkpoint: dict | None) -> tuple[int, int] | None:
+        """The checkpoint of this run (its state already read), restored into the model, the optimiser, the strategy,
+        the noise estimator and this rank's RNGs; (epoch, step) resumed from, or None when there is none. The caller
+        drops the rest of the checkpoint: it must not hold device memory."""
+        if checkpoint is None:
+            return None
+        self.model.load_state_dict(checkpoint["model"])
+        state = self.state
+        # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
+        # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
+        state.step = state.epoch * self.steps_per_epoch + math.ceil(state.samples_done / self.per_device)
+        state.restarts.append(state.step)
+        self.strategy.resume(checkpoint["optimizer"], state.step)
+        self.strategy.load_state_dict(state.strategy)
+        if self.strategy.noise_scale is not None and state.noise_scale is not None:  # rank 0's, on every rank
+            self.strategy.noise_scale.estimate.load_state_dict(state.noise_scale)
+        restore_rng(own_rng_state(checkpoint["rng"], self.ctx.rank, self.ctx.world_size))
+        if self.ctx.is_main:
+            print(
+                f"[train] resuming from checkpoint {self.checkpointer.loaded_from} at epoch {state.epoch} "
+                f"({state.samples_done} samples per rank into it), step {state.step}",
+                flush=True,
+            )
+        return state.epoch, state.step
+
+    def save(self, samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
+        """The state as it stands, with the open epoch's samples, time and data wait so far (0 at an epoch's end)."""
+        noise = self.strategy.noise_scale
+        state = TrainState(
+            **{
+                **self.state.state_dict(),
+                "samples_done": samples_in_epoch,
+                "open_epoch_time": epoch_time,
+                "open_epoch_data_wait": data_wait,
+                "strategy": self.strategy.state_dict(),
+                "noise_scale": None if noise is None else noise.estimate.state_dict(),
+            }
+        )
+        self.checkpointer.save(self.model, self.strategy.optimizer, state.state_dict())
+
+    def summary(self) -> dict:
+        state, device = self.state, self.ctx.device
+        return {
+            "nodes": None,
+            "global_batch": self.global_batch,
+            "per_device_batch": self.per_device,
+            "batch_schedule": self.job.train.batch_schedule,
+            "optimizer_steps": state.optimizer_steps,
+            "world_size": self.ctx.world_size,
+            "accumulation": self.accumulation,
+            "micro_batch": self.micro_batch,
+            "epochs": state.epoch,
+            "max_epochs": self.epochs,
+            "steps": state.step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "strategy": self.strategy.name,
+            "train_samples": len(self.splits.train),
+            "train_time_s": state.train_time,
+            "resumed_from_epoch": None if self.resumed_from is None else self.resumed_from[0],
+            "resumed_from_step": None if self.resumed_from is None else self.resumed_from[1],
+            "restarts_at_steps": state.restarts,
+            "history": state.history,
+            # The device as training found it, for the report to hold against the memory model: the peaks the
+            # steps allocated and the allocator reserved, and what it does not hold (CUDA context, NCCL's
+            # communicators) with every process group formed. Nothing outside the allocator on the CPU.
+            "peak_allocated_bytes": device_memory.peak(device, "allocated"),
+            "peak_reserved_bytes": device_memory.peak(device, "reserved"),
+            "outside_allocator_bytes": device_memory.outside_allocator(device),
+        }
+
+
+def _save_model(path: Path, model: nn.Module, job: Job, splits) -> None:
+    """The final model with what evaluation needs to rebuild it."""
+    with atomic_path(path) as tmp:
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "model_name": job.model.name,
+                "model_kwargs": job.model.kwargs,
+                "num_classes": splits.num_classes,
+                "in_channels": splits.in_channels,
+                "image_size": job.data.image_size,
+            },
+            tmp,
+        )
