@@ -188,8 +188,7 @@ def _check_semantics(job: Job) -> None:
 
 
 # strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, performance/batch_schedule.py)
-# makes no
-# sense with it
+# makes no sense with it
 ADAPTIVE_BATCH_REFUSED = {
     "polo": "its local SGD all-reduces no gradients to measure the noise scale with, and its averaging period is "
     "laid out in the first batch's steps"

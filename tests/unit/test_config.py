@@ -280,8 +280,7 @@ def test_validating_a_built_in_model_leaves_torch_unimported():
     assert "torch" not in modules.stdout.split()
 
 
-# --- data sets checked before anything is submitted (tula_hpc.training.data_check)
-# ---------------------------------------
+# --- data sets checked before anything is submitted (tula_hpc.training.data_check) ---------------------------
 
 FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz")
 

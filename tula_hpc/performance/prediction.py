@@ -2,8 +2,7 @@
 that confirms its decision (search.confirm_choice, in the adapt rule) predicts between its profiles; one home for both.
 
 T = E * (steps per epoch of B, the last one with the rest of the data) * t_step plus what the run spends once (the
-warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing
-(pricing.py).
+warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing (pricing.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Memory probes and verification trials, each in a fresh process (one probe's allocator and lazily built kernels
-must not leak into the next) under the device budget (memory/device_budget.py): `python -m
-tula_hpc.profiling.memory_probes KIND JSON`
-prints the answer as its last line; running out of memory is an answer, not a crash."""
+must not leak into the next) under the device budget (memory/device_budget.py):
+`python -m tula_hpc.profiling.memory_probes KIND JSON` prints the answer as its last line; running out of memory is
+an answer, not a crash."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ Shared machines are noisy (the same step measured in separate processes here var
   weighs each profile by how quiet it was.
 
 What happens once per run and once per epoch is timed too (performance/run_overhead.py turns it into the warm-up W and
-the
-epoch-end terms): the warm-up steps are kept one by one (`warmup_step_s`; on a GPU the first step of a process
+the epoch-end terms): the warm-up steps are kept one by one (`warmup_step_s`; on a GPU the first step of a process
 builds cuDNN and cuBLAS plans and fills the allocator's cache: 945 ms against 24 ms steady for resnet18 at b=512
 on the H200, bench/data/gpu), and two epoch ends are run as training runs them (`epoch_ends`): the epoch's last,
 shorter step, the strategy's epoch end, the loader's restart and the next epoch's first step (AGS's split-batch

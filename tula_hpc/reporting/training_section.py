@@ -17,9 +17,8 @@ def _versus(evaluation: dict, part: str) -> str:
 
 
 def time_terms(chosen: dict, predicted: dict, evaluation: dict) -> str:
-    """What the run spends once and per epoch beside its steps (performance/run_overhead.py), and the first and steady
-    epochs
-    predicted against measured (evaluate's comparison)."""
+    """What the run spends once and per epoch beside its steps (performance/run_overhead.py), and the first and
+    steady epochs predicted against measured (evaluate's comparison)."""
     first, second = chosen.get("warmup_first_s", 0.0), chosen.get("warmup_second_s", 0.0)
     return (
         f"Beside the steps: a warm-up of {first + second:.3f} s once ({first:.3f} s in the first epoch, {second:.3f} s "

@@ -4,9 +4,8 @@
 The stage. Probes and trials run one after another in the stage's worker, each run's memory given back before the
 next (resources.memory_probes_in: fresh_processes gives each a new process instead), under the device budget
 (memory/device_budget.py). The allocated-peak model proposes the largest batch. On CUDA the trials then bracket the
-card's real
-limit under the budget (memory_model.next_bracket_trial) and the job's headroom comes off the limit they found
-(memory_model.cuda_choice); on the CPU, whose budget allocator is exact, at most MAX_VERIFICATION_TRIALS trials at
+card's real limit under the budget (memory/model.py's next_bracket_trial) and the job's headroom comes off the limit
+they found (cuda_choice); on the CPU, whose budget allocator is exact, at most MAX_VERIFICATION_TRIALS trials at
 the usable budget confirm or correct the model, each using what the one before measured.
 """
 

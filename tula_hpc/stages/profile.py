@@ -1,8 +1,7 @@
 """Stage `profile`: a few real DDP training steps at one (nodes, GPUs per node, global batch), timed part by part.
 
 Steps are the job's own training step, timed part by part on the candidate's nodes by profiling/step_timing.py; this
-module
-runs on the login node and only submits that worker (named, so that it imports torch on the nodes, not here).
+module runs on the login node and only submits that worker (named, so that it imports torch on the nodes, not here).
 
 With `--adaptive` the stage runs the profiles beyond the plan instead (the adapt rule): adaptive search's, one
 profile job after another chosen by the performance model, and those that confirm the choice (see `adapt`).

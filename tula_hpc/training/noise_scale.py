@@ -18,8 +18,7 @@ Each rank's |g_small|^2 is its own sample; `read` averages the ranks' estimates 
 which an epoch's end or a profile's end can afford.
 
 What a noise scale means for the steps a batch needs (AdaScale's gain, the recipe's progress) is
-progress.py's, which
-imports no torch: the stages that only plan, fit and choose run on a login node.
+progress.py's, which imports no torch: the stages that only plan, fit and choose run on a login node.
 """
 
 from __future__ import annotations

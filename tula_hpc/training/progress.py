@@ -1,6 +1,5 @@
 """What the gradient noise scale (noise_scale.py measures it) means for training's progress: AdaScale's gain,
-the
-steps of the user's recipe, the steps another batch needs to make the same progress, and the noise scale the
+the steps of the user's recipe, the steps another batch needs to make the same progress, and the noise scale the
 profiles measured. No torch here: the plan, fit-model, select and adapt stages read it on a login node.
 """
 

@@ -231,8 +231,8 @@ class Precision:
 
 
 class Strategy:
-    """Optimiser, schedule and precision of one run, and the hooks the training loop calls; lbt, lrs and lars need no
-    more."""
+    """Optimiser, schedule and precision of one run, and the hooks the training loop calls; lbt, lrs and lars need
+    no more."""
 
     def __init__(
         self,
@@ -247,8 +247,7 @@ class Strategy:
         self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
         self.precision = precision
         # The gradient noise scale, measured by DDP's all-reduce (noise_scale.py); None on one rank and for
-        # polo,
-        # whose local steps all-reduce no gradients.
+        # polo, whose local steps all-reduce no gradients.
         self.noise_scale: NoiseScaleHook | None = None
 
     def reference_indices(self, local_batch: int) -> torch.Tensor | None:
