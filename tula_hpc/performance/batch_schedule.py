@@ -25,13 +25,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from tula_hpc.performance.choice import InfeasibleError, decide
+from tula_hpc.performance.choice import GOODPUT_GOALS, InfeasibleError, decide
 from tula_hpc.performance.prediction import to_progress
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
-
-GOODPUT_GOALS = ("goodput", "goodput_cost")
 
 
 def goodput_choice(job: Job, rows: list[dict], train_samples: int, b_noise: float) -> dict:

@@ -138,6 +138,7 @@ GOALS = {
     "goodput_cost": ("progress_cost", "progress_time_s", False),
     "knee": ("time_s", "cost", False),
 }
+GOODPUT_GOALS = ("goodput", "goodput_cost")  # the goals that train to the recipe's progress, not its epochs
 
 
 def _value(candidate: dict, goal: str) -> float:

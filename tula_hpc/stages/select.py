@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tula_hpc.cluster.partition import queue_waits
 from tula_hpc.core.records import FitResult, Selection
-from tula_hpc.performance.choice import CONSTRAINTS, InfeasibleError, select
+from tula_hpc.performance.choice import CONSTRAINTS, GOODPUT_GOALS, InfeasibleError, select
 from tula_hpc.stages.runner import stage_main
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def predicted_run(job: Job, chosen: dict) -> dict:
     or with adascale (which trains until it) where the noise scale was measured, else the recipe's epochs. `time_s`
     is the epochs' own time (steps, loading, warm-up: what train_time_s measures), `job_time_s` adds what every
     epoch's end does outside it (the strategy's epoch end, validation, the checkpoint: performance/run_overhead.py)."""
-    to_progress = job.objective.minimize in ("goodput", "goodput_cost") or job.train.strategy == "adascale"
+    to_progress = job.objective.minimize in GOODPUT_GOALS or job.train.strategy == "adascale"
     if to_progress and "progress_time_s" in chosen:
         run = {"time_s": chosen["progress_time_s"], "cost": chosen["progress_cost"], "to": "progress"}
         epochs = math.ceil(chosen["progress_epochs"])

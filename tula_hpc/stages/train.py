@@ -20,6 +20,7 @@ from tula_hpc.core.errors import StageError
 from tula_hpc.core.records import Selection, TrainSummary
 from tula_hpc.memory.device_budget import budget_source
 from tula_hpc.performance.batch_schedule import BatchSchedule
+from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
 from tula_hpc.training.loop_accounting import loop_time_s
 from tula_hpc.training.trainer import train_worker
@@ -68,7 +69,7 @@ def stretched_to_progress(job: Job, chosen: dict) -> Job:
     """Under a goodput objective, the job with train.epochs (and its milestones with them) stretched to the epochs
     the chosen batch needs to make the recipe's progress (prediction.to_progress); adascale reaches that progress
     by its own gain, and the other objectives train the recipe's epochs."""
-    if job.objective.minimize not in ("goodput", "goodput_cost") or job.train.strategy == "adascale":
+    if job.objective.minimize not in GOODPUT_GOALS or job.train.strategy == "adascale":
         return job
     epochs = max(1, math.ceil(chosen["progress_epochs"]))
     stretch = epochs / job.train.epochs
