@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from common import RESULTS, bench_parser, provenance, train_cell, trained_scores, write_and_report
-from efficiency_fmnist import CHOICE_JOB, WORLD, choose_by_goodput
+from efficiency_fmnist import CHOICE_JOB, WORLD, choice_digest, choose_by_goodput
 from generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 
 from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
@@ -54,9 +54,10 @@ def job_of(kind: str, strategy: str, seed: int) -> Job:
     return adaptive_job(strategy, seed) if kind != "reference" else cell_job(SCALE, MODEL, "lbt", seed, None)
 
 
-def the_choice(scratch: Path, digest: str) -> dict:
-    """The DAG's goodput choice and perfmodel.json's candidates at its node count (cached with the code's digest)."""
+def the_choice(scratch: Path) -> dict:
+    """The DAG's goodput choice and perfmodel.json's candidates at its node count (cached with the DAG's digest)."""
     records = read_jsonl(CELLS) if CELLS.exists() else []
+    digest = choice_digest(MODEL)
     found = [r for r in records if r["phase"] == "choice" and r["code_digest"] == digest]
     if found:
         return found[-1]
@@ -131,7 +132,7 @@ def tuned_strategy(tuning: list[dict]) -> dict:
 
 def run(scratch: Path) -> dict:
     digest = code_digest()
-    choice = the_choice(scratch, digest)
+    choice = the_choice(scratch)
     done = {r["key"]: r for r in (read_jsonl(CELLS) if CELLS.exists() else []) if r["phase"] != "choice"}
 
     def ran(planned: dict) -> dict:

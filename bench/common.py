@@ -115,16 +115,30 @@ def provenance() -> dict:
 def files_digest(paths: list[str], settings: object = None) -> str:
     """A short hash of these repository files (paths relative to REPO; a folder stands for the files under it, caches
     and bench/results left out) and `settings`: equal digests mean the same code with the same settings, without
-    relying on git."""
+    relying on git. A path that does not exist is an error: a cache keyed on code that is no longer there would be
+    reused after any change."""
     digest = hashlib.sha256()
     for path in paths:
         top = REPO / path
+        if not top.exists():  # a moved module would otherwise drop out of the digest unseen
+            raise FileNotFoundError(f"files_digest: '{path}' is not in the repository (moved or renamed?)")
         for file in [top] if top.is_file() else sorted(top.rglob("*")):
             relative = file.relative_to(REPO).as_posix()
             if file.is_file() and "__pycache__" not in relative and not relative.startswith("bench/results"):
                 digest.update(relative.encode() + b"\0" + file.read_bytes() + b"\0")
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
+
+
+def stage_code(*stages: str) -> list[str]:
+    """The package files a run of these stage modules can import: every folder and module below stages/ in the
+    import layers (tests/unit/test_imports.py holds the package to them) and the named stages with their runner,
+    since stage modules never import each other. Derived from the package's layout, so a move cannot leave it
+    behind."""
+    package = REPO / "tula_hpc"
+    above = {"stages", "cli.py", "__pycache__"}
+    below = sorted(p.relative_to(REPO).as_posix() for p in package.iterdir() if p.name not in above)
+    return below + [f"tula_hpc/stages/{name}.py" for name in ("__init__", "runner", *stages)]
 
 
 def write_result(path: Path, settings: dict, figures: dict) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import yaml
-from common import JOBS_FILE, REPO, RESULTS, bench_config, train_cell, trained_scores
+from common import JOBS_FILE, REPO, RESULTS, bench_config, files_digest, train_cell, trained_scores
 from generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 
 from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
@@ -39,6 +39,8 @@ TUNING_SEED = 100
 CELLS = RESULTS / "statistical_efficiency_cells.jsonl"
 ACCURACY_MARGIN = 0.5  # points: the issue's "within 0.5 points of the B=128 reference"
 CHOICE_JOB = "bench-goodput-fmnist"
+# What the DAG's choice depends on: the whole workflow, its package, profiles and the jobs file it merges into.
+DAG_CODE = ["tula_hpc", "workflow", "Snakefile", "profiles", "config"]
 SUMMARY = ("goodput_accuracy_minus_reference", "goodput_time_over_reference", "adascale_worst_accuracy_minus_reference")
 
 
@@ -54,6 +56,11 @@ def goodput_changes(model: str) -> dict:
         "search": {"nodes": {"min": WORLD, "max": WORLD}, "batch": {"min": 32, "max": 4096}},
         "objective": {"minimize": "goodput"},
     }
+
+
+def choice_digest(model: str) -> str:
+    """What a cached choice of the DAG is reused under: its code and the goodput job's settings."""
+    return files_digest(DAG_CODE, goodput_changes(model))
 
 
 def choose_by_goodput(model: str, folder: Path) -> dict:
@@ -126,11 +133,12 @@ def run(scratch: Path, deadline: float | None = None) -> dict:
     """Choose by goodput, train every planned cell not yet in CELLS (none started after `deadline`), and the
     figures."""
     records = read_jsonl(CELLS) if CELLS.exists() else []
-    digest = code_digest()
-    choices = {r["model"]: r for r in records if r["phase"] == "choice" and r.get("code_digest") == digest}
+    choices = {
+        r["model"]: r for r in records if r["phase"] == "choice" and r.get("code_digest") == choice_digest(r["model"])
+    }
     for model in MODELS:
         if model not in choices:
-            choices[model] = {**choose_by_goodput(model, scratch / f"dag-{model}"), "code_digest": digest}
+            choices[model] = {**choose_by_goodput(model, scratch / f"dag-{model}"), "code_digest": choice_digest(model)}
             append_jsonl(CELLS, choices[model])
     done = {r["key"]: r for r in records if r["phase"] == "test"}
     for cell in plan(choices):

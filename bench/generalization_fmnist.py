@@ -41,7 +41,17 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from common import RESULTS, WORK, bench_job, bench_parser, files_digest, train_cell, trained_scores, write_result
+from common import (
+    RESULTS,
+    WORK,
+    bench_job,
+    bench_parser,
+    files_digest,
+    stage_code,
+    train_cell,
+    trained_scores,
+    write_result,
+)
 from scipy import stats
 
 from tula_hpc.core.atomic_files import append_jsonl, read_jsonl
@@ -100,13 +110,9 @@ SCALES = {
         "cells_at_once": 1,
     },
 }
-# What a cell's result depends on besides its settings: the training loop, its strategies, data, models, scoring.
-TRAINING_CODE = [
-    f"tula_hpc/{name}.py"
-    for name in (
-        "ags checkpoint data datacheck distributed evaluate launch models preemption strategies train training_step"
-    ).split()
-]
+# What a cell's result depends on besides its settings: the train and evaluate stages and all they can import (the
+# training loop, its strategies, data, models, the batch schedule's choice, scoring).
+TRAINING_CODE = stage_code("train", "evaluate")
 
 
 def code_digest() -> str:

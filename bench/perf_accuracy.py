@@ -86,22 +86,15 @@ BUDGET_S = 1020.0
 # Adaptive search stops on predictions confirmed within this; here it is set to about this machine's noise
 # floor (a tighter tolerance cannot be confirmed on it and turns adaptive into full search).
 ADAPTIVE = {"tolerance": 0.10, "max_profiles": None}
-# What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones.
+# What the measurements depend on besides the jobs' profile settings: a change here invalidates stored ones. The
+# import layers up to the profiles (step timing and all below it) and the train stage the whole runs go through; not
+# performance/, the analysis that --reuse re-runs on stored measurements.
 MEASURING_CODE = [
-    f"tula_hpc/{name}.py"
-    for name in (
-        "step_timing",
-        "training_step",
-        "strategies",
-        "models",
-        "data",
-        "distributed",
-        "launch",
-        "launch_spec",
-        "train",
-        "checkpoint",
-    )
-] + ["bench/whole_run.py"]
+    *(f"tula_hpc/{layer}" for layer in ("__init__.py", "core", "cluster", "memory", "training", "profiling")),
+    "tula_hpc/config.py",
+    "tula_hpc/stages/train.py",
+    "bench/whole_run.py",
+]
 MODES = ("partial", "adaptive", "full")
 # Step-time errors in multiples of the noise floor measured in the same run; the rest as fractions.
 TARGETS = {

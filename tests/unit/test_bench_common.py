@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_imports import import_graph, modules
 from tula_hpc.config import ConfigError
 
 PATH = Path(__file__).resolve().parents[2] / "bench" / "common.py"
@@ -72,3 +73,31 @@ def test_a_folder_digests_as_its_files_without_caches_or_results_and_any_change_
     assert common.files_digest(["code", "bench"], {"s": 2}) != before
     (tmp_path / "code/sub/b.py").write_text("changed")
     assert common.files_digest(["code", "bench"], {"s": 1}) != before
+
+
+def test_a_path_that_is_not_there_is_an_error_not_an_empty_digest(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    (tmp_path / "code.py").write_text("x")
+    with pytest.raises(FileNotFoundError, match="'moved.py'"):
+        common.files_digest(["code.py", "moved.py"])
+
+
+def test_stage_code_holds_every_module_the_stages_import():
+    """Whatever the train and evaluate stages import, however deep, lies under stage_code's paths; the other stages
+    and the command line do not."""
+    graph = import_graph()
+    reached, todo = set(), ["stages.train", "stages.evaluate"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph[module]
+    paths = common.stage_code("train", "evaluate")
+    files = {p for p in paths if p.endswith(".py")}
+    folders = [p + "/" for p in paths if not p.endswith(".py")]
+    found = modules()
+    for module in reached:
+        path = found[module].relative_to(common.REPO).as_posix()
+        assert path in files or any(path.startswith(f) for f in folders), path
+    assert all((common.REPO / p).exists() for p in paths)
+    assert not {"tula_hpc/stages/select.py", "tula_hpc/cli.py"} & set(paths)

@@ -229,3 +229,7 @@ def test_whole_runs_are_judged_over_every_profile_and_run_of_a_configuration_aga
     assert analysis["figures"]["steady_epoch"]["median_rel_error"] == 0.0
     assert analysis["figures"]["steps_only"]["median_rel_error"] == pytest.approx(1 - 9 / 11)
     assert analysis["target"]["met"] == (whole["median_rel_error"] / whole["noise_floor"] <= whole_run.WHOLE_RUN_TARGET)
+
+
+def test_the_measuring_code_is_all_there():
+    assert len(bench.files_digest(bench.MEASURING_CODE)) == 16  # raises, naming it, where a path is not there
