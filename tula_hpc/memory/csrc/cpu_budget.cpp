@@ -1,6 +1,6 @@
 // The CPU device budget: every CPU tensor allocation is counted and refused beyond the limit, with
 // PyTorch's own out-of-memory error (the CPU counterpart of capping the CUDA caching allocator).
-// Built once by torch.utils.cpp_extension (tula_hpc/budget.py) and driven through the C functions below.
+// Built once by torch.utils.cpp_extension (tula_hpc/memory/device_budget.py) and driven through the C functions below.
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
