@@ -50,6 +50,7 @@ Writes bench/results/perf_accuracy[_slurm].json (figures and the raw per-round m
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
@@ -392,7 +393,24 @@ def _figures(s: dict) -> str:
     )
 
 
-def main() -> int:
+def run_settings(launcher: str, jobs: dict, train_samples: dict, stored: dict | None, args) -> dict:
+    """The result's settings: those of the run that measured where the measurements are re-analysed."""
+    return {
+        "launcher": launcher,
+        "models": {m: MODELS[m] for m in jobs},
+        "train_samples": train_samples,
+        "nodes": NODES,
+        "per_device_batch": PER_DEVICE,
+        "max_rounds": stored["settings"]["max_rounds"] if stored else args.rounds,
+        "seed": stored["settings"]["seed"] if stored else args.seed,
+        "budget_s": BUDGET_S,
+        "measurement": MEASUREMENT,
+        "adaptive": ADAPTIVE,
+        "jobs": {m: job.as_dict() for m, job in jobs.items()},
+    }
+
+
+def options_parser() -> argparse.ArgumentParser:
     parser = bench_parser(__doc__, "perf_accuracy.json")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--seed", type=int, default=0)
@@ -413,6 +431,11 @@ def main() -> int:
         default=list(MODELS),
         help="the models measured (default: all; bn_cnn and cifar_resnet need Fashion-MNIST's files)",
     )
+    return parser
+
+
+def main() -> int:
+    parser = options_parser()
     args = parser.parse_args()
 
     from tula_hpc.core.atomic_files import read_json
@@ -446,19 +469,7 @@ def main() -> int:
     }
     analysis = analyse(raw)
     whole = whole_run.analyse(runs, jobs, train_samples) if runs else None
-    settings = {
-        "launcher": launcher,
-        "models": {m: MODELS[m] for m in jobs},
-        "train_samples": train_samples,
-        "nodes": NODES,
-        "per_device_batch": PER_DEVICE,
-        "max_rounds": stored["settings"]["max_rounds"] if stored else args.rounds,
-        "seed": stored["settings"]["seed"] if stored else args.seed,
-        "budget_s": BUDGET_S,
-        "measurement": MEASUREMENT,
-        "adaptive": ADAPTIVE,
-        "jobs": {m: job.as_dict() for m, job in jobs.items()},
-    }
+    settings = run_settings(launcher, jobs, train_samples, stored, args)
     disturbed_share = sum(map(disturbed, records)) / len(records)
     figures = {
         "description": "step-time prediction error on configurations not used in the fit (full: leave-one-out), "
