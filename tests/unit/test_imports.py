@@ -134,4 +134,5 @@ def test_the_stages_that_run_on_the_login_node_import_no_torch():
     check = f"import sys; import {', '.join(f'tula_hpc.{m}' for m in LOGIN_NODE_STAGES)}; print(*sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert "torch" not in loaded.stdout.split()
+    assert "kneed" not in loaded.stdout.split()  # scipy.signal with it: imported where a choice is made
     assert {f"tula_hpc.{m}" for m in LOGIN_NODE_STAGES} <= set(loaded.stdout.split())
