@@ -24,7 +24,6 @@ import numpy as np
 
 from tula_hpc.core.run_layout import configuration
 from tula_hpc.performance.choice import CONFIRM_BAND_SIGMAS, contenders, sigmas_behind
-from tula_hpc.performance.fitting import fit_profiles
 
 MODES = ("partial", "full", "adaptive")
 SECOND_BATCHES = ("largest", "middle")
@@ -176,6 +175,9 @@ def adaptive_search(
     gets there); at `max_profiles`; or when nothing is left. `measure(candidate)` returns a profile record;
     `row_of(candidate)` its input row (`candidate_row`).
     """
+    # Imported here: the fit brings scikit-learn, a second of the start of every stage that plans with this module.
+    from tula_hpc.performance.fitting import fit_profiles
+
     profiled = [dict(c) for c in initial]
     profiles = [measure(c) for c in profiled]
     history: list[dict] = []
