@@ -77,8 +77,18 @@ TARGETS = {**gpu_memory.TARGETS, **gpu_steps.TARGETS, "check_s": gpu_plan.SLOT_S
 STALE_IF = ("device", "torch", "source_digest", "scale")
 PRESETS = gpu_plan.PRESETS
 CASES_DIR = REPO / "bench" / "data" / "gpu"
-# Source folders and files whose bytes identify the code that measured (the GPU machine's copy has no .git).
-SOURCES = ("tula_hpc", "bench", "workflow", "config", "profiles", "Snakefile")
+# Source folders and files whose bytes identify the code that measured (the GPU machine's copy has no .git): bench's
+# code, not bench/data, where a GPU run writes its cases (a second call after the first's cases were committed would
+# otherwise find the first call's sections stale).
+SOURCES = ("tula_hpc", "bench/*.py", "workflow", "config", "profiles", "Snakefile")
+
+
+def source_digest() -> str:
+    """files_digest of SOURCES, a pattern standing for the files it matches (a plain path must exist)."""
+    paths = [
+        path.relative_to(REPO).as_posix() for source in SOURCES if "*" in source for path in sorted(REPO.glob(source))
+    ]
+    return files_digest([source for source in SOURCES if "*" not in source] + paths)
 
 
 def all_verdicts(sections: dict) -> dict:
@@ -110,7 +120,7 @@ def provenance_here() -> dict:
             "torch": version("torch"),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-    return {**found, "source_digest": files_digest(list(SOURCES))}
+    return {**found, "source_digest": source_digest()}
 
 
 def device_info(device: str) -> dict:
@@ -276,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--device cpu tests the check itself: name its file with --out (never {args.out})")
     if device == "cuda":  # before the allocator starts: the truths, Lightning and the stage under the jobs' setting
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", bench_job().resources.cuda_alloc_conf or "")
+        if os.environ["PYTORCH_CUDA_ALLOC_CONF"]:  # torch is imported already: set them in it too, as launch does
+            torch.cuda.memory._set_allocator_settings(os.environ["PYTORCH_CUDA_ALLOC_CONF"])
     document, ran = run_sections(args, device, args.scale or ("gpu" if device == "cuda" else "quick"), args.out)
     print(f"wrote {args.out}", flush=True)
     report(document["verdicts"])

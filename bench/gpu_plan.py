@@ -108,6 +108,10 @@ FIGURES = {
         "launch_s": 13,  # a launched worker's start (torch, CUDA, the model) before its first step
         "measurement_s": 1.76,  # one profile measurement in the steptime section's worker
         "step_s": {"resnet18": 0.009, "resnet50": 0.012, "torchvision.models:vit_b_16": 0.02},  # small batches
+        # A steady step at a batch that fills the device (the truths' warm-up), that larger batches scale from.
+        "full_step": {"resnet18": [512, 0.024], "resnet50": [128, 0.030], "torchvision.models:vit_b_16": [128, 0.059]},
+        "full_step_source": f"{H200_LOG}: the warm-up's steady steps (resnet18 fp32 at 512, resnet50 bf16 "
+        "channels_last and vit_b_16 bf16 at 128)",
         "steps_source": f"{H200_FIRST} run2: 14 measurements in 24.6 s, 9.3 ms a step up to b=64 (launch-bound); "
         f"{H200_LOG} warm-up steps scaled to the preset's batches",
         "dag_s": 100,  # the first run's 151 s less its fresh-process probes (63 s) in one process (one launch, 14 s)
@@ -145,14 +149,31 @@ def memory_estimate(spec: dict, figures: dict) -> float:
     return total
 
 
+def middle(low: int, high: int) -> int:
+    """The profiled batch the steptime section trains: the middle of the doublings from `low` to `high`."""
+    doublings = [low * 2**k for k in range(64) if low * 2**k <= high]
+    return doublings[len(doublings) // 2]
+
+
+def step_estimate(figures: dict, model: str, batch: int) -> float:
+    """A step at `batch`: the small batches' launch-bound time, or where the device is busy longer, the recorded
+    full step scaled by the batch (a model without a full step recorded: the small batches' time)."""
+    small = _per_model(figures["step_s"], model)
+    if model not in figures.get("full_step", {}):
+        return small
+    recorded_batch, seconds = figures["full_step"][model]
+    return max(small, seconds * batch / recorded_batch)
+
+
 def trained_steps(epochs: int, spec: dict | None = None) -> int:
     return epochs * (spec or {}).get("steps_per_epoch", STEPS_PER_EPOCH)
 
 
 def oom_estimate(spec: dict, figures: dict) -> float:
-    """Two in-process trials, then the train stage's two launches (the one that runs out, the relaunch)."""
-    step = _per_model(figures["step_s"], spec["model"])
-    return 2 * figures["launch_s"] + trained_steps(spec["epochs"], spec) * 2 * step + 10 * step
+    """In-process trials at the batch, then the train stage's two launches (the one that runs out, the relaunch that
+    trains each step as two slices of half the batch)."""
+    full, half = (step_estimate(figures, spec["model"], b) for b in (spec["batch"], spec["batch"] // 2))
+    return 2 * figures["launch_s"] + trained_steps(spec["epochs"], spec) * 2 * half + 10 * full
 
 
 def grid_size(batch: dict) -> int:
@@ -163,7 +184,10 @@ def steptime_estimate(spec: dict, figures: dict) -> float:
     """One launched worker: every round's measurements, then each case's training."""
     measurements = spec["rounds"] * sum(grid_size(case["batch"]) for case in spec["cases"])
     steps = trained_steps(spec["epochs_trained"])
-    training = sum(steps * _per_model(figures["step_s"], case["model"]) for case in spec["cases"])
+    training = sum(
+        steps * step_estimate(figures, case["model"], middle(case["batch"]["min"], case["batch"]["max"]))
+        for case in spec["cases"]
+    )
     return figures["launch_s"] + measurements * figures["measurement_s"] + training
 
 

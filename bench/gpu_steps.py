@@ -29,6 +29,7 @@ from common import (
     verdict,
 )
 from gpu_memory import gpus, workload_job
+from gpu_plan import middle
 
 from tula_hpc.core.atomic_files import read_jsonl
 from tula_hpc.core.job import Job
@@ -117,12 +118,6 @@ def step_time_figures(records: list[dict], settings: dict) -> dict:
         "per_batch": per_batch,
         "rounds": len(rounds),
     }
-
-
-def middle(low: int, high: int) -> int:
-    """The profiled batch the train stage trains: the middle of the doublings from `low` to `high`."""
-    doublings = [low * 2**k for k in range(64) if low * 2**k <= high]
-    return doublings[len(doublings) // 2]
 
 
 def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, dict, dict]:

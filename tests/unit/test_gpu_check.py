@@ -210,9 +210,7 @@ def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_c
     monkeypatch.setenv("TULA_GIT_COMMIT", "f00d")
     found = gpu_check.provenance_here()
     assert found["git_commit"] == "f00d" and found["git_dirty"] is None
-    assert (
-        found["source_digest"] == gpu_check.files_digest(list(gpu_check.SOURCES)) and len(found["source_digest"]) == 16
-    )
+    assert found["source_digest"] == gpu_check.source_digest() and len(found["source_digest"]) == 16
     assert {"processor", "python", "torch", "written_at"} <= set(found)
     monkeypatch.delenv("TULA_GIT_COMMIT")
     unnamed = gpu_check.provenance_here()
@@ -273,9 +271,9 @@ def test_estimates_scale_with_the_presets_size_from_recorded_figures():
 
 def test_every_trained_epoch_of_the_default_preset_has_200_steps():
     for case in gpu_plan.PRESETS["gpu"]["steptime"]["cases"]:
-        batch = gpu_steps.middle(case["batch"]["min"], case["batch"]["max"])
+        batch = gpu_plan.middle(case["batch"]["min"], case["batch"]["max"])
         assert int(gpu_memory.synthetic_size(batch) * 0.7) // batch >= gpu_plan.STEPS_PER_EPOCH
-    assert gpu_steps.middle(16, 64) == 32 and gpu_steps.middle(64, 64) == 64 and gpu_steps.middle(16, 128) == 64
+    assert gpu_plan.middle(16, 64) == 32 and gpu_plan.middle(64, 64) == 64 and gpu_plan.middle(16, 128) == 64
     assert gpu_plan.PRESETS["gpu"]["steptime"]["epochs_trained"] >= gpu_steps.STEADY_FROM
 
 
@@ -398,3 +396,27 @@ def test_the_memory_verdicts_judge_the_truth_the_stage_and_its_time_against_ligh
     assert "stage_time_over_lightning" not in absent and not absent["stage_vs_truth"]["met"]
     crashed = gpu_memory.memory_verdicts([_case(995, 20.0, None)], [{"case": "other", "error": "x"}])
     assert not crashed["max"]["met"] and not crashed["truth_bracketed"]["met"] and not crashed["stage_vs_truth"]["met"]
+
+
+def test_the_cases_a_gpu_run_writes_leave_the_code_digest_as_it_was(tmp_path, monkeypatch):
+    """A split run's second call carries the first call's cases in bench/data/gpu: its sections stay current."""
+    for name in ("tula_hpc/a.py", "bench/gpu_check.py", "workflow/r.smk", "config/j.yaml", "profiles/p", "Snakefile"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    monkeypatch.setattr(gpu_check, "REPO", tmp_path)
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    before = gpu_check.source_digest()
+    (tmp_path / "bench/data/gpu").mkdir(parents=True)
+    (tmp_path / "bench/data/gpu/h100-case.json").write_text("{}")
+    assert gpu_check.source_digest() == before
+    (tmp_path / "bench/gpu_check.py").write_text("changed")
+    assert gpu_check.source_digest() != before
+
+
+def test_a_step_costs_the_small_batches_time_until_the_recorded_full_step_scaled_by_the_batch_is_longer():
+    figures = {"step_s": {"m": 0.01}, "full_step": {"m": [512, 0.04]}}
+    assert gpu_plan.step_estimate(figures, "m", 64) == 0.01  # launch-bound: 0.005 scaled is less
+    assert gpu_plan.step_estimate(figures, "m", 1024) == 0.08
+    assert gpu_plan.step_estimate(figures, "other", 1024) == 0.01  # nothing recorded at full: the largest small step
+    oom = {"model": "m", "batch": 1024, "epochs": 1, "steps_per_epoch": 10}
+    assert gpu_plan.oom_estimate(oom, {**figures, "launch_s": 5}) == 2 * 5 + 10 * 2 * 0.04 + 10 * 0.08
