@@ -45,10 +45,11 @@ NO_MEMORY_PRICE = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
 # --- step time --------------------------------------------------------------------------------------
 
 
-def steps_worker(jobs: dict[str, Job], schedule: list[dict], folders: dict[str, str]) -> dict:
+def steps_worker(jobs: dict[str, Job], schedule: list[dict], folders: dict[str, str], batches: dict[str, int]) -> dict:
     """In a launched process: `step_timing.measure` at each scheduled (job, per-device batch), one rank; then the train
-    stage's worker (`train.train_worker`, at N = 1 as the stage runs it) for each job at its profiled middle batch,
-    in `folders` (one launch for all: a launch's start is seconds of a short GPU slot)."""
+    stage's worker (`train.train_worker`, at N = 1 as the stage runs it) for each job at its profiled middle batch
+    (`batches`: this worker travels by value, gpu_plan's `middle` would not), in `folders` (one launch for all: a
+    launch's start is seconds of a short GPU slot)."""
     from tula_hpc.cluster.distributed import init_distributed, shutdown
     from tula_hpc.profiling.step_timing import measure
     from tula_hpc.training.trainer import train_worker
@@ -69,9 +70,7 @@ def steps_worker(jobs: dict[str, Job], schedule: list[dict], folders: dict[str, 
     trained = {}
     for name, folder in folders.items():
         files = [str(Path(folder) / f) for f in ("checkpoint.pt", "model.pt", "metrics.jsonl")]
-        trained[name] = train_worker(
-            jobs[name], middle(jobs[name].search.batch.min, jobs[name].search.batch.max), *files
-        )
+        trained[name] = train_worker(jobs[name], batches[name], *files)
         print(f"trained {name}: {trained[name]['steps']} steps in {trained[name]['train_time_s']:.1f} s", flush=True)
     return {"records": records, "trained": trained}
 
@@ -153,9 +152,10 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, J
         rng.shuffle(order)
         schedule += order
     folders = {name: str(scratch / "steptime" / f"train-{name}") for name in jobs}
+    trained_batches = {name: middle(job.search.batch.min, job.search.batch.max) for name, job in jobs.items()}
     found = launch.run(
         steps_worker,
-        dict(jobs=jobs, schedule=schedule, folders=folders),
+        dict(jobs=jobs, schedule=schedule, folders=folders, batches=trained_batches),
         launch.LaunchSpec.for_job(first, nodes=1),
         scratch / "steptime",
         name="gpu-check-steptime",
