@@ -133,12 +133,13 @@ def run(scratch: Path, deadline: float | None = None) -> dict:
     """Choose by goodput, train every planned cell not yet in CELLS (none started after `deadline`), and the
     figures."""
     records = read_jsonl(CELLS) if CELLS.exists() else []
+    digests = {model: choice_digest(model) for model in MODELS}  # each hashes the whole workflow: once a model
     choices = {
-        r["model"]: r for r in records if r["phase"] == "choice" and r.get("code_digest") == choice_digest(r["model"])
+        r["model"]: r for r in records if r["phase"] == "choice" and r.get("code_digest") == digests.get(r["model"])
     }
     for model in MODELS:
         if model not in choices:
-            choices[model] = {**choose_by_goodput(model, scratch / f"dag-{model}"), "code_digest": choice_digest(model)}
+            choices[model] = {**choose_by_goodput(model, scratch / f"dag-{model}"), "code_digest": digests[model]}
             append_jsonl(CELLS, choices[model])
     done = {r["key"]: r for r in records if r["phase"] == "test"}
     for cell in plan(choices):
