@@ -141,6 +141,20 @@ def stage_code(*stages: str) -> list[str]:
     return below + [f"tula_hpc/stages/{name}.py" for name in ("__init__", "runner", *stages)]
 
 
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def new_case_path(folder: Path, device_name: str, case: str) -> Path:
+    """bench/data/gpu/<device>-<date>-<case>.json, numbered after the first where that name is taken: a recorded case
+    is never rewritten."""
+    stem = f"{slug(device_name)}-{time.strftime('%Y-%m-%d')}-{case}"
+    path, n = folder / f"{stem}.json", 2
+    while path.exists():
+        path, n = folder / f"{stem}-{n}.json", n + 1
+    return path
+
+
 def write_result(path: Path, settings: dict, figures: dict) -> None:
     """A result file: provenance, then every setting, then the figures."""
     write_json(path, {"provenance": provenance(), "settings": settings, **figures})

@@ -17,7 +17,8 @@ its targets as met or not, with the figure. The workloads: CIFAR-10's shape (3 x
 - steptime: profiles at N = 1 over each workload's batch axis by the profile stage's own measurement in shuffled
   rounds (noise floor, leave-one-out error of the performance model), then the train stage's worker at a profiled
   batch for epochs of at least 200 steps: its epochs from the third (metrics.jsonl's epoch_time_s) against the epoch
-  the fit-model stage's computation predicts.
+  the fit-model stage's computation predicts. Each trained run, with its profile, goes to bench/data/gpu/whole_run/
+  as a whole-run case (<device>-<date>-<case>.json) that bench/whole_run_replay.py predicts again.
 - dag: config/jobs.yaml's job on one GPU at N = 1 (`device_memory_gb: auto`) through `snakemake --profile
   profiles/local` in a scratch folder: wall time, each stage's wall time (from Snakemake's log), chosen configuration,
   accuracy. Completion is judged by Snakemake's exit and the outputs; its timeout only stops work still running.

@@ -9,11 +9,10 @@ the run's context (its stamp, where case files go, its deadline); it returns its
 from __future__ import annotations
 
 import math
-import re
 import time
 from pathlib import Path
 
-from common import bench_job, error_summary, verdict
+from common import bench_job, error_summary, new_case_path, verdict
 from gpu_plan import STEPS_PER_EPOCH
 
 from tula_hpc.core.atomic_files import write_json
@@ -85,20 +84,6 @@ def compared(models: dict, batch: int, measured: dict) -> dict:
 
 
 # --- memory: the largest batch's truth, the stage's answer and its time, Lightning's ---------------------------
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def new_case_path(folder: Path, device_name: str, case: str) -> Path:
-    """bench/data/gpu/<device>-<date>-<case>.json, numbered after the first where that name is taken: a recorded case
-    is never rewritten."""
-    stem = f"{slug(device_name)}-{time.strftime('%Y-%m-%d')}-{case}"
-    path, n = folder / f"{stem}.json", 2
-    while path.exists():
-        path, n = folder / f"{stem}-{n}.json", n + 1
-    return path
 
 
 def stage_run(job: Job, way: str) -> dict:

@@ -26,12 +26,13 @@ from common import (
     bench_config,
     error_summary,
     merged,
+    new_case_path,
     verdict,
 )
 from gpu_memory import gpus, workload_job
 from gpu_plan import middle
 
-from tula_hpc.core.atomic_files import read_jsonl
+from tula_hpc.core.atomic_files import read_jsonl, write_json
 from tula_hpc.core.job import Job
 
 # A launched process cannot import bench/'s modules: its worker (steps_worker) travels by value.
@@ -40,6 +41,11 @@ TARGETS = {"steptime_loo_median": 0.02, "epoch_time": 0.10, "dag_s": 90.0}
 # The performance model prices what it predicts; the check compares times only, so no memory price applies.
 STEADY_FROM = 3  # the first epoch judged
 NO_MEMORY_PRICE = {"fit": {"intercept_bytes": 0, "slope_bytes_per_sample": 0}}
+WHOLE_RUN_WHAT = (
+    "the GPU check's steptime section (bench/gpu_steps.py): the train stage's worker at N=1 at a profiled batch, "
+    "after the section's profiles in the same process (so neither pays a fresh process's first steps), its profile "
+    "the first round's at that batch"
+)
 
 
 # --- step time --------------------------------------------------------------------------------------
@@ -192,6 +198,26 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
     }
 
 
+def keep_whole_run(
+    name: str, job: Job, profiles: list[dict], summary: dict, epochs: list[float], context: dict
+) -> Path:
+    """The trained run (the train worker's `summary`, metrics.jsonl's `epochs`) and its profile, as a whole-run case
+    for bench/whole_run_replay.py (<cases>/whole_run/)."""
+    from whole_run import case_record
+
+    from tula_hpc.training.data import load_splits
+
+    [profile] = [p for p in profiles if p["global_batch"] == summary["global_batch"]]
+    run = {"model": name, "nodes": 1, "per_device_batch": summary["global_batch"], "repeat": 0, "profile": profile}
+    run |= {"train_time_s": summary["train_time_s"], "epoch_time_s": epochs}
+    train_samples = len(load_splits(job.data, job.train.seed).train)
+    folder = context["cases_dir"] / "whole_run"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = new_case_path(folder, context["recorded"]["device"]["name"], name)
+    write_json(path, case_record(WHOLE_RUN_WHAT, context["recorded"], job, train_samples, [run]))
+    return path
+
+
 def steptime_section(device: str, preset: dict, scratch: Path, context: dict) -> dict:
     from tula_hpc.performance.fitting import model_params
 
@@ -205,6 +231,8 @@ def steptime_section(device: str, preset: dict, scratch: Path, context: dict) ->
     for name, job in jobs.items():
         profiles = [r for r in records if r["case"] == name and r["round"] == 0]
         cases[name]["trained"] = epoch_check(job, grids[name], profiles, found["trained"][name], Path(folders[name]))
+        summary, epochs = found["trained"][name], cases[name]["trained"]["measured_epoch_s"]
+        cases[name]["trained"]["case"] = str(keep_whole_run(name, job, profiles, summary, epochs, context))
     median = statistics.median(c["loo"]["median_rel_error"] for c in cases.values())
     judged = [c["trained"]["median_rel_error"] for c in cases.values()]
     epoch = None if None in judged else statistics.median(judged)

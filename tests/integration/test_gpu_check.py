@@ -19,7 +19,7 @@ SECTIONS = {"memory", "oom", "memory_imagenet", "steptime", "dag"}
 def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     default_out = REPO / "bench" / "results" / "gpu_check.json"
     cases_dir = REPO / "bench" / "data" / "gpu"
-    recorded = set(cases_dir.iterdir())
+    recorded = set(cases_dir.rglob("*.json"))
     existed = default_out.exists()
     out = tmp_path / "gpu_check.json"
     cmd = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--scale", "quick"]
@@ -30,7 +30,7 @@ def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     assert proc.stdout.index("plan on cpu") < proc.stdout.index("== memory")
     result = json.loads(out.read_text())
     assert default_out.exists() == existed  # the CPU writes neither the GPU's results nor its recorded cases
-    assert not [path for path in set(cases_dir.iterdir()) - recorded if "tiny_cnn" in path.name]
+    assert not set(cases_dir.rglob("*.json")) - recorded
     assert result["device"]["type"] == "cpu" and result["settings"]["scale"] == "quick"
     assert result["targets_judged"] is False  # figures of the CPU judge nothing
     assert {"git_commit", "source_digest", "torch"} <= set(result["provenance"])
@@ -78,6 +78,16 @@ def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     assert all(p > 0 for p in trained["predicted_epoch_s"]) and trained["first_epoch_rel_error"] is not None
     assert trained["steps_per_epoch"] >= 200 and list(trained["rel_errors"]) == ["epoch 1", "epoch 2", "epoch 3"]
     assert "steptime.trained_epoch_median" in result["verdicts"]
+    # ... kept as a whole-run case in the scratch folder, which the replay predicts again as the section did.
+    kept = Path(trained["case"])
+    assert kept.parent == tmp_path / "work" / kept.parts[-4] / "cases" / "whole_run"
+    replayed = tmp_path / "whole_run_replay.json"
+    replay = [sys.executable, str(REPO / "bench" / "whole_run_replay.py"), "--cases", str(kept.parent)]
+    proc = subprocess.run([*replay, "--out", str(replayed)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [row] = json.loads(replayed.read_text())["rows"]
+    assert row["predicted"][0]["epoch_time_s"] == trained["measured_epoch_s"]
+    assert row["predicted"][0]["predicted"]["epoch_time_s"] == pytest.approx(trained["predicted_epoch_s"], rel=0.1)
 
     dag = sections["dag"]
     assert dag["returncode"] == 0 and result["verdicts"]["dag.completed"]["met"] and dag["stopped_after_s"] is None

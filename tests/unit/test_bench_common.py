@@ -101,3 +101,11 @@ def test_stage_code_holds_every_module_the_stages_import():
         assert path in files or any(path.startswith(f) for f in folders), path
     assert all((common.REPO / p).exists() for p in paths)
     assert not {"tula_hpc/stages/select.py", "tula_hpc/cli.py"} & set(paths)
+
+
+def test_a_recorded_case_is_never_rewritten(tmp_path):
+    first = common.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
+    assert first.name.startswith("nvidia-h100-80gb-hbm3-2") and first.name.endswith("-resnet18_32_fp32.json")
+    first.write_text("{}")
+    second = common.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
+    assert second != first and second.name.endswith("-resnet18_32_fp32-2.json")

@@ -337,14 +337,6 @@ def test_the_dags_timeout_stops_only_work_still_running(tmp_path):
     assert returncode is None and stopped and "still running" in log.read_text()
 
 
-def test_a_recorded_case_is_never_rewritten(tmp_path):
-    first = gpu_memory.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
-    assert first.name.startswith("nvidia-h100-80gb-hbm3-2") and first.name.endswith("-resnet18_32_fp32.json")
-    first.write_text("{}")
-    second = gpu_memory.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
-    assert second != first and second.name.endswith("-resnet18_32_fp32-2.json")
-
-
 @pytest.mark.parametrize(
     "error, real",
     [
