@@ -234,7 +234,7 @@ def trained_scores(job: Job, model_path: Path) -> dict:
     import torch
 
     from tula_hpc.cluster.distributed import Context
-    from tula_hpc.stages.evaluate import evaluate_worker, load_trained_model, score
+    from tula_hpc.training.evaluation import evaluate_worker, load_trained_model, score
     from tula_hpc.training.data import load_splits
 
     model = load_trained_model(model_path)

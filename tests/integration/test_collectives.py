@@ -22,7 +22,7 @@ from tests.integration.collective_workers import CollectiveSpy, served_device_ty
 from tula_hpc.config import HOST_GB_PER_GPU_RANK, job_settings, validate_config
 from tula_hpc.core.job import Job
 from tula_hpc.profiling.step_timing import profile_worker
-from tula_hpc.stages.evaluate import evaluate_worker
+from tula_hpc.training.evaluation import evaluate_worker
 from tula_hpc.training.trainer import train_worker
 
 JOB_SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "jobs.schema.yaml").read_text())["properties"]["jobs"]

@@ -125,9 +125,13 @@ def test_the_checks_see_deferred_imports_and_cycles():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# The stages that plan, profile (they only submit the timed steps), fit, choose and report run where Snakemake runs,
-# often a login node: torch costs them seconds per stage (5-6 s a stage with CUDA's libraries, issue 39).
-LOGIN_NODE_STAGES = ("stages.plan", "stages.profile", "stages.fit_model", "stages.select", "stages.report")
+# Every stage runs where Snakemake runs, often a login node: those that measure, train or evaluate only submit their
+# workers, by name (launch.Worker), and wait. torch costs a stage seconds (5-6 s a stage with CUDA's libraries, issue
+# 39); the workers import it where they run.
+LOGIN_NODE_STAGES = tuple(
+    f"stages.{name}"
+    for name in ("probe_memory", "plan", "profile", "fit_model", "select", "train", "evaluate", "report")
+)
 
 
 def test_the_stages_that_run_on_the_login_node_import_no_torch():

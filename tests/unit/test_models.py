@@ -6,7 +6,7 @@ from torch import nn
 
 from tests.conftest import default_job
 from tula_hpc.config import MIN_IMAGE_SIZE
-from tula_hpc.stages.evaluate import load_trained_model
+from tula_hpc.training.evaluation import load_trained_model
 from tula_hpc.training.models import SMALL_IMAGE, ModelError, build_model, check_model, index_cap
 from tula_hpc.training.trainer import train_worker
 

@@ -1,10 +1,6 @@
-"""Stage `evaluate`: test top-1 accuracy of the trained model, and measured vs predicted training time (`COMPARED`
-says exactly what: the whole run's epochs, and the first epoch apart from the steady ones).
-
-Accuracy is scored with BatchNorm statistics recomputed over training samples with the final weights
-("precise BN", Wu & Johnson 2021), and as trained. Running statistics are an exponential average over
-training steps (momentum 0.01 in torchvision's MobileNetV3): after the few dozen steps of a large-batch
-run they still describe early weights, and the as-trained score says little about the weights themselves.
+"""Stage `evaluate`: test top-1 accuracy of the trained model (training/evaluation.py, on the job's devices: precise
+BN and as trained), and measured vs predicted training time (`COMPARED` says exactly what: the whole run's epochs,
+and the first epoch apart from the steady ones).
 """
 
 from __future__ import annotations
@@ -13,21 +9,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.utils.data import Subset
-
 from tula_hpc.cluster import launch
-from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.records import Selection, TrainSummary
 from tula_hpc.performance.pricing import costs
 from tula_hpc.performance.run_overhead import compare_epochs, epoch_times
 from tula_hpc.stages.runner import stage_main
-from tula_hpc.training.data import load_splits, loader_options, make_eval_loader
-from tula_hpc.training.models import build_model
-from tula_hpc.training.step import evaluate_accuracy
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -37,87 +24,9 @@ COMPARED = (
     "restarts; not validation, checkpoints or the strategy's epoch end, which run outside it) against the "
     "prediction of the same span (W + E x steps + (E - 1) x c_epoch), the first epoch apart from the steady ones"
 )
-# Precise BN's sample: thousands of samples estimate the statistics well, and the bound keeps evaluation's cost
-# apart from the training set's size.
-PRECISE_BN_SAMPLES = 8192
-
-
-def recompute_batchnorm_statistics(
-    model: nn.Module, dataset, ctx: Context, *, seed: int = 0, batch_size: int = 256, **loader
-) -> bool:
-    """Precise BN: every BatchNorm's statistics become the average over PRECISE_BN_SAMPLES training samples (a
-    seeded draw; all of them in a smaller set) with the final weights, the draw spread over the ranks, each
-    rank passing its own share (loaded with `loader`, `data.loader_options`), the ranks' averages then averaged.
-
-    Returns False (and leaves the model alone) when it has no BatchNorm."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return False
-    momenta = [norm.momentum for norm in norms]
-    model.eval()
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # cumulative average over the rank's batches
-        norm.train()
-    drawn = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:PRECISE_BN_SAMPLES]
-    share = make_eval_loader(
-        Subset(dataset, drawn.tolist()), batch_size, rank=ctx.rank, world_size=ctx.world_size, **loader
-    )
-    with torch.no_grad():
-        for x, _ in share:
-            model(x.to(ctx.device, non_blocking=True))
-    if ctx.world_size > 1:
-        _average_over_ranks(norms)
-    for norm, momentum in zip(norms, momenta):
-        norm.momentum = momentum
-    model.train()
-    return True
-
-
-def _average_over_ranks(norms: list[nn.Module]) -> None:
-    """Each rank's statistics are averages over its batches: weighted by those batches, they average into the
-    statistics of all ranks' batches, the same on every rank."""
-    for norm in norms:
-        batches = norm.num_batches_tracked.to(norm.running_mean.dtype).reshape(1)
-        summed = torch.cat([norm.running_mean * batches, norm.running_var * batches, batches])
-        dist.all_reduce(summed)
-        mean, var, total = summed.split([len(norm.running_mean), len(norm.running_var), 1])
-        norm.running_mean.copy_(mean / total)
-        norm.running_var.copy_(var / total)
-        norm.num_batches_tracked.fill_(int(total.item()))
-
-
-def score(model: nn.Module, splits, ctx, dataset, seed: int = 0, **loader) -> dict:
-    """Accuracy on `dataset` as trained, and after precise BN over the training split (the headline)."""
-    as_trained = evaluate_accuracy(model, dataset, ctx, **loader)
-    precise = recompute_batchnorm_statistics(model, splits.train, ctx, seed=seed, **loader)
-    return {
-        "accuracy": evaluate_accuracy(model, dataset, ctx, **loader) if precise else as_trained,
-        "accuracy_as_trained": as_trained,
-    }
-
-
-def load_trained_model(model_path: str | Path) -> nn.Module:
-    """The network train/model.pt holds, built as training built it, on the CPU."""
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
-    model = build_model(
-        saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"], saved["model_kwargs"]
-    )
-    model.load_state_dict(saved["model"])
-    return model
-
-
-def evaluate_worker(job: Job, model_path: str) -> dict:
-    ctx = init_distributed(job.resources.gpus_per_node > 0)
-    splits = load_splits(job.data, job.train.seed)
-    model = load_trained_model(model_path).to(ctx.device)
-    scores = score(model, splits, ctx, splits.test, seed=job.train.seed, **loader_options(job, ctx.device))
-    shutdown()
-    return {
-        "test_accuracy": scores["accuracy"],
-        "test_accuracy_as_trained": scores["accuracy_as_trained"],
-        "test_samples": len(splits.test),
-    }
+# Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
+EVALUATE_WORKER = launch.Worker("tula_hpc.training.evaluation", "evaluate_worker")
+__getattr__ = launch.workers_by_old_name(__name__, EVALUATE_WORKER)  # jobs pickled when the worker lived here
 
 
 def measured_costs(job: Job, summary: TrainSummary, memory: dict) -> dict[str, float | None]:
@@ -139,7 +48,7 @@ def evaluate(
     memory = read_json(memory_path)
     spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
     scores = launch.run(
-        evaluate_worker,
+        EVALUATE_WORKER,
         dict(job=job, model_path=str(Path(model_path).resolve())),
         spec,
         Path(work_dir) / "evaluate",

@@ -23,10 +23,13 @@ from tula_hpc.performance.batch_schedule import BatchSchedule
 from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
 from tula_hpc.training.loop_accounting import loop_time_s
-from tula_hpc.training.trainer import train_worker
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
+
+# Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
+TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_worker")
+__getattr__ = launch.workers_by_old_name(__name__, TRAIN_WORKER)  # jobs pickled when the stage imported it
 
 
 def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world_size: int) -> tuple[int, int] | None:
@@ -150,7 +153,7 @@ def train(
         attempts.append(attempt)
         write_json(log_path, {"selected": selected, "attempts": attempts})
         result, out_of_memory = launch.run_or_out_of_memory(
-            train_worker,
+            TRAIN_WORKER,
             dict(
                 job=job,
                 global_batch=global_batch,
