@@ -57,10 +57,10 @@ bench-slurm: $(STAMP)
 # Sections accumulate in that file across runs: a device call of GPU_CHECK_ARGS="--sections memory oom" and one of
 # "--sections memory_imagenet steptime dag" leave one file. The GPU machine's copy has no .git: name the commit
 # with TULA_GIT_COMMIT=<sha> make gpu-check. Only what a device call leaves in its return folder comes back (8 files,
-# 2 folders down; the default preset adds 3 memory cases and 3 whole-run cases): `touch /tmp/t0; TULA_GIT_COMMIT=<sha>
-# make gpu-check; cp bench/results/gpu_check.json "$OUT"; mkdir "$OUT/whole_run"; for d in . whole_run; do find
-# bench/data/gpu/$d -maxdepth 1 -type f -newer /tmp/t0 -exec cp {} "$OUT/$d" \;; done` returns the result and the
-# cases this run added, each kind in its folder.
+# 2 folders down; the default preset adds 3 memory cases and 3 whole-run cases): `TULA_GIT_COMMIT=<sha>
+# GPU_CHECK_ARGS="--copy-to $OUT" make gpu-check` (double quotes: the shell, not make, expands $OUT) copies the result
+# and the cases this run added there after every section (each kind in its folder, as under bench/data/gpu/), so a
+# call cut short returns what it finished.
 # gpu-generalization: bench/generalization_fmnist.py --scale gpu; options through GENERALIZATION_ARGS, e.g.
 # GENERALIZATION_ARGS="--minutes 7" to end a device call in time (its cells file continues the next).
 # gpu-dry-run: the GPU machine's procedure rehearsed here (scripts/gpu_dry_run.sh): the default preset's plan with

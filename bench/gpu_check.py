@@ -38,6 +38,10 @@ this run's is kept, marked `stale` with what differs, and judges nothing (it lea
 On a GPU the allocator runs as a job's processes run it (PYTORCH_CUDA_ALLOC_CONF, unless set, is the jobs' default
 resources.cuda_alloc_conf), recorded with the device.
 
+On a lent machine only the device call's return folder comes back: `--copy-to "$OUT"` copies the result and the
+cases this run added there after every section (each kind in its folder, as under bench/data/gpu/), so a call cut
+short at its limit still returns every section it finished.
+
 Without a GPU (and --device auto) it says so, measures nothing, writes nothing and exits 0. `--device cpu
 --scale quick --out PATH` runs every section on the CPU at tiny sizes: a test of this check's own code, never
 written to bench/results/gpu_check.json nor to bench/data/gpu/.
@@ -53,6 +57,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -220,6 +225,22 @@ def report(verdicts: dict) -> None:
         print(f"{name:40s} {'met' if v['met'] else 'NOT MET'}{shown}", flush=True)
 
 
+def copy_back(result: Path, cases_dir: Path, before: set[Path], dest: Path) -> list[str]:
+    """The result file and the cases this run added (those not in `before`) into `dest`, each kind in its folder as
+    under bench/data/gpu/: a device call's return folder, the only one that comes back. Each file is copied whole (a
+    copy, then a rename), after every section, so that a call cut short still returns what it finished."""
+    copied = []
+    for path in [result, *sorted(set(cases_dir.rglob("*.json")) - before)]:
+        relative = Path(result.name) if path == result else path.relative_to(cases_dir)
+        target = dest / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.copyfile(path, partial)
+        os.replace(partial, target)
+        copied.append(relative.as_posix())
+    return copied
+
+
 def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     """The sections asked for, in order of value, each written as it ends; one whose estimate does not fit what is
     left of --budget-s is skipped, saying so. The result document and this run's sections."""
@@ -230,6 +251,7 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     scratch = args.work_dir / time.strftime("%Y%m%d-%H%M%S")
     cases_dir = CASES_DIR if device == "cuda" else scratch / "cases"
     cases_dir.mkdir(parents=True, exist_ok=True)
+    before = set(cases_dir.rglob("*.json"))
     print(
         f"gpu-check on {info['name']} ({device}, torch {info['torch']}), scale {scale}; scratch {scratch}", flush=True
     )
@@ -250,6 +272,8 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
         run["seconds"] = time.monotonic() - started
         document = result_document(sections, info, found, scale, run)
         write_json(out, document)  # after each section: a call cut short keeps what it measured
+        if args.copy_to is not None:
+            print(f"copied to {args.copy_to}: {', '.join(copy_back(out, cases_dir, before, args.copy_to))}", flush=True)
     return document, ran
 
 
@@ -261,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=WORK / "gpu_check", help="scratch (default %(default)s)")
     parser.add_argument("--budget-s", type=float, help="skip, saying so, the sections that would not fit this slot")
     parser.add_argument("--plan", action="store_true", help="print the plan with each section's estimate, run nothing")
+    parser.add_argument(
+        "--copy-to", type=Path, help="after each section, copy the result and the cases added into this folder ($OUT)"
+    )
     args = parser.parse_args(argv)
     if args.plan:  # needs no GPU: the estimates are recorded figures
         scale = args.scale or ("quick" if args.device == "cpu" else "gpu")

@@ -24,7 +24,10 @@ def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     out = tmp_path / "gpu_check.json"
     cmd = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--scale", "quick"]
     proc = subprocess.run(
-        [*cmd, "--out", str(out), "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, timeout=1500
+        [*cmd, "--out", str(out), "--work-dir", str(tmp_path / "work"), "--copy-to", str(tmp_path / "back")],
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert proc.stdout.index("plan on cpu") < proc.stdout.index("== memory")
@@ -32,6 +35,9 @@ def test_every_section_runs_on_the_cpu_and_writes_its_figures(tmp_path):
     assert default_out.exists() == existed  # the CPU writes neither the GPU's results nor its recorded cases
     assert not set(cases_dir.rglob("*.json")) - recorded
     assert result["device"]["type"] == "cpu" and result["settings"]["scale"] == "quick"
+    back = tmp_path / "back"  # a device call's return folder: the result and the cases, as they were written
+    assert json.loads((back / out.name).read_text()) == result
+    assert len(list(back.glob("*tiny_cnn*.json"))) == 2 and len(list((back / "whole_run").glob("*.json"))) == 1
     assert result["targets_judged"] is False  # figures of the CPU judge nothing
     assert {"git_commit", "source_digest", "torch"} <= set(result["provenance"])
     sections = result["sections"]

@@ -412,3 +412,23 @@ def test_a_step_costs_the_small_batches_time_until_the_recorded_full_step_scaled
     assert gpu_plan.step_estimate(figures, "other", 1024) == 0.01  # nothing recorded at full: the largest small step
     oom = {"model": "m", "batch": 1024, "epochs": 1, "steps_per_epoch": 10}
     assert gpu_plan.oom_estimate(oom, {**figures, "launch_s": 5}) == 2 * 5 + 10 * 2 * 0.04 + 10 * 0.08
+
+
+def test_the_result_and_the_cases_this_run_added_are_copied_back_each_in_its_folder(tmp_path):
+    cases, back = tmp_path / "cases", tmp_path / "out"
+    (cases / "whole_run").mkdir(parents=True)
+    (cases / "earlier.json").write_text("{}")
+    before = set(cases.rglob("*.json"))
+    result = tmp_path / "gpu_check.json"
+    result.write_text('{"sections": 1}')
+    (cases / "h100-memory.json").write_text("{}")
+    assert gpu_check.copy_back(result, cases, before, back) == ["gpu_check.json", "h100-memory.json"]
+    (cases / "whole_run" / "h100-run.json").write_text("{}")
+    result.write_text('{"sections": 2}')  # the next section: the result again, with what came since
+    assert gpu_check.copy_back(result, cases, before, back)[-1] == "whole_run/h100-run.json"
+    assert (back / "gpu_check.json").read_text() == '{"sections": 2}'
+    assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == [
+        "gpu_check.json",
+        "h100-memory.json",
+        "whole_run/h100-run.json",
+    ]  # no earlier case, no partial copy left behind
