@@ -6,6 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -580,3 +581,16 @@ def test_gpus_per_node_outside_the_node_is_refused(gpus, shape, allowed):
         f"job 'digits-cnn': field 'search.gpus_per_node': {{min: {shape['min']}, max: {shape['max']}}}"
     ), message
     assert allowed in message and "resources.gpus_per_node" in message, message
+
+
+def test_every_example_job_file_validates_as_snakemake_merges_it_into_the_jobs_file():
+    """config/examples/*.yaml are run with --configfile over config/jobs.yaml: each must stay valid as the schema
+    and the checks move, its targets naming its own jobs."""
+    config_dir = Path(__file__).resolve().parents[2] / "config"
+    examples = sorted((config_dir / "examples").glob("*.yaml"))
+    assert {path.stem for path in examples} >= {"fashion-mnist", "dry-run"}
+    for example in examples:
+        config = load_config([config_dir / "jobs.yaml", example])
+        assert config["targets"] == list(yaml.safe_load(example.read_text())["jobs"])
+        for name in config["targets"]:
+            assert job_settings(config, name).name == name
