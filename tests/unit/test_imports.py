@@ -142,8 +142,10 @@ def test_the_stages_that_run_on_the_login_node_import_no_torch():
     assert {f"tula_hpc.{m}" for m in LOGIN_NODE_STAGES} <= set(loaded.stdout.split())
 
 
-def test_the_plan_stage_starts_without_the_fit():
-    """Planning needs no fitted model: scikit-learn (a second to import) stays out until a fit is made."""
-    check = "import sys; import tula_hpc.stages.plan; print(*sys.modules)"
-    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
-    assert "sklearn" not in loaded.stdout.split() and "tula_hpc.stages.plan" in loaded.stdout.split()
+def test_the_plan_and_profile_stages_start_without_the_fit():
+    """Planning and a planned profile job fit nothing: scikit-learn (a second to import) stays out until a fit is
+    made (the adapt rule's)."""
+    for stage in ("plan", "profile"):
+        check = f"import sys; import tula_hpc.stages.{stage}; print(*sys.modules)"
+        loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+        assert "sklearn" not in loaded.stdout.split() and f"tula_hpc.stages.{stage}" in loaded.stdout.split()

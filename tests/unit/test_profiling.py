@@ -9,6 +9,7 @@ import yaml
 
 from tests.conftest import default_job, job_config
 from tula_hpc.core.errors import StageError
+from tula_hpc.performance import prediction
 from tula_hpc.profiling import step_timing
 from tula_hpc.stages import profile as profiling
 
@@ -169,7 +170,7 @@ def test_partial_search_confirms_its_choice_by_measuring_the_best_and_its_rivals
         return None, [], 0.0, rows
 
     monkeypatch.setattr(profiling.launch, "run_or_out_of_memory", run)
-    monkeypatch.setattr(profiling, "fit_and_predict", fit_and_predict)
+    monkeypatch.setattr(prediction, "fit_and_predict", fit_and_predict)  # the stage imports it where it fits
     plan = _plan(tmp_path / "plan.json", candidates)
     plan.write_text(json.dumps({**json.loads(plan.read_text()), "dataset": {"train": 1000}}))
     planned = tmp_path / "N1_B64.json"

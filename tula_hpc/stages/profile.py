@@ -20,9 +20,6 @@ from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.dependencies import fingerprint
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.run_layout import candidate_devices, configuration, profile_name, ranks_per_host
-from tula_hpc.performance.choice import decide
-from tula_hpc.performance.fitting import candidate_row, model_params
-from tula_hpc.performance.prediction import fit_and_predict
 from tula_hpc.performance.search_modes import adaptive_search, adds_profiles, confirm_choice
 from tula_hpc.stages.runner import stage_main
 
@@ -133,6 +130,9 @@ def adapt(
         added.append(record)
         return record
 
+    # The fit (scikit-learn, SciPy: a second to import) only here: a profile job of the plan has nothing to fit.
+    from tula_hpc.performance.fitting import candidate_row, model_params
+
     search, settings = job.search, model_params(job)
     manifest = {"job": job.name, "history": [], "discrepancy_per_octave": settings["discrepancy_per_octave"]}
     if search.mode == "adaptive":
@@ -168,6 +168,10 @@ def _confirm(job: Job, plan: dict, memory_path: Path | None, profiles: list[dict
     """search.confirm_choice for the job's objective and constraints, on the fit the stage's settings make."""
     if memory_path is None:
         raise StageError(f"job '{job.name}': confirming the choice (search.confirm) needs memory.json (--memory)")
+    from tula_hpc.performance.choice import decide
+    from tula_hpc.performance.fitting import model_params
+    from tula_hpc.performance.prediction import fit_and_predict
+
     memory = read_json(memory_path)
     settings = {**model_params(job), "discrepancy_per_octave": manifest["discrepancy_per_octave"]}
     result = confirm_choice(
