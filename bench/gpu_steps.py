@@ -125,9 +125,10 @@ def step_time_figures(records: list[dict], settings: dict) -> dict:
     }
 
 
-def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, dict, dict]:
-    """(jobs, grids, records): `step_timing.measure` over each case's whole batch axis at N = 1 (the plan stage's
-    grid of a full search), in shuffled rounds inside one launched process."""
+def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, Job], dict, dict, dict, dict]:
+    """(jobs, grids, what the worker found, its training folders, training-set sizes): `step_timing.measure` over
+    each case's whole batch axis at N = 1 (the plan stage's grid of a full search), in shuffled rounds inside one
+    launched process."""
     from tula_hpc.cluster import launch
     from tula_hpc.stages.plan import candidate_grid
     from tula_hpc.training.data import load_splits
@@ -143,10 +144,8 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, J
         )
         for case in spec["cases"]
     }
-    grids = {}
-    for name, job in jobs.items():
-        train_samples = len(load_splits(job.data, job.train.seed).train)
-        grids[name] = candidate_grid(job.search, job.search.batch.max, train_samples)
+    samples = {name: len(load_splits(job.data, job.train.seed).train) for name, job in jobs.items()}
+    grids = {name: candidate_grid(job.search, job.search.batch.max, samples[name]) for name, job in jobs.items()}
     first = next(iter(jobs.values()))
     rng, schedule = random.Random(0), []
     for n in range(spec["rounds"]):
@@ -166,10 +165,12 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, J
         scratch / "steptime",
         name="gpu-check-steptime",
     )
-    return jobs, grids, found, folders
+    return jobs, grids, found, folders, samples
 
 
-def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict, folder: Path) -> dict:
+def epoch_check(
+    job: Job, grid: list[dict], train_samples: int, profiles: list[dict], summary: dict, folder: Path
+) -> dict:
     """The train stage's measured epochs (`summary`, metrics.jsonl's epoch_time_s in `folder`) at a profiled batch
     against the epoch the performance model predicts there, fitted and used as the fit-model stage does
     on `profiles` (one round: what the profile stage gives). Epochs before STEADY_FROM (loader start, kernel choice,
@@ -177,10 +178,8 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
     from tula_hpc.performance.fitting import model_params
     from tula_hpc.performance.prediction import fit_and_predict
     from tula_hpc.performance.run_overhead import epoch_times
-    from tula_hpc.training.data import load_splits
 
     [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]
-    train_samples = len(load_splits(job.data, job.train.seed).train)
     _, _, _, [row] = fit_and_predict(job, profiles, [candidate], train_samples, NO_MEMORY_PRICE, model_params(job))
     epochs = [r["epoch_time_s"] for r in read_jsonl(folder / "metrics.jsonl")]
     predicted = epoch_times(row, len(epochs))  # the first with its warm-up, the second with AGS's first update
@@ -199,18 +198,15 @@ def epoch_check(job: Job, grid: list[dict], profiles: list[dict], summary: dict,
 
 
 def keep_whole_run(
-    name: str, job: Job, profiles: list[dict], summary: dict, epochs: list[float], context: dict
+    name: str, job: Job, train_samples: int, profiles: list[dict], summary: dict, epochs: list[float], context: dict
 ) -> Path:
     """The trained run (the train worker's `summary`, metrics.jsonl's `epochs`) and its profile, as a whole-run case
     for bench/whole_run_replay.py (<cases>/whole_run/)."""
     from whole_run import case_record
 
-    from tula_hpc.training.data import load_splits
-
     [profile] = [p for p in profiles if p["global_batch"] == summary["global_batch"]]
     run = {"model": name, "nodes": 1, "per_device_batch": summary["global_batch"], "repeat": 0, "profile": profile}
     run |= {"train_time_s": summary["train_time_s"], "epoch_time_s": epochs}
-    train_samples = len(load_splits(job.data, job.train.seed).train)
     folder = context["cases_dir"] / "whole_run"
     folder.mkdir(parents=True, exist_ok=True)
     path = new_case_path(folder, context["recorded"]["device"]["name"], name)
@@ -222,7 +218,7 @@ def steptime_section(device: str, preset: dict, scratch: Path, context: dict) ->
     from tula_hpc.performance.fitting import model_params
 
     spec, started = preset["steptime"], time.perf_counter()
-    jobs, grids, found, folders = profiled_rounds(device, spec, scratch)
+    jobs, grids, found, folders, samples = profiled_rounds(device, spec, scratch)
     records, seconds = found["records"], time.perf_counter() - started
     cases = {
         name: step_time_figures([r for r in records if r["case"] == name], model_params(job))
@@ -230,9 +226,11 @@ def steptime_section(device: str, preset: dict, scratch: Path, context: dict) ->
     }
     for name, job in jobs.items():
         profiles = [r for r in records if r["case"] == name and r["round"] == 0]
-        cases[name]["trained"] = epoch_check(job, grids[name], profiles, found["trained"][name], Path(folders[name]))
-        summary, epochs = found["trained"][name], cases[name]["trained"]["measured_epoch_s"]
-        cases[name]["trained"]["case"] = str(keep_whole_run(name, job, profiles, summary, epochs, context))
+        summary, folder = found["trained"][name], Path(folders[name])
+        cases[name]["trained"] = epoch_check(job, grids[name], samples[name], profiles, summary, folder)
+        epochs = cases[name]["trained"]["measured_epoch_s"]
+        kept = keep_whole_run(name, job, samples[name], profiles, summary, epochs, context)
+        cases[name]["trained"]["case"] = str(kept)
     median = statistics.median(c["loo"]["median_rel_error"] for c in cases.values())
     judged = [c["trained"]["median_rel_error"] for c in cases.values()]
     epoch = None if None in judged else statistics.median(judged)

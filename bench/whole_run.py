@@ -35,12 +35,12 @@ if TYPE_CHECKING:
 MODELS = ("tiny_cnn", "resnet18")  # the digits models: an epoch of Fashion-MNIST takes minutes here
 CONFIGS = ((1, 32), (2, 32))  # (ranks, per-device batch): 40 and 20 steps per epoch of the digits
 GPU_CONFIGS = ((1, 128),)  # the GPU check's trained configuration: 10 steps per epoch
-GPU_WHAT = (
-    "resnet18 at 32 px on digits (fp32, AGS, the default job's training settings) at N=1, b=128 (10 steps an "
-    "epoch), REPEATS repeats apart in time, each a profile in a fresh process then training in another"
-)
 EPOCHS = 3
 REPEATS = 3
+GPU_WHAT = (
+    f"resnet18 at 32 px on digits (fp32, AGS, the default job's training settings) at N=1, b=128 (10 steps an "
+    f"epoch), {REPEATS} repeats apart in time, each a profile in a fresh process then training in another"
+)
 WHOLE_RUN_TARGET = 1.5
 CASES = REPO / "bench" / "data" / "gpu" / "whole_run"  # recorded GPU runs (README one folder up)
 
