@@ -32,6 +32,7 @@ from tula_hpc.core.job import Job
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 WORK = REPO / "work" / "bench"  # scratch: stage folders, finished cells
+GPU_CASES = REPO / "bench" / "data" / "gpu"  # what GPU runs recorded, for the replays (README there)
 JOBS_FILE = REPO / "config" / "jobs.yaml"
 DEFAULT_JOB = "digits-cnn"
 
@@ -153,6 +154,14 @@ def new_case_path(folder: Path, device_name: str, case: str) -> Path:
     while path.exists():
         path, n = folder / f"{stem}-{n}.json", n + 1
     return path
+
+
+def read_case(path: Path, kind: str, required: tuple[str, ...]) -> dict:
+    """A recorded GPU case of `kind` (bench/data/gpu/README.md); a file of another kind is an error that names it."""
+    case = json.loads(path.read_text())
+    if missing := [key for key in required if key not in case]:
+        raise SystemExit(f"{path}: not a {kind} case (no {', '.join(missing)}); see {GPU_CASES / 'README.md'}")
+    return case
 
 
 def write_result(path: Path, settings: dict, figures: dict) -> None:

@@ -67,7 +67,7 @@ from pathlib import Path
 import gpu_memory
 import gpu_plan
 import gpu_steps
-from common import REPO, WORK, bench_job, bench_parser, files_digest, provenance, verdict
+from common import GPU_CASES, REPO, WORK, bench_job, bench_parser, files_digest, provenance, verdict
 
 from tula_hpc.core.atomic_files import write_json
 
@@ -82,7 +82,6 @@ TARGETS = {**gpu_memory.TARGETS, **gpu_steps.TARGETS, "check_s": gpu_plan.SLOT_S
 # A kept section measured with any of these different from this run is stale.
 STALE_IF = ("device", "torch", "source_digest", "scale")
 PRESETS = gpu_plan.PRESETS
-CASES_DIR = REPO / "bench" / "data" / "gpu"
 # Source folders and files whose bytes identify the code that measured (the GPU machine's copy has no .git): bench's
 # code, not bench/data, where a GPU run writes its cases (a second call after the first's cases were committed would
 # otherwise find the first call's sections stale).
@@ -249,7 +248,7 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     recorded = {"device": info, "git_commit": found["git_commit"], "source_digest": found["source_digest"]}  # a case's
     sections = earlier_sections(out, stamp)
     scratch = args.work_dir / time.strftime("%Y%m%d-%H%M%S")
-    cases_dir = CASES_DIR if device == "cuda" else scratch / "cases"
+    cases_dir = GPU_CASES if device == "cuda" else scratch / "cases"
     cases_dir.mkdir(parents=True, exist_ok=True)
     before = set(cases_dir.rglob("*.json"))
     print(

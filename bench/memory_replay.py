@@ -24,10 +24,9 @@ Run:  .venv/bin/python bench/memory_replay.py            (seconds; writes bench/
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from common import REPO, bench_job, bench_parser, merged, provenance
+from common import GPU_CASES, bench_job, bench_parser, merged, provenance, read_case
 
 from tula_hpc.core.atomic_files import write_json
 from tula_hpc.core.job import Job
@@ -40,7 +39,7 @@ from tula_hpc.memory.model import (
     room_for_steps,
 )
 
-CASES = REPO / "bench" / "data" / "gpu"
+CASES = GPU_CASES
 NO_CAP = 2**40  # the replay leaves the training set's cap out: the truth is the card's limit
 TARGET = {"low": -0.03, "high": 0.0}
 
@@ -57,14 +56,6 @@ def answer(batch: int, case: dict) -> dict:
         "known": known,
         "allocator_events": events,
     }
-
-
-def read_case(path: Path) -> dict:
-    """A recorded case; a file of another kind in the folder is an error that names it."""
-    case = json.loads(path.read_text())
-    if missing := [key for key in ("job", "memory", "truth") if key not in case]:
-        raise SystemExit(f"{path}: not a memory case (no {', '.join(missing)}); see {CASES / 'README.md'}")
-    return case
 
 
 def replay_case(name: str, case: dict) -> dict:
@@ -109,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "memory_replay.json")
     parser.add_argument("--cases", type=Path, default=CASES, help="folder of case files (default %(default)s)")
     args = parser.parse_args(argv)
-    rows = [replay_case(path.stem, read_case(path)) for path in sorted(args.cases.glob("*.json"))]
+    cases = sorted(args.cases.glob("*.json"))
+    rows = [replay_case(path.stem, read_case(path, "memory", ("job", "memory", "truth"))) for path in cases]
     worst = max(rows, key=lambda r: abs(r["rel_error"]))
     summary = {
         "largest_batch_rel_error": worst["rel_error"],

@@ -26,7 +26,7 @@ import shutil
 import statistics
 from typing import TYPE_CHECKING
 
-from common import REPO, RESULTS, WORK, bench_job, bench_parser, new_case_path, provenance, verdict
+from common import GPU_CASES, RESULTS, WORK, bench_job, bench_parser, new_case_path, provenance, verdict
 from perf_replay import stage_prediction
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ GPU_WHAT = (
     f"epoch), {REPEATS} repeats apart in time, each a profile in a fresh process then training in another"
 )
 WHOLE_RUN_TARGET = 1.5
-CASES = REPO / "bench" / "data" / "gpu" / "whole_run"  # recorded GPU runs (README one folder up)
+CASES = GPU_CASES / "whole_run"  # recorded GPU runs (README one folder up)
 
 
 def short_run_job(job: Job) -> Job:

@@ -19,10 +19,9 @@ Run:  .venv/bin/python bench/whole_run_replay.py            (seconds; writes ben
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
-from common import bench_job, bench_parser, merged, provenance, verdict, write_and_report
+from common import bench_job, bench_parser, merged, provenance, read_case, verdict, write_and_report
 from whole_run import CASES, WHOLE_RUN_TARGET, analyse
 
 from tula_hpc.core.job import Job
@@ -31,11 +30,7 @@ EPOCH_TARGETS = {"first_epoch": 0.25, "steady_epoch": 0.10}
 
 
 def read_record(path: Path) -> dict:
-    """A recorded whole-run case; a file of another kind is an error that names it."""
-    record = json.loads(path.read_text())
-    if missing := [key for key in ("job", "train_samples", "runs") if key not in record]:
-        raise SystemExit(f"{path}: not a whole-run case (no {', '.join(missing)}); see {CASES.parent / 'README.md'}")
-    return record
+    return read_case(path, "whole-run", ("job", "train_samples", "runs"))
 
 
 def replay_record(name: str, record: dict) -> dict:
