@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-# Most valuable first: the largest batch's truth at CIFAR's shape with the stage's time to it both ways and Lightning's,
+# Most valuable first: the largest batch's truth at CIFAR's shape with the stage's time to it and Lightning's,
 # the OOM relaunch, the truths at ImageNet's shape, then step times, then the whole DAG (whose stages the other
 # sections already measure one by one).
 VALUE = ("memory", "oom", "memory_imagenet", "steptime", "dag")
@@ -29,7 +29,9 @@ LIGHTNING = {"steps_per_trial": 3, "init_val": 2, "max_trials": 25, "max_val": 1
 PRESETS = {
     "gpu": {
         "memory": {
-            "cases": {"resnet18_32_fp32": {**CIFAR, "warmup_batch": 512, "lightning": True, "stage": BOTH_WAYS}},
+            # The probe stage in one process only: both ways agreed within 0.64 % on the H200 at 3ca5bc3
+            # (bench/results/gpu_check.json before this preset), and the fresh processes' 89 s do not fit the slot.
+            "cases": {"resnet18_32_fp32": {**CIFAR, "warmup_batch": 512, "lightning": True, "stage": ["one_process"]}},
             "device_memory_gb": "auto",  # the whole card
             "lightning": LIGHTNING,
         },
@@ -89,33 +91,31 @@ PRESETS = {
 }
 
 # Seconds recorded on real runs, each with its source, that the estimates scale.
+H200_RUN = "bench/results/gpu_check.json (the H200 at 3ca5bc3, 2026-11-26 21:53, cut at the call's 600 s in its dag)"
 H200_LOG = "bench/data/gpu/h200-2026-11-26-truth.log"
 H200_FIRST = "/work/shared/data/gpu-h200-2026-11-26 (README, gpu_check_run1.json, gpu_check_run2.json)"
 FIGURES = {
     "cuda": {
         "device": "NVIDIA H200, torch 2.11.0+cu130 (2026-11-26)",
-        # A case's truth: 25 warm-up steps, the stage's probes and the bisection's trials, in one process.
-        "truth_s": {"resnet18": 17, "resnet50": 17, "torchvision.models:vit_b_16": 27},
-        "truth_source": f"{H200_LOG}: warm-up + probes + trials per case",
-        # Lightning's binsearch: measured on resnet18 at 32 px (26 trials); the others are guesses from their limits
-        # (3223 and 2068 at 224 px: about 22 trials of 3 steps at 0.7 to 0.9 s a step near the limit).
-        "lightning_s": {"resnet18": 61, "resnet50": 40, "torchvision.models:vit_b_16": 45},
-        "lightning_source": f"{H200_FIRST}: resnet18 61 s; resnet50 and vit_b_16 estimated, never run",
-        # The probe stage on resnet18 at 32 px: in one process as the truth's probes and trials (1.3 + 14 s); in fresh
-        # processes, 14 s a process (the first run's DAG) for its 3 probes and about 4 bracketing trials.
-        "stage_s": {"one_process": 16, "fresh_processes": 100},
-        "stage_source": f"{H200_LOG} (one process); {H200_FIRST}, 14 s a fresh process (fresh processes)",
+        # A case's truth: warm-up steps, the stage's probes and the bisection's trials in one process, and the case's
+        # share of its section's seconds that no part names (loading, writing).
+        "truth_s": {"resnet18": 35, "resnet50": 24, "torchvision.models:vit_b_16": 24},
+        "truth_source": f"{H200_RUN}: the sections' seconds less Lightning's and the stage's",
+        "lightning_s": {"resnet18": 56, "resnet50": 36, "torchvision.models:vit_b_16": 32},
+        "lightning_source": f"{H200_RUN}: lightning.seconds of each case",
+        "stage_s": {"one_process": 20, "fresh_processes": 89},
+        "stage_source": f"{H200_RUN}: stage.*.seconds of resnet18_32_fp32",
         "launch_s": 13,  # a launched worker's start (torch, CUDA, the model) before its first step
-        "measurement_s": 1.76,  # one profile measurement in the steptime section's worker
-        "step_s": {"resnet18": 0.009, "resnet50": 0.012, "torchvision.models:vit_b_16": 0.02},  # small batches
+        "measurement_s": 2.8,  # one profile measurement in the steptime section's worker
+        # Small batches' training steps (b=128 at 32 px, b=32 at 224 px), the trained runs' train_time_s a step.
+        "step_s": {"resnet18": 0.011, "resnet50": 0.030, "torchvision.models:vit_b_16": 0.037},
         # A steady step at a batch that fills the device (the truths' warm-up), that larger batches scale from.
         "full_step": {"resnet18": [512, 0.024], "resnet50": [128, 0.030], "torchvision.models:vit_b_16": [128, 0.059]},
         "full_step_source": f"{H200_LOG}: the warm-up's steady steps (resnet18 fp32 at 512, resnet50 bf16 "
         "channels_last and vit_b_16 bf16 at 128)",
-        "steps_source": f"{H200_FIRST} run2: 14 measurements in 24.6 s, 9.3 ms a step up to b=64 (launch-bound); "
-        f"{H200_LOG} warm-up steps scaled to the preset's batches",
-        "dag_s": 100,  # the first run's 151 s less its fresh-process probes (63 s) in one process (one launch, 14 s)
-        "dag_source": f"{H200_FIRST}: 151 s, probe_memory 63 s in 4 fresh processes of about 14 s",
+        "steps_source": f"{H200_RUN}: steptime 111 s, 18 measurements, 3 x 603 trained steps: 6.6, 18.2 and 22.5 s",
+        "dag_s": 150,  # the first run's 151 s; the run at 3ca5bc3 had spent at least 120 s in it when the call ended
+        "dag_source": f"{H200_FIRST}: 151 s; {H200_RUN}: not finished after at least 120 s",
     },
     "cpu": {
         "device": "this repository's CPU machine, 2 cores (quick scale, 2026-11-26)",
