@@ -104,12 +104,16 @@ def test_factor_is_small_over_large_gradient(granularity):
         torch.testing.assert_close(opt.gradscale[p], torch.full_like(opt.gradscale[p], 2.0), rtol=1e-3, atol=0)
 
 
-def test_sensitive_steps_leave_gradients_unchanged():
+@pytest.mark.parametrize("granularity", ["element", "tensor"])  # tensor factors are gated as one stacked vector
+def test_sensitive_steps_leave_gradients_unchanged(granularity):
     torch.manual_seed(0)
     model = nn.Linear(5, 3)
     ref = copy.deepcopy(model)
     opt = TulaOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), large_batch_size=256, small_batch_size=4
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        large_batch_size=256,
+        small_batch_size=4,
+        granularity=granularity,
     )
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     x, y = torch.randn(32, 5), torch.randint(0, 3, (32,))

@@ -52,6 +52,21 @@ def test_measure_keeps_the_warm_up_steps_and_times_two_epoch_ends(job, tmp_path)
     assert list(tmp_path.iterdir()) == []  # the timed checkpoint is not left behind
 
 
+def test_the_measured_steps_are_a_steady_epochs_with_the_strategy_past_its_first_epoch_end(job, monkeypatch):
+    """AGS scales every step by its factors from the second epoch on (a kernel per factor on a launch-bound GPU):
+    the epoch ends run before the measured steps, so that they pay what training's steady epochs pay."""
+    factors_at_measured_steps = []
+    split_step = step_timing.StepRunner.split_step
+
+    def recording(runner):
+        factors_at_measured_steps.append(len(runner.strategy.optimizer.gradscale))
+        return split_step(runner)
+
+    monkeypatch.setattr(step_timing.StepRunner, "split_step", recording)
+    measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16)
+    assert factors_at_measured_steps and min(factors_at_measured_steps) > 0
+
+
 class _HostEvent:
     """A CUDA event's interface without a GPU: stamped when recorded, as the GPU stamps it when reached."""
 

@@ -33,7 +33,9 @@ builds cuDNN and cuBLAS plans and fills the allocator's cache: 945 ms against 24
 on the H200, bench/data/gpu), and two epoch ends are run as training runs them (`epoch_ends`): the epoch's last,
 shorter step, the strategy's epoch end, the loader's restart and the next epoch's first step (AGS's split-batch
 update step). The first holds the shapes' first-time costs, the second the steady ones. Validation (on at most
-VALIDATION_BATCHES batches per rank, scaled to the whole split) and a checkpoint write are timed after them.
+VALIDATION_BATCHES batches per rank, scaled to the whole split) and a checkpoint write are timed after them. All of this
+runs between the warm-up and the measured steps, so that those are a steady epoch's steps: AGS scales every step by its
+factors from the second epoch on, a kernel-launch cost the first epoch never pays (bench/data/gpu/whole_run).
 """
 
 from __future__ import annotations
@@ -371,6 +373,11 @@ def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str |
     search = job.search
     runner = StepRunner(job, ctx, per_device_batch)
     warmup = _max_over_ranks([runner.full_step() for _ in range(max(1, search.warmup_steps))], ctx)
+    # The strategy's epoch end runs collectives on the default group: a measurement on some of its ranks (a bench's
+    # one-rank configuration beside an idle rank) cannot run it. Run before the measured steps, the epoch ends leave
+    # the strategy as training's steady epochs have it (AGS scaling by its factors from the second epoch on).
+    whole_group = not dist.is_initialized() or dist.get_world_size() == ctx.world_size
+    epoch_ends = runner.epoch_ends(checkpoint_dir) if whole_group else None
     # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
     pair_s = 2 * max(statistics.median(warmup), 1e-6)
     pairs = min(MAX_STEPS, max(search.steps, math.ceil(search.min_measure_s / pair_s)))
@@ -382,10 +389,6 @@ def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str |
     peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
     strategy = runner.strategy
     noise_scale = strategy.noise_scale.read() if strategy.noise_scale is not None else None
-    # The strategy's epoch end runs collectives on the default group: a measurement on some of its ranks (a bench's
-    # one-rank configuration beside an idle rank) cannot run it.
-    whole_group = not dist.is_initialized() or dist.get_world_size() == ctx.world_size
-    epoch_ends = runner.epoch_ends(checkpoint_dir) if whole_group else None
     if not ctx.is_main:
         return None
     per_step = {part: list(values) for part, values in zip(PARTS, columns)}
