@@ -33,7 +33,9 @@ written as it ends and stamped with the device's name, torch's version, the git 
 (SOURCES) it was measured with, and the scale. A kept section whose device, torch, code digest or scale differs from
 this run's is kept, marked `stale` with what differs, and judges nothing (it leaves `verdicts`, and `complete` and
 `all_met` are false) until it is run again. (The commit is stamped, not compared: the GPU machine's copy has no
-.git, and the digest names the code there.) `seconds` records each section's and the whole run's.
+.git, and the digest names the code there.) `seconds` records each section's and the whole run's; run through
+scripts/gpu-python.sh (`make gpu-check` on the GPU machine), the whole run's include the call's setup before Python
+started the check (installing the wheels: `run.setup_s`), which the slot and --budget-s hold too.
 
 On a GPU the allocator runs as a job's processes run it (PYTORCH_CUDA_ALLOC_CONF, unless set, is the jobs' default
 resources.cuda_alloc_conf), recorded with the device.
@@ -79,6 +81,7 @@ SECTIONS = {  # in order of value (gpu_plan.VALUE)
     "dag": gpu_steps.dag_section,
 }
 TARGETS = {**gpu_memory.TARGETS, **gpu_steps.TARGETS, "check_s": gpu_plan.SLOT_S}
+CALL_STARTED_ENV = "TULA_GPU_CALL_STARTED"  # scripts/gpu-python.sh's start, Unix seconds
 # A kept section measured with any of these different from this run is stale.
 STALE_IF = ("device", "torch", "source_digest", "scale")
 PRESETS = gpu_plan.PRESETS
@@ -240,6 +243,13 @@ def copy_back(result: Path, cases_dir: Path, before: set[Path], dest: Path) -> l
     return copied
 
 
+def call_setup_seconds() -> float | None:
+    """Seconds since scripts/gpu-python.sh started (installing the wheels, starting Python, importing torch), which
+    the slot holds too; None where it did not start this run."""
+    started = os.environ.get(CALL_STARTED_ENV)
+    return None if not started else max(0.0, time.time() - float(started))
+
+
 def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     """The sections asked for, in order of value, each written as it ends; one whose estimate does not fit what is
     left of --budget-s is skipped, saying so. The result document and this run's sections."""
@@ -256,9 +266,11 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     )
     rows = gpu_plan.plan(PRESETS[scale], device, args.sections, args.budget_s)
     print(gpu_plan.plan_text(rows, device, args.budget_s), flush=True)
-    started = time.monotonic()
+    setup_s = call_setup_seconds()
+    started = time.monotonic() - (setup_s or 0.0)  # the slot counts the call's setup too
     end = started + (args.budget_s if args.budget_s is not None else 24 * 3600)
     run = {"plan": {r["section"]: r["estimate_s"] for r in rows}, "budget_s": args.budget_s, "skipped": {}}
+    run["setup_s"] = setup_s
     ran, document = {}, None
     for row in rows:
         name, elapsed = row["section"], time.monotonic() - started

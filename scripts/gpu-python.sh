@@ -8,6 +8,8 @@
 # `make gpu-generalization`, and here by `make gpu-dry-run` (PYTHON: a venv standing in for the image, TULA_GPU_WHEELS:
 # wheels for its CPython); also usable alone: bash scripts/gpu-python.sh bench/gpu_check.py --sections memory
 set -euo pipefail
+# The call's start: bench/gpu_check.py counts the setup below in the slot (its run.setup_s).
+export TULA_GPU_CALL_STARTED=${TULA_GPU_CALL_STARTED:-$(date +%s.%N)}
 cd "$(dirname "$0")/.."
 repo=$PWD
 python=$(command -v "${PYTHON:-python3}")

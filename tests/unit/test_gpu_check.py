@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -295,6 +296,20 @@ def test_a_budget_skips_saying_so_what_would_not_fit_and_records_it(tmp_path, mo
     assert set(result["run"]["skipped"]) == {"oom"} and "does not fit" in result["run"]["skipped"]["oom"]
     assert "== oom: skipped" in capsys.readouterr().out
     assert not result["complete"] and set(result["seconds"]) == {*result["sections"], "run"}
+
+
+def test_the_calls_setup_counts_in_the_slot(tmp_path, monkeypatch):
+    """Installing the wheels before the check starts (scripts/gpu-python.sh's TULA_GPU_CALL_STARTED) takes from the
+    budget and is recorded, so that the slot's verdict is the device call's whole time."""
+    for name in gpu_check.SECTIONS:
+        monkeypatch.setitem(gpu_check.SECTIONS, name, lambda device, preset, scratch, context: {"verdicts": {}})
+    monkeypatch.setattr(gpu_plan, "estimate", lambda name, preset, device: 5 if name == "memory" else 10)
+    monkeypatch.setenv(gpu_check.CALL_STARTED_ENV, str(time.time() - 12))
+    out, work = tmp_path / "gpu_check.json", tmp_path / "work"
+    assert gpu_check.main(["--device", "cpu", "--out", str(out), "--work-dir", str(work), "--budget-s", "20"]) == 0
+    run = json.loads(out.read_text())["run"]
+    assert 12 <= run["setup_s"] < 60 and run["seconds"] >= run["setup_s"]
+    assert list(run["skipped"]) == ["oom", "memory_imagenet", "steptime", "dag"]  # 12 s + 10 s > 20 s; 12 + 5 fit
 
 
 # --- the sections' pieces ---------------------------------------------------------------------------------------
