@@ -58,9 +58,10 @@ bench-slurm: $(STAMP)
 # "--sections memory_imagenet steptime dag" leave one file. The GPU machine's copy has no .git: name the commit
 # with TULA_GIT_COMMIT=<sha> make gpu-check. Only what a device call leaves in its return folder comes back (8 files,
 # 2 folders down; the default preset adds 3 memory cases and 3 whole-run cases): `TULA_GIT_COMMIT=<sha>
-# GPU_CHECK_ARGS="--copy-to $OUT" make gpu-check` (double quotes: the shell, not make, expands $OUT) copies the result
-# and the cases this run added there after every section (each kind in its folder, as under bench/data/gpu/), so a
-# call cut short returns what it finished.
+# GPU_CHECK_ARGS="--copy-to $OUT --budget-s 570" make gpu-check` (double quotes: the shell, not make, expands $OUT)
+# copies the result and the cases this run added there after every section (each kind in its folder, as under
+# bench/data/gpu/), so a call cut short returns what it finished; the budget, the call's setup included, ends the
+# check inside a 600 s call: a section still running then (the DAG) is stopped by it and records what it reached.
 # gpu-generalization: bench/generalization_fmnist.py --scale gpu; options through GENERALIZATION_ARGS, e.g.
 # GENERALIZATION_ARGS="--minutes 7" to end a device call in time (its cells file continues the next).
 # gpu-dry-run: the GPU machine's procedure rehearsed here (scripts/gpu_dry_run.sh): the default preset's plan with
