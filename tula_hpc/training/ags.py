@@ -251,8 +251,9 @@ class TulaOptimizer(torch.optim.Optimizer):
 
     def _apply_factors(self) -> None:
         """Each profiled gradient times its factor where the gate is open (else exactly 1). Tensor factors are gated
-        together, one kernel for all (`_factor_stack`): a kernel per parameter cost a launch-bound GPU step 2 to 5 ms
-        (resnet18 to vit_b_16 on the H200, bench/data/gpu/whole_run)."""
+        together, one kernel for all (`_factor_stack`), not one a parameter: on a launch-bound GPU step every kernel
+        counts (the H200's steady epochs with factors ran 2.5 to 6 ms a step slower than first epochs without them,
+        bench/data/gpu/whole_run)."""
         if self._factor_stack is not None:
             factors = torch.where(self._last_scaled, self._factor_stack, 1.0).unbind()
         else:
