@@ -182,11 +182,13 @@ def earlier_sections(path: Path, stamp: dict) -> dict:
 
 def result_document(sections: dict, info: dict, found: dict, scale: str, run: dict) -> dict:
     """The result file: this run's provenance and settings, then every section, verdicts from the fresh ones, and
-    the seconds of each section and of the whole run (`run`: its plan, what it skipped and its seconds so far)."""
+    the seconds of each section and of the whole run (`run`: its plan, what it skipped, the sections finished and its
+    seconds so far)."""
     ordered = {name: sections[name] for name in SECTIONS if name in sections}
     fresh = {name: s for name, s in ordered.items() if "stale" not in s}
     verdicts = all_verdicts(fresh)
-    if scale == "gpu" and set(run["plan"]) == set(SECTIONS) and not run["skipped"]:  # the whole default preset ran
+    whole = set(run["plan"]) == set(run["finished"]) == set(SECTIONS) and not run["skipped"]
+    if scale == "gpu" and whole:  # the whole default preset ran to its end (not yet while a section is to come)
         verdicts["check.within_slot"] = verdict(run["seconds"], TARGETS["check_s"])
     complete = set(fresh) == set(SECTIONS)
     return {
@@ -271,7 +273,7 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     started = time.monotonic() - (setup_s or 0.0)  # the slot counts the call's setup too
     end = started + (args.budget_s if args.budget_s is not None else 24 * 3600)
     run = {"plan": {r["section"]: r["estimate_s"] for r in rows}, "budget_s": args.budget_s, "skipped": {}}
-    run["setup_s"] = setup_s
+    run["setup_s"], run["finished"] = setup_s, []
     ran, document = {}, None
     for row in rows:
         name, elapsed = row["section"], time.monotonic() - started
@@ -281,6 +283,7 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
         else:
             context = {"stamp": stamp, "recorded": recorded, "cases_dir": cases_dir, "deadline": end}
             sections[name] = ran[name] = run_section(name, device, PRESETS[scale], scratch, context)
+            run["finished"].append(name)
         run["seconds"] = time.monotonic() - started
         document = result_document(sections, info, found, scale, run)
         write_json(out, document)  # after each section: a call cut short keeps what it measured

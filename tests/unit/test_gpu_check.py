@@ -169,7 +169,10 @@ def test_an_earlier_section_of_other_code_device_torch_or_scale_is_kept_marked_s
 def test_only_fresh_sections_judge_and_the_check_is_complete_when_every_section_is_fresh():
     info, found = {"name": STAMP["device"], "type": "cuda", "torch": STAMP["torch"]}, {"source_digest": "abc"}
     fresh = {name: {"verdicts": {"ok": {"met": True}}} for name in gpu_check.SECTIONS}
-    run = {"plan": dict.fromkeys(gpu_check.SECTIONS, 1), "skipped": {}, "seconds": 500.0}
+    run = {"plan": dict.fromkeys(gpu_check.SECTIONS, 1), "skipped": {}, "finished": [], "seconds": 500.0}
+    for name in gpu_check.SECTIONS:  # the slot is judged once the last section has ended, not after each before it
+        assert "check.within_slot" not in gpu_check.result_document(fresh, info, found, "gpu", run)["verdicts"]
+        run["finished"].append(name)
     document = gpu_check.result_document(fresh, info, found, "gpu", run)
     assert document["complete"] and document["all_met"] and document["targets_judged"]
     assert document["verdicts"]["check.within_slot"] == {"met": True, "figure": 500.0, "target": 540}
