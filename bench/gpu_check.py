@@ -272,8 +272,8 @@ def run_sections(args, device: str, scale: str, out: Path) -> tuple[dict, dict]:
     setup_s = call_setup_seconds()
     started = time.monotonic() - (setup_s or 0.0)  # the slot counts the call's setup too
     end = started + (args.budget_s if args.budget_s is not None else 24 * 3600)
-    run = {"plan": {r["section"]: r["estimate_s"] for r in rows}, "budget_s": args.budget_s, "skipped": {}}
-    run["setup_s"], run["finished"] = setup_s, []
+    plan = {r["section"]: r["estimate_s"] for r in rows}
+    run = {"plan": plan, "budget_s": args.budget_s, "setup_s": setup_s, "skipped": {}, "finished": []}
     ran, document = {}, None
     for row in rows:
         name, elapsed = row["section"], time.monotonic() - started
