@@ -64,15 +64,21 @@ def slurm_cluster(request) -> Path:
     return Path(conf)
 
 
-def sacct_jobs(name: str) -> list[dict]:
-    """Allocations (not steps) named `name`, oldest first."""
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "--name", name, "-o", "JobID,NNodes,State"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
+def sacct_jobs(name: str, known: tuple[str, ...] = ()) -> list[dict]:
+    """Allocations (not steps) named `name`, oldest first, once accounting lists the `known` ids: slurmctld hands a
+    job to slurmdbd asynchronously, so a job submitted a moment ago may not be listed yet."""
+
+    def listed() -> list[dict] | None:
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-S", "2020-01-01", "--name", name, "-o", "JobID,NNodes,State"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        rows = [dict(zip(("job_id", "nodes", "state"), line.split("|"))) for line in out.splitlines() if line]
+        return rows if set(known) <= {row["job_id"] for row in rows} else None
+
+    return wait_for(listed, 60, f"accounting to list jobs {', '.join(known)} named {name}") if known else listed()
 
 
 def sacct_steps(job_id: str) -> list[dict]:

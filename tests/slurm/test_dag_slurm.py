@@ -84,7 +84,8 @@ def test_killed_driver_reattaches_to_the_running_training_job(slurm_run):
     assert slurm_state(job_id) == "RUNNING", "the Slurm job must outlive the driver"
     rerun = snakemake(workdir, config_path)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert [j["job_id"] for j in sacct_jobs(f"{name}-train")] == [first_job, job_id], "a duplicate was submitted"
+    trains = sacct_jobs(f"{name}-train", (first_job, job_id))
+    assert [j["job_id"] for j in trains] == [first_job, job_id], "a duplicate was submitted"
     assert f"re-attached to slurm job {job_id}" in (workdir / "logs" / name / "train.log").read_text()
     summary = json.loads((workdir / "results" / name / "train" / "summary.json").read_text())
     assert summary["epochs"] == 60 and summary["history"][-1]["epoch"] == 60

@@ -25,8 +25,8 @@ from tula_hpc.core.atomic_files import read_json
 pytestmark = pytest.mark.slow
 
 
-def _holders(work) -> list[dict]:
-    return sacct_jobs(f"{work.name}-allocation")
+def _holders(work, *known: str) -> list[dict]:
+    return sacct_jobs(f"{work.name}-allocation", known)
 
 
 def test_a_step_its_allocations_time_limit_ends_is_taken_again_in_a_new_one(slurm_cluster, tmp_path, request):
@@ -37,7 +37,7 @@ def test_a_step_its_allocations_time_limit_ends_is_taken_again_in_a_new_one(slur
     second = launch.run(hang_the_first_time, {"marker": str(tmp_path / "b"), "seconds": 600}, spec, work / "b", "b")
     assert (tmp_path / "b").read_text() == str(first), "the second measurement started in the first allocation"
     assert second != first
-    holders = _holders(work)
+    holders = _holders(work, str(first), str(second))
     assert [h["job_id"] for h in holders] == [str(first), str(second)]
     assert holders[0]["state"] == "TIMEOUT"
     assert read_json(work / "a" / "job.json")["job_id"] == str(first)  # written once, not measured again
@@ -61,7 +61,7 @@ def test_a_step_its_allocation_is_requeued_under_runs_again_in_it(slurm_cluster,
     stage.join(timeout=300)
     assert not stage.is_alive(), "the measurement still waits after the requeue"
     assert outcome["job"] == int(holder)
-    assert [h["job_id"] for h in _holders(work)] == [holder]
+    assert [h["job_id"] for h in _holders(work, holder)] == [holder]
 
 
 def test_a_driver_killed_as_its_step_starts_finds_the_step_on_its_rerun(slurm_cluster, tmp_path, request, monkeypatch):
