@@ -35,6 +35,7 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     from tula_hpc.cluster.distributed import Context
     from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
     from tula_hpc.memory.model import PEAK
+    from tula_hpc.training.data import collate, on_device
     from tula_hpc.training.step import build_for_job, training_step
     from tula_hpc.training.strategies import build_strategy
 
@@ -46,12 +47,12 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     strategy = build_strategy(model, job.train, batch, STEPS_PER_EPOCH)
     loss_fn = nn.CrossEntropyLoss()
     sampler = RandomSampler(splits.train, replacement=True, num_samples=batch * STEPS_PER_EPOCH)
-    loader = DataLoader(splits.train, batch_size=batch, sampler=sampler)
+    loader = DataLoader(splits.train, batch_size=batch, sampler=sampler, collate_fn=collate)
     steps = 0
     try:
         for _ in range(EPOCHS):
-            for x, y in loader:
-                training_step(model, strategy, loss_fn, x.to(device), y.to(device))
+            for batch in loader:
+                training_step(model, strategy, loss_fn, *on_device(batch, device))
                 steps += 1
                 if steps == 1:
                     device_memory.reset_peak(device)

@@ -17,6 +17,7 @@ from tests.conftest import JOB, default_job, job_config
 from tula_hpc.config import ConfigError, job_settings, validate_config
 from tula_hpc.training.data import (
     DataError,
+    SyntheticBatch,
     SyntheticImages,
     TensorImages,
     data_shape,
@@ -26,6 +27,7 @@ from tula_hpc.training.data import (
     loader_workers,
     make_eval_loader,
     make_loader,
+    on_device,
     start_epoch,
 )
 from tula_hpc.training.data_check import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, check_data
@@ -90,6 +92,9 @@ def test_loader_workers_default_to_the_cores_of_a_rank_but_the_one_it_trains_on(
     assert loader_workers(job) == 0  # one core per rank: loading stays in the training process
     for cores, workers in [(2, 1), (8, 7)]:
         assert loader_workers(job.updated(resources={"cpus_per_task": cores})) == workers
+    synthetic = job.updated(data={"name": "synthetic"}, resources={"cpus_per_task": 8})
+    assert loader_workers(synthetic) == 0  # its batches are made on the device: nothing for a worker to draw
+    assert loader_workers(synthetic.updated(data={"num_workers": 2})) == 2
 
 
 @pytest.mark.parametrize("workers", [0, 3])
@@ -339,7 +344,7 @@ def test_synthetic_images_have_the_shape_asked_for_and_labels_among_the_classes(
     splits = load_splits(*_synthetic_data(image_size=12, channels=2, classes=5, size=300))
     x, y = splits.train[0]
     assert x.shape == (2, 12, 12) and x.dtype == torch.float32 and isinstance(y, int)
-    xb, yb = next(iter(make_loader(splits.train, 64, rank=0, world_size=1, seed=0, shuffle=True)))
+    xb, yb = on_device(next(iter(make_loader(splits.train, 64, rank=0, world_size=1, seed=0, shuffle=True))), "cpu")
     assert xb.shape == (64, 2, 12, 12) and yb.dtype == torch.int64
     for part in (splits.train, splits.val, splits.test):
         x, y = part.batch(range(len(part)))
@@ -355,7 +360,7 @@ def test_synthetic_batches_follow_from_the_seed_and_the_positions():
     positions = [5, 0, 17, 3]
     x, y = train.batch(positions)
     assert torch.equal(x, again.batch(positions)[0]) and torch.equal(y, again.batch(positions)[1])
-    assert torch.equal(x, torch.stack([image for image, _ in train.__getitems__(positions)]))
+    assert torch.equal(x, train.__getitems__(positions).on("cpu")[0])
     # Batches sharing their first image and their length are still different batches.
     assert not torch.equal(train.batch([5, 1])[0][0], train.batch([5, 2])[0][0])
     other = load_splits(*_synthetic_data(size=200, train={"seed": seed + 1})).train
@@ -366,6 +371,29 @@ def test_synthetic_batches_follow_from_the_seed_and_the_positions():
 
     assert torch.equal(made(3)[0], made(3)[0]) and not torch.equal(made(3)[0], made(4)[0])
     assert torch.equal(made(3)[1], made(4)[1])  # a label is the image's index modulo the classes
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_synthetic_loader_hands_over_which_images_and_the_step_makes_them_on_its_device(workers):
+    """No pixels cross the loader (nor a worker's pipe): the batch the loop makes of what it hands over is the one
+    the data set gives at those positions, and an epoch covers the rank's share of the images once."""
+    train = load_splits(*_synthetic_data(size=200)).train
+    loader = make_loader(train, 16, rank=1, world_size=2, seed=0, shuffle=True, num_workers=workers)
+    start_epoch(loader, 3)
+    handed = list(loader)
+    assert all(isinstance(batch, SyntheticBatch) for batch in handed)
+    first = handed[0]
+    x, y = on_device(first, torch.device("cpu"))
+    positions = [int(np.flatnonzero(train.indices == image)[0]) for image in first.images]
+    assert torch.equal(x, train.batch(positions)[0]) and torch.equal(y, train.batch(positions)[1])
+    seen = np.concatenate([batch.images for batch in handed])
+    assert len(seen) == len(set(seen.tolist())) == -(-len(train) // 2)
+
+
+def test_an_ordinary_batch_is_copied_to_the_device_as_it_is():
+    x, y = torch.arange(6.0).reshape(3, 2), torch.tensor([0, 1, 0])
+    moved = on_device((x, y), torch.device("cpu"))
+    assert torch.equal(moved[0], x) and torch.equal(moved[1], y)
 
 
 def test_synthetic_batches_are_made_on_the_device_asked_for():

@@ -62,7 +62,7 @@ from torch.utils.data import Subset
 from tula_hpc.cluster.distributed import Context, init_distributed, out_of_memory_ends_job_step, shutdown
 from tula_hpc.core.run_layout import last_batch, steps_per_epoch
 from tula_hpc.training.checkpoint import rng_state, save_checkpoint
-from tula_hpc.training.data import loader_options, make_loader, start_epoch
+from tula_hpc.training.data import loader_options, make_loader, on_device, start_epoch
 from tula_hpc.training.preemption import StopRequests
 from tula_hpc.training.step import (
     accumulate_gradients,
@@ -278,7 +278,7 @@ class StepRunner:
         """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
         ctx, clock, net = self.ctx, self.clock, self.net
         start = clock.mark()
-        x, y = (t.to(ctx.device, non_blocking=True) for t in next(self.batches))
+        x, y = on_device(next(self.batches), ctx.device)
         loaded = clock.mark()
         _, reference_grads = accumulate_gradients(net, self.strategy, self.loss_fn, x, y, sync=False)
         computed = sync_start = synced = clock.mark()
@@ -310,7 +310,7 @@ class StepRunner:
     def epoch_end(self, epoch: int) -> list[float]:
         """An epoch's end as training runs it: [the last, shorter step, the strategy's epoch end (outside the
         epoch's time), the loader's restart and the next epoch's first step (inside it)]."""
-        x, y = next(self.batches)
+        x, y = on_device(next(self.batches), self.ctx.device)
         last = last_batch(len(self.splits.train), self.ctx.world_size, self.per_device_batch)
         last_s = self.full_step((x[:last], y[:last]))
         end_s = self._host_seconds(self.strategy.end_epoch)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
-from tula_hpc.training.data import load_splits, loader_options, make_eval_loader
+from tula_hpc.training.data import load_splits, loader_options, make_eval_loader, on_device
 from tula_hpc.training.models import build_model
 from tula_hpc.training.step import evaluate_accuracy
 
@@ -52,8 +52,8 @@ def recompute_batchnorm_statistics(
         Subset(dataset, drawn.tolist()), batch_size, rank=ctx.rank, world_size=ctx.world_size, **loader
     )
     with torch.no_grad():
-        for x, _ in share:
-            model(x.to(ctx.device, non_blocking=True))
+        for batch in share:
+            model(on_device(batch, ctx.device)[0])
     if ctx.world_size > 1:
         _average_over_ranks(norms)
     for norm, momentum in zip(norms, momenta):

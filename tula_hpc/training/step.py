@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula_hpc.cluster.distributed import Context, seed_everything
-from tula_hpc.training.data import load_splits, make_eval_loader
+from tula_hpc.training.data import load_splits, make_eval_loader, on_device
 from tula_hpc.training.models import build_model
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def loop_step(
     (preemption.StopRequests, overlapped with the step and read after it), the batch's copy to the device and
     the optimiser step. Returns the batch's mean loss and whether a rank has been asked to stop."""
     stop.begin_step()
-    x, y = (t.to(device, non_blocking=True) for t in batch)
+    x, y = on_device(batch, device)
     loss = training_step(net, strategy, loss_fn, x, y, micro_batches)
     return loss, stop.agreed()
 
@@ -176,9 +176,10 @@ def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int =
     counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)
     model.eval()
     with torch.no_grad():
-        for x, y in loader:
-            pred = model(x.to(ctx.device, non_blocking=True)).argmax(1)
-            counts[0] += (pred == y.to(ctx.device, non_blocking=True)).sum()
+        for batch in loader:
+            x, y = on_device(batch, ctx.device)
+            pred = model(x).argmax(1)
+            counts[0] += (pred == y).sum()
             counts[1] += len(y)
     model.train()
     if ctx.world_size > 1:
