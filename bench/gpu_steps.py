@@ -181,7 +181,8 @@ def epoch_check(
 
     [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]
     _, _, _, [row] = fit_and_predict(job, profiles, [candidate], train_samples, NO_MEMORY_PRICE, model_params(job))
-    epochs = [r["epoch_time_s"] for r in read_jsonl(folder / "metrics.jsonl")]
+    history = read_jsonl(folder / "metrics.jsonl")
+    epochs = [r["epoch_time_s"] for r in history]
     predicted = epoch_times(row, len(epochs))  # the first with its warm-up, the second with AGS's first update
     errors = {f"epoch {i + 1}": t / p - 1 for i, (t, p) in enumerate(zip(epochs, predicted))}
     judged = dict(list(errors.items())[STEADY_FROM - 1 :])
@@ -192,21 +193,25 @@ def epoch_check(
         "first_epoch_rel_error": errors.get("epoch 1"),
         "predicted_step_s": row["step_s"],
         "measured_epoch_s": epochs,
+        # How long the loop waited for its loader in each epoch: a loader that cannot keep up slows steady epochs
+        # that the profile, its few batches drawn ahead, timed without it.
+        "measured_data_wait_s": [r["data_wait_s"] for r in history],
         "rel_errors": errors,
         "median_rel_error": error_summary(judged)["median_rel_error"],
     }
 
 
 def keep_whole_run(
-    name: str, job: Job, train_samples: int, profiles: list[dict], summary: dict, epochs: list[float], context: dict
+    name: str, job: Job, train_samples: int, profiles: list[dict], summary: dict, trained: dict, context: dict
 ) -> Path:
-    """The trained run (the train worker's `summary`, metrics.jsonl's `epochs`) and its profile, as a whole-run case
-    for bench/whole_run_replay.py (<cases>/whole_run/)."""
+    """The trained run (the train worker's `summary`, its epochs as `epoch_check` read them) and its profile, as a
+    whole-run case for bench/whole_run_replay.py (<cases>/whole_run/)."""
     from whole_run import case_record
 
     [profile] = [p for p in profiles if p["global_batch"] == summary["global_batch"]]
     run = {"model": name, "nodes": 1, "per_device_batch": summary["global_batch"], "repeat": 0, "profile": profile}
-    run |= {"train_time_s": summary["train_time_s"], "epoch_time_s": epochs}
+    run |= {"train_time_s": summary["train_time_s"], "epoch_time_s": trained["measured_epoch_s"]}
+    run |= {"data_wait_s": trained["measured_data_wait_s"]}
     folder = context["cases_dir"] / "whole_run"
     folder.mkdir(parents=True, exist_ok=True)
     path = new_case_path(folder, context["recorded"]["device"]["name"], name)
@@ -228,8 +233,7 @@ def steptime_section(device: str, preset: dict, scratch: Path, context: dict) ->
         profiles = [r for r in records if r["case"] == name and r["round"] == 0]
         summary, folder = found["trained"][name], Path(folders[name])
         cases[name]["trained"] = epoch_check(job, grids[name], samples[name], profiles, summary, folder)
-        epochs = cases[name]["trained"]["measured_epoch_s"]
-        kept = keep_whole_run(name, job, samples[name], profiles, summary, epochs, context)
+        kept = keep_whole_run(name, job, samples[name], profiles, summary, cases[name]["trained"], context)
         cases[name]["trained"]["case"] = str(kept)
     median = statistics.median(c["loo"]["median_rel_error"] for c in cases.values())
     judged = [c["trained"]["median_rel_error"] for c in cases.values()]

@@ -88,6 +88,7 @@ def one_run(job: Job, nodes: int, per_device: int, folder) -> dict:
         "profile": profile,
         "train_time_s": summary["train_time_s"],
         "epoch_time_s": [record["epoch_time_s"] for record in summary["history"]],
+        "data_wait_s": [record["data_wait_s"] for record in summary["history"]],
     }
 
 
