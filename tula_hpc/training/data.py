@@ -174,8 +174,11 @@ class SyntheticBatch:
         key = int.from_bytes(hashlib.blake2b(words.tobytes(), digest_size=8).digest(), "little") >> 1
         generator = torch.Generator(device).manual_seed(key)
         x = torch.randn((len(self.images), *self.shape), generator=generator, device=device)
-        y = torch.from_numpy(self.images % self.classes).to(device)
-        return x, y
+        labels = torch.from_numpy(self.images % self.classes)
+        if torch.device(device).type == "cpu":
+            return x, labels
+        # From page-locked memory, without waiting: a copy from pageable memory may wait for the steps still queued.
+        return x, labels.pin_memory().to(device, non_blocking=True)
 
 
 class SyntheticImages(Dataset):
