@@ -175,9 +175,9 @@ def epoch_check(
     against the epoch the performance model predicts there, fitted and used as the fit-model stage does
     on `profiles` (one round: what the profile stage gives). Epochs before STEADY_FROM (loader start, kernel choice,
     the allocator's growth) are reported, not judged."""
+    from tula_hpc.performance.epochs import epoch_times
     from tula_hpc.performance.fitting import model_params
     from tula_hpc.performance.prediction import fit_and_predict
-    from tula_hpc.performance.run_overhead import epoch_times
 
     [candidate] = [c for c in grid if c["batch"] == summary["global_batch"]]
     _, _, _, [row] = fit_and_predict(job, profiles, [candidate], train_samples, NO_MEMORY_PRICE, model_params(job))

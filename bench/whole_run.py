@@ -111,8 +111,8 @@ def measure(jobs: dict[str, Job], configs: tuple = CONFIGS) -> list[dict]:
 
 def predicted(job: Job, run: dict, train_samples: int) -> dict:
     """The stages' prediction of the run from its own profile: T, each epoch, and T of the steps alone."""
+    from tula_hpc.performance.epochs import epoch_times
     from tula_hpc.performance.fitting import model_params
-    from tula_hpc.performance.run_overhead import epoch_times
 
     job = job.updated(train={"epochs": len(run["epoch_time_s"]), "lr_milestones": []})  # as many as the run trained
     candidate = {"nodes": run["nodes"], "batch": run["profile"]["global_batch"]}

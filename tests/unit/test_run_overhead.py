@@ -6,11 +6,8 @@ import pytest
 from tula_hpc.performance.run_overhead import (
     TERMS,
     RunOverheads,
-    compare_epochs,
-    epoch_times,
     fit_overheads,
     profile_terms,
-    restarts,
 )
 
 
@@ -59,20 +56,3 @@ def test_with_few_profiles_a_term_is_their_median_and_without_any_it_is_0_and_no
     none = fit_overheads([_profile(1, 8, 0.1, None)])
     assert all(np.all(values == 0) for values in none.predict([[2, 8, 2]], [0.1]).values())
     assert len(none.notes_) == 1 and all(term in none.notes_[0] for term in TERMS)
-
-
-def test_epochs_carry_the_warm_up_where_training_pays_it():
-    row = {"epoch_s": 1.0, "epoch_start_s": 0.1, "warmup_first_s": 2.0, "warmup_second_s": 0.5}
-    assert epoch_times(row, 4) == pytest.approx([2.9, 1.5, 1.0, 1.0])
-    assert epoch_times(row, 1) == pytest.approx([2.9])
-    assert epoch_times({"epoch_s": 1.0}, 2) == [1.0, 1.0]  # a row of steps only
-    assert [restarts(e) for e in (0.5, 1.0, 2.2, 3.0)] == [0, 0, 2, 2]
-
-
-def test_the_first_epoch_and_the_steady_ones_are_compared_apart():
-    compared = compare_epochs([3.0, 1.6, 1.1, 0.9], [2.9, 1.5, 1.0, 1.0])
-    assert compared["first_epoch_rel_error"] == pytest.approx(-0.1 / 3.0)
-    assert compared["measured_steady_epoch_s"] == pytest.approx(1.0)  # from the third epoch on
-    assert compared["steady_epoch_rel_error"] == pytest.approx(0.0)
-    two = compare_epochs([3.0, 1.2], [2.9, 1.5])
-    assert two["steady_epoch_rel_error"] == pytest.approx(0.25)

@@ -1,7 +1,7 @@
 """The report's training section on a synthetic summary: the noise-scale panel and what the batch costs."""
 
 from tula_hpc.core.records import TrainSummary
-from tula_hpc.performance.run_overhead import compare_epochs
+from tula_hpc.performance.epochs import compare_epochs
 from tula_hpc.reporting.figures import link
 from tula_hpc.reporting.training_section import noise_scale_line, strategy_section, time_terms
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.run_layout import candidate_devices, last_batch, steps_per_epoch
+from tula_hpc.performance.epochs import epoch_times, restarts
 from tula_hpc.performance.estimator import PerfModel
 from tula_hpc.performance.fitting import (
     candidate_row,
@@ -23,7 +24,7 @@ from tula_hpc.performance.fitting import (
     measurement_weight,
 )
 from tula_hpc.performance.pricing import charge_factor, costs
-from tula_hpc.performance.run_overhead import RunOverheads, epoch_times, fit_overheads, restarts, zero_terms
+from tula_hpc.performance.run_overhead import RunOverheads, fit_overheads, zero_terms
 from tula_hpc.training.progress import measured_noise_scale, recipe_steps, steps_to_progress
 
 if TYPE_CHECKING:

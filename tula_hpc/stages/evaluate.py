@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from tula_hpc.cluster import launch
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.records import Selection, TrainSummary
+from tula_hpc.performance.epochs import compare_epochs, epoch_times
 from tula_hpc.performance.pricing import costs
-from tula_hpc.performance.run_overhead import compare_epochs, epoch_times
 from tula_hpc.stages.runner import stage_main
 
 if TYPE_CHECKING:

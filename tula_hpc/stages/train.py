@@ -19,13 +19,13 @@ from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.records import Selection, TrainSummary
 from tula_hpc.memory.device_budget import budget_source
-from tula_hpc.performance.batch_schedule import BatchSchedule
 from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
 from tula_hpc.training.loop_accounting import loop_time_s
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
+    from tula_hpc.performance.batch_schedule import BatchSchedule
 
 # Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
 TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_worker")
@@ -89,6 +89,8 @@ def batch_schedule_for(job: Job, perfmodel_path: Path | None, chosen: dict) -> B
             f"job '{job.name}': field 'train.batch_schedule': adaptive chooses among the fitted model's candidates; "
             f"give the train stage --perfmodel results/{job.name}/perfmodel.json"
         )
+    from tula_hpc.performance.batch_schedule import BatchSchedule  # the fitted model's maths: under adaptive only
+
     try:
         return BatchSchedule.for_run(job, read_json(perfmodel_path), chosen)
     except ValueError as err:
