@@ -143,9 +143,9 @@ def test_the_stages_that_run_on_the_login_node_import_no_torch():
 
 
 def test_the_stages_that_fit_nothing_start_without_scikit_learn():
-    """Planning, a planned profile job, training at a fixed batch and evaluating fit nothing: scikit-learn (a second
-    to import) stays out until a fit is made (the adapt rule's, an adaptive batch schedule's)."""
-    for stage in ("plan", "profile", "train", "evaluate"):
+    """Planning, a planned profile job, training at a fixed batch, evaluating and reporting fit nothing: scikit-learn
+    (a second to import) stays out until a fit is made (the adapt rule's, an adaptive batch schedule's)."""
+    for stage in ("plan", "profile", "train", "evaluate", "report"):
         check = f"import sys; import tula_hpc.stages.{stage}; print(*sys.modules)"
         loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
         assert "sklearn" not in loaded.stdout.split() and f"tula_hpc.stages.{stage}" in loaded.stdout.split()

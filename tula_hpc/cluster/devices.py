@@ -15,6 +15,8 @@ from pathlib import Path
 
 NVIDIA_DRIVER_VERSION = Path("/proc/driver/nvidia/version")  # written by the NVIDIA kernel module when loaded
 
+SYNC_KINDS = ("intra_node", "inter_node")  # sync among one host's ranks, and among hosts
+
 # search.sync_prior when a job writes none, by its device (see the performance module's docstring for the terms).
 # Whole figures are ints, as YAML reads them: results fingerprinted when jobs wrote these figures still match.
 SYNC_PRIORS = {

@@ -52,7 +52,7 @@ from scipy.optimize import minimize_scalar, nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 
-from tula_hpc.cluster.devices import SYNC_PRIORS
+from tula_hpc.cluster.devices import SYNC_KINDS, SYNC_PRIORS
 from tula_hpc.performance.collective_cost import (
     OVERLAP_GAMMA_BOUNDS,
     fit_latent_sync,
@@ -75,7 +75,6 @@ KINK_MIN_BATCHES = 3
 KINK_MARGIN = 0.7
 # How sync is fitted: "auto" splits where the profiles hold sync parts, else latent (see the module's docstring).
 SYNC_FITS = ("auto", "split", "latent")
-SYNC_KINDS = ("intra_node", "inter_node")
 SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
 # How notes name a kind's size, and why a kind is missing from the profiles.
 SYNC_KIND_TEXT = {
