@@ -3,6 +3,8 @@ Debian's Fashion-MNIST files, augmentation of training only, the synthetic data 
 and bad data named."""
 
 import shutil
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -21,6 +23,7 @@ from tula_hpc.training.data import (
     SyntheticImages,
     TensorImages,
     data_shape,
+    digits_arrays,
     fashion_mnist_cache,
     load_splits,
     loader_options,
@@ -77,6 +80,18 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
     assert len(splits.train) + len(splits.val) + len(splits.test) == 30
     x, y = splits.train[0]
     assert x.shape == (3, 8, 8)
+
+
+def test_digits_are_read_as_scikit_learns_loader_reads_them_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    images, labels = digits_arrays()
+    digits = load_digits()
+    assert np.array_equal(images, digits.images) and np.array_equal(labels, digits.target)
+    assert labels.dtype == np.int64 and images.shape == (1797, 8, 8)
+    check = "import sys; from tula_hpc.training.data import digits_arrays; digits_arrays(); print(*sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert "sklearn" not in loaded.stdout.split()
 
 
 def test_cifar_without_files_is_a_clear_error(tmp_path):

@@ -44,7 +44,6 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.algorithms.model_averaging.utils import average_parameters_or_parameter_groups
-from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -505,6 +504,9 @@ def _post_local(name, net, train_cfg, global_batch, steps_per_epoch, train_sampl
     net.register_comm_hook(hook_state, post_localSGD_hook)
     period = max(1, steps_per_epoch // train_cfg.polo.averages_per_epoch)
     averager = PeriodicModelAverager(period=period, warmup_steps=switch)
+    # Here, not at the top: torch.distributed.optim brings FSDP and DTensor, 0.56 s of every worker's start.
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
     return PostLocalSGDStrategy(
         name, PostLocalSGDOptimizer(optimizer, averager), train_cfg, steps_per_epoch, precision, hook_state
     )
