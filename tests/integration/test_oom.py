@@ -15,7 +15,7 @@ import tula_hpc.training.trainer as trainer_module
 from tests.conftest import REPO, tiny_job_config
 from tests.integration.workers import NEVER_NOTICES_S, train_beside_a_rank_that_never_notices
 from tula_hpc.cluster import launch
-from tula_hpc.cluster.distributed import failure_records
+from tula_hpc.cluster.job_step_failures import failure_records
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.core.job import Job
 from tula_hpc.core.records import Selection

@@ -1,6 +1,5 @@
-"""Process groups that serve every tensor a rank hands them; their timeouts; a rank that runs out of memory."""
+"""Process groups that serve every tensor a rank hands them; their timeouts."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -9,8 +8,6 @@ import torch
 from tula_hpc.cluster.distributed import (
     COLLECTIVE_TIMEOUT_S,
     MAIN_ONLY_TIMEOUT_S,
-    out_of_memory_ends_job_step,
-    out_of_memory_record,
     wait_for_main,
 )
 
@@ -66,30 +63,6 @@ def test_a_rank_without_a_gpu_of_its_own_stops_instead_of_sharing_one(monkeypatc
     assert selected == []
     selected = _rank(monkeypatch, 1, 2)
     assert init_distributed(use_gpus=True).device == torch.device("cuda", 1) and selected == [torch.device("cuda", 1)]
-
-
-class _RankEnded(Exception):
-    """os._exit, as end_job_step ends the rank, without ending pytest."""
-
-
-def _end_rank(code):
-    raise _RankEnded(code)
-
-
-def test_a_rank_out_of_memory_records_it_for_the_stage_and_any_other_error_is_raised(tmp_path, monkeypatch):
-    monkeypatch.setattr(os, "_exit", _end_rank)
-    monkeypatch.setenv("RANK", "1")
-    with pytest.raises(_RankEnded), out_of_memory_ends_job_step(str(tmp_path)):
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    record = out_of_memory_record(tmp_path)
-    assert record["rank"] == 1 and record["outcome"] == "out_of_memory" and 0 <= record["noticed_after_s"] < 5
-    assert "recorded_at" not in record and "Tried to allocate" in record["error"]
-
-    with pytest.raises(ValueError), out_of_memory_ends_job_step(str(tmp_path / "other")):
-        raise ValueError("not memory")
-    with pytest.raises(torch.OutOfMemoryError), out_of_memory_ends_job_step(None):  # in-process: raised
-        raise torch.OutOfMemoryError("out of memory")
-    assert out_of_memory_record(tmp_path / "other") is None
 
 
 def test_waiting_for_rank_0_alone_has_a_timeout_of_its_own():

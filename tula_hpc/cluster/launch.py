@@ -28,6 +28,7 @@ import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError, pickle_load
 
 from tula_hpc.cluster.allocation import ALLOCATION_POLL_S, hold_allocation
+from tula_hpc.cluster.job_step_failures import out_of_memory_record
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.slurm_states import (
     ACTIVE_SLURM_STATES,
@@ -486,10 +487,8 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
 def run_or_out_of_memory(
     fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str
 ) -> tuple[Any, dict | None]:
-    """`run` a worker that takes `failure_dir` (distributed.out_of_memory_ends_job_step): (rank 0's result, None),
+    """`run` a worker that takes `failure_dir` (job_step_failures.out_of_memory_ends_job_step): (rank 0's result, None),
     or (None, the record of the rank that ran out of memory and ended the job step). Any other failure is raised."""
-    from tula_hpc.cluster.distributed import out_of_memory_record
-
     failure_dir = Path(stage_dir) / "failures" / uuid.uuid4().hex[:12]
     try:
         return run(fn, {**kwargs, "failure_dir": str(failure_dir)}, spec, stage_dir, name), None

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from tula_hpc.cluster.distributed import init_distributed, mean_over_ranks, out_of_memory_ends_job_step, shutdown
+from tula_hpc.cluster.distributed import init_distributed, mean_over_ranks, shutdown
+from tula_hpc.cluster.job_step_failures import out_of_memory_ends_job_step
 from tula_hpc.core.atomic_files import append_jsonl, atomic_path, write_jsonl
 from tula_hpc.core.dependencies import stage_settings
 from tula_hpc.core.run_layout import steps_per_epoch as epoch_steps
