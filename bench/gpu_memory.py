@@ -73,10 +73,10 @@ def index_cap(job: Job, splits) -> int:
 
 def compared(models: dict, batch: int, measured: dict) -> dict:
     """Each figure's predicted peak at `batch` against the measured one, where measured."""
-    from tula_hpc.memory import model as memory_model
+    from tula_hpc.memory.step_parts import PEAK
 
     rows = {}
-    for figure, key in memory_model.PEAK.items():
+    for figure, key in PEAK.items():
         predicted, truth = float(models[figure].predict([batch])[0]), measured.get(key)
         error = (predicted - truth) / truth if truth else None
         rows[figure] = {"predicted_bytes": round(predicted), "measured_bytes": truth, "rel_error": error}
@@ -124,12 +124,13 @@ def stage_run(job: Job, way: str) -> dict:
 def model_errors(record: dict) -> dict:
     """Each figure's model (fitted to the case's probes) against the peaks of every bisection trial that fit."""
     from tula_hpc.memory import model as memory_model
+    from tula_hpc.memory.step_parts import PEAK
 
     ran = memory_model.measured(record["memory"]["probes"])
-    models = {figure: memory_model.fit_probes(ran, figure) for figure in memory_model.PEAK}
+    models = {figure: memory_model.fit_probes(ran, figure) for figure in PEAK}
     rows = {f"b={t['batch']}": compared(models, t["batch"], t) for t in record["trials"] if t["outcome"] == "fits"}
     found = {}
-    for figure in memory_model.PEAK:
+    for figure in PEAK:
         errors = {label: row[figure]["rel_error"] for label, row in rows.items()}
         found[figure] = {"per_trial": errors, **error_summary(errors)}
     return found
@@ -171,7 +172,7 @@ def memory_case(name: str, case: dict, device: str, spec: dict, scratch: Path, c
 def memory_verdicts(cases: list[dict], failed: list[dict]) -> dict:
     """The section's targets over its cases; a case that crashed leaves every target it bears on unmet, and a
     comparison a case does not make (Lightning absent, no stage timed) is left out rather than failed."""
-    from tula_hpc.memory.model import PEAK
+    from tula_hpc.memory.step_parts import PEAK
 
     every = not failed
     verdicts = {}

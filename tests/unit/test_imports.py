@@ -149,3 +149,10 @@ def test_the_stages_that_fit_nothing_start_without_scikit_learn():
         check = f"import sys; import tula_hpc.stages.{stage}; print(*sys.modules)"
         loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
         assert "sklearn" not in loaded.stdout.split() and f"tula_hpc.stages.{stage}" in loaded.stdout.split()
+
+
+def test_a_memory_probes_process_starts_without_scikit_learn():
+    """A probe in a fresh process (CPU jobs: every probe and trial) records parts the stage fits; it fits nothing."""
+    check = "import sys; import tula_hpc.profiling.memory_probes; print(*sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert "sklearn" not in loaded.stdout.split() and "tula_hpc.profiling.memory_probes" in loaded.stdout.split()

@@ -11,7 +11,6 @@ from tula_hpc.memory.model import (
     MAX_BRACKET_TRIALS,
     MAX_PROBES,
     MAX_VERIFICATION_TRIALS,
-    PARTS,
     StepMemoryModel,
     composition,
     cuda_choice,
@@ -22,6 +21,7 @@ from tula_hpc.memory.model import (
     next_trial,
     settle,
 )
+from tula_hpc.memory.step_parts import PARTS
 from tula_hpc.profiling.memory_probes import peak_fields
 
 # --- synthetic probes and trials --------------------------------------------------------------------

@@ -11,7 +11,8 @@ from tests.unit.test_budget import CUDA, GiB, MiB, cuda_out_of_memory_message
 from tests.unit.test_memory_model import ANY_CAP, fits
 from tula_hpc.cluster.devices import DeviceError
 from tula_hpc.memory.device_budget import budget_bytes
-from tula_hpc.memory.model import PARTS, StepMemoryModel, next_trial, settle
+from tula_hpc.memory.model import StepMemoryModel, next_trial, settle
+from tula_hpc.memory.step_parts import PARTS
 from tula_hpc.profiling import memory_probes
 from tula_hpc.profiling.memory_probes import run_in_fresh_process
 

@@ -255,6 +255,11 @@ def cuda_failed_at(message: str) -> int | None:
     return sum(_size_bytes(*match.groups()) for match in found)
 
 
+def runs_on_several_devices(job: Job) -> bool:
+    """Whether a run of the job may span devices: DDP's gradient copy and NCCL's buffers then take room too."""
+    return job.search.nodes.max * max(1, job.resources.gpus_per_node) > 1
+
+
 def nccl_ring_buffer_bytes(env: Mapping[str, str]) -> int:
     """NCCL's buffers for a ring on every channel (NCCL_PROTOCOL_BUFFERS, NCCL_CHANNELS): device memory outside
     the allocator that a one-rank probe cannot see, as its communicator has no peers."""

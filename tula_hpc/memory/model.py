@@ -45,24 +45,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from tula_hpc.memory.device_budget import (
-    nccl_ring_buffer_bytes,
-    usable_bytes,
-)
+from tula_hpc.memory.device_budget import nccl_ring_buffer_bytes, runs_on_several_devices, usable_bytes
+from tula_hpc.memory.step_parts import PART_PEAKS, PARTS, PEAK
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
 
-PHASES = ("forward", "backward", "update")
-STEP_KINDS = ("ordinary", "update")
-PARTS = tuple(f"{kind}/{phase}" for kind in STEP_KINDS for phase in PHASES)
 GROWING_SHARE = 0.75  # the largest probe's peak is at least this much batch-dependent memory
 MAX_PROBES = 6
 MAX_VERIFICATION_TRIALS = 3
 RETRY_STEP_DOWN = 0.1  # a retry after running out of memory is at least this share of that batch below it
-# Each figure a peak is read in (budget.PEAK_COUNTS), and the key of a probe's peak per part in it.
-PART_PEAKS = {"allocated": "peaks", "reserved": "reserved_peaks"}
-PEAK = {"allocated": "peak_bytes", "reserved": "reserved_peak_bytes"}
 DECIDING_FIGURE = "allocated"  # what the steps' tensors hold: the model that follows real steps (module docstring)
 BRACKET = 0.01  # CUDA trials end with a batch that fits within this share of one that does not
 BRACKET_STEP = 0.03  # until a bracket is found, trials move by this share of the batch, doubling each time
@@ -162,10 +154,6 @@ def next_probe(probes: list[dict], cap: int, budget: int) -> int | None:
     if model.growing_share(largest) >= GROWING_SHARE or bigger > cap or bigger in tried:
         return None
     return bigger if model.predict([bigger])[0] <= budget else None
-
-
-def runs_on_several_devices(job: Job) -> bool:
-    return job.search.nodes.max * max(1, job.resources.gpus_per_node) > 1
 
 
 def ddp_bucket_bytes(job: Job, probes: list[dict]) -> int:

@@ -19,9 +19,10 @@ from tula_hpc.memory.device_budget import (
     device_memory,
     model_bytes,
     optimizer_state_bytes,
+    runs_on_several_devices,
     saved_tensor_bytes,
 )
-from tula_hpc.memory.model import PART_PEAKS, PARTS, PEAK, PHASES, runs_on_several_devices
+from tula_hpc.memory.step_parts import PART_PEAKS, PARTS, PEAK, PHASES
 
 # The steps a probe runs: the first builds the optimiser state and is not measured; then the steps
 # training repeats, an ordinary one, the strategy's update step (due once an epoch ends), and an

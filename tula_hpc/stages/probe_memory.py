@@ -29,8 +29,6 @@ from tula_hpc.memory.device_budget import (
 from tula_hpc.memory.model import (
     BRACKET,
     DECIDING_FIGURE,
-    PARTS,
-    PEAK,
     StepMemoryModel,
     collective_buffer_bytes,
     composition,
@@ -44,6 +42,7 @@ from tula_hpc.memory.model import (
     room_for_steps,
     settle,
 )
+from tula_hpc.memory.step_parts import PARTS, PEAK
 from tula_hpc.profiling.memory_probes import probe_device, run_in_fresh_process, run_in_this_process
 from tula_hpc.stages.runner import stage_main
 
