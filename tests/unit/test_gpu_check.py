@@ -347,10 +347,23 @@ def test_each_stages_wall_time_is_read_from_snakemakes_log():
     assert gpu_steps.stage_seconds(SNAKEMAKE_LOG) == {"probe_memory": 29.0, "plan": 1.0, "profile": 11.0 + 21.0}
 
 
+def test_each_stages_imports_are_added_up_from_its_logs_top_level_lines(tmp_path):
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "plan.log").write_text(
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       120 |        500 |   json.decoder\n"  # inside json: counted in json's 2000
+        "import time:       300 |       2000 | json\n"
+        "import time:      1000 |    2000000 | tula_hpc.stages.plan\n"
+        "[tula-hpc] planned 2 profiles\n"
+    )
+    (tmp_path / "profile" / "N1_B32.log").write_text("import time:        10 |     250000 | numpy\n")
+    assert gpu_steps.import_seconds(tmp_path) == {"plan": 2.002, "profile/N1_B32": 0.25}
+
+
 def test_the_dags_timeout_stops_only_work_still_running(tmp_path):
     log = tmp_path / "log"
     assert gpu_steps.run_dag([sys.executable, "-c", "print('done')"], log, 30) == (0, False)
-    assert "done" in log.read_text()
+    assert "done" in log.read_text() and "import time:" in log.read_text()  # every process logs its imports
     returncode, stopped = gpu_steps.run_dag([sys.executable, "-c", "import time; time.sleep(30)"], log, 0.5)
     assert returncode is None and stopped and "still running" in log.read_text()
 
