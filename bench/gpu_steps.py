@@ -210,8 +210,11 @@ def keep_whole_run(
 
     [profile] = [p for p in profiles if p["global_batch"] == summary["global_batch"]]
     run = {"model": name, "nodes": 1, "per_device_batch": summary["global_batch"], "repeat": 0, "profile": profile}
-    run |= {"train_time_s": summary["train_time_s"], "epoch_time_s": trained["measured_epoch_s"]}
-    run |= {"data_wait_s": trained["measured_data_wait_s"]}
+    run |= {
+        "train_time_s": summary["train_time_s"],
+        "epoch_time_s": trained["measured_epoch_s"],
+        "data_wait_s": trained["measured_data_wait_s"],
+    }
     folder = context["cases_dir"] / "whole_run"
     folder.mkdir(parents=True, exist_ok=True)
     path = new_case_path(folder, context["recorded"]["device"]["name"], name)

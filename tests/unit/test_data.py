@@ -31,6 +31,7 @@ from tula_hpc.training.data import (
     make_eval_loader,
     make_loader,
     on_device,
+    prefetched_bytes,
     start_epoch,
 )
 from tula_hpc.training.data_check import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, check_data
@@ -110,6 +111,9 @@ def test_loader_workers_default_to_the_cores_of_a_rank_but_the_one_it_trains_on(
     synthetic = job.updated(data={"name": "synthetic"}, resources={"cpus_per_task": 8})
     assert loader_workers(synthetic) == 0  # its batches are made on the device: nothing for a worker to draw
     assert loader_workers(synthetic.updated(data={"num_workers": 2})) == 2
+    # What a loader holds ahead in host memory: two batches a worker, no pixels of batches made on the device.
+    assert prefetched_bytes(job.updated(resources={"cpus_per_task": 3}), 100) == 400
+    assert prefetched_bytes(synthetic.updated(data={"num_workers": 2}), 100) == 0
 
 
 @pytest.mark.parametrize("workers", [0, 3])

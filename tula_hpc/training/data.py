@@ -449,7 +449,18 @@ def loader_workers(job: Job) -> int:
     workers = job.data.num_workers
     if workers != "auto":
         return workers
-    return 0 if job.data.name == "synthetic" else max(0, job.resources.cpus_per_task - 1)
+    return 0 if made_on_device(job.data) else max(0, job.resources.cpus_per_task - 1)
+
+
+def made_on_device(data: DataSettings) -> bool:
+    """Whether the data set's batches are made on the rank's device (SyntheticBatch): its loader holds no pixels."""
+    return data.name == "synthetic"
+
+
+def prefetched_bytes(job: Job, batch_bytes: int) -> int:
+    """Host memory a rank's loader holds ahead: PyTorch's default prefetch_factor (2) batches per worker, none for
+    batches made on the device."""
+    return 0 if made_on_device(job.data) else batch_bytes * 2 * loader_workers(job)
 
 
 def loader_options(job: Job, device: torch.device) -> dict:
