@@ -81,6 +81,8 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     assert 0 < perfmodel["search"]["price"]["share"] <= 1.5  # profiles of a few steps; every candidate is ~1
     # N in {1, 2} on one host: one multi-rank size, so the intra-node latency comes from the prior.
     assert perfmodel["identified"]["intra_node_latency_s"] is False
+    # One core a rank (resources.cpus_per_task): no loader worker, so no loader pace holds a step.
+    assert perfmodel["loader_rate"]["workers"] == 0 and chosen["loader_s"] == 0 and not chosen["loader_bound"]
     for name in plan["profile"]:
         profile = json.loads((results / "profile" / f"N{name['nodes']}_B{name['batch']}.json").read_text())
         assert set(profile["median"]) == {"data_s", "compute_s", "sync_s", "update_s", "step_s"}

@@ -344,3 +344,17 @@ def test_the_report_names_the_partitions_limits_the_queue_wait_and_the_wall_time
     assert "Slurm's estimate at selection time" in line and "asked for a wall time of 27 min" in line
     no_wait, no_limit = replace(selection, predicted={"time_s": 1.0}), replace(summary, time_limit_min=None)
     assert _cluster({"partition": None}, no_wait, no_limit) == ""
+
+
+def test_the_report_says_whether_the_loaders_workers_keep_up_with_the_step():
+    from tula_hpc.stages.report import _loading
+
+    summary = TrainSummary.from_dict(INPUTS["summary"])
+    chosen = {**CHOSEN, "model_step_s": 0.02, "loader_s": 0.03, "loader_bound": True}
+    line = _loading(Selection.from_dict({**INPUTS["selection"], "chosen": chosen}), summary)
+    assert line.endswith(
+        "Its workers make a batch every 30.0 ms against a predicted 20.0 ms step: the loader sets the pace."
+    )
+    chosen = {**chosen, "loader_s": 0.01, "loader_bound": False}
+    assert _loading(Selection.from_dict({**INPUTS["selection"], "chosen": chosen}), summary).endswith("keeps up.")
+    assert "workers" not in _loading(Selection.from_dict(INPUTS["selection"]), summary)  # no loader timed

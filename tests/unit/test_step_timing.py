@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from tests.conftest import default_job, run_on_two_ranks
 from tula_hpc.cluster.distributed import Context
@@ -37,6 +38,35 @@ def test_measure_times_each_part_of_real_training_steps(job):
     assert profile["samples_per_s"] == pytest.approx(16 / median["step_s"])
     assert profile["grad_bytes"] == 4 * 151_306  # float32 gradients of the tiny CNN on 8x8 digits
     assert profile["peak_rss_bytes"] > 0
+    assert profile["loader"] is None  # no loader workers: loading is the step's data part
+
+
+def test_with_loader_workers_the_profile_times_one_batch_made_as_a_worker_makes_it(job):
+    job = job.updated(data={"num_workers": 1})
+    profile = measure(job, Context(0, 1, 0, torch.device("cpu")), per_device_batch=16)
+    assert profile["loader"]["workers"] == 1 and 0 < profile["loader"]["worker_batch_s"] < profile["measure_wall_s"]
+
+
+class _SlowItems(Dataset):
+    """Items read as from a slow file system (`delay_s` each), drawing on the process's RNG."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay_s)
+        return torch.rand(1, 4, 4), i % 2
+
+
+def test_a_workers_batch_takes_what_its_items_take_on_one_thread_and_leaves_the_rng_as_it_was():
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    loader = DataLoader(_SlowItems(0.002), batch_size=8, num_workers=1)
+    assert step_timing.worker_batch_s(loader, per_device_batch=8) >= 8 * 0.002
+    assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == threads
+    assert step_timing.worker_batch_s(DataLoader(_SlowItems(0.0), batch_size=8), per_device_batch=8) is None
 
 
 def test_measure_keeps_the_warm_up_steps_and_times_two_epoch_ends(job, tmp_path):

@@ -60,6 +60,7 @@ class FitResult(StageRecord):
     noise_scale: dict | None
     candidates: list[dict]
     run_overheads: dict | None = optional()  # run_overhead.RunOverheads.coefficients(); None: recorded before
+    loader_rate: dict | None = optional()  # loader_rate.LoaderRate.coefficients(); None: recorded before
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 that confirms its decision (search.confirm_choice, in the adapt rule) predicts between its profiles; one home for both.
 
 T = E * (steps per epoch of B, the last one with the rest of the data) * t_step plus what the run spends once (the
-warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing (pricing.py).
+warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing (pricing.py); no step is
+shorter than the loader's workers take to make its batch (loader_rate.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tula_hpc.performance.fitting import (
     measured_steps,
     measurement_weight,
 )
+from tula_hpc.performance.loader_rate import LoaderRate, fit_loader_rate
 from tula_hpc.performance.pricing import charge_factor, costs
 from tula_hpc.performance.run_overhead import RunOverheads, fit_overheads, zero_terms
 from tula_hpc.training.progress import measured_noise_scale, recipe_steps, steps_to_progress
@@ -40,10 +42,12 @@ def predict_candidates(
     measured: dict[tuple[int, ...], float] | None = None,
     weight: float = 0.0,
     overheads: RunOverheads | None = None,
+    loader: LoaderRate | None = None,
 ) -> list[dict]:
     """T and cost of every candidate, each on its own GPUs per node; a profiled one's step is its measurement
-    weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`), the
-    run's warm-up and epoch ends from `overheads` (none: steps only)."""
+    weighed with the model's (`measured`: model row -> measured step, `weight`: see `measurement_weight`), no
+    shorter than its loader's pace (`loader`; none: no floor), the run's warm-up and epoch ends from `overheads`
+    (none: steps only)."""
     measured = measured or {}
     objective, epochs = job.objective, job.train.epochs
     partition = job.resources.slurm.partition
@@ -60,6 +64,10 @@ def predict_candidates(
     last = X.copy()
     last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
     last_step = model.predict(last) * steps / parts["step_s"]  # the last, smaller step moves by the same factor
+    loader = loader or LoaderRate()
+    loader_s = loader.predict(X[:, 1])
+    loader_bound = loader_s > steps
+    steps, last_step = np.maximum(steps, loader_s), np.maximum(last_step, loader.predict(last[:, 1]))
     profiled = {tuple(row) for row in model.profiled_.astype(int).tolist()}
     terms = overheads.predict(X, steps) if overheads is not None else zero_terms(len(X))
     rows = []
@@ -79,6 +87,8 @@ def predict_candidates(
                 "profiled": tuple(X[i].astype(int).tolist()) in profiled,
                 **{part: float(values[i]) for part, values in parts.items()},
                 "model_step_s": float(parts["step_s"][i]),
+                "loader_s": float(loader_s[i]),
+                "loader_bound": bool(loader_bound[i]),
                 "step_s": step,
                 "steps_per_epoch": per_epoch,
                 "epoch_s": epoch,
@@ -104,16 +114,18 @@ def fit_and_predict(
     memory: dict,
     settings: dict,
     overheads: RunOverheads | None = None,
+    loader: LoaderRate | None = None,
 ) -> tuple[PerfModel, list[float], float, list[dict]]:
     """The model fitted to `profiles`, its leave-one-out errors, the weight of a profiled candidate's own
     measurement, and T and cost of every candidate: the stage's whole computation, short of files. `overheads`:
-    the run's warm-up and epoch ends (default: fitted to `profiles`)."""
+    the run's warm-up and epoch ends, `loader`: its loader's pace (defaults: fitted to `profiles`)."""
     model = fit_profiles(profiles, **settings)
     loo = leave_one_out(profiles, **settings)
     weight = measurement_weight(loo, job.search.noise_prior)
     overheads = fit_overheads(profiles) if overheads is None else overheads
+    loader = fit_loader_rate(profiles)[0] if loader is None else loader
     rows = predict_candidates(
-        model, candidates, job, train_samples, memory, measured_steps(profiles), weight, overheads
+        model, candidates, job, train_samples, memory, measured_steps(profiles), weight, overheads, loader
     )
     noise = measured_noise_scale(profiles)
     if noise is not None:

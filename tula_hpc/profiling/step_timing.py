@@ -36,6 +36,10 @@ update step). The first holds the shapes' first-time costs, the second the stead
 VALIDATION_BATCHES batches per rank, scaled to the whole split) and a checkpoint write are timed after them. All of this
 runs between the warm-up and the measured steps, so that those are a steady epoch's steps: AGS scales every step by its
 factors from the second epoch on, a kernel-launch cost the first epoch never pays (bench/data/gpu/whole_run).
+
+The measured steps draw on batches the loader's workers made ahead while the epoch ends were timed, so they cannot show
+a loader slower than the step. After them one batch is made as a worker makes it (`worker_batch_s`): the pace that
+performance/loader_rate.py holds a whole epoch's steps to.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ MAX_STEPS = 200
 BACKOFF_S = 1.0
 BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb (25): the timed all-reduce's buckets are DDP's size
 EPOCH_ENDS = 2  # the first holds the first-time costs of the epoch end's shapes, the second the steady ones
+LOADER_BATCHES = 3  # batches made as a loader worker makes them (`worker_batch_s`), fewer past LOADER_BUDGET_S
+LOADER_BUDGET_S = 1.0
 VALIDATION_BATCHES = 4  # per rank: validation is forward passes over equal batches, linear in the samples
 
 
@@ -238,6 +244,31 @@ def _profile_loader(job: Job, ctx: Context, splits, per_device_batch: int):
     )
 
 
+def worker_batch_s(loader, per_device_batch: int) -> float | None:
+    """Seconds one of the loader's workers takes to make a batch, as a DataLoader worker makes it (the data set's
+    items, by `__getitems__` where it has one, and the collate, on one torch thread), median of LOADER_BATCHES made
+    in turn (fewer past LOADER_BUDGET_S): the loader's pace that performance/loader_rate.py holds steps to. None
+    without workers, where loading is the step's own data part. The process's RNG is left as it was."""
+    if loader.num_workers == 0:
+        return None
+    dataset, threads, seconds = loader.dataset, torch.get_num_threads(), []
+    indices = list(itertools.islice(iter(loader.sampler), per_device_batch * LOADER_BATCHES))
+    items = getattr(dataset, "__getitems__", None) or (lambda chunk: [dataset[i] for i in chunk])
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            started = time.perf_counter()
+            for first in range(0, len(indices), per_device_batch):
+                made = time.perf_counter()
+                loader.collate_fn(items(indices[first : first + per_device_batch]))
+                seconds.append(time.perf_counter() - made)
+                if time.perf_counter() - started > LOADER_BUDGET_S:
+                    break
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(seconds)
+
+
 def _measured_attempts(
     search: SearchSettings, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
 ) -> list[tuple[list[list[float]], float]]:
@@ -387,6 +418,15 @@ def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str |
     )
     rows, interference = min(attempts, key=lambda attempt: attempt[1])
     columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
+    worker_s = worker_batch_s(runner.loader, per_device_batch)
+    loader = (
+        None
+        if worker_s is None
+        else {
+            "workers": runner.loader.num_workers,
+            "worker_batch_s": _max_over_ranks([worker_s], ctx)[0],
+        }
+    )
     peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
     strategy = runner.strategy
     noise_scale = strategy.noise_scale.read() if strategy.noise_scale is not None else None
@@ -406,6 +446,7 @@ def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str |
         "iqr_over_median": {part: s for part, (_, s) in stats.items()},
         "per_step": per_step,
         "epoch_ends": epoch_ends,
+        "loader": loader,  # its workers' pace (performance/loader_rate.py); None without workers
         "samples_per_s": per_device_batch * ctx.world_size / median["step_s"],
         "peak_rss_bytes": int(peak),
         "grad_bytes": sum(p.numel() * p.element_size() for p in runner.model.parameters() if p.requires_grad),

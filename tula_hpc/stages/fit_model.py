@@ -16,6 +16,7 @@ from tula_hpc.core.errors import StageError
 from tula_hpc.core.records import FitResult
 from tula_hpc.core.run_layout import node_shape
 from tula_hpc.performance.fitting import model_params, profile_row
+from tula_hpc.performance.loader_rate import fit_loader_rate
 from tula_hpc.performance.prediction import fit_and_predict
 from tula_hpc.performance.run_overhead import fit_overheads
 from tula_hpc.performance.search_modes import search_price
@@ -81,8 +82,9 @@ def fit_model(
     if manifest is not None:
         settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
     overheads = fit_overheads(profiles)
+    loader, loader_notes = fit_loader_rate(profiles)
     model, loo, weight, candidates = fit_and_predict(
-        job, profiles, plan["candidates"], plan["dataset"]["train"], memory, settings, overheads
+        job, profiles, plan["candidates"], plan["dataset"]["train"], memory, settings, overheads, loader
     )
     measured = _profiled(profiles, model.predict([profile_row(p) for p in profiles]))
     disturbed = _disturbed(profiles, job.search.interference_tolerance)
@@ -91,7 +93,7 @@ def fit_model(
         collective=model.collective,
         params=model.coefficients(),
         identified=model.identified_,
-        notes=model.notes_ + overheads.notes_ + disturbed,
+        notes=model.notes_ + overheads.notes_ + loader_notes + disturbed,
         grad_bytes=model.grad_bytes,
         train_samples=plan["dataset"]["train"],
         epochs=job.train.epochs,
@@ -113,6 +115,7 @@ def fit_model(
         noise_scale=measured_noise_scale(profiles),
         candidates=candidates,
         run_overheads=overheads.coefficients(),
+        loader_rate=loader.coefficients(),
     )
     result.write(out)
     return result

@@ -101,11 +101,18 @@ def _loading(selection: Selection, summary: TrainSummary) -> str:
     their loading cannot overlap the device's work, while training's can (on a GPU); the gap shows how much."""
     waited = sum(r["data_wait_s"] for r in summary.history)
     chosen = selection.chosen
-    return (
+    text = (
         f"Data loading: training waited {waited:.2f} s for its loader ({waited / summary.train_time_s:.1%} of "
         f"the steps' time); the profiles' synchronised steps load for {chosen['data_s'] / chosen['step_s']:.1%} of "
         f"a step at this configuration."
     )
+    if chosen.get("loader_s"):  # the workers' pace (performance/loader_rate.py), where profiles timed it
+        pace = "sets the pace" if chosen["loader_bound"] else "keeps up"
+        text += (
+            f" Its workers make a batch every {chosen['loader_s'] * 1e3:.1f} ms against a predicted "
+            f"{chosen['model_step_s'] * 1e3:.1f} ms step: the loader {pace}."
+        )
+    return text
 
 
 def _device_memory(memory: dict, summary: TrainSummary) -> str:
