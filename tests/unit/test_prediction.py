@@ -145,12 +145,12 @@ def test_no_step_is_shorter_than_the_loaders_workers_take_to_make_its_batch():
     memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
     candidate = {"nodes": 2, "batch": 40, "per_device_batch": 20}
     [free] = predict_candidates(model, [candidate], _job(), 1000, memory)
-    slow = LoaderRate(workers=2).fit([20], [4 * free["step_s"]])  # a batch every 2 steps' time
+    slow = LoaderRate(workers=2).fit([20], [2 * free["step_s"]])  # a batch every 2 steps' time
     [bound] = predict_candidates(model, [candidate], _job(), 1000, memory, loader=slow)
     assert bound["loader_bound"] and not free["loader_bound"]
     assert bound["step_s"] == pytest.approx(2 * free["step_s"]) and bound["model_step_s"] == free["model_step_s"]
     assert bound["time_s"] == pytest.approx(2 * free["time_s"])  # 25 full steps an epoch, the last one too
-    fast = LoaderRate(workers=2).fit([20], [free["step_s"]])
+    fast = LoaderRate(workers=2).fit([20], [free["step_s"] / 2])
     [kept] = predict_candidates(model, [candidate], _job(), 1000, memory, loader=fast)
     assert not kept["loader_bound"] and kept["time_s"] == pytest.approx(free["time_s"])
     assert kept["loader_s"] == pytest.approx(free["step_s"] / 2)

@@ -38,8 +38,8 @@ runs between the warm-up and the measured steps, so that those are a steady epoc
 factors from the second epoch on, a kernel-launch cost the first epoch never pays (bench/data/gpu/whole_run).
 
 The measured steps draw on batches the loader's workers made ahead while the epoch ends were timed, so they cannot show
-a loader slower than the step. After them one batch is made as a worker makes it (`worker_batch_s`): the pace that
-performance/loader_rate.py holds a whole epoch's steps to.
+a loader slower than the step. After them the loader alone is timed (`loader_period_s`: batches of a fresh epoch one
+after another, nothing else asked of the host): the pace that performance/loader_rate.py holds a whole epoch's steps to.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ MAX_STEPS = 200
 BACKOFF_S = 1.0
 BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb (25): the timed all-reduce's buckets are DDP's size
 EPOCH_ENDS = 2  # the first holds the first-time costs of the epoch end's shapes, the second the steady ones
-LOADER_BATCHES = 3  # batches made as a loader worker makes them (`worker_batch_s`), fewer past LOADER_BUDGET_S
-LOADER_BUDGET_S = 1.0
+PREFETCH_FACTOR = 2  # DataLoader's default: the batches each worker is asked for ahead
 VALIDATION_BATCHES = 4  # per rank: validation is forward passes over equal batches, linear in the samples
 
 
@@ -244,31 +243,6 @@ def _profile_loader(job: Job, ctx: Context, splits, per_device_batch: int):
     )
 
 
-def worker_batch_s(loader, per_device_batch: int) -> float | None:
-    """Seconds one of the loader's workers takes to make a batch, as a DataLoader worker makes it (the data set's
-    items, by `__getitems__` where it has one, and the collate, on one torch thread), median of LOADER_BATCHES made
-    in turn (fewer past LOADER_BUDGET_S): the loader's pace that performance/loader_rate.py holds steps to. None
-    without workers, where loading is the step's own data part. The process's RNG is left as it was."""
-    if loader.num_workers == 0:
-        return None
-    dataset, threads, seconds = loader.dataset, torch.get_num_threads(), []
-    indices = list(itertools.islice(iter(loader.sampler), per_device_batch * LOADER_BATCHES))
-    items = getattr(dataset, "__getitems__", None) or (lambda chunk: [dataset[i] for i in chunk])
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            started = time.perf_counter()
-            for first in range(0, len(indices), per_device_batch):
-                made = time.perf_counter()
-                loader.collate_fn(items(indices[first : first + per_device_batch]))
-                seconds.append(time.perf_counter() - made)
-                if time.perf_counter() - started > LOADER_BUDGET_S:
-                    break
-    finally:
-        torch.set_num_threads(threads)
-    return statistics.median(seconds)
-
-
 def _measured_attempts(
     search: SearchSettings, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
 ) -> list[tuple[list[list[float]], float]]:
@@ -339,19 +313,52 @@ class StepRunner:
         self.clock.wait()
         return time.perf_counter() - started
 
+    def _epochs_last_batch(self, epoch: int):
+        """`epoch` laid out from its last full batch on, that batch, and the loader's iterator run out: the epoch
+        ends as training's does, with no batch asked of the workers. (Closing an iterator mid-epoch leaves the
+        batches it asked for in the workers' hands; a persistent loader's next iterator waits for them, up to two
+        worker batches with a slow loader, which training's epoch start never does.)"""
+        self.batches.close()
+        full = self.loader.sampler.num_samples // self.per_device_batch  # the rank's full batches in an epoch
+        start_epoch(self.loader, epoch, (full - 1) * self.per_device_batch)
+        batches = iter(self.loader)  # waits for what the closed iterator asked for: not an epoch start's time
+        batch = next(batches)
+        for _ in batches:  # none left
+            pass
+        return batch
+
     def epoch_end(self, epoch: int) -> list[float]:
         """An epoch's end as training runs it: [the last, shorter step, the strategy's epoch end (outside the
         epoch's time), the loader's restart and the next epoch's first step (inside it)]."""
-        x, y = on_device(next(self.batches), self.ctx.device)
+        x, y = on_device(self._epochs_last_batch(epoch - 1), self.ctx.device)
         last = last_batch(len(self.splits.train), self.ctx.world_size, self.per_device_batch)
         last_s = self.full_step((x[:last], y[:last]))
         end_s = self._host_seconds(self.strategy.end_epoch)
-        self.batches.close()  # the epoch's loader iterator ends here, as training's does
         started = time.perf_counter()  # the device is done (end_s waited for it)
         self.batches = _batches(self.loader, epoch)
         first = next(self.batches)
         restart_s = time.perf_counter() - started
         return [last_s, end_s, restart_s + self.full_step(first)]
+
+    def loader_period_s(self) -> float | None:
+        """Seconds between batches of the loader's workers at their own pace, the host asking for nothing else: the
+        first 2 x workers batches of a fresh epoch (what the workers are asked for at its start) over their number.
+        performance/loader_rate.py holds the steps to it. None without workers, where loading is the step's data part.
+        Run after the measured steps, whose batches the workers had made ahead."""
+        loader = self.loader
+        if loader.num_workers == 0:
+            return None
+        self.batches.close()
+        start_epoch(loader, 0)
+        batches = iter(loader)  # waits for what the closed iterator asked for: not the workers' pace
+        count = min(PREFETCH_FACTOR * loader.num_workers, len(loader))
+        started = time.perf_counter()
+        for _ in range(count):
+            next(batches)
+        period = (time.perf_counter() - started) / count
+        del batches
+        self.batches = _batches(self.loader)
+        return period
 
     def validation_s(self) -> float:
         """Validation as training's epoch end runs it (`evaluate_accuracy` at its batch), on at most
@@ -418,14 +425,11 @@ def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str |
     )
     rows, interference = min(attempts, key=lambda attempt: attempt[1])
     columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
-    worker_s = worker_batch_s(runner.loader, per_device_batch)
+    period = runner.loader_period_s()
     loader = (
         None
-        if worker_s is None
-        else {
-            "workers": runner.loader.num_workers,
-            "worker_batch_s": _max_over_ranks([worker_s], ctx)[0],
-        }
+        if period is None
+        else {"workers": runner.loader.num_workers, "period_s": _max_over_ranks([period], ctx)[0]}
     )
     peak = _max_over_ranks([_peak_rss_bytes()], ctx)[0]
     strategy = runner.strategy
