@@ -320,7 +320,7 @@ class StepRunner:
         worker batches with a slow loader, which training's epoch start never does.)"""
         self.batches.close()
         full = self.loader.sampler.num_samples // self.per_device_batch  # the rank's full batches in an epoch
-        start_epoch(self.loader, epoch, (full - 1) * self.per_device_batch)
+        start_epoch(self.loader, epoch, max(full - 1, 0) * self.per_device_batch)
         batches = iter(self.loader)  # waits for what the closed iterator asked for: not an epoch start's time
         batch = next(batches)
         for _ in batches:  # none left
