@@ -28,8 +28,8 @@ def test_without_workers_there_is_no_floor():
 
 
 def test_profiles_that_timed_their_loader_give_the_floor_with_their_workers():
-    rate, notes = fit_loader_rate([_profile(b, {"workers": 3, "period_s": 0.001 * b}) for b in (16, 64)])
-    assert notes == [] and rate.coefficients() == {
+    rate = fit_loader_rate([_profile(b, {"workers": 3, "period_s": 0.001 * b}) for b in (16, 64)])
+    assert rate.notes_ == [] and rate.coefficients() == {
         "workers": 3,
         "intercept_s": pytest.approx(0.0, abs=1e-12),
         "per_sample_s": pytest.approx(0.001),
@@ -38,11 +38,12 @@ def test_profiles_that_timed_their_loader_give_the_floor_with_their_workers():
 
 
 def test_profiles_without_workers_hold_no_floor_and_need_no_note():
-    rate, notes = fit_loader_rate([_profile(16, None), _profile(64, None)])
-    assert notes == [] and rate.predict([64]).tolist() == [0.0]
+    rate = fit_loader_rate([_profile(16, None), _profile(64, None)])
+    assert rate.notes_ == [] and rate.predict([64]).tolist() == [0.0]
 
 
 def test_profiles_recorded_before_the_loader_was_timed_hold_no_floor_and_say_so():
-    rate, [note] = fit_loader_rate([{"per_device_batch": 16}])
+    rate = fit_loader_rate([{"per_device_batch": 16}])
+    [note] = rate.notes_
     assert rate.predict([64]).tolist() == [0.0]
     assert "no profile timed its loader" in note

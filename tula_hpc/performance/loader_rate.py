@@ -28,8 +28,9 @@ class LoaderRate(BaseEstimator):
     def __init__(self, workers: int = 0):
         self.workers = workers
 
-    def fit(self, X, y) -> LoaderRate:
-        """X: per-device batches; y: the seconds between the loader's batches at each."""
+    def fit(self, X, y, *, untimed: int = 0) -> LoaderRate:
+        """X: per-device batches; y: the seconds between the loader's batches at each; `untimed`: profiles recorded
+        before the loader was timed (or a replayed trace's), which hold no floor (`notes_` says so where none did)."""
         b, seconds = np.asarray(X, float).reshape(-1), np.asarray(y, float).reshape(-1)
         intercept, per_sample = 0.0, 0.0
         if len(set(b.tolist())) >= 2:
@@ -37,6 +38,12 @@ class LoaderRate(BaseEstimator):
         elif len(b):
             per_sample = np.median(seconds / b)
         self.intercept_s_, self.per_sample_s_ = float(intercept), float(per_sample)
+        self.notes_ = []
+        if untimed and not len(b):
+            self.notes_.append(
+                "no profile timed its loader (profiles recorded before it was timed, or a replayed trace): no step is "
+                "held to the loader's pace; profile again to count it"
+            )
         return self
 
     def predict(self, X) -> np.ndarray:
@@ -51,18 +58,11 @@ class LoaderRate(BaseEstimator):
         return {"workers": self.workers, "intercept_s": self.intercept_s_, "per_sample_s": self.per_sample_s_}
 
 
-def fit_loader_rate(profiles: list[dict]) -> tuple[LoaderRate, list[str]]:
-    """LoaderRate fitted to the profile records that timed their loader, and notes where none could have."""
+def fit_loader_rate(profiles: list[dict]) -> LoaderRate:
+    """LoaderRate fitted to profile records (profile/N{n}_B{b}.json contents): those that timed their loader (a
+    record without workers holds `loader: null`)."""
     timed = [
         (p["per_device_batch"], p["loader"]["workers"], p["loader"]["period_s"]) for p in profiles if p.get("loader")
     ]
-    if timed:
-        batches, workers, seconds = zip(*timed)
-        return LoaderRate(workers=max(workers)).fit(batches, seconds), []
-    notes = []
-    if any("loader" not in p for p in profiles):
-        notes.append(
-            "no profile timed its loader (profiles recorded before it was timed, or a replayed trace): no step is "
-            "held to the loader's pace; profile again to count it"
-        )
-    return LoaderRate().fit([], []), notes
+    batches, workers, seconds = zip(*timed) if timed else ((), (0,), ())
+    return LoaderRate(workers=max(workers)).fit(batches, seconds, untimed=sum("loader" not in p for p in profiles))

@@ -64,7 +64,7 @@ def predict_candidates(
     last = X.copy()
     last[:, 1] = [last_batch(train_samples, int(r), int(b)) for r, b in X[:, :2]]
     last_step = model.predict(last) * steps / parts["step_s"]  # the last, smaller step moves by the same factor
-    loader = loader or LoaderRate()
+    loader = LoaderRate() if loader is None else loader  # no workers: no floor
     loader_s = loader.predict(X[:, 1])
     loader_bound = loader_s > steps
     steps, last_step = np.maximum(steps, loader_s), np.maximum(last_step, loader.predict(last[:, 1]))
@@ -123,7 +123,7 @@ def fit_and_predict(
     loo = leave_one_out(profiles, **settings)
     weight = measurement_weight(loo, job.search.noise_prior)
     overheads = fit_overheads(profiles) if overheads is None else overheads
-    loader = fit_loader_rate(profiles)[0] if loader is None else loader
+    loader = fit_loader_rate(profiles) if loader is None else loader
     rows = predict_candidates(
         model, candidates, job, train_samples, memory, measured_steps(profiles), weight, overheads, loader
     )

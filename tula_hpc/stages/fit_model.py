@@ -82,7 +82,7 @@ def fit_model(
     if manifest is not None:
         settings["discrepancy_per_octave"] = manifest["discrepancy_per_octave"]
     overheads = fit_overheads(profiles)
-    loader, loader_notes = fit_loader_rate(profiles)
+    loader = fit_loader_rate(profiles)
     model, loo, weight, candidates = fit_and_predict(
         job, profiles, plan["candidates"], plan["dataset"]["train"], memory, settings, overheads, loader
     )
@@ -93,7 +93,7 @@ def fit_model(
         collective=model.collective,
         params=model.coefficients(),
         identified=model.identified_,
-        notes=model.notes_ + overheads.notes_ + loader_notes + disturbed,
+        notes=model.notes_ + overheads.notes_ + loader.notes_ + disturbed,
         grad_bytes=model.grad_bytes,
         train_samples=plan["dataset"]["train"],
         epochs=job.train.epochs,
