@@ -107,10 +107,15 @@ def _loading(selection: Selection, summary: TrainSummary) -> str:
         f"a step at this configuration."
     )
     if chosen.get("loader_s"):  # the workers' pace (performance/loader_rate.py), where profiles timed it
-        pace = "sets the pace" if chosen["loader_bound"] else "keeps up"
         text += (
             f" Its workers make a batch every {chosen['loader_s'] * 1e3:.1f} ms against a predicted "
-            f"{chosen['model_step_s'] * 1e3:.1f} ms step: the loader {pace}."
+            f"{chosen['model_step_s'] * 1e3:.1f} ms step: the loader "
+        )
+        text += (
+            "sets the pace; more loader workers (data.num_workers, resources.cpus_per_task) or cheaper loading would "
+            f"save up to {(chosen['loader_s'] - chosen['model_step_s']) * 1e3:.1f} ms a step."
+            if chosen["loader_bound"]
+            else "keeps up."
         )
     return text
 
