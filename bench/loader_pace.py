@@ -16,7 +16,7 @@ timing taken out (the step alone, as before the loader was timed).
 Target: the loader-bound case's steady epochs (the third) and whole run within 10 % of the prediction with the
 loader's pace; the control's figures the same with or without it (no floor where the loader keeps up).
 
-Run:  .venv/bin/python bench/loader_pace.py     (about 3 min; bench/results/loader_pace.json)
+Run:  .venv/bin/python bench/loader_pace.py     (about 2 min; bench/results/loader_pace.json)
 """
 
 from __future__ import annotations
