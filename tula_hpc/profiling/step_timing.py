@@ -88,7 +88,6 @@ MAX_STEPS = 200
 BACKOFF_S = 1.0
 BUCKET_CAP_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb (25): the timed all-reduce's buckets are DDP's size
 EPOCH_ENDS = 2  # the first holds the first-time costs of the epoch end's shapes, the second the steady ones
-PREFETCH_FACTOR = 2  # DataLoader's default: the batches each worker is asked for ahead
 VALIDATION_BATCHES = 4  # per rank: validation is forward passes over equal batches, linear in the samples
 
 
@@ -342,7 +341,8 @@ class StepRunner:
 
     def loader_period_s(self) -> float | None:
         """Seconds between batches of the loader's workers at their own pace, the host asking for nothing else: the
-        first 2 x workers batches of a fresh epoch (what the workers are asked for at its start) over their number.
+        first prefetch_factor (2) x workers batches of a fresh epoch (what the workers are asked for at its start) over
+        their number.
         performance/loader_rate.py holds the steps to it. None without workers, where loading is the step's data part.
         Run after the measured steps, whose batches the workers had made ahead."""
         loader = self.loader
@@ -351,7 +351,7 @@ class StepRunner:
         self.batches.close()
         start_epoch(loader, 0)
         batches = iter(loader)  # waits for what the closed iterator asked for: not the workers' pace
-        count = min(PREFETCH_FACTOR * loader.num_workers, len(loader))
+        count = min(loader.prefetch_factor * loader.num_workers, len(loader))  # the batches asked for at first
         started = time.perf_counter()
         for _ in range(count):
             next(batches)
