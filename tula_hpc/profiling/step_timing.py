@@ -342,9 +342,8 @@ class StepRunner:
     def loader_period_s(self) -> float | None:
         """Seconds between batches of the loader's workers at their own pace, the host asking for nothing else: the
         first prefetch_factor (2) x workers batches of a fresh epoch (what the workers are asked for at its start) over
-        their number.
-        performance/loader_rate.py holds the steps to it. None without workers, where loading is the step's data part.
-        Run after the measured steps, whose batches the workers had made ahead."""
+        their number, the pace performance/loader_rate.py holds the steps to. None without workers, where loading is
+        the step's data part. Run after the measured steps, whose batches the workers had made ahead."""
         loader = self.loader
         if loader.num_workers == 0:
             return None
