@@ -9,7 +9,7 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from tula_hpc.training.data import digits_arrays
+from tula_hpc.training.data import digits_tensors
 
 TEST_SHARE = 0.2
 
@@ -33,10 +33,7 @@ def digits_behind_latency(image_size: int, latency_ms: float = 0.0, size: int = 
     `latency_ms` away."""
     if image_size != 8:
         raise ValueError(f"image_size {image_size}: the digits are 8x8 here")
-    pixels, labels = digits_arrays()
-    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
-    images = (images - images.mean()) / images.std()
-    labels = torch.from_numpy(labels)
+    images, labels = digits_tensors()
     images, labels = (
         images.repeat(-(-size // len(labels)), 1, 1, 1)[:size],
         labels.repeat(-(-size // len(labels)))[:size],

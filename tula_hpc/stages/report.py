@@ -107,16 +107,15 @@ def _loading(selection: Selection, summary: TrainSummary) -> str:
         f"a step at this configuration."
     )
     if chosen.get("loader_s"):  # the workers' pace (performance/loader_rate.py), where profiles timed it
-        text += (
-            f" Its workers make a batch every {chosen['loader_s'] * 1e3:.1f} ms against a predicted "
-            f"{chosen['model_step_s'] * 1e3:.1f} ms step: the loader "
-        )
-        text += (
-            "sets the pace; more loader workers (data.num_workers, resources.cpus_per_task) or cheaper loading would "
-            f"save up to {(chosen['loader_s'] - chosen['model_step_s']) * 1e3:.1f} ms a step."
-            if chosen["loader_bound"]
-            else "keeps up."
-        )
+        loader_ms, step_ms = chosen["loader_s"] * 1e3, chosen["model_step_s"] * 1e3
+        pace = "keeps up."
+        if chosen["loader_bound"]:
+            pace = (
+                "sets the pace; more loader workers (data.num_workers, resources.cpus_per_task) or cheaper loading "
+                f"would save up to {loader_ms - step_ms:.1f} ms a step."
+            )
+        text += f" Its workers make a batch every {loader_ms:.1f} ms against a predicted {step_ms:.1f} ms step: "
+        text += f"the loader {pace}"
     return text
 
 

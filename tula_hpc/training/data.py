@@ -155,14 +155,20 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
 
 
-def _digits(cfg: DataSettings, seed: int) -> Splits:
-    """sklearn's 8x8 digits, never augmented (see data.augment in the schema)."""
+def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8x8 digits as the `digits` data set trains on them: images (N, 1, 8, 8) scaled to zero mean and unit
+    variance, and their labels."""
     pixels, labels = digits_arrays()
     images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
-    images = (images - images.mean()) / images.std()
+    return (images - images.mean()) / images.std(), torch.from_numpy(labels)
+
+
+def _digits(cfg: DataSettings, seed: int) -> Splits:
+    """sklearn's 8x8 digits, never augmented (see data.augment in the schema)."""
+    images, labels = digits_tensors()
     if cfg.image_size != images.shape[-1]:
         images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear", align_corners=False)
-    full = TensorDataset(images, torch.from_numpy(labels))
+    full = TensorDataset(images, labels)
     train, val, test = _split_indices(len(full), [cfg.val_fraction, cfg.test_fraction], seed)
     return Splits(Subset(full, train), Subset(full, val), Subset(full, test), num_classes=10, in_channels=1)
 
