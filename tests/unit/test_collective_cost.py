@@ -8,6 +8,7 @@ from tula_hpc.performance.collective_cost import (
     hierarchical_sync_features,
     hosts_spanned,
     identified_subset,
+    inter_sync_levels,
     overlapped,
     sync_features,
 )
@@ -66,3 +67,21 @@ def test_columns_the_rows_cannot_tell_apart_give_up_latency_first():
     two_sizes = sync_features(np.array([2.0, 8.0]), GRAD_BYTES, "ring")
     assert identified_subset(two_sizes, [0, 1], room=2) == [0, 1]
     assert identified_subset(two_sizes, [0, 1], room=1) == [1]
+
+
+def test_a_host_count_keeps_its_own_sync_level_where_all_its_steps_agree_and_noise_keeps_the_line():
+    """Steps at 2 to 8 hosts, 4 batches each, whose 2-host sync runs at twice the line's (every batch says so):
+    2 hosts get their level back, the others keep the line; the same steps with 3 % noise and no such host count
+    keep the line everywhere (a level fitted to the noise predicts its held-out steps worse)."""
+    hosts = np.repeat([2, 3, 4, 8], 4).astype(float)
+    compute = np.tile([0.02, 0.05, 0.1, 0.2], 4)
+    inter = sync_features(hosts, GRAD_BYTES, "ring") @ np.array([2e-3, 5e-10])
+    zeros, ones, gamma = np.zeros_like(hosts), np.ones_like(hosts), 3.0
+    level = np.where(hosts == 2, 2.0, 1.0)
+    steps = overlapped(compute, level * inter, gamma)
+    found = inter_sync_levels(hosts, zeros, compute, zeros, inter, steps, ones, gamma, margin=0.7)
+    assert list(found) == [2] and found[2] == pytest.approx(2.0, rel=1e-3)
+    noisy = overlapped(compute, inter, gamma) * (1 + 0.03 * np.tile([1, -1, -1, 1], 4))
+    assert inter_sync_levels(hosts, zeros, compute, zeros, inter, noisy, ones, gamma, margin=0.7) == {}
+    once = np.array([0, 4, 5, 6, 7])  # 2 hosts profiled once: nothing to hold its level out against
+    assert inter_sync_levels(*(a[once] for a in (hosts, zeros, compute, zeros, inter, steps, ones)), gamma, 0.7) == {}

@@ -315,6 +315,31 @@ def test_latent_sync_and_overlap_are_recovered_from_full_steps_alone():
     assert not model.identified_["intra_node_latency_s"] and model.identified_["inter_node_latency_s"]
 
 
+def test_a_host_count_whose_sync_runs_off_the_line_is_predicted_at_its_own_level_and_others_by_the_line():
+    """As the Pollux traces' 2-node steps: latent profiles at 1 to 16 hosts of 4 GPUs whose 2-host sync is twice the
+    line's at every batch. The model keeps 2 hosts' own level, says so, and still predicts 6 hosts (never profiled)
+    by the line."""
+    nodes, batches = np.meshgrid([1, 2, 3, 4, 8, 16], [8, 32, 128, 512])
+    ranks, batch = 4 * nodes.ravel(), batches.ravel()
+    d = synthetic(ranks, batch, per_host=np.full(ranks.shape, 4))
+    inter = hierarchical_sync_features(ranks, np.full(ranks.shape, 4), GRAD_BYTES, "ring")[:, 2:] @ TRUE["sync"][2:]
+    data, compute = d["data_s"], d["compute_s"]
+    sync = hierarchical_sync_features(ranks, np.full(ranks.shape, 4), GRAD_BYTES, "ring") @ TRUE["sync"]
+    sync = sync + np.where(nodes.ravel() == 2, inter, 0.0)
+    gamma = TRUE["gamma"]
+    steps = data + (compute**gamma + sync**gamma) ** (1 / gamma)
+    model = PerfModel(grad_bytes=GRAD_BYTES, sync_prior=PRIOR)  # Cauchy's loss: 2 hosts do not pull the line
+    model.fit(d["X"], steps, data_s=data, compute_s=compute)
+    assert list(model.inter_sync_levels_) == [2] and model.inter_sync_levels_[2] == pytest.approx(2.0, rel=0.02)
+    np.testing.assert_allclose(model.predict(d["X"]), steps, rtol=0.01)
+    assert model.coefficients()["inter_sync_levels"] == [{"hosts": 2, "over_line": model.inter_sync_levels_[2]}]
+    assert any("inter-node sync at 2 hosts held at its own level, 2.0" in note for note in model.notes_)
+    six_hosts = synthetic([24, 24], [32, 512], per_host=[4, 4])
+    np.testing.assert_allclose(model.predict(six_hosts["X"]), six_hosts["y"], rtol=0.01)
+    smooth = PerfModel(grad_bytes=GRAD_BYTES, sync_prior=PRIOR)
+    assert smooth.fit(d["X"], d["y"], data_s=data, compute_s=compute).inter_sync_levels_ == {}
+
+
 def test_split_parts_fit_split_and_a_missing_sync_part_makes_it_latent():
     d = synthetic(*grid_points())
     assert fit(d).sync_fit_ == "split"

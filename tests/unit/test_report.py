@@ -113,6 +113,7 @@ INPUTS = {
             ],
             "rms_rel_error": 0.02,
             "sync_fit": "split",
+            "inter_sync_levels": [],
             "compute_kinks": [],
         },
         "identified": {
@@ -294,7 +295,7 @@ def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_n
     assert "| 2 | 2 | 128 | 32 |" in report and "| 2 | 1 | 128 | 64 |" in report  # every candidate, shapes apart
 
 
-def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
+def test_the_report_says_which_sync_fit_ran_where_compute_kinks_and_host_counts_with_their_own_sync(tmp_path):
     from tula_hpc.stages.report import _model_section
 
     perfmodel = FitResult.from_dict(INPUTS["perfmodel"])
@@ -305,6 +306,12 @@ def test_the_report_says_which_sync_fit_ran_and_where_compute_kinks(tmp_path):
     section = _model_section(INPUTS["plan"], perfmodel)
     assert "latent: fitted with g to the overlapped steps alone" in section
     assert "(kinks): 1.00 at b = 32, 0.80 at b = 64" in section
+    assert "its own level" not in section
+    levels = [{"hosts": 2, "over_line": 1.91}]
+    perfmodel = replace(perfmodel, params={**perfmodel.params, "inter_sync_levels": levels})
+    assert "times its own level where a host count's profiles agree on one: 1.91 at 2 hosts" in _model_section(
+        INPUTS["plan"], perfmodel
+    )
 
 
 def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():

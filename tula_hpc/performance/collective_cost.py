@@ -18,6 +18,14 @@ exposed. Each kind's terms are fitted where rows hold that kind at enough sizes 
 allows, latency given up to its prior first; g is held at LATENT_GAMMA_PRIOR when the steps hold one batch.
 The loss is Cauchy's (with rows to spare): published step times hold single outliers (a 2-node sync slower
 than a 4-node one) that a Huber loss still lets pull every term.
+
+A host count of its own (`inter_sync_levels`): latency and bandwidth make inter-node sync smooth in the host count, a
+collective library need not be (NCCL picks its algorithm and channels by node count). On the Pollux traces' T4
+cluster 2 nodes synced about twice as slowly as the line through 3 to 16 nodes says, at every batch and every
+GPUs-per-node, so a line fitted past it predicted every 2-node step 20-60 % short. A host count profiled twice or more
+keeps its own level where that level, fitted to its other profiles, predicts each of its steps better
+than the line (by the compute kinks' margin); noise alone predicts held-out steps worse. Host counts never profiled
+keep the line: nothing says where a library's switch lies between two that were.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
+from scipy.optimize import least_squares, minimize_scalar, nnls
 
 # The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
 # at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
@@ -134,3 +142,28 @@ def fit_latent_sync(data, compute, features, y, weight, prior, free, gamma=None,
         if best is None or found.cost < best.cost:
             best = found
     return unpack(best.x)
+
+
+def inter_sync_levels(hosts, data, compute, intra, inter, y, weight, gamma: float, margin: float) -> dict[int, float]:
+    """{host count: its inter-node sync over the line's} for the host counts whose steps hold a level of their own
+    (see the module's docstring); rows are multi-rank steps y with their data, compute and the line's intra and
+    inter sync."""
+
+    def error(rows, level: float) -> np.ndarray:
+        return (data[rows] + overlapped(compute[rows], intra[rows] + level * inter[rows], gamma)) / y[rows] - 1
+
+    def level_of(rows) -> float:
+        found = minimize_scalar(
+            lambda u: float(np.sum(weight[rows] * error(rows, math.exp(u)) ** 2)), bounds=(-3.0, 3.0), method="bounded"
+        )
+        return math.exp(found.x)
+
+    levels = {}
+    for count in np.unique(hosts[hosts > 1]):
+        rows = np.flatnonzero(hosts == count)
+        if len(rows) < 2:
+            continue  # one profile: nothing to hold its level out against
+        held_out = [abs(error([i], level_of(rows[rows != i]))[0]) for i in rows]
+        if np.mean(held_out) < margin * np.mean(np.abs(error(rows, 1.0))):
+            levels[int(count)] = level_of(rows)
+    return levels

@@ -3,12 +3,13 @@
     t_step(N, b, h) = data(b) + (compute(b, h)^g + sync(N, h)^g)^(1/g)     overlap of Pollux, see below
     data(b)         = d0 + d1 * b                                  loading, linear in b
     compute(b, h)   = (a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))) * k(b)   forward+backward+update (Eq. 2b)
-    sync(N, h)      = intra(h) + inter(H),  H = N / h hosts         per collective (Eq. 2c), 0 on one rank
+    sync(N, h)      = intra(h) + inter(H) * l(H),  H = N / h hosts  per collective (Eq. 2c), 0 on one rank
         each part   = alpha * hops(n) + beta * bytes(n) of the collective among its n peers, with its own
                       alpha (seconds per hop) and beta (seconds per byte): intra among the h ranks of a host,
                       inter among the H hosts
         ring:             hops = 2(n-1), bytes = 2(n-1)/n * gradient bytes
         parameter_server: hops = 2,      bytes = 2n * gradient bytes
+    l(H)            = 1, or a host count's own level where its profiles agree on one (`inter_sync_levels_`)
 
 N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
 time there and may stay non-negative when compute grows faster than linearly: a line through the
@@ -60,6 +61,7 @@ from tula_hpc.performance.collective_cost import (
     hosts_spanned,
     identified_columns,
     identified_subset,
+    inter_sync_levels,
     overlapped,
 )
 
@@ -73,6 +75,8 @@ KINK_MIN_BATCHES = 3
 # chosen on both benches at once, the CPU's (10 % noise: 0.7 keeps its figures as they were, 1.0 lost 0.8 points
 # of full search's median) and the GPU traces' (full search's leave-one-out median 5.3 % without kinks, 5.0 %).
 KINK_MARGIN = 0.7
+# Fits of sync's line at most, each without the host counts the last found a level of their own at.
+LEVEL_ROUNDS = 3
 # How sync is fitted: "auto" splits where the profiles hold sync parts, else latent (see the module's docstring).
 SYNC_FITS = ("auto", "split", "latent")
 SYNC_TERMS = tuple(f"{kind}_{term}" for kind in SYNC_KINDS for term in ("latency_s", "seconds_per_byte"))
@@ -169,8 +173,15 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def _sync_features(self, ranks, ranks_per_host) -> np.ndarray:
         return hierarchical_sync_features(ranks, ranks_per_host, self.grad_bytes, self.collective)
 
+    def _sync_parts(self, ranks, ranks_per_host) -> tuple[np.ndarray, np.ndarray]:
+        """(intra, inter) sync of the fitted line, the host counts' own levels aside."""
+        features = self._sync_features(ranks, ranks_per_host)
+        return features[:, :2] @ self.sync_coef_[:2], features[:, 2:] @ self.sync_coef_[2:]
+
     def _sync(self, ranks, ranks_per_host) -> np.ndarray:
-        return self._sync_features(ranks, ranks_per_host) @ self.sync_coef_
+        intra, inter = self._sync_parts(ranks, ranks_per_host)
+        hosts = hosts_spanned(ranks, ranks_per_host)
+        return intra + inter * np.array([self.inter_sync_levels_.get(int(h), 1.0) for h in hosts])
 
     def _data(self, batch) -> np.ndarray:
         return self.data_coef_[0] + self.data_coef_[1] * np.asarray(batch, float)
@@ -187,7 +198,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         if X.shape[1] != 3:
             raise ValueError(f"X has {X.shape[1]} columns; expected 3: ranks, per_device_batch, ranks_per_host")
         self.n_features_in_ = 3
-        ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
+        batch = X[:, 1]
         weight = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, float)
         data_s = np.zeros_like(y) if data_s is None else np.asarray(data_s, float)
         self.profiled_ = X.copy()
@@ -199,18 +210,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
         if self.sync_fit == "split" and sync_s is None:
             raise ValueError("sync_fit 'split' needs sync_s, the profiles' sync parts; 'latent' fits without them")
         self.sync_fit_ = "split" if sync_s is not None and self.sync_fit != "latent" else "latent"
+        self.inter_sync_levels_ = {}
 
         data_design = np.column_stack([np.ones_like(batch), batch])
         self.data_coef_, self.data_cov_ = _relative_nnls(
             data_design, np.maximum(data_s, 1e-9), weight, self.robust, self.noise_prior
         )
         self._fit_compute(X, y, compute_s, weight)
-        single = ranks == 1
-        if self.sync_fit_ == "split":
-            self._fit_sync(ranks, per_host, np.asarray(sync_s, float), weight)
-            self._fit_overlap(X[~single], y[~single], weight[~single])
-        else:
-            self._fit_latent_sync(X[~single], y[~single], weight[~single])
+        self._fit_sync_and_levels(X, y, weight, None if sync_s is None else np.asarray(sync_s, float))
         residual = (self.predict(X) - y) / y
         self.rms_rel_error_ = float(np.sqrt(np.mean(residual**2)))
         return self
@@ -377,6 +384,43 @@ class PerfModel(BaseEstimator, RegressorMixin):
                 f"{LATENT_GAMMA_PRIOR:g}, sync fitted at it"
             )
 
+    def _fit_sync_and_levels(self, X, y, weight, sync_s) -> None:
+        """Sync's line and g, then the host counts whose multi-rank steps hold an inter-node sync level of their
+        own (collective_cost.inter_sync_levels); the line is fitted again without those host counts, so that none
+        pulls it, until the same host counts hold levels."""
+        multi = X[:, 0] > 1
+        hosts = hosts_spanned(X[:, 0], X[:, 2])
+        notes, levelled = len(self.notes_), set()
+        for _ in range(LEVEL_ROUNDS):
+            del self.notes_[notes:]
+            self.inter_sync_levels_ = {}
+            line = ~np.isin(hosts, sorted(levelled))
+            if self.sync_fit_ == "split":
+                self._fit_sync(X[line, 0], X[line, 2], sync_s[line], weight[line])
+                self._fit_overlap(X[line & multi], y[line & multi], weight[line & multi])
+            else:
+                self._fit_latent_sync(X[line & multi], y[line & multi], weight[line & multi])
+            levels = self._inter_sync_levels(X[multi], y[multi], weight[multi])
+            if set(levels) == levelled:
+                break
+            levelled = set(levels)
+        self.inter_sync_levels_ = levels
+        for count, level in levels.items():
+            self.notes_.append(
+                f"inter-node sync at {count} hosts held at its own level, {level:.2f} x the line over the other host "
+                f"counts: its profiles agree on it (a collective may change algorithm with the node count)"
+            )
+
+    def _inter_sync_levels(self, X, y, weight) -> dict[int, float]:
+        if not len(y):
+            return {}
+        ranks, batch, per_host = X.T
+        intra, inter = self._sync_parts(ranks, per_host)
+        data, compute = self._data(batch), self._compute(batch, per_host - 1)
+        return inter_sync_levels(
+            hosts_spanned(ranks, per_host), data, compute, intra, inter, y, weight, self.overlap_gamma_, KINK_MARGIN
+        )
+
     # -- prediction ---------------------------------------------------------------------------------
     def _rows(self, X) -> np.ndarray:
         """Validated input rows of a fitted model; a single row may come as a flat list."""
@@ -448,6 +492,9 @@ class PerfModel(BaseEstimator, RegressorMixin):
             "rms_rel_error": self.rms_rel_error_,
             "discrepancy_per_octave": self.discrepancy_per_octave,
             "sync_fit": self.sync_fit_,
+            "inter_sync_levels": [
+                {"hosts": count, "over_line": level} for count, level in sorted(self.inter_sync_levels_.items())
+            ],
             "compute_kinks": [
                 {"per_device_batch": float(2**knot), "over_line": float(ratio)}
                 for knot, ratio in zip(*self.compute_kinks_)

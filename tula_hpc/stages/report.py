@@ -190,6 +190,16 @@ def _sync_terms(params: dict, identified: dict) -> str:
     )
 
 
+def _inter_sync_levels(params: dict) -> str:
+    """Host counts whose inter-node sync holds a level of its own (performance.collective_cost.inter_sync_levels);
+    a perfmodel.json fitted before them holds none."""
+    levels = params.get("inter_sync_levels", [])
+    if not levels:
+        return ""
+    where = ", ".join(f"{level['over_line']:.2f} at {level['hosts']} hosts" for level in levels)
+    return f"\n  inter-node part times its own level where a host count's profiles agree on one: {where}"
+
+
 def _overlap(params: dict) -> str:
     """g, and what it means: the share of sync left exposed at the largest N's profiled batch extremes."""
     shares = params["exposed_sync_share"]
@@ -238,7 +248,7 @@ with b the per-device batch and h the ranks per host:
 - sync ({perfmodel.collective}) = intra-node part among a host's h ranks + inter-node part among the hosts, {
         SYNC_FIT_TEXT[p["sync_fit"]]
     }:
-  {_sync_terms(p, identified)}
+  {_sync_terms(p, identified)}{_inter_sync_levels(p)}
 - {_overlap(p)}
 
 Not identified by these profiles: {", ".join(unidentified) if unidentified else "none"}.{notes}
