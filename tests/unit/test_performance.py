@@ -340,6 +340,22 @@ def test_a_host_count_whose_sync_runs_off_the_line_is_predicted_at_its_own_level
     assert smooth.fit(d["X"], d["y"], data_s=data, compute_s=compute).inter_sync_levels_ == {}
 
 
+def test_one_host_count_off_the_line_is_set_aside_alone_not_every_one_its_pull_moved():
+    """Sync timed alone (split), 2 hosts' twice the line's: fitted with 2 hosts in it the line misses 3 to 8 hosts
+    too, each consistently; 2 hosts are set aside, the line fitted again, and 3 to 8 follow it."""
+    nodes, batches = np.meshgrid([1, 2, 3, 4, 8], [8, 32, 128, 512])
+    ranks, batch, per_host = 4 * nodes.ravel(), batches.ravel(), np.full(nodes.size, 4)
+    d = synthetic(ranks, batch, per_host=per_host)
+    features = hierarchical_sync_features(ranks, per_host, GRAD_BYTES, "ring")
+    sync = features @ TRUE["sync"] + np.where(nodes.ravel() == 2, features[:, 2:] @ TRUE["sync"][2:], 0.0)
+    steps = d["data_s"] + (d["compute_s"] ** TRUE["gamma"] + sync ** TRUE["gamma"]) ** (1 / TRUE["gamma"])
+    model = PerfModel(grad_bytes=GRAD_BYTES, sync_prior=PRIOR)
+    model.fit(d["X"], steps, data_s=d["data_s"], compute_s=d["compute_s"], sync_s=sync)
+    assert model.sync_fit_ == "split" and list(model.inter_sync_levels_) == [2]
+    assert model.inter_sync_levels_[2] == pytest.approx(2.0, rel=1e-3)
+    assert model.sync_coef_[2:] == pytest.approx(TRUE["sync"][2:], rel=1e-3)
+
+
 def test_split_parts_fit_split_and_a_missing_sync_part_makes_it_latent():
     d = synthetic(*grid_points())
     assert fit(d).sync_fit_ == "split"

@@ -24,8 +24,10 @@ collective library need not be (NCCL picks its algorithm and channels by node co
 cluster 2 nodes synced about twice as slowly as the line through 3 to 16 nodes says, at every batch and every
 GPUs-per-node, so a line fitted past it predicted every 2-node step 20-60 % short. A host count profiled twice or more
 keeps its own level where that level, fitted to its other profiles, predicts each of its steps better
-than the line (by the compute kinks' margin); noise alone predicts held-out steps worse. Host counts never profiled
-keep the line: nothing says where a library's switch lies between two that were.
+than the line (by the compute kinks' margin); noise alone predicts held-out steps worse. One host count off the line
+pulls the line toward it, and every other then looks off too: so they are set aside one at a time, the most telling
+first, the line fitted again without each, and at least one host count is left to the line. Host counts never
+profiled keep the line: nothing says where a library's switch lies between two that were.
 """
 
 from __future__ import annotations
@@ -146,8 +148,8 @@ def fit_latent_sync(data, compute, features, y, weight, prior, free, gamma=None,
 
 def inter_sync_levels(hosts, data, compute, intra, inter, y, weight, gamma: float, margin: float) -> dict[int, float]:
     """{host count: its inter-node sync over the line's} for the host counts whose steps hold a level of their own
-    (see the module's docstring); rows are multi-rank steps y with their data, compute and the line's intra and
-    inter sync."""
+    (see the module's docstring), the one whose level predicts best against the line first; rows are multi-rank
+    steps y with their data, compute and the line's intra and inter sync."""
 
     def error(rows, level: float) -> np.ndarray:
         return (data[rows] + overlapped(compute[rows], intra[rows] + level * inter[rows], gamma)) / y[rows] - 1
@@ -158,12 +160,13 @@ def inter_sync_levels(hosts, data, compute, intra, inter, y, weight, gamma: floa
         )
         return math.exp(found.x)
 
-    levels = {}
+    kept = []
     for count in np.unique(hosts[hosts > 1]):
         rows = np.flatnonzero(hosts == count)
         if len(rows) < 2:
             continue  # one profile: nothing to hold its level out against
-        held_out = [abs(error([i], level_of(rows[rows != i]))[0]) for i in rows]
-        if np.mean(held_out) < margin * np.mean(np.abs(error(rows, 1.0))):
-            levels[int(count)] = level_of(rows)
-    return levels
+        held_out = np.mean([abs(error([i], level_of(rows[rows != i]))[0]) for i in rows])
+        line = np.mean(np.abs(error(rows, 1.0)))
+        if held_out < margin * line:
+            kept.append((held_out / line, int(count), level_of(rows)))
+    return {count: level for _, count, level in sorted(kept)}

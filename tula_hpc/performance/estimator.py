@@ -75,7 +75,7 @@ KINK_MIN_BATCHES = 3
 # chosen on both benches at once, the CPU's (10 % noise: 0.7 keeps its figures as they were, 1.0 lost 0.8 points
 # of full search's median) and the GPU traces' (full search's leave-one-out median 5.3 % without kinks, 5.0 %).
 KINK_MARGIN = 0.7
-# Fits of sync's line at most, each without the host counts the last found a level of their own at.
+# Fits of sync's line at most, each without one more host count found to hold a level of its own.
 LEVEL_ROUNDS = 3
 # How sync is fitted: "auto" splits where the profiles hold sync parts, else latent (see the module's docstring).
 SYNC_FITS = ("auto", "split", "latent")
@@ -386,24 +386,25 @@ class PerfModel(BaseEstimator, RegressorMixin):
 
     def _fit_sync_and_levels(self, X, y, weight, sync_s) -> None:
         """Sync's line and g, then the host counts whose multi-rank steps hold an inter-node sync level of their
-        own (collective_cost.inter_sync_levels); the line is fitted again without those host counts, so that none
-        pulls it, until the same host counts hold levels."""
+        own (collective_cost.inter_sync_levels): the most telling is set aside and the line fitted again without
+        it, until no other is found or one host count is left to the line."""
         multi = X[:, 0] > 1
         hosts = hosts_spanned(X[:, 0], X[:, 2])
-        notes, levelled = len(self.notes_), set()
+        notes, aside = len(self.notes_), set()
         for _ in range(LEVEL_ROUNDS):
             del self.notes_[notes:]
             self.inter_sync_levels_ = {}
-            line = ~np.isin(hosts, sorted(levelled))
+            line = ~np.isin(hosts, sorted(aside))
             if self.sync_fit_ == "split":
                 self._fit_sync(X[line, 0], X[line, 2], sync_s[line], weight[line])
                 self._fit_overlap(X[line & multi], y[line & multi], weight[line & multi])
             else:
                 self._fit_latent_sync(X[line & multi], y[line & multi], weight[line & multi])
             levels = self._inter_sync_levels(X[multi], y[multi], weight[multi])
-            if set(levels) == levelled:
+            new = [count for count in levels if count not in aside]
+            if not new or len(set(hosts[line & (hosts > 1)])) < 2:
                 break
-            levelled = set(levels)
+            aside.add(new[0])
         self.inter_sync_levels_ = levels
         for count, level in levels.items():
             self.notes_.append(
