@@ -22,12 +22,12 @@ than a 4-node one) that a Huber loss still lets pull every term.
 A host count of its own (`inter_sync_levels`): latency and bandwidth make inter-node sync smooth in the host count, a
 collective library need not be (NCCL picks its algorithm and channels by node count). On the Pollux traces' T4
 cluster 2 nodes synced about twice as slowly as the line through 3 to 16 nodes says, at every batch and every
-GPUs-per-node, so a line fitted past it predicted every 2-node step 20-60 % short. A host count profiled twice or more
-keeps its own level where that level, fitted to its other profiles, predicts each of its steps better
-than the line (by the compute kinks' margin); noise alone predicts held-out steps worse. One host count off the line
-pulls the line toward it, and every other then looks off too: so they are set aside one at a time, the most telling
-first, the line fitted again without each, and at least one host count is left to the line. Host counts never
-profiled keep the line: nothing says where a library's switch lies between two that were.
+GPUs-per-node, so a line fitted past it predicted every 2-node step 20-60 % short. A host count profiled
+LEVEL_MIN_PROFILES times or more keeps its own level where that level, fitted to its other profiles, predicts each of
+its steps better than the line (by the compute kinks' margin); noise alone predicts held-out steps worse. One host
+count off the line pulls the line toward it, and every other then looks off too: so they are set aside one at a
+time, the most telling first, the line fitted again without each, and at least one host count is left to the line.
+Host counts never profiled keep the line: nothing says where a library's switch lies between two that were.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from scipy.optimize import least_squares, minimize_scalar, nnls
 # The range g is fitted in. Below 1 a step exceeds compute + sync, which only contention for the cores explains;
 # at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
 OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
+# Profiles a host count needs for a sync level of its own, as compute needs three batches for kinks: each is held out
+# against at least two. One against one let the traces' 3.4 % noise pass for a level where adaptive search had
+# profiled a host count twice (its cost regret there 1.6 -> 2.1 % mean, 5.6 -> 8.0 % largest, with two).
+LEVEL_MIN_PROFILES = 3
 
 
 def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
@@ -163,8 +167,8 @@ def inter_sync_levels(hosts, data, compute, intra, inter, y, weight, gamma: floa
     kept = []
     for count in np.unique(hosts[hosts > 1]):
         rows = np.flatnonzero(hosts == count)
-        if len(rows) < 2:
-            continue  # one profile: nothing to hold its level out against
+        if len(rows) < LEVEL_MIN_PROFILES:
+            continue
         held_out = np.mean([abs(error([i], level_of(rows[rows != i]))[0]) for i in rows])
         line = np.mean(np.abs(error(rows, 1.0)))
         if held_out < margin * line:
