@@ -41,8 +41,7 @@ from scipy.optimize import least_squares, minimize_scalar, nnls
 # at the floor two equal parts already cost 2^(1/0.3) = 10 times one. At 30 the combination is max() within 2.3 %.
 OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
 # Profiles a host count needs for a sync level of its own, as compute needs three batches for kinks: each is held out
-# against at least two. One against one let the traces' 3.4 % noise pass for a level where adaptive search had
-# profiled a host count twice (its cost regret there 1.6 -> 2.1 % mean, 5.6 -> 8.0 % largest, with two).
+# against at least two (one held out against one is little evidence against 3 % noise).
 LEVEL_MIN_PROFILES = 3
 
 
