@@ -51,7 +51,7 @@ full_loo_median_error; every mode's pooled figures are in `by_mode` (`node_shape
 the latent fit, the second sync size at the middle, Cauchy's loss, the kink margin and the GPU discrepancy prior
 (see the closing note of issue 25 and the constants' comments).
 
-Run:  .venv/bin/python bench/trace_accuracy.py [--traces DIR] [--out FILE]   (about 9 min on 2 cores; CPU only, no torch work)
+Run:  .venv/bin/python bench/trace_accuracy.py [--traces DIR] [--out FILE]   (about 9 min on 2 cores; CPU only)
 """
 
 from __future__ import annotations
