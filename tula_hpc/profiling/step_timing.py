@@ -312,15 +312,20 @@ class StepRunner:
         self.clock.wait()
         return time.perf_counter() - started
 
+    def _reopened(self, epoch: int, samples_done: int = 0):
+        """A new iterator over `epoch` from `samples_done` on, the open one closed. Made here rather than on first
+        use: closing an iterator mid-epoch leaves the batches it asked for in the workers' hands, and a persistent
+        loader's next iterator waits for them as it is made (up to two worker batches with a slow loader), time that
+        belongs to no epoch start and to no batch."""
+        self.batches.close()
+        start_epoch(self.loader, epoch, samples_done)
+        return iter(self.loader)
+
     def _epochs_last_batch(self, epoch: int):
         """`epoch` laid out from its last full batch on, that batch, and the loader's iterator run out: the epoch
-        ends as training's does, with no batch asked of the workers. (Closing an iterator mid-epoch leaves the
-        batches it asked for in the workers' hands; a persistent loader's next iterator waits for them, up to two
-        worker batches with a slow loader, which training's epoch start never does.)"""
-        self.batches.close()
+        ends as training's does, with no batch asked of the workers (which training's epoch start never waits for)."""
         full = self.loader.sampler.num_samples // self.per_device_batch  # the rank's full batches in an epoch
-        start_epoch(self.loader, epoch, max(full - 1, 0) * self.per_device_batch)
-        batches = iter(self.loader)  # waits for what the closed iterator asked for: not an epoch start's time
+        batches = self._reopened(epoch, max(full - 1, 0) * self.per_device_batch)
         batch = next(batches)
         for _ in batches:  # none left
             pass
@@ -347,9 +352,7 @@ class StepRunner:
         loader = self.loader
         if loader.num_workers == 0:
             return None
-        self.batches.close()
-        start_epoch(loader, 0)
-        batches = iter(loader)  # waits for what the closed iterator asked for: not the workers' pace
+        batches = self._reopened(0)
         count = min(loader.prefetch_factor * loader.num_workers, len(loader))  # the batches asked for at first
         started = time.perf_counter()
         for _ in range(count):
