@@ -210,7 +210,6 @@ class PerfModel(BaseEstimator, RegressorMixin):
         if self.sync_fit == "split" and sync_s is None:
             raise ValueError("sync_fit 'split' needs sync_s, the profiles' sync parts; 'latent' fits without them")
         self.sync_fit_ = "split" if sync_s is not None and self.sync_fit != "latent" else "latent"
-        self.inter_sync_levels_ = {}
 
         data_design = np.column_stack([np.ones_like(batch), batch])
         self.data_coef_, self.data_cov_ = _relative_nnls(
