@@ -44,11 +44,31 @@ def test_latent_sync_and_g_come_back_from_full_steps_with_outliers_left_aside():
     steps = overlapped(compute, features @ truth, gamma) * (1 + 0.005 * rng.standard_normal(len(hosts)))
     steps[5] *= 1.5
     prior = np.array([1e-5, 1e-10])  # a prior far off: the fit starts from the sync the steps imply
-    coef, fitted_gamma = fit_latent_sync(
+    coef, fitted_gamma, interference = fit_latent_sync(
         np.zeros_like(steps), compute, features, steps, np.ones_like(steps), prior, [0, 1], f_scale=0.02
     )
     assert coef == pytest.approx(truth, rel=0.05)
     assert fitted_gamma == pytest.approx(gamma, rel=0.1)
+    assert interference == 0.0  # not asked for
+
+
+def test_interference_comes_back_where_backward_hides_sync_and_not_where_sync_hides_compute():
+    """Steps whose compute runs 15 % slower beside the all-reduce, with sync mostly hidden at large batches: the
+    fit gives k back with sync and g; without k, g alone bends to the large batches and misses the middle ones."""
+    hosts = np.repeat([2, 4, 8, 16], 5).astype(float)
+    compute = np.tile([0.01, 0.03, 0.1, 0.3, 1.0], 4)
+    features = sync_features(hosts, GRAD_BYTES, "ring")
+    truth, gamma, slowdown = np.array([2e-3, 5e-10]), 3.0, 0.15
+    steps = overlapped(compute * (1 + slowdown), features @ truth, gamma)
+    prior, zeros, ones = np.array([1e-5, 1e-10]), np.zeros_like(steps), np.ones_like(steps)
+    coef, fitted_gamma, interference = fit_latent_sync(
+        zeros, compute, features, steps, ones, prior, [0, 1], robust=False, interference=True
+    )
+    assert interference == pytest.approx(slowdown, rel=0.02)
+    assert coef == pytest.approx(truth, rel=0.05) and fitted_gamma == pytest.approx(gamma, rel=0.05)
+    coef, fitted_gamma, _ = fit_latent_sync(zeros, compute, features, steps, ones, prior, [0, 1], robust=False)
+    without = overlapped(compute, features @ coef, fitted_gamma) / steps - 1
+    assert np.abs(without).max() > 0.05
 
 
 def test_latent_sync_holds_what_it_is_not_asked_to_fit():
@@ -57,8 +77,8 @@ def test_latent_sync_holds_what_it_is_not_asked_to_fit():
     features = sync_features(hosts, GRAD_BYTES, "ring")
     prior = np.array([1e-5, 1e-10])
     steps = overlapped(compute, features @ np.array([1e-5, 3e-10]), 2.0)
-    coef, gamma = fit_latent_sync(np.zeros(2), compute, features, steps, np.ones(2), prior, [1], gamma=2.0)
-    assert coef[0] == prior[0] and coef[1] == pytest.approx(3e-10, rel=1e-3) and gamma == 2.0
+    coef, gamma, interference = fit_latent_sync(np.zeros(2), compute, features, steps, np.ones(2), prior, [1], 2.0)
+    assert coef[0] == prior[0] and coef[1] == pytest.approx(3e-10, rel=1e-3) and gamma == 2.0 and interference == 0
 
 
 def test_columns_the_rows_cannot_tell_apart_give_up_latency_first():

@@ -312,6 +312,11 @@ def test_the_report_says_which_sync_fit_ran_where_compute_kinks_and_host_counts_
     assert "times its own level where a host count's profiles agree on one: 1.91 at 2 hosts" in _model_section(
         INPUTS["plan"], perfmodel
     )
+    assert "slower beside the all-reduce" not in _model_section(INPUTS["plan"], perfmodel)
+    perfmodel = replace(perfmodel, params={**perfmodel.params, "interference": 0.083})
+    assert "multi-rank compute 8.3% slower beside the all-reduce (interference)" in _model_section(
+        INPUTS["plan"], perfmodel
+    )
 
 
 def test_the_report_sets_time_to_the_recipes_progress_beside_time_per_recipe():

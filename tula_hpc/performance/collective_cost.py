@@ -19,6 +19,14 @@ allows, latency given up to its prior first; g is held at LATENT_GAMMA_PRIOR whe
 The loss is Cauchy's (with rows to spare): published step times hold single outliers (a 2-node sync slower
 than a 4-node one) that a Huber loss still lets pull every term.
 
+Interference (`interference`, k): the all-reduce's kernels run beside backward on the same device and share its
+compute units and memory bandwidth, so a multi-rank step's compute takes compute x (1 + k), longer than the profile's
+compute part, timed with no collective beside it. On the Pollux traces' T4s, step less exposed sync exceeds the
+one-GPU step by 5-20 % at large batches, where backward hides the whole sync, and by nothing at small ones, where the
+slowed compute hides behind sync: no g can follow that, and a g fitted to the large batches over-predicts the middle
+ones by 20-30 %. k is fitted last, only where the multi-rank steps hold two batches and one row is left to spare
+after sync's terms and g.
+
 A host count of its own (`inter_sync_levels`): latency and bandwidth make inter-node sync smooth in the host count, a
 collective library need not be (NCCL picks its algorithm and channels by node count). On the Pollux traces' T4
 cluster 2 nodes synced about twice as slowly as the line through 3 to 16 nodes says, at every batch and every
@@ -43,6 +51,8 @@ OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
 # Profiles a host count needs for a sync level of its own, as compute needs three batches for kinks: each is held out
 # against at least two (one held out against one is little evidence against 3 % noise).
 LEVEL_MIN_PROFILES = 3
+# The range of interference k: none, up to compute twice as slow beside the collective.
+INTERFERENCE_BOUNDS = (0.0, 1.0)
 
 
 def sync_features(ranks, grad_bytes: float, collective: str) -> np.ndarray:
@@ -101,48 +111,53 @@ def identified_subset(features: np.ndarray, wanted: list[int], room: int) -> lis
     return chosen
 
 
-def fit_latent_sync(data, compute, features, y, weight, prior, free, gamma=None, robust=True, f_scale=0.05):
-    """Sync coefficients (columns `free` of `prior` fitted, the rest held) and g (fitted unless given) that make
-    data + overlapped(compute, features @ coef, g) meet the steps y in relative error.
+def fit_latent_sync(
+    data, compute, features, y, weight, prior, free, gamma=None, robust=True, f_scale=0.05, interference=False
+):
+    """Sync coefficients (columns `free` of `prior` fitted, the rest held), g (fitted unless given) and, with
+    `interference`, k (else 0) that make data + overlapped(compute x (1 + k), features @ coef, g) meet the steps y in
+    relative error: (coef, g, k).
 
     Each fitted coefficient is its prior times exp(u): positive, and on one scale whatever its units. Started from
     the sync each step implies at g = 1 and at g = 4 (a start at the prior alone would sit where sync hides
-    wholly behind compute and the steps say nothing about it); the better of the two ends wins.
+    wholly behind compute and the steps say nothing about it), and from no interference; the better of the two ends
+    wins.
     """
     free = list(free)
     low, high = np.log(OVERLAP_GAMMA_BOUNDS)
-    spare = len(y) - len(free) - (gamma is None)
+    fitted_g, fitted_k = gamma is None, bool(interference)
+    spare = len(y) - len(free) - fitted_g - fitted_k
     loss = "cauchy" if robust and spare > 1 else "linear"
     scale = np.sqrt(weight)
 
     def unpack(u):
         coef = prior.copy()
         coef[free] = prior[free] * np.exp(u[: len(free)])
-        return coef, (math.exp(u[-1]) if gamma is None else gamma)
+        g = math.exp(u[len(free)]) if fitted_g else gamma
+        return coef, g, (float(u[-1]) if fitted_k else 0.0)
 
     def residual(u):
-        coef, g = unpack(u)
-        return scale * ((data + overlapped(compute, features @ coef, g)) / y - 1)
+        coef, g, k = unpack(u)
+        return scale * ((data + overlapped(compute * (1 + k), features @ coef, g)) / y - 1)
 
+    if not free and not fitted_g and not fitted_k:
+        return prior.copy(), gamma, 0.0
     best = None
-    for start in ((1.0,), (4.0,)) if gamma is None else ((gamma,),):
-        g0 = start[0]
+    for g0 in (1.0, 4.0) if fitted_g else (gamma,):
         overlap = np.maximum(y - data, 1e-12)
         exposed = overlap > compute * (1 + 1e-3)
-        u0 = np.zeros(len(free) + (gamma is None))
+        u0 = np.zeros(len(free) + fitted_g + fitted_k)
         if exposed.any() and free:
             implied = (overlap[exposed] ** g0 - compute[exposed] ** g0) ** (1 / g0)
             held = features[exposed] @ np.where(np.isin(np.arange(len(prior)), free), 0.0, prior)
             coef, _ = nnls(features[exposed][:, free] / implied[:, None], np.maximum(implied - held, 1e-12) / implied)
             u0[: len(free)] = np.log(np.maximum(coef, prior[free] * 1e-6) / prior[free])
-        if gamma is None:
-            u0[-1] = math.log(g0)
+        if fitted_g:
+            u0[len(free)] = math.log(g0)
         bounds = (
-            np.r_[np.full(len(free), -30.0), [low] * (gamma is None)],
-            np.r_[np.full(len(free), 30.0), [high] * (gamma is None)],
+            np.r_[np.full(len(free), -30.0), [low] * fitted_g, [INTERFERENCE_BOUNDS[0]] * fitted_k],
+            np.r_[np.full(len(free), 30.0), [high] * fitted_g, [INTERFERENCE_BOUNDS[1]] * fitted_k],
         )
-        if not len(u0):
-            return prior.copy(), gamma
         found = least_squares(residual, u0, bounds=bounds, loss=loss, f_scale=f_scale)
         if best is None or found.cost < best.cost:
             best = found

@@ -1,6 +1,6 @@
 """The parallel performance model of paper Eq. 2, a scikit-learn estimator (fitting.py fits it to profiles).
 
-    t_step(N, b, h) = data(b) + (compute(b, h)^g + sync(N, h)^g)^(1/g)     overlap of Pollux, see below
+    t_step(N, b, h) = data(b) + ((compute(b, h) (1 + k))^g + sync(N, h)^g)^(1/g)  overlap of Pollux, see below
     data(b)         = d0 + d1 * b                                  loading, linear in b
     compute(b, h)   = (a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))) * k(b)   forward+backward+update (Eq. 2b)
     sync(N, h)      = intra(h) + inter(H) * l(H),  H = N / h hosts  per collective (Eq. 2c), 0 on one rank
@@ -10,6 +10,8 @@
         ring:             hops = 2(n-1), bytes = 2(n-1)/n * gradient bytes
         parameter_server: hops = 2,      bytes = 2n * gradient bytes
     l(H)            = 1, or a host count's own level where its profiles agree on one (`inter_sync_levels_`)
+    k               = 0 on one rank; on more, the slowdown the all-reduce beside it brings to compute
+                      (`interference_`, fitted with a latent sync only: collective_cost.py)
 
 N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
 time there and may stay non-negative when compute grows faster than linearly: a line through the
@@ -170,6 +172,11 @@ class PerfModel(BaseEstimator, RegressorMixin):
         knots, ratios = self.compute_kinks_
         return line * np.interp(np.log2(np.asarray(batch, float)), knots, ratios)
 
+    def _step_compute(self, ranks, batch, ranks_per_host) -> np.ndarray:
+        """Compute as a step runs it: slowed by interference where an all-reduce runs beside it."""
+        slowed = np.where(np.asarray(ranks, float) > 1, 1 + self.interference_, 1.0)
+        return self._compute(batch, np.asarray(ranks_per_host, float) - 1) * slowed
+
     def _sync_features(self, ranks, ranks_per_host) -> np.ndarray:
         return hierarchical_sync_features(ranks, ranks_per_host, self.grad_bytes, self.collective)
 
@@ -205,6 +212,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         self.batch_ref_ = float(batch.min())
         self.identified_ = {}
         self.notes_ = []
+        self.interference_ = 0.0
         if self.sync_fit not in SYNC_FITS:
             raise ValueError(f"unknown sync_fit {self.sync_fit!r}; allowed: {', '.join(SYNC_FITS)}")
         if self.sync_fit == "split" and sync_s is None:
@@ -264,7 +272,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
         if not len(y):
             return  # no sync profiled: g = 1, Eq. 2's sum, for whatever sync the priors predict
         ranks, batch, per_host = X.T
-        data, compute, sync = self._data(batch), self._compute(batch, per_host - 1), self._sync(ranks, per_host)
+        data, compute, sync = self._data(batch), self._step_compute(ranks, batch, per_host), self._sync(ranks, per_host)
 
         def residual(log_gamma: float) -> np.ndarray:
             return (data + overlapped(compute, sync, math.exp(log_gamma))) / y - 1
@@ -348,9 +356,11 @@ class PerfModel(BaseEstimator, RegressorMixin):
 
     def _fit_latent_sync(self, X, y, weight) -> None:
         """Sync's terms and g together from the multi-rank full steps, compute and data fixed: the steps say
-        how much sync costs only through how much of it stays exposed (see `fit_latent_sync`)."""
+        how much sync costs only through how much of it stays exposed (see `fit_latent_sync`); interference last,
+        where a step is left to spare."""
         self._hold_sync_at_prior()
         self.overlap_gamma_ = 1.0
+        self.interference_ = 0.0
         if not len(y):
             return
         ranks, batch, per_host = X.T
@@ -362,7 +372,8 @@ class PerfModel(BaseEstimator, RegressorMixin):
         features = self._sync_features(ranks, per_host)
         gamma_free = len(set(batch)) >= 2
         free = identified_subset(features, free, len(y) - gamma_free)
-        coef, gamma = fit_latent_sync(
+        interference = gamma_free and len(y) - len(free) - gamma_free >= 1
+        coef, gamma, self.interference_ = fit_latent_sync(
             self._data(batch),
             self._compute(batch, per_host - 1),
             features,
@@ -373,8 +384,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
             LATENT_GAMMA_PRIOR if not gamma_free else None,
             self.robust,
             HUBER_K * max(self.noise_prior, MIN_ROBUST_SCALE),
+            interference,
         )
         self.sync_coef_, self.overlap_gamma_ = coef, gamma
+        if interference:
+            self.notes_.append(
+                f"multi-rank compute {self.interference_:.1%} slower than the profiles' compute parts (interference: "
+                f"the all-reduce runs beside backward on the same devices), fitted to the full steps"
+            )
         self.identified_.update({SYNC_TERMS[j]: True for j in free})
         self.identified_["overlap_gamma"] = gamma_free
         if not gamma_free:
@@ -416,7 +433,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
             return {}
         ranks, batch, per_host = X.T
         intra, inter = self._sync_parts(ranks, per_host)
-        data, compute = self._data(batch), self._compute(batch, per_host - 1)
+        data, compute = self._data(batch), self._step_compute(ranks, batch, per_host)
         return inter_sync_levels(
             hosts_spanned(ranks, per_host), data, compute, intra, inter, y, weight, self.overlap_gamma_, KINK_MARGIN
         )
@@ -433,7 +450,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
     def predict_parts(self, X) -> dict[str, np.ndarray]:
         X = self._rows(X)
         ranks, batch, per_host = X[:, 0], X[:, 1], X[:, 2]
-        data, compute, sync = self._data(batch), self._compute(batch, per_host - 1), self._sync(ranks, per_host)
+        data, compute, sync = self._data(batch), self._step_compute(ranks, batch, per_host), self._sync(ranks, per_host)
         overlap = overlapped(compute, sync, self.overlap_gamma_)
         return {
             "data_s": data,
@@ -487,6 +504,7 @@ class PerfModel(BaseEstimator, RegressorMixin):
             "batch_ref": self.batch_ref_,
             **{name.rstrip("_"): getattr(self, name) for name in COMPUTE_TERMS},
             "overlap_gamma": self.overlap_gamma_,
+            "interference": self.interference_,
             "exposed_sync_share": self.exposed_sync_share(),
             **{name: float(value) for name, value in zip(SYNC_TERMS, self.sync_coef_)},
             "rms_rel_error": self.rms_rel_error_,

@@ -201,11 +201,20 @@ def _inter_sync_levels(params: dict) -> str:
 
 
 def _overlap(params: dict) -> str:
-    """g, and what it means: the share of sync left exposed at the largest N's profiled batch extremes."""
+    """g, and what it means: the share of sync left exposed at the largest N's profiled batch extremes; and the
+    interference of the all-reduce with the compute beside it, where fitted (a perfmodel.json fitted before it has
+    none)."""
     shares = params["exposed_sync_share"]
     where = ", ".join(f"{s['share']:.0%} at b = {s['per_device_batch']}" for s in shares)
-    return f"overlap g = {params['overlap_gamma']:.2f}" + (
-        f" (exposed share of sync at N = {shares[0]['ranks']}: {where})" if shares else ""
+    interference = params.get("interference", 0.0)
+    return (
+        f"overlap g = {params['overlap_gamma']:.2f}"
+        + (f" (exposed share of sync at N = {shares[0]['ranks']}: {where})" if shares else "")
+        + (
+            f"; multi-rank compute {interference:.1%} slower beside the all-reduce (interference)"
+            if interference
+            else ""
+        )
     )
 
 
