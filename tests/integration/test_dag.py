@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import snakemake_command, tiny_job_config
+from tests.conftest import default_job, snakemake_command, tiny_job_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -74,7 +74,9 @@ def test_dag_writes_every_stage_output_and_trains_an_accurate_model(finished_run
     assert all(r["time_s"] > 0 and r["cost"] > 0 for r in selection["runners_up"])
     perfmodel = json.loads((results / "perfmodel.json").read_text())
     confirm = perfmodel["search"]["confirm"]
-    assert confirm["limit"] == 3 and len(confirm["profiles"]) <= 3 and confirm["objective"] == selection["objective"]
+    limit = default_job().search.confirm  # config/jobs.yaml's
+    assert confirm["limit"] == limit and len(confirm["profiles"]) <= limit
+    assert confirm["objective"] == selection["objective"]
     assert len(perfmodel["profiled"]) == len(plan["profile"]) + len(confirm["profiles"])
     if not confirm["stopped"].startswith("reached search.confirm"):  # it measured every configuration that could win
         assert (chosen["nodes"], chosen["batch"]) in {(p["nodes"], p["batch"]) for p in perfmodel["profiled"]}

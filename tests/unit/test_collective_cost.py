@@ -54,7 +54,7 @@ def test_latent_sync_and_g_come_back_from_full_steps_with_outliers_left_aside():
 
 def test_interference_comes_back_where_backward_hides_sync_and_not_where_sync_hides_compute():
     """Steps whose compute runs 15 % slower beside the all-reduce, with sync mostly hidden at large batches: the
-    fit gives k back with sync and g; without k, g alone bends to the large batches and misses the middle ones."""
+    fit gives i back with sync and g; without i, g alone bends to the large batches and misses the middle ones."""
     hosts = np.repeat([2, 4, 8, 16], 5).astype(float)
     compute = np.tile([0.01, 0.03, 0.1, 0.3, 1.0], 4)
     features = sync_features(hosts, GRAD_BYTES, "ring")

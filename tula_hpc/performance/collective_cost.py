@@ -19,12 +19,12 @@ allows, latency given up to its prior first; g is held at LATENT_GAMMA_PRIOR whe
 The loss is Cauchy's (with rows to spare): published step times hold single outliers (a 2-node sync slower
 than a 4-node one) that a Huber loss still lets pull every term.
 
-Interference (`interference`, k): the all-reduce's kernels run beside backward on the same device and share its
-compute units and memory bandwidth, so a multi-rank step's compute takes compute x (1 + k), longer than the profile's
+Interference (`interference`, i): the all-reduce's kernels run beside backward on the same device and share its
+compute units and memory bandwidth, so a multi-rank step's compute takes compute x (1 + i), longer than the profile's
 compute part, timed with no collective beside it. On the Pollux traces' T4s, step less exposed sync exceeds the
 one-GPU step by 5-20 % at large batches, where backward hides the whole sync, and by nothing at small ones, where the
 slowed compute hides behind sync: no g can follow that, and a g fitted to the large batches over-predicts the middle
-ones by 20-30 %. k is fitted last, only where the multi-rank steps hold two batches and one row is left to spare
+ones by 20-30 %. i is fitted last, only where the multi-rank steps hold two batches and one row is left to spare
 after sync's terms and g.
 
 A host count of its own (`inter_sync_levels`): latency and bandwidth make inter-node sync smooth in the host count, a
@@ -51,7 +51,7 @@ OVERLAP_GAMMA_BOUNDS = (0.3, 30.0)
 # Profiles a host count needs for a sync level of its own, as compute needs three batches for kinks: each is held out
 # against at least two (one held out against one is little evidence against 3 % noise).
 LEVEL_MIN_PROFILES = 3
-# The range of interference k: none, up to compute twice as slow beside the collective.
+# The range of interference i: none, up to compute twice as slow beside the collective.
 INTERFERENCE_BOUNDS = (0.0, 1.0)
 
 
@@ -115,8 +115,8 @@ def fit_latent_sync(
     data, compute, features, y, weight, prior, free, gamma=None, robust=True, f_scale=0.05, interference=False
 ):
     """Sync coefficients (columns `free` of `prior` fitted, the rest held), g (fitted unless given) and, with
-    `interference`, k (else 0) that make data + overlapped(compute x (1 + k), features @ coef, g) meet the steps y in
-    relative error: (coef, g, k).
+    `interference`, i (else 0) that make data + overlapped(compute x (1 + i), features @ coef, g) meet the steps y in
+    relative error: (coef, g, i).
 
     Each fitted coefficient is its prior times exp(u): positive, and on one scale whatever its units. Started from
     the sync each step implies at g = 1 and at g = 4 (a start at the prior alone would sit where sync hides
@@ -137,8 +137,8 @@ def fit_latent_sync(
         return coef, g, (float(u[-1]) if fitted_k else 0.0)
 
     def residual(u):
-        coef, g, k = unpack(u)
-        return scale * ((data + overlapped(compute * (1 + k), features @ coef, g)) / y - 1)
+        coef, g, slowdown = unpack(u)
+        return scale * ((data + overlapped(compute * (1 + slowdown), features @ coef, g)) / y - 1)
 
     if not free and not fitted_g and not fitted_k:
         return prior.copy(), gamma, 0.0

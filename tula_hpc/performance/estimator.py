@@ -1,6 +1,6 @@
 """The parallel performance model of paper Eq. 2, a scikit-learn estimator (fitting.py fits it to profiles).
 
-    t_step(N, b, h) = data(b) + ((compute(b, h) (1 + k))^g + sync(N, h)^g)^(1/g)  overlap of Pollux, see below
+    t_step(N, b, h) = data(b) + ((compute(b, h) (1 + i))^g + sync(N, h)^g)^(1/g)  overlap of Pollux, see below
     data(b)         = d0 + d1 * b                                  loading, linear in b
     compute(b, h)   = (a0 + a1 * (b - b0) + (h - 1) * (c0 + c1 * (b - b0))) * k(b)   forward+backward+update (Eq. 2b)
     sync(N, h)      = intra(h) + inter(H) * l(H),  H = N / h hosts  per collective (Eq. 2c), 0 on one rank
@@ -10,7 +10,7 @@
         ring:             hops = 2(n-1), bytes = 2(n-1)/n * gradient bytes
         parameter_server: hops = 2,      bytes = 2n * gradient bytes
     l(H)            = 1, or a host count's own level where its profiles agree on one (`inter_sync_levels_`)
-    k               = 0 on one rank; on more, the slowdown the all-reduce beside it brings to compute
+    i               = 0 on one rank; on more, the slowdown the all-reduce beside it brings to compute
                       (`interference_`, fitted with a latent sync only: collective_cost.py)
 
 N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
