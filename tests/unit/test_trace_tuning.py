@@ -1,0 +1,40 @@
+"""bench/trace_tuning.py: a setting's score is its regrets over their targets, and no setting that misses the search
+cost's or the knee's target can win; equal scores go to the cheaper search."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+tuning = importlib.import_module("trace_tuning")
+sys.path.remove(str(BENCH))
+
+FIGURES = {
+    "time_regret_mean": 0.01,
+    "time_regret_max": 0.05,
+    "cost_regret_mean": 0.01,
+    "cost_regret_max": 0.05,
+    "profile_cost_share": 0.15,
+    "knee_same_share": 0.95,
+}
+
+
+def test_a_setting_scores_its_regrets_over_their_targets():
+    # targets: 2 % mean and 10 % worst regret, time and cost alike
+    assert tuning.score(FIGURES) == pytest.approx(0.5 + 0.5 + 0.5 + 0.5)
+
+
+def test_a_setting_that_misses_the_search_costs_or_the_knees_target_cannot_win():
+    assert tuning.score({**FIGURES, "profile_cost_share": 0.31}) == float("inf")
+    assert tuning.score({**FIGURES, "knee_same_share": 0.75}) == float("inf")
+    settings = [
+        {**FIGURES, "confirm": 2, "band_sigmas": 1.0, "tie_sigmas": 0.0, "knee_same_share": 0.75, "time_regret_max": 0},
+        {**FIGURES, "confirm": 4, "band_sigmas": 1.0, "tie_sigmas": 0.0},
+        {**FIGURES, "confirm": 3, "band_sigmas": 1.0, "tie_sigmas": 0.0},
+    ]
+    assert tuning.best_setting(settings)["confirm"] == 3  # equal scores: the cheaper search
