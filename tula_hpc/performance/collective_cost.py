@@ -125,8 +125,8 @@ def fit_latent_sync(
     """
     free = list(free)
     low, high = np.log(OVERLAP_GAMMA_BOUNDS)
-    fitted_g, fitted_k = gamma is None, bool(interference)
-    spare = len(y) - len(free) - fitted_g - fitted_k
+    fitted_g, fitted_i = gamma is None, bool(interference)
+    spare = len(y) - len(free) - fitted_g - fitted_i
     loss = "cauchy" if robust and spare > 1 else "linear"
     scale = np.sqrt(weight)
 
@@ -134,19 +134,19 @@ def fit_latent_sync(
         coef = prior.copy()
         coef[free] = prior[free] * np.exp(u[: len(free)])
         g = math.exp(u[len(free)]) if fitted_g else gamma
-        return coef, g, (float(u[-1]) if fitted_k else 0.0)
+        return coef, g, (float(u[-1]) if fitted_i else 0.0)
 
     def residual(u):
         coef, g, slowdown = unpack(u)
         return scale * ((data + overlapped(compute * (1 + slowdown), features @ coef, g)) / y - 1)
 
-    if not free and not fitted_g and not fitted_k:
+    if not free and not fitted_g and not fitted_i:
         return prior.copy(), gamma, 0.0
     best = None
     for g0 in (1.0, 4.0) if fitted_g else (gamma,):
         overlap = np.maximum(y - data, 1e-12)
         exposed = overlap > compute * (1 + 1e-3)
-        u0 = np.zeros(len(free) + fitted_g + fitted_k)
+        u0 = np.zeros(len(free) + fitted_g + fitted_i)
         if exposed.any() and free:
             implied = (overlap[exposed] ** g0 - compute[exposed] ** g0) ** (1 / g0)
             held = features[exposed] @ np.where(np.isin(np.arange(len(prior)), free), 0.0, prior)
@@ -155,8 +155,8 @@ def fit_latent_sync(
         if fitted_g:
             u0[len(free)] = math.log(g0)
         bounds = (
-            np.r_[np.full(len(free), -30.0), [low] * fitted_g, [INTERFERENCE_BOUNDS[0]] * fitted_k],
-            np.r_[np.full(len(free), 30.0), [high] * fitted_g, [INTERFERENCE_BOUNDS[1]] * fitted_k],
+            np.r_[np.full(len(free), -30.0), [low] * fitted_g, [INTERFERENCE_BOUNDS[0]] * fitted_i],
+            np.r_[np.full(len(free), 30.0), [high] * fitted_g, [INTERFERENCE_BOUNDS[1]] * fitted_i],
         )
         found = least_squares(residual, u0, bounds=bounds, loss=loss, f_scale=f_scale)
         if best is None or found.cost < best.cost:
