@@ -9,7 +9,8 @@ Score of a setting on a model (lower is better): the sum of its four regret figu
 each over its target (trace_accuracy.TARGETS), among settings whose profile_cost_share and knee_same_share meet their
 targets; equal scores go to the cheaper search (smaller K, then narrower band). The defaults in choice.py and
 config/jobs.yaml are the setting both folds agree on, or, where they differ, the one with the better worse fold; the
-note says which.
+note says which. Where the folds differ on the tie threshold alone, it also answers to the measured CPU profiles
+(bench/perf_accuracy.py; choice.py's comment says how).
 
 Run:  .venv/bin/python bench/trace_tuning.py [--traces DIR] [--out FILE]   (about 15 min on 2 cores; CPU only)
 """
