@@ -318,7 +318,7 @@ def test_latent_sync_and_overlap_are_recovered_from_full_steps_alone():
 def test_interference_of_the_all_reduce_with_backward_is_fitted_with_a_latent_sync_and_said():
     """As on the Pollux traces' T4s: compute beside the all-reduce runs 12 % slower than the profiles' compute parts
     (timed with no collective beside them). The latent fit gives i back and predicts every step within 1 %; a split
-    fit, and a latent one with no step to spare after sync's terms and g, keep k at 0."""
+    fit, and a latent one with no step to spare after sync's terms and g, keep i at 0."""
     nodes, batches = np.meshgrid([1, 2, 4, 8, 16], [8, 32, 128, 512])
     ranks, batch, per_host = 4 * nodes.ravel(), batches.ravel(), np.full(nodes.size, 4)
     d = synthetic(ranks, batch, per_host=per_host)
