@@ -9,15 +9,20 @@ backward): its time is the step time training will see. Per-step times are the m
 over ranks; the profile keeps medians, which one slow step does not move.
 
 Kernels run asynchronously on a GPU: host clocks around the calls that launch them would time the launches.
-A `Clock` marks the phase boundaries and reads the times when the step is done. On CUDA its marks are events
-recorded on the current stream, stamped by the GPU when its work reaches them and read after one
-synchronize at the end of the step; a synchronize at every boundary instead would keep the host from
-queueing the next phase while the GPU runs this one, and so time a slower step than training's. The data
-phase is host work (the loader) and then the non-blocking copy to the device: as every step starts on an
-idle GPU (the previous one waited for its times), its first mark is reached at once and its second when the
-copy is done, so it holds both. The parts, between consecutive marks, add up to the step. Before the barrier
-ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's, on the host), so that
-stragglers wait there, outside every part. On the CPU the marks are `perf_counter` readings.
+A `Clock` marks the phase boundaries and reads the times once the work is done. On CUDA its marks are events
+recorded on the current stream, stamped by the GPU when its work reaches them. The measured pairs run back to
+back, as training's steps do (it never waits for the device within an epoch), with one step queued ahead of the
+first, and their marks are read after one synchronize at the end of the block: a synchronize at every boundary
+would keep the host from queueing the next phase while the GPU runs this one, and one at every step's end
+starts each step on an idle GPU that waits for its first launches. Both time a slower step than training's
+where launches are the bottleneck: steps synchronized one by one were 15-25 % slower than the trained epochs'
+on the H200 (resnet18 at 32 px and resnet50 at 224 px, b = 32-128: bench/data/gpu/whole_run, 2026-11-27). So a
+mark is reached when the GPU is done with the work queued before it, and a part is the time the GPU spent on
+it or waited for it: the data phase (the loader, then the non-blocking copy) holds the loading the previous
+step's work did not hide, as in training. The parts, between consecutive marks, add up to the step. Before the
+barrier ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's, on the host), so
+that stragglers wait there, outside every part. On the CPU the marks are `perf_counter` readings. The warm-up's
+steps and the epoch ends' are timed one by one, each on an idle device: they hold first-time costs.
 
 Shared machines are noisy (the same step measured in separate processes here varies by 10-15 %, and by
 2x while another job runs), so the measurement defends itself:
@@ -53,7 +58,6 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -242,16 +246,19 @@ def _profile_loader(job: Job, ctx: Context, splits, per_device_batch: int):
     )
 
 
-def _measured_attempts(
-    search: SearchSettings, ctx: Context, step_pair: Callable[[Interference], list[float]], pairs: int
-) -> list[tuple[list[list[float]], float]]:
+def _measured_attempts(search: SearchSettings, runner: StepRunner, pairs: int) -> list[tuple[list[list[float]], float]]:
     """Blocks of `pairs` step pairs, each with how much other work disturbed it (see Interference), measured
-    again after a back-off while that share exceeds search.interference_tolerance, search.max_attempts at most."""
+    again after a back-off while that share exceeds search.interference_tolerance, search.max_attempts at most.
+    A block runs back to back as training's steps do, a step ahead of the first, its times read once at its end."""
     attempts = []
     for attempt in range(search.max_attempts):
         time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
-        interference = Interference(ctx)
-        attempts.append(([step_pair(interference) for _ in range(pairs)], interference.share()))
+        interference = Interference(runner.ctx)
+        runner.full_step_span()  # queued ahead, so that the first pair starts on a busy device too
+        spans = [interference.around(runner.split_step) + [runner.full_step_span()] for _ in range(pairs)]
+        flat = runner.clock.seconds(list(itertools.chain(*spans)))
+        rows = [flat[i : i + len(PARTS)] for i in range(0, len(flat), len(PARTS))]
+        attempts.append((rows, interference.share()))
         if attempts[-1][1] <= search.interference_tolerance:
             break
     return attempts
@@ -279,8 +286,9 @@ class StepRunner:
         self.clock = clock_for(ctx.device)
         self.stop = StopRequests(ctx.world_size)  # its flag exchange only: signals are the profile job's own concern
 
-    def split_step(self) -> list[float]:
-        """The training step with its parts apart: sync is an explicit all-reduce after the backward."""
+    def split_step(self) -> list[tuple]:
+        """The training step with its parts apart, as the clock's spans to read later: sync is an explicit
+        all-reduce after the backward."""
         ctx, clock, net = self.ctx, self.clock, self.net
         start = clock.mark()
         x, y = on_device(next(self.batches), ctx.device)
@@ -294,15 +302,20 @@ class StepRunner:
             _all_reduce_gradients(self.model, ctx.world_size)
             synced = clock.mark()
         apply_update(net, self.strategy, self.loss_fn, x, y, reference_grads)
-        return clock.seconds([(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())])
+        return [(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())]
 
-    def full_step(self, batch=None) -> float:
+    def full_step_span(self, batch=None) -> tuple:
         """The training loop's step (sync overlapped with backward, the stop-flag exchange beside it), on the
-        loader's next batch or on `batch`."""
+        loader's next batch or on `batch`, as the clock's span to read later."""
         start = self.clock.mark()
         batch = next(self.batches) if batch is None else batch
         loop_step(self.net, self.strategy, self.loss_fn, batch, self.ctx.device, self.stop)
-        return self.clock.seconds([(start, self.clock.mark())])[0]
+        return start, self.clock.mark()
+
+    def full_step(self, batch=None) -> float:
+        """`full_step_span` alone on the device: a warm-up's or an epoch end's step, each with its own first-time
+        costs."""
+        return self.clock.seconds([self.full_step_span(batch)])[0]
 
     def _host_seconds(self, work) -> float:
         """Host seconds of `work()` with the device done before and after."""
@@ -422,9 +435,7 @@ def measure(job: Job, ctx: Context, per_device_batch: int, checkpoint_dir: str |
     # Every rank must run the same number of steps: agree on it from the slowest rank's warm-up.
     pair_s = 2 * max(statistics.median(warmup), 1e-6)
     pairs = min(MAX_STEPS, max(search.steps, math.ceil(search.min_measure_s / pair_s)))
-    attempts = _measured_attempts(
-        search, ctx, lambda interference: interference.around(runner.split_step) + [runner.full_step()], pairs
-    )
+    attempts = _measured_attempts(search, runner, pairs)
     rows, interference = min(attempts, key=lambda attempt: attempt[1])
     columns = list(zip(*[_max_over_ranks(row, ctx) for row in rows]))
     period = runner.loader_period_s()
