@@ -45,10 +45,14 @@ PRESETS = {
         },
         "oom": {**CIFAR, "batch": 1024, "epochs": 1, "cpus_per_task": 4},
         "steptime": {
-            "cases": [  # 4 cores a rank (3 loader workers) as a GPU job gets them; small per-device batches
-                {**CIFAR, "batch": {"min": 64, "max": 256}, "cpus_per_task": 4},
-                {**IMAGENET_RESNET, "batch": {"min": 16, "max": 64}, "cpus_per_task": 4},
-                {**IMAGENET_VIT, "batch": {"min": 16, "max": 64}, "cpus_per_task": 4},
+            # 4 cores a rank (3 loader workers) as a GPU job gets them; per-device batches where a step is the
+            # device's work, as in the jobs users size to the card: below them the H200's steps are the host's
+            # launches, flat in the batch and repeating only within 10-50 % (GPU-bound ones within 0.4 %:
+            # bench/data/gpu/README.md, 2026-11-27).
+            "cases": [
+                {**CIFAR, "batch": {"min": 256, "max": 1024}, "cpus_per_task": 4},
+                {**IMAGENET_RESNET, "batch": {"min": 64, "max": 256}, "cpus_per_task": 4},
+                {**IMAGENET_VIT, "batch": {"min": 64, "max": 256}, "cpus_per_task": 4},
             ],
             "rounds": 2,
             "measurement": {"min_measure_s": 0.25},
@@ -110,7 +114,10 @@ FIGURES = {
         "stage_s": {"one_process": 20, "fresh_processes": 89},
         "stage_source": f"{H200_RUN}: stage.*.seconds of resnet18_32_fp32",
         "launch_s": 13,  # a launched worker's start (torch, CUDA, the model) before its first step
-        "measurement_s": 2.8,  # one profile measurement in the steptime section's worker
+        # One profile measurement in the steptime section's worker: its model's build, then about 40 steps' worth
+        # (warm-up, epoch ends with validation and a checkpoint, the measured pairs).
+        "measurement": {"fixed_s": 1.0, "steps": 40},
+        "measurement_source": f"{H200_DAG}: steptime's measure_wall_s, 0.9 s at 9.4 ms steps to 2.8-3.1 s at 33 ms",
         # Small batches' training steps (b=128 at 32 px, b=32 at 224 px), the trained runs' train_time_s a step.
         "step_s": {"resnet18": 0.011, "resnet50": 0.030, "torchvision.models:vit_b_16": 0.037},
         # A steady step at a batch that fills the device (the truths' warm-up), that larger batches scale from.
@@ -130,7 +137,8 @@ FIGURES = {
         "stage_s": {"one_process": 5, "fresh_processes": 33},
         "stage_source": "the same runs (9 s and 84 s under load)",
         "launch_s": 5,
-        "measurement_s": 0.5,
+        "measurement": {"fixed_s": 0.4, "steps": 40},
+        "measurement_source": "the same runs: about 0.5 s a measurement at 3 ms steps",
         "step_s": {"tiny_cnn": 0.003},
         "steps_source": "the same runs: steptime 19 s, oom 18 s",
         "dag_s": 80,
@@ -153,10 +161,19 @@ def memory_estimate(spec: dict, figures: dict) -> float:
     return total
 
 
+def grid_size(batch: dict) -> int:
+    return int(math.log2(batch["max"] // batch["min"])) + 1
+
+
+def doublings(batch: dict) -> list[int]:
+    """The batches a full search profiles from batch["min"] to batch["max"]."""
+    return [batch["min"] * 2**k for k in range(grid_size(batch))]
+
+
 def middle(low: int, high: int) -> int:
     """The profiled batch the steptime section trains: the middle of the doublings from `low` to `high`."""
-    doublings = [low * 2**k for k in range(64) if low * 2**k <= high]
-    return doublings[len(doublings) // 2]
+    grid = doublings({"min": low, "max": high})
+    return grid[len(grid) // 2]
 
 
 def step_estimate(figures: dict, model: str, batch: int) -> float:
@@ -180,19 +197,21 @@ def oom_estimate(spec: dict, figures: dict) -> float:
     return 2 * figures["launch_s"] + trained_steps(spec["epochs"], spec) * 2 * half + 10 * full
 
 
-def grid_size(batch: dict) -> int:
-    return int(math.log2(batch["max"] // batch["min"])) + 1
-
-
 def steptime_estimate(spec: dict, figures: dict) -> float:
-    """One launched worker: every round's measurements, then each case's training."""
-    measurements = spec["rounds"] * sum(grid_size(case["batch"]) for case in spec["cases"])
+    """One launched worker: every round's measurements (each a fixed part and steps at its batch), then each case's
+    training."""
+    measurement = figures["measurement"]
+    one_round = sum(
+        measurement["fixed_s"] + measurement["steps"] * step_estimate(figures, case["model"], batch)
+        for case in spec["cases"]
+        for batch in doublings(case["batch"])
+    )
     steps = trained_steps(spec["epochs_trained"])
     training = sum(
         steps * step_estimate(figures, case["model"], middle(case["batch"]["min"], case["batch"]["max"]))
         for case in spec["cases"]
     )
-    return figures["launch_s"] + measurements * figures["measurement_s"] + training
+    return figures["launch_s"] + spec["rounds"] * one_round + training
 
 
 def dag_estimate(spec: dict, figures: dict) -> float:

@@ -267,10 +267,13 @@ def test_estimates_scale_with_the_presets_size_from_recorded_figures():
     assert gpu_plan.memory_estimate({"cases": {"a": {"model": "new"}}}, figures) == max(figures["truth_s"].values())
     longer = {**preset["steptime"], "rounds": 2 * preset["steptime"]["rounds"]}
     assert gpu_plan.steptime_estimate(longer, figures) > gpu_plan.steptime_estimate(preset["steptime"], figures)
+    # A measurement's steps cost what a step costs at its batch: doubled batches past the launch-bound ones, longer.
+    doubled = [{**c, "batch": {k: 2 * v for k, v in c["batch"].items()}} for c in preset["steptime"]["cases"]]
+    larger = {**preset["steptime"], "cases": doubled}
+    assert gpu_plan.steptime_estimate(larger, figures) > gpu_plan.steptime_estimate(preset["steptime"], figures)
     for device in ("cuda", "cpu"):  # every figure says where it came from
-        assert {"truth_source", "lightning_source", "stage_source", "steps_source", "dag_source"} <= set(
-            gpu_plan.FIGURES[device]
-        )
+        sources = {"truth_source", "lightning_source", "stage_source", "steps_source", "dag_source"}
+        assert sources | {"measurement_source"} <= set(gpu_plan.FIGURES[device])
 
 
 def test_every_trained_epoch_of_the_default_preset_has_200_steps():
@@ -278,6 +281,7 @@ def test_every_trained_epoch_of_the_default_preset_has_200_steps():
         batch = gpu_plan.middle(case["batch"]["min"], case["batch"]["max"])
         assert int(gpu_memory.synthetic_size(batch) * 0.7) // batch >= gpu_plan.STEPS_PER_EPOCH
     assert gpu_plan.middle(16, 64) == 32 and gpu_plan.middle(64, 64) == 64 and gpu_plan.middle(16, 128) == 64
+    assert gpu_plan.doublings({"min": 64, "max": 300}) == [64, 128, 256]
     assert gpu_plan.PRESETS["gpu"]["steptime"]["epochs_trained"] >= gpu_steps.STEADY_FROM
 
 
