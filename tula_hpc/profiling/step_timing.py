@@ -11,11 +11,10 @@ over ranks; the profile keeps medians, which one slow step does not move.
 Kernels run asynchronously on a GPU: host clocks around the calls that launch them would time the launches.
 A `Clock` marks the phase boundaries and reads the times once the work is done. On CUDA its marks are events
 recorded on the current stream, stamped by the GPU when its work reaches them. The measured pairs run back to
-back, as training's steps do (it never waits for the device within an epoch), with one step queued ahead of the
-first, and their marks are read after one synchronize at the end of the block: a synchronize at every boundary
-would keep the host from queueing the next phase while the GPU runs this one, and one at every step's end
-starts each step on an idle GPU that waits for the host's loading and first launches, which training hides
-behind the previous step. (On the H200, at launch-bound sizes, back-to-back steps were within the round-to-round
+back, as training's steps do (it never waits for the device within an epoch), and their marks are read after one
+synchronize at the end of the block: a synchronize at every boundary would keep the host from queueing the next
+phase while the GPU runs this one, and one at every step's end starts each step on an idle GPU that waits for
+the host's loading and first launches, which training hides behind the previous step. (On the H200, at launch-bound sizes, back-to-back steps were within the round-to-round
 noise of steps synchronized one by one, and both above the trained epochs' steps: bench/data/gpu/README.md.) So a
 mark is reached when the GPU is done with the work queued before it, and a part is the time the GPU spent on
 it or waited for it: the data phase (the loader, then the non-blocking copy) holds the loading the previous
@@ -249,12 +248,12 @@ def _profile_loader(job: Job, ctx: Context, splits, per_device_batch: int):
 def _measured_attempts(search: SearchSettings, runner: StepRunner, pairs: int) -> list[tuple[list[list[float]], float]]:
     """Blocks of `pairs` step pairs, each with how much other work disturbed it (see Interference), measured
     again after a back-off while that share exceeds search.interference_tolerance, search.max_attempts at most.
-    A block runs back to back as training's steps do, a step ahead of the first, its times read once at its end."""
+    A block runs back to back as training's steps do, its times read once at its end (its first pair starts on an
+    idle device, one pair of many that the medians hold)."""
     attempts = []
     for attempt in range(search.max_attempts):
         time.sleep(BACKOFF_S * attempt)  # let another user's burst pass before measuring again
         interference = Interference(runner.ctx)
-        runner.full_step_span()  # queued ahead, so that the first pair starts on a busy device too
         spans = [interference.around(runner.split_step) + [runner.full_step_span()] for _ in range(pairs)]
         flat = runner.clock.seconds(list(itertools.chain(*spans)))
         rows = [flat[i : i + len(PARTS)] for i in range(0, len(flat), len(PARTS))]
