@@ -14,9 +14,9 @@ recorded on the current stream, stamped by the GPU when its work reaches them. T
 back, as training's steps do (it never waits for the device within an epoch), and their marks are read after one
 synchronize at the end of the block: a synchronize at every boundary would keep the host from queueing the next
 phase while the GPU runs this one, and one at every step's end starts each step on an idle GPU that waits for
-the host's loading and first launches, which training hides behind the previous step. (On the H200, at launch-bound sizes, back-to-back steps were within the round-to-round
-noise of steps synchronized one by one, and both above the trained epochs' steps: bench/data/gpu/README.md.) So a
-mark is reached when the GPU is done with the work queued before it, and a part is the time the GPU spent on
+the host's loading and first launches, which training hides behind the previous step. (On the H200, at
+launch-bound sizes, back-to-back steps were within the round-to-round noise of steps synchronized one by one, and
+both above the trained epochs' steps: bench/data/gpu/README.md.) So a mark is reached when the GPU is done with the work queued before it, and a part is the time the GPU spent on
 it or waited for it: the data phase (the loader, then the non-blocking copy) holds the loading the previous
 step's work did not hide, as in training. The parts, between consecutive marks, add up to the step. Before the
 barrier ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's, on the host), so
