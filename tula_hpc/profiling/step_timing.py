@@ -8,20 +8,20 @@ compute and sync separately. The second is the step as training runs it (sync ov
 backward): its time is the step time training will see. Per-step times are the maximum
 over ranks; the profile keeps medians, which one slow step does not move.
 
-Kernels run asynchronously on a GPU: host clocks around the calls that launch them would time the launches.
-A `Clock` marks the phase boundaries and reads the times once the work is done. On CUDA its marks are events
-recorded on the current stream, stamped by the GPU when its work reaches them. The measured pairs run back to
-back, as training's steps do (it never waits for the device within an epoch), and their marks are read after one
-synchronize at the end of the block: a synchronize at every boundary would keep the host from queueing the next
-phase while the GPU runs this one, and one at every step's end starts each step on an idle GPU that waits for
-the host's loading and first launches, which training hides behind the previous step. (On the H200, at
-launch-bound sizes, back-to-back steps were within the round-to-round noise of steps synchronized one by one, and
-both above the trained epochs' steps: bench/data/gpu/README.md.) So a mark is reached when the GPU is done with the work queued before it, and a part is the time the GPU spent on
-it or waited for it: the data phase (the loader, then the non-blocking copy) holds the loading the previous
-step's work did not hide, as in training. The parts, between consecutive marks, add up to the step. Before the
-barrier ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's, on the host), so
-that stragglers wait there, outside every part. On the CPU the marks are `perf_counter` readings. The warm-up's
-steps and the epoch ends' are timed one by one, each on an idle device: they hold first-time costs.
+Kernels run asynchronously on a GPU: host clocks around the calls that launch them would time the launches. A
+`Clock` marks the phase boundaries and reads the times once the work is done. On CUDA its marks are events recorded
+on the current stream, stamped by the GPU when its work reaches them. The measured pairs run back to back, as
+training's steps do (it never waits for the device within an epoch), and their marks are read after one synchronize
+at the end of the block: a synchronize at every boundary would keep the host from queueing the next phase while the
+GPU runs this one, and one at every step's end starts each step on an idle GPU that waits for the host's loading and
+first launches, which training hides behind the previous step. (On the H200, at launch-bound sizes, back-to-back
+steps were within the round-to-round noise of steps synchronized one by one, and both above the trained epochs'
+steps: bench/data/gpu/README.md.) So a mark is reached when the GPU is done with the work queued before it, and a
+part is the time the GPU spent on it or waited for it: the data phase (the loader, then the non-blocking copy) holds
+the loading the previous step's work did not hide, as in training. The parts, between consecutive marks, add up to
+the step. Before the barrier ahead of the timed all-reduce the host also waits for its GPU (the barrier is gloo's,
+on the host), so that stragglers wait there, outside every part. On the CPU the marks are `perf_counter` readings.
+The warm-up's steps and the epoch ends' are timed one by one, each on an idle device: they hold first-time costs.
 
 Shared machines are noisy (the same step measured in separate processes here varies by 10-15 %, and by
 2x while another job runs), so the measurement defends itself:
