@@ -9,7 +9,7 @@ section whose estimate does not fit what is left of the budget is skipped, sayin
 
 from __future__ import annotations
 
-import math
+from tula_hpc.core.run_layout import doublings
 
 # Most valuable first: the largest batch's truth at CIFAR's shape with the stage's time to it and Lightning's,
 # the OOM relaunch, the truths at ImageNet's shape, then step times, then the whole DAG (whose stages the other
@@ -161,18 +161,9 @@ def memory_estimate(spec: dict, figures: dict) -> float:
     return total
 
 
-def grid_size(batch: dict) -> int:
-    return int(math.log2(batch["max"] // batch["min"])) + 1
-
-
-def doublings(batch: dict) -> list[int]:
-    """The batches a full search profiles from batch["min"] to batch["max"]."""
-    return [batch["min"] * 2**k for k in range(grid_size(batch))]
-
-
 def middle(low: int, high: int) -> int:
     """The profiled batch the steptime section trains: the middle of the doublings from `low` to `high`."""
-    grid = doublings({"min": low, "max": high})
+    grid = doublings(low, high)
     return grid[len(grid) // 2]
 
 
@@ -204,7 +195,7 @@ def steptime_estimate(spec: dict, figures: dict) -> float:
     one_round = sum(
         measurement["fixed_s"] + measurement["steps"] * step_estimate(figures, case["model"], batch)
         for case in spec["cases"]
-        for batch in doublings(case["batch"])
+        for batch in doublings(case["batch"]["min"], case["batch"]["max"])
     )
     steps = trained_steps(spec["epochs_trained"])
     training = sum(

@@ -4,12 +4,17 @@ from tests.conftest import default_job
 from tula_hpc.core.run_layout import (
     candidate_devices,
     devices_per_node,
+    doublings,
     last_batch,
     node_shape,
     profile_name,
     ranks_per_host,
     steps_per_epoch,
 )
+
+
+def test_a_grid_axis_is_the_minimum_and_its_doublings_up_to_the_maximum():
+    assert doublings(64, 300) == [64, 128, 256] and doublings(4, 4) == [4] and doublings(8, 4) == []
 
 
 def test_a_node_runs_one_rank_per_gpu_or_one_cpu_rank():

@@ -10,6 +10,15 @@ import math
 from tula_hpc.core.job import Job
 
 
+def doublings(low: int, high: int) -> list[int]:
+    """`low` and its doublings up to `high`: a grid axis of nodes, GPUs per node or batches."""
+    values, value = [], low
+    while value <= high:
+        values.append(value)
+        value *= 2
+    return values
+
+
 def devices_per_node(job: Job) -> int:
     """Ranks per node: one per GPU, or one CPU rank on a node without GPUs."""
     return max(1, job.resources.gpus_per_node)

@@ -22,17 +22,9 @@ from tula_hpc.cluster.partition import partition_limits, within_partition
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.job import Job, SearchSettings
-from tula_hpc.core.run_layout import candidate_devices
+from tula_hpc.core.run_layout import candidate_devices, doublings
 from tula_hpc.performance import search_modes as search
 from tula_hpc.stages.runner import stage_main
-
-
-def _doublings(low: int, high: int) -> list[int]:
-    values, value = [], low
-    while value <= high:
-        values.append(value)
-        value *= 2
-    return values
 
 
 def gpu_counts(search: SearchSettings) -> list[int]:
@@ -40,18 +32,18 @@ def gpu_counts(search: SearchSettings) -> list[int]:
     shape = search.gpus_per_node
     if shape.max == 0:
         return [0]
-    counts = _doublings(shape.min, shape.max)
+    counts = doublings(shape.min, shape.max)
     return counts if counts[-1] == shape.max else counts + [shape.max]
 
 
 def candidate_grid(search: SearchSettings, max_batch_per_device: int, train_samples: int) -> list[dict]:
     grid = []
-    for nodes in _doublings(search.nodes.min, search.nodes.max):
+    for nodes in doublings(search.nodes.min, search.nodes.max):
         for gpus in gpu_counts(search):
             ranks = nodes * max(1, gpus)
             memory_cap = ranks * max_batch_per_device
             batch_max = memory_cap if search.batch.max == "auto" else min(search.batch.max, memory_cap)
-            for batch in _doublings(search.batch.min, min(batch_max, train_samples)):
+            for batch in doublings(search.batch.min, min(batch_max, train_samples)):
                 if batch % ranks == 0:
                     grid.append(
                         {"nodes": nodes, "gpus_per_node": gpus, "batch": batch, "per_device_batch": batch // ranks}
