@@ -69,19 +69,6 @@ class Worker:
         return self.load()(**kwargs)
 
 
-def workers_by_old_name(module: str, *workers: Worker) -> Callable[[str], Any]:
-    """A stage module's `__getattr__` that finds its workers under their names there, imported only when asked for:
-    a job pickled while the stage module held its worker names it there (pickle stores module and name)."""
-    by_name = {worker.function: worker for worker in workers}
-
-    def find(name: str) -> Any:
-        if name in by_name:
-            return by_name[name].load()
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-
-    return find
-
-
 class DistributedTask(submitit.helpers.Checkpointable):
     """Exports torch.distributed's environment, then runs the worker; requeues itself on preemption."""
 

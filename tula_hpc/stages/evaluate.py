@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tula_hpc._legacy_paths import moved_names
 from tula_hpc.cluster import launch
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.records import Selection, TrainSummary
@@ -26,7 +27,7 @@ COMPARED = (
 )
 # Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
 EVALUATE_WORKER = launch.Worker("tula_hpc.training.evaluation", "evaluate_worker")
-__getattr__ = launch.workers_by_old_name(__name__, EVALUATE_WORKER)  # jobs pickled when the worker lived here
+__getattr__ = moved_names(__name__)  # jobs pickled when the worker lived here
 
 
 def measured_costs(job: Job, summary: TrainSummary, memory: dict) -> dict[str, float | None]:

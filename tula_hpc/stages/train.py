@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tula_hpc._legacy_paths import moved_names
 from tula_hpc.cluster import launch
 from tula_hpc.cluster.partition import train_job_minutes
 from tula_hpc.core.atomic_files import read_json, write_json
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 # Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
 TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_worker")
-__getattr__ = launch.workers_by_old_name(__name__, TRAIN_WORKER)  # jobs pickled when the stage imported it
+__getattr__ = moved_names(__name__)  # jobs pickled when the stage imported its worker
 
 
 def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world_size: int) -> tuple[int, int] | None:
