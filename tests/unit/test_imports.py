@@ -18,7 +18,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tula_hpc"
 # Bottom to top: a module may import its own folder and those before it (README.md, "Layout"). config.py and cli.py
 # are single modules at the package's top; _legacy_paths (old import paths, imported by the package's __init__)
 # imports none of it.
-LAYERS = ("_legacy_paths", "core", "cluster", "memory", "training", "profiling", "performance", "reporting", "config", "stages", "cli")
+LAYERS = (
+    "_legacy_paths",
+    "core",
+    "cluster",
+    "memory",
+    "training",
+    "profiling",
+    "performance",
+    "reporting",
+    "config",
+    "stages",
+    "cli",
+)
 STAGE_MODULES = {module.removeprefix("tula_hpc.") for module in STAGES.values()}
 RUNNER = "stages.runner"  # what every stage shares; not a stage
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tula_hpc
-from tula_hpc import _legacy_paths
 from tests.conftest import default_job
+from tula_hpc import _legacy_paths
 from tula_hpc.core.job import Job
 from tula_hpc.training.trainer import train_worker
 
