@@ -14,10 +14,11 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tula_hpc.cluster.devices import FIT_DEFAULTS, SYNC_PRIORS, cuda_setup, sync_device, usable_gpus
+from tula_hpc.cluster.devices import cuda_setup, usable_gpus
 from tula_hpc.core.job import WARMUP_RECIPES, Job, recipe
 from tula_hpc.core.plain_data import deep_update, to_plain
 from tula_hpc.core.run_layout import ranks_per_host
+from tula_hpc.performance.sync_priors import FIT_DEFAULTS, SYNC_PRIORS, sync_device
 from tula_hpc.training.data_check import DataError, check_data
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
@@ -108,7 +109,7 @@ def _fill_by_device(job: dict) -> None:
 
 
 def _bandwidths(prior: dict) -> str:
-    """A sync prior's bandwidths, for people: a preset of devices.SYNC_PRIORS, or a job's as plain data."""
+    """A sync prior's bandwidths, for people: a preset of sync_priors.SYNC_PRIORS, or a job's as plain data."""
     return ", ".join(f"{kind} {terms['bandwidth_gb_s']:g} GB/s" for kind, terms in prior.items())
 
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, default_job, job_config
-from tula_hpc.cluster.devices import SYNC_PRIORS
 from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
 from tula_hpc.core.dependencies import STAGE_SETTINGS, fingerprint, stage_settings
+from tula_hpc.performance.sync_priors import SYNC_PRIORS
 from tula_hpc.stages.runner import load_job
 from tula_hpc.training.data_check import FASHION_MNIST_FOLDER
 

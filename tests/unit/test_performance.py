@@ -283,9 +283,9 @@ def test_sync_no_profile_holds_is_predicted_at_the_prior_of_the_jobs_device():
     """Profiles on one host leave inter-node sync to the prior: NCCL's for a GPU job, gloo's (about 100 times
     slower) for a CPU job, each job's search.sync_prior filled by device; a model outside a job takes NCCL's."""
     from tests.conftest import job_config
-    from tula_hpc.cluster.devices import SYNC_PRIORS
     from tula_hpc.config import job_settings, validate_config
     from tula_hpc.performance.fitting import model_params
+    from tula_hpc.performance.sync_priors import SYNC_PRIORS
 
     gpu_config = {**job_config(resources={"gpus_per_node": 1, "mem_gb": 16}), "launcher": "slurm"}
     jobs = {"cpu": default_job(), "gpu": job_settings(validate_config(gpu_config), "digits-cnn")}

@@ -55,7 +55,6 @@ from scipy.optimize import minimize_scalar, nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 
-from tula_hpc.cluster.devices import SYNC_KINDS, SYNC_PRIORS
 from tula_hpc.performance.collective_cost import (
     OVERLAP_GAMMA_BOUNDS,
     fit_latent_sync,
@@ -66,6 +65,7 @@ from tula_hpc.performance.collective_cost import (
     inter_sync_levels,
     overlapped,
 )
+from tula_hpc.performance.sync_priors import SYNC_KINDS, SYNC_PRIORS
 
 HUBER_K = 1.5
 MIN_ROBUST_SCALE = 0.01

@@ -11,10 +11,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tula_hpc.cluster.devices import SYNC_KINDS
 from tula_hpc.core.atomic_files import read_json, write_text
 from tula_hpc.core.records import FitResult, Selection, TrainSummary
 from tula_hpc.core.run_layout import node_shape
+from tula_hpc.performance.sync_priors import SYNC_KINDS
 from tula_hpc.reporting.figures import link, markdown_table
 from tula_hpc.reporting.plots import plot_cost_surface, plot_predicted_vs_measured, plot_time_vs_batch, rows_by_shape
 from tula_hpc.reporting.search_section import search_section, tie_sentence
