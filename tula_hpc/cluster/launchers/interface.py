@@ -109,8 +109,8 @@ class Launcher:
         return "FAILED", False
 
     def again(self, job: submitit.Job, name: str) -> submitit.Job | None:
-        """The job that runs the work again after `job` ended under it, or None: a new one is submitted (and
-        recorded, job_record.py, which launchers leave to the retry loop)."""
+        """The job that runs the work again after `job` ended under it, or None where that is a new job: the retry
+        loop (launch.py) submits it and records it (job_record.py), which no launcher does itself."""
         return None
 
 

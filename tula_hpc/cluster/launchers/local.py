@@ -1,6 +1,5 @@
-"""The local launcher: N "nodes" as N processes of one submitit local job on this machine (one gloo or NCCL group),
-and its bad-exit watchdog, which ends the other ranks once one has failed, as `srun --kill-on-bad-exit` does on
-Slurm."""
+"""The local launcher (`LocalLauncher`, for a laptop and the tests) and its bad-exit watchdog, which ends the other
+ranks once one has failed, as `srun --kill-on-bad-exit` does on Slurm."""
 
 from __future__ import annotations
 
