@@ -19,6 +19,7 @@ from tests.integration.test_oom import out_of_memory_beside_a_rank_that_never_no
 from tests.slurm.conftest import SCRIPTS, STATE, measuring_spec, sacct_jobs, sacct_steps, step_end_time
 from tests.slurm.workers import hang_the_first_time
 from tula_hpc.cluster import allocation, launch, slurm_states
+from tula_hpc.cluster.launchers.shared_allocation import SharedAllocationLauncher
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.core.atomic_files import read_json
 
@@ -70,13 +71,13 @@ def test_a_driver_killed_as_its_step_starts_finds_the_step_on_its_rerun(slurm_cl
     srun, in a session of its own, is not killed with the driver (Slurm would cancel the step)."""
     spec, work = measuring_spec(request, tmp_path, "shared", nodes=1, time_min=10, mem_gb=0.5)
     started = []
-    submit = launch.SharedAllocationLauncher.submit
+    submit = SharedAllocationLauncher.submit
 
     def killed_as_it_starts(self, *args):
         started.append(submit(self, *args))
         raise KeyboardInterrupt  # the driver dies here, before it hears of the srun
 
-    monkeypatch.setattr(launch.SharedAllocationLauncher, "submit", killed_as_it_starts)
+    monkeypatch.setattr(SharedAllocationLauncher, "submit", killed_as_it_starts)
     with pytest.raises(KeyboardInterrupt):
         launch.run(hang_the_first_time, {"marker": str(tmp_path / "m"), "seconds": 10}, spec, work / "m", "m")
     monkeypatch.undo()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import fake_commands as _fake_commands
-from tests.unit.test_launch import PARTITION, shared_spec
+from tests.unit.test_shared_allocation_launcher import PARTITION, shared_spec
 from tula_hpc.cluster import allocation, slurm_states
 
 

@@ -1,5 +1,5 @@
 """The measuring phase's shared allocation (resources.allocation: shared): one holder job, asked for once and kept
-in allocation.json, whose job steps the memory probes and the profiles run as (launch.SharedAllocationLauncher),
+in allocation.json, whose job steps the memory probes and the profiles run as (launchers/shared_allocation.py),
 so that the queue is waited in once; given back once every measurement is written."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a stage's job asks for: nodes, devices, memory, time, the Slurm options, and, for a measurement in the
-shared measuring phase, its allocation. Built from a job's `resources`; read by the launchers (launch.py) and by
+shared measuring phase, its allocation. Built from a job's `resources`; read by the launchers (launchers/) and by
 the allocation's holder (allocation.py)."""
 
 from __future__ import annotations

@@ -1,0 +1,30 @@
+"""launch_spec: what a stage's job asks for, built from a job's resources."""
+
+from __future__ import annotations
+
+from tests.conftest import default_job
+from tula_hpc.cluster.launch_spec import LaunchSpec
+from tula_hpc.core.job import Job
+
+
+def _slurm_gpu_job() -> Job:
+    """A Slurm job on nodes of 4 GPUs."""
+    resources = {"gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 32, "time_min": 60, "max_requeues": 3}
+    return default_job().updated(launcher="slurm", resources=resources)
+
+
+def test_one_device_keeps_at_most_one_gpu_per_node():
+    job = _slurm_gpu_job()
+    assert LaunchSpec.for_job(job, nodes=2).world_size == 8
+    one = LaunchSpec.for_job(job, nodes=2, one_device=True)
+    assert (one.gpus_per_node, one.world_size, one.cpus_per_task) == (1, 2, 8)
+    cpu_job = job.updated(resources={"gpus_per_node": 0})
+    assert LaunchSpec.for_job(cpu_job, one_device=True).gpus_per_node == 0
+
+
+def test_a_candidates_own_gpus_per_node_sets_the_ranks_on_each_node():
+    """A node shape of 2 GPUs on nodes of 4 (search.gpus_per_node): Slurm is asked for 2 tasks and 2 GPUs each."""
+    job = _slurm_gpu_job()
+    spec = LaunchSpec.for_job(job, nodes=2, gpus_per_node=2)
+    assert (spec.gpus_per_node, spec.tasks_per_node, spec.world_size) == (2, 2, 4)
+    assert LaunchSpec.for_job(job, nodes=2, gpus_per_node=2, one_device=True).world_size == 2
