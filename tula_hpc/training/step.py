@@ -3,7 +3,7 @@
 Training runs it for real, profiling times it (so the performance model predicts what training does),
 memory probing measures its peak (so the memory model sizes what training allocates), and evaluation
 scores the trained model the way training scores validation. The step runs at the strategy's precision
-(strategies.Precision: autocast, fp16's loss scaling, memory format), so all three measure the same step.
+(precision.Precision: autocast, fp16's loss scaling, memory format), so all three measure the same step.
 Its clocks (`clock_for`) too: kernels run asynchronously on a GPU, so a host clock read before the device is
 done would miss the work still queued.
 """
