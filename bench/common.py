@@ -243,7 +243,7 @@ def trained_scores(job: Job, model_path: Path) -> dict:
     import torch
 
     from tula_hpc.cluster.distributed import Context
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
     from tula_hpc.training.evaluation import evaluate_worker, load_trained_model, score
 
     model = load_trained_model(model_path)

@@ -131,7 +131,7 @@ def profiled_rounds(device: str, spec: dict, scratch: Path) -> tuple[dict[str, J
     launched process."""
     from tula_hpc.cluster import launch
     from tula_hpc.stages.plan import candidate_grid
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     jobs = {
         f"{case['model'].rsplit(':', 1)[-1]}-{case['image_size']}": workload_job(

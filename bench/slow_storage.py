@@ -9,7 +9,7 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from tula_hpc.training.data import digits_tensors
+from tula_hpc.training.datasets import digits_tensors
 
 TEST_SHARE = 0.2
 

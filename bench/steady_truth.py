@@ -35,7 +35,7 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     from tula_hpc.cluster.distributed import Context
     from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
     from tula_hpc.memory.step_parts import PEAK
-    from tula_hpc.training.data import collate, on_device
+    from tula_hpc.training.loaders import collate, on_device
     from tula_hpc.training.step import build_for_job, training_step
     from tula_hpc.training.strategies import build_strategy
 

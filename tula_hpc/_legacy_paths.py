@@ -40,7 +40,7 @@ MOVED_MODULES = {  # issue 43: the flat modules went into folders
     "budget": "memory.device_budget",
     "memory_model": "memory.model",
     "models": "training.models",
-    "data": "training.data",
+    "data": "training.datasets",  # issue 55 split training.data in two: load_splits and the data sets live here
     "datacheck": "training.data_check",
     "training_step": "training.step",
     "strategies": "training.strategies",

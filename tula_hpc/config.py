@@ -146,7 +146,7 @@ def _check_semantics(job: Job) -> None:
     if ":" in model.name or model.kwargs:
         # Built once for the data set's shape and run on two images on the meta device. torch (seconds to import)
         # only here: the built-ins without kwargs are known to build, at MIN_IMAGE_SIZE and above.
-        from tula_hpc.training.data import data_shape
+        from tula_hpc.training.datasets import data_shape
         from tula_hpc.training.models import ModelError, check_model
 
         try:

@@ -23,7 +23,7 @@ from tula_hpc.memory.device_budget import (
     saved_tensor_bytes,
     usable_bytes,
 )
-from tula_hpc.training.strategies import Precision
+from tula_hpc.training.precision import Precision
 
 CUDA = torch.device("cuda", 0)
 GiB, MiB, KiB = 2**30, 2**20, 2**10

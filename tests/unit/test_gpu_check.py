@@ -394,7 +394,7 @@ def test_the_stage_is_judged_against_the_truths_bracket():
 
 def test_a_synthetic_data_set_gives_the_steps_asked_for():
     job = gpu_memory.workload_job("cpu", gpu_plan.CIFAR, "x", 128)
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     assert len(load_splits(job.data, job.train.seed).train) // 128 >= gpu_plan.STEPS_PER_EPOCH
     assert job.data.kwargs == {"channels": 3, "classes": 10, "size": gpu_memory.synthetic_size(128)}

@@ -118,11 +118,11 @@ def test_a_planted_wrong_import_is_found(tmp_path):
     planted = tmp_path / "tula_hpc"
     shutil.copytree(PACKAGE, planted, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
     job = planted / "core" / "job.py"
-    job.write_text(job.read_text() + "\n\ndef late():\n    from tula_hpc.training.data import load_splits\n")
+    job.write_text(job.read_text() + "\n\ndef late():\n    from tula_hpc.training.datasets import load_splits\n")
     evaluate = planted / "stages" / "evaluate.py"
     evaluate.write_text(evaluate.read_text() + "\nimport tula_hpc.stages.train\n")
     assert against_the_direction(import_graph(planted)) == [
-        ("core.job", "training.data"),
+        ("core.job", "training.datasets"),
         ("stages.evaluate", "stages.train"),
     ]
 

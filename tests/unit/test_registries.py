@@ -15,7 +15,7 @@ from tula_hpc import config
 from tula_hpc.config import SCHEMA_PATH
 from tula_hpc.core import job
 from tula_hpc.performance import choice, pricing
-from tula_hpc.training import data, models, strategies
+from tula_hpc.training import datasets, models, strategies
 
 
 def job_field(*path: str) -> dict:
@@ -44,7 +44,7 @@ def pricing_names() -> set[str]:
     ("path", "registry"),
     [
         (("model", "name"), lambda: set(models.BUILTINS)),
-        (("data", "name"), lambda: set(data.LOADERS)),
+        (("data", "name"), lambda: set(datasets.DATA_SETS)),
         (("train", "strategy"), lambda: set(strategies.BUILDERS)),
         (("objective", "minimize"), lambda: set(choice.GOALS)),
         (("objective", "pricing"), pricing_names),

@@ -45,9 +45,7 @@ def test_measure_times_each_part_of_real_training_steps(job):
 def test_with_loader_workers_the_profile_times_the_loaders_own_pace(job, monkeypatch):
     """A data set whose images each wait 1 ms (a slow file system) behind 2 workers: a batch of 16 every 8 ms at
     best, which the measured steps, drawing on batches made ahead, do not show."""
-    from tula_hpc.training import data
-
-    load_splits = data.load_splits
+    from tula_hpc.training.datasets import load_splits
 
     def slow_train(cfg, seed):
         splits = load_splits(cfg, seed)

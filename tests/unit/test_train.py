@@ -168,7 +168,7 @@ def test_a_run_preempted_mid_epoch_after_a_change_of_batch_ends_with_the_same_we
 
 
 def len_train(job: Job) -> int:
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     return len(load_splits(job.data, job.train.seed).train)
 

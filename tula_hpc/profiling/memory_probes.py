@@ -108,7 +108,7 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[s
 def measure_probe(job: Job, batch: int) -> dict:
     """One probe: the peak of every part of the steady steps at `batch` under the device budget, and
     the measured terms of Eq. 3 (parameters, gradients, optimiser state, saved activations, the batch)."""
-    from tula_hpc.training.data import prefetched_bytes
+    from tula_hpc.training.loaders import prefetched_bytes
     from tula_hpc.training.strategies import build_strategy
 
     splits, model, loss_fn = _build(job)

@@ -70,7 +70,7 @@ from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
 from tula_hpc.cluster.job_step_failures import out_of_memory_ends_job_step
 from tula_hpc.core.run_layout import last_batch, steps_per_epoch
 from tula_hpc.training.checkpoint import rng_state, save_checkpoint
-from tula_hpc.training.data import loader_options, make_loader, on_device, start_epoch
+from tula_hpc.training.loaders import loader_options, make_loader, on_device, start_epoch
 from tula_hpc.training.preemption import StopRequests
 from tula_hpc.training.step import (
     accumulate_gradients,

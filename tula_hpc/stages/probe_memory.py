@@ -90,7 +90,7 @@ def run_trials(job: Job, model: StepMemoryModel, device, budget: int, room: int,
 
 def probe_worker(job: Job) -> dict:
     """Probes, then the trials (never above a batch that failed)."""
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
     from tula_hpc.training.models import index_cap
 
     splits, device = load_splits(job.data, job.train.seed), probe_device(job)

@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils.data import Subset
 
 from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
-from tula_hpc.training.data import load_splits, loader_options, make_eval_loader, on_device
+from tula_hpc.training.datasets import load_splits
+from tula_hpc.training.loaders import loader_options, make_eval_loader, on_device
 from tula_hpc.training.models import build_model
 from tula_hpc.training.step import evaluate_accuracy
 
@@ -35,7 +36,7 @@ def recompute_batchnorm_statistics(
 ) -> bool:
     """Precise BN: every BatchNorm's statistics become the average over PRECISE_BN_SAMPLES training samples (a
     seeded draw; all of them in a smaller set) with the final weights, the draw spread over the ranks, each
-    rank passing its own share (loaded with `loader`, `data.loader_options`), the ranks' averages then averaged.
+    rank passing its own share (loaded with `loader`, `loaders.loader_options`), the ranks' averages then averaged.
 
     Returns False (and leaves the model alone) when it has no BatchNorm."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]

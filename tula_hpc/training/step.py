@@ -3,7 +3,7 @@
 Training runs it for real, profiling times it (so the performance model predicts what training does),
 memory probing measures its peak (so the memory model sizes what training allocates), and evaluation
 scores the trained model the way training scores validation. The step runs at the strategy's precision
-(strategies.Precision: autocast, fp16's loss scaling, memory format), so all three measure the same step.
+(precision.Precision: autocast, fp16's loss scaling, memory format), so all three measure the same step.
 Its clocks (`clock_for`) too: kernels run asynchronously on a GPU, so a host clock read before the device is
 done would miss the work still queued.
 """
@@ -20,7 +20,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula_hpc.cluster.distributed import Context, seed_everything
-from tula_hpc.training.data import load_splits, make_eval_loader, on_device
+from tula_hpc.training.datasets import load_splits
+from tula_hpc.training.loaders import make_eval_loader, on_device
 from tula_hpc.training.models import build_model
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def loop_step(
 
 def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256, **loader_options) -> float:
     """Top-1 accuracy over the whole data set, each rank scoring its own images, every image once
-    (`loader_options`: data.loader_options, the job's workers and pinning)."""
+    (`loader_options`: loaders.loader_options, the job's workers and pinning)."""
     loader = make_eval_loader(dataset, batch_size, rank=ctx.rank, world_size=ctx.world_size, **loader_options)
     counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)
     model.eval()

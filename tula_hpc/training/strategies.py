@@ -1,14 +1,14 @@
 """Large-batch training strategies (Tula paper Sec. IV-D, Table I), selected by `train.strategy`.
 
-A strategy is an optimiser, a per-step learning-rate schedule, the step's precision and three hooks
-that the training loop (trainer.py) calls around every optimiser step and at the end of every epoch; nothing else in the
-loop knows which strategy runs.
+A strategy is an optimiser (optimizers.py), a per-step learning-rate schedule (lr_schedule.py), the step's precision
+(precision.py) and three hooks that the training loop (trainer.py) calls around every optimiser step and at the end of
+every epoch; nothing else in the loop knows which strategy runs. This module holds the strategies and their registry.
 
 | strategy | optimiser                                          | peak learning rate          | warm-up |
 |----------|----------------------------------------------------|-----------------------------|---------|
 | lbt      | SGD (vanilla large-batch training)                 | lr                          | no      |
 | lrs      | SGD (linear LR scaling, Goyal et al.)              | lr x B / lr_base_batch      | yes     |
-| lars     | LARS (below)                                       | lr x B / lr_base_batch      | yes     |
+| lars     | LARS (optimizers.py)                               | lr x B / lr_base_batch      | yes     |
 | polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
 | static   | TulaOptimizer, step function U(s) of Eq. 8         | as train.ags.base           | as base |
 | ags      | TulaOptimizer, Algorithm 1                         | as train.ags.base           | as base |
@@ -32,11 +32,10 @@ measure the noise with: r stays 1 (lbt at lr) and the run says so.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -47,9 +46,11 @@ from torch.distributed.algorithms.model_averaging.utils import average_parameter
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from tula_hpc.core.job import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
 from tula_hpc.training.ags import TulaOptimizer
+from tula_hpc.training.lr_schedule import lr_factor, peak_lr
 from tula_hpc.training.noise_scale import NoiseScaleHook
+from tula_hpc.training.optimizers import build_optimizer
+from tula_hpc.training.precision import Precision
 from tula_hpc.training.progress import adascale_gain, recipe_steps
 
 if TYPE_CHECKING:
@@ -57,176 +58,6 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")  # Table I's
 ADAPTIVE_SCHEDULES = ("adascale",)  # strategies that decide how long they train (not a row of Table I)
-
-
-class LARS(torch.optim.Optimizer):
-    """Layer-wise Adaptive Rate Scaling (You, Gitman and Ginsburg, 2017) in torch's momentum-SGD form.
-
-    Per parameter tensor (one layer's weight): d = local_lr * (g + weight_decay * w) with
-    local_lr = trust_coefficient * |w| / (|g| + weight_decay * |w| + eps), then v = momentum * v + d and
-    w -= lr * v, as torch.optim.SGD applies lr and momentum. A tensor whose weight or gradient norm is 0
-    keeps local_lr = 1. Groups with ``adapt=False`` (biases, normalisation layers) take plain SGD
-    steps, as TF's exclude_from_layer_adaptation, timm and apex's LARC do.
-    """
-
-    def __init__(
-        self,
-        params,
-        lr: float,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        trust_coefficient: float = 0.001,
-        eps: float = 1e-8,
-        adapt: bool = True,
-    ) -> None:
-        if not lr > 0 or not trust_coefficient > 0:
-            raise ValueError(f"lr and trust_coefficient must be > 0, got {lr} and {trust_coefficient}")
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            weight_decay=weight_decay,
-            trust_coefficient=trust_coefficient,
-            eps=eps,
-            adapt=adapt,
-        )
-        super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            decay = group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                update = p.grad.add(p, alpha=decay)
-                if group["adapt"]:
-                    w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(p.grad)
-                    local_lr = group["trust_coefficient"] * w_norm / (g_norm + decay * w_norm + group["eps"])
-                    update.mul_(torch.where((w_norm > 0) & (g_norm > 0), local_lr, torch.ones_like(local_lr)))
-                if group["momentum"]:
-                    state = self.state[p]
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = update.clone()
-                    else:
-                        state["momentum_buffer"].mul_(group["momentum"]).add_(update)
-                    update = state["momentum_buffer"]
-                p.add_(update, alpha=-group["lr"])
-        return loss
-
-
-def peak_lr(train_cfg: TrainSettings, global_batch: int) -> float:
-    """The learning rate after warm-up and before decay: linearly scaled for lrs and lars (and AGS on them)."""
-    if recipe(train_cfg) in LR_SCALING_RECIPES:
-        return train_cfg.lr * global_batch / train_cfg.lr_base_batch
-    return train_cfg.lr
-
-
-def lr_factor(train_cfg: TrainSettings, steps_per_epoch: int) -> Callable[[int], float]:
-    """Multiplier of the peak rate at optimiser step k (0-based): linear warm-up, then step decay.
-
-    Warm-up ramps (k + 1) / (warmup_epochs x steps_per_epoch) to 1, per step as in Goyal et al.
-    (from peak / warm-up steps rather than their unscaled rate, so that it also applies to polo,
-    whose rate is not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as
-    MultiStepLR stepped once per epoch does.
-    """
-    warm_steps = train_cfg.warmup_epochs * steps_per_epoch if recipe(train_cfg) in WARMUP_RECIPES else 0
-    milestones, gamma = train_cfg.lr_milestones, train_cfg.lr_gamma
-
-    def factor(step: int) -> float:
-        epoch = step // steps_per_epoch
-        decay = gamma ** sum(epoch >= m for m in milestones)
-        return decay * min(1.0, (step + 1) / warm_steps) if warm_steps else decay
-
-    return factor
-
-
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class Precision:
-    """How a step computes (train.precision, train.channels_last): autocast, fp16's loss scaling, memory format.
-
-    The strategy holds it so that every caller of the step (training, profiling, memory probing) runs the
-    job's precision without knowing of it. Master weights, gradients and the loss stay fp32; bf16 and fp16
-    autocast the forward. fp16 multiplies the loss by a GradScaler's scale so small gradients survive its
-    narrow range; `unscale` brings ``.grad`` back to true values before any strategy hook reads it.
-    """
-
-    def __init__(self, name: str, device: torch.device, channels_last: bool = False, local_steps: bool = False) -> None:
-        self.device_type = device.type
-        self.dtype = AUTOCAST_DTYPES[name]
-        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
-        self.channels_last = channels_last
-        self.local_steps = local_steps
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
-
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch of images in the model's memory format (a no-op when it already is)."""
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.ndim == 4 else x
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-
-    def scale_on_device(self):
-        """The factor ``.grad`` carries, as a device tensor when a scaler keeps one (reading it does not sync)."""
-        return 1.0 if self.scaler is None else self.scaler._get_scale_async()
-
-    def loss_scale(self) -> float:
-        """The factor ``.grad`` carries until `unscale` (1 without a scaler); reading the scaler's syncs."""
-        return 1.0 if self.scaler is None else self.scaler.get_scale()
-
-    def unscale(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Divide ``.grad`` by the loss scale; returns whether it is finite (always, and without a sync, unscaled).
-
-        The scaler records what it found per device; reading that record is the one check an fp16 step
-        needs (GradScaler.step would make the same one). Synchronous ranks hold the same all-reduced
-        gradient and decide alike; with `local_steps` (polo's local SGD) each holds its own, so they agree
-        on the worst: every rank skips the step and backs off its scale together, and their model averages
-        stay matched.
-        """
-        if self.scaler is None:
-            return True
-        self.scaler.unscale_(optimizer)
-        found = list(self.scaler._found_inf_per_device(optimizer).values())
-        if self.local_steps:
-            worst = torch.stack(found).amax()
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-            for flag in found:
-                flag.copy_(worst)
-        return not any(flag.item() for flag in found)
-
-    def update(self) -> None:
-        """After the step: halve the scale after a non-finite gradient, grow it after a run of finite ones."""
-        if self.scaler is not None:
-            self.scaler.update()
-
-    def attach_state(self, optimizer: torch.optim.Optimizer) -> None:
-        """Carry the scaler's state in `optimizer`'s state dict (under ``"grad_scaler"``), so checkpoints keep it.
-
-        Hooks on the innermost optimiser: TulaOptimizer and PostLocalSGDOptimizer build their state dicts
-        from its own and hand it its part on load.
-        """
-        if self.scaler is None:
-            return
-        scaler = self.scaler
-
-        def save(_, state: dict) -> None:
-            state["grad_scaler"] = scaler.state_dict()
-
-        def load(_, state: dict) -> dict:
-            state = dict(state)
-            if "grad_scaler" in state:
-                scaler.load_state_dict(state.pop("grad_scaler"))
-            return state
-
-        optimizer.register_state_dict_post_hook(save)
-        optimizer.register_load_state_dict_pre_hook(load)
 
 
 class Strategy:
@@ -448,21 +279,10 @@ def build_strategy(
     (a DDP model takes one comm hook), kept with what it has measured when the batch changes.
     """
     name = train_cfg.strategy
-    lr = peak_lr(train_cfg, global_batch)
-    sgd = dict(lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     params = list(net.parameters())
     polo = name == "polo" and isinstance(net, DistributedDataParallel)
     precision = Precision(train_cfg.precision, params[0].device, train_cfg.channels_last, local_steps=polo)
-    if recipe(train_cfg) == "lars":
-        layers = [p for p in params if p.ndim > 1]
-        others = [p for p in params if p.ndim <= 1]
-        optimizer = LARS(
-            [{"params": layers}, {"params": others, "adapt": False}],
-            **sgd,
-            trust_coefficient=train_cfg.lars.trust_coefficient,
-        )
-    else:
-        optimizer = torch.optim.SGD(params, **sgd)
+    optimizer = build_optimizer(params, train_cfg, peak_lr(train_cfg, global_batch))
     precision.attach_state(optimizer)
     samples = train_samples or steps_per_epoch * global_batch
     strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)

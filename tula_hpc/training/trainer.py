@@ -40,7 +40,7 @@ from tula_hpc.core.dependencies import stage_settings
 from tula_hpc.core.run_layout import steps_per_epoch as epoch_steps
 from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
 from tula_hpc.training.checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
-from tula_hpc.training.data import loader_options, make_loader, start_epoch
+from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
 from tula_hpc.training.preemption import StopRequests
 from tula_hpc.training.step import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp

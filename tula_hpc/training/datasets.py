@@ -1,11 +1,15 @@
-"""Data sets from local files only (nothing is downloaded), seeded splits, augmentation, DistributedSampler loaders."""
+"""The data sets, from local files only (nothing is downloaded): seeded train/val/test splits and training's
+augmentation, drawn from (seed, epoch, image) alone. Built in: sklearn's digits, Fashion-MNIST, CIFAR-10/100, an
+image folder, synthetic images (synthetic.py); any other data.name is a user's callable (data_check.py checks it).
+A new data set (a text corpus) is a builder in `DATA_SETS`, its Dataset classes in a module of their own as
+synthetic.py's are; how ranks load its batches is loaders.py's.
+"""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import importlib.util
-import itertools
 import json
 import shutil
 import tempfile
@@ -16,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, default_collate
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import Dataset, Subset, TensorDataset
 
-from tula_hpc.core.job import DataSettings, Job
+from tula_hpc.core.job import DataSettings
 from tula_hpc.training.data_check import FASHION_MNIST_HINT, DataError, fashion_mnist_files, user_data_sets
+from tula_hpc.training.synthetic import SyntheticImages
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 FASHION_MNIST_MEAN_STD = ((0.2860,), (0.3530,))
@@ -171,74 +175,6 @@ def _digits(cfg: DataSettings, seed: int) -> Splits:
     full = TensorDataset(images, labels)
     train, val, test = _split_indices(len(full), [cfg.val_fraction, cfg.test_fraction], seed)
     return Splits(Subset(full, train), Subset(full, val), Subset(full, test), num_classes=10, in_channels=1)
-
-
-@dataclass(frozen=True)
-class SyntheticBatch:
-    """A synthetic batch as its loader hands it over: which images and how they are made, not their pixels, which
-    `on` makes on the device the step runs on. No loader worker draws them and nothing is copied to the device:
-    a dry run's step is the model's alone (at 224 px a batch of 128 took about 0.16 s of a CPU core to draw and
-    collate, more than a GPU step)."""
-
-    images: np.ndarray
-    seed: int
-    shape: tuple[int, int, int]
-    classes: int
-
-    def on(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """The images and labels, made on `device` from the seed and every image's index in order (not the first
-        alone: batches sharing a first image must not share their pixels)."""
-        words = np.concatenate([np.array([self.seed % 2**64], dtype=np.uint64), self.images.astype(np.uint64)])
-        key = int.from_bytes(hashlib.blake2b(words.tobytes(), digest_size=8).digest(), "little") >> 1
-        generator = torch.Generator(device).manual_seed(key)
-        x = torch.randn((len(self.images), *self.shape), generator=generator, device=device)
-        labels = torch.from_numpy(self.images % self.classes)
-        if torch.device(device).type == "cpu":
-            return x, labels
-        # From page-locked memory, without waiting: a copy from pageable memory may wait for the steps still queued.
-        return x, labels.pin_memory().to(device, non_blocking=True)
-
-
-class SyntheticImages(Dataset):
-    """Images of a fixed shape with labels, made from (seed, indices) where they are used: no disk, no memory held.
-
-    What a dry run of a model at its real input shape needs (memory probes, step times): a step's memory and time
-    do not depend on pixel values. A loader reads a batch at a time (`__getitems__`) as a SyntheticBatch, made on
-    the rank's device by `on_device`; an image's label is its index modulo the classes."""
-
-    def __init__(self, indices, *, channels: int, image_size: int, classes: int, seed: int):
-        self.indices, self.seed = np.asarray(indices), seed
-        self.shape, self.classes = (channels, image_size, image_size), classes
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        x, y = self.batch([i])
-        return x[0], int(y[0])
-
-    def __getitems__(self, positions: list[int]) -> SyntheticBatch:
-        images = self.indices[np.asarray(positions, dtype=np.int64)]
-        return SyntheticBatch(images, self.seed, self.shape, self.classes)
-
-    def batch(self, positions, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """The images and labels at `positions`, made on `device`."""
-        return self.__getitems__(positions).on(device)
-
-
-def collate(samples):
-    """The loaders' collate_fn: a synthetic batch goes on as it is (made on the device by `on_device`), any
-    other batch as PyTorch's default collates it."""
-    return samples if isinstance(samples, SyntheticBatch) else default_collate(samples)
-
-
-def on_device(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A loader's (images, labels) on the rank's device: a synthetic batch made there, any other copied (without
-    waiting, from the pinned memory `loader_options` asks for on a GPU)."""
-    if isinstance(batch, SyntheticBatch):
-        return batch.on(device)
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 SYNTHETIC_DEFAULTS = {"channels": 3, "classes": 10, "size": 50_000}
@@ -399,13 +335,15 @@ def _rgb_loader(path: str):
 
 
 def _user(cfg: DataSettings, seed: int) -> Splits:
-    """A `package.module:callable` data set (see datacheck.user_data_sets), used as given: no augmentation."""
+    """A `package.module:callable` data set (see data_check.user_data_sets), used as given: no augmentation."""
     train, test, num_classes, in_channels = user_data_sets(cfg)
     train_indices, val_indices = _split_indices(len(train), [cfg.val_fraction], seed)
     return Splits(Subset(train, train_indices), Subset(train, val_indices), test, num_classes, in_channels)
 
 
-LOADERS = {
+# The registry of data.name: each built-in data set's builder; any other name is a user's `package.module:callable`
+# (the schema's enum is checked against it by a test).
+DATA_SETS = {
     "digits": _digits,
     "fashion_mnist": _fashion_mnist,
     "cifar10": _cifar,
@@ -416,104 +354,12 @@ LOADERS = {
 
 
 def load_splits(data: DataSettings, seed: int) -> Splits:
-    return LOADERS.get(data.name, _user)(data, seed)
-
-
-class EpochSampler(DistributedSampler):
-    """DistributedSampler that can begin an epoch part-way: a run resumed mid-epoch skips the samples it
-    already trained on and sees the rest in the order an uninterrupted run would."""
-
-    skip = 0
-
-    def start_epoch(self, epoch: int, samples_done: int = 0) -> None:
-        self.set_epoch(epoch)
-        self.skip = samples_done
-
-    def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip, None)
-
-    def __len__(self) -> int:
-        return self.num_samples - self.skip
-
-
-def start_epoch(loader: DataLoader, epoch: int, samples_done: int = 0) -> None:
-    """Lay out `epoch` of a `make_loader` loader from each rank's `samples_done`-th sample on.
-
-    Its randomness (the order, the workers' seeds, the augmentation) follows from (seed, epoch) alone, never
-    from the global RNG, so a resumed run restores it by position and its RNG checkpoint covers only the steps.
-    """
-    loader.sampler.start_epoch(epoch, samples_done)
-    loader.generator.manual_seed(loader.sampler.seed * 100_003 + epoch)
-    if isinstance(loader.dataset, Samples):
-        loader.dataset.set_epoch(epoch)
-
-
-def loader_workers(job: Job) -> int:
-    """DataLoader worker processes per rank: `data.num_workers`, or for `auto` one per core of the rank's
-    `resources.cpus_per_task` but the one its own process trains on (none with a single core, where a worker
-    would only take turns with training on it), and none for synthetic data, which no worker draws (SyntheticBatch)."""
-    workers = job.data.num_workers
-    if workers != "auto":
-        return workers
-    return 0 if made_on_device(job.data) else max(0, job.resources.cpus_per_task - 1)
+    return DATA_SETS.get(data.name, _user)(data, seed)
 
 
 def made_on_device(data: DataSettings) -> bool:
     """Whether the data set's batches are made on the rank's device (SyntheticBatch): its loader holds no pixels."""
     return data.name == "synthetic"
-
-
-def prefetched_bytes(job: Job, batch_bytes: int) -> int:
-    """Host memory a rank's loader holds ahead: PyTorch's default prefetch_factor (2) batches per worker, none for
-    batches made on the device."""
-    return 0 if made_on_device(job.data) else batch_bytes * 2 * loader_workers(job)
-
-
-def loader_options(job: Job, device: torch.device) -> dict:
-    """How a rank's loaders load: `loader_workers` processes, and on a GPU into pinned (page-locked) memory,
-    without which a `non_blocking` copy to the device is a synchronous one."""
-    return {"num_workers": loader_workers(job), "pin_memory": device.type == "cuda"}
-
-
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    *,
-    rank: int,
-    world_size: int,
-    seed: int,
-    shuffle: bool,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    drop_last: bool = False,
-) -> DataLoader:
-    """Each rank sees its own 1/world_size of the data: DistributedSampler under DDP, as in training."""
-    sampler = EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        persistent_workers=num_workers > 0,
-        generator=torch.Generator(),
-        collate_fn=collate,
-    )
-
-
-def make_eval_loader(
-    dataset: Dataset, batch_size: int, *, rank: int, world_size: int, num_workers: int = 0, pin_memory: bool = False
-) -> DataLoader:
-    """Rank r scores images r, r + world_size, ...: every image exactly once, where DistributedSampler would
-    pad the ranks' shares to equal length with repeated images and count those twice."""
-    return DataLoader(
-        Subset(dataset, range(rank, len(dataset), world_size)),
-        batch_size=batch_size,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        collate_fn=collate,
-    )
 
 
 # (num_classes, in_channels) of the built-in data sets of a fixed shape.

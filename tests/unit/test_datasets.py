@@ -1,6 +1,5 @@
-"""Real data sets split and sharded over ranks: training shares by DistributedSampler, scoring every image once;
-Debian's Fashion-MNIST files, augmentation of training only, the synthetic data set, users' data-set callables,
-and bad data named."""
+"""Real data sets split by seed: digits, an image folder, Debian's Fashion-MNIST files, CIFAR named when missing,
+augmentation of training only (alike in any loader worker), users' data-set callables, and bad data named."""
 
 import shutil
 import subprocess
@@ -13,28 +12,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import TensorDataset
 
-from tests.conftest import JOB, default_job, job_config
-from tula_hpc.config import ConfigError, job_settings, validate_config
-from tula_hpc.training.data import (
-    DataError,
-    SyntheticBatch,
-    SyntheticImages,
-    TensorImages,
-    data_shape,
-    digits_arrays,
-    fashion_mnist_cache,
-    load_splits,
-    loader_options,
-    loader_workers,
-    make_eval_loader,
-    make_loader,
-    on_device,
-    prefetched_bytes,
-    start_epoch,
-)
-from tula_hpc.training.data_check import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, check_data
+from tests.conftest import default_job
+from tula_hpc.training.data_check import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, DataError, check_data
+from tula_hpc.training.datasets import TensorImages, data_shape, digits_arrays, fashion_mnist_cache, load_splits
+from tula_hpc.training.loaders import make_loader, start_epoch
 
 DIGITS = default_job().data
 
@@ -46,27 +28,6 @@ def test_digits_split_is_seeded_disjoint_and_complete():
     assert sum(map(len, parts)) == 1797 and len(set.union(*parts)) == 1797
     assert len(a.test) == round(0.2 * 1797)
     assert list(load_splits(DIGITS, seed=2).train.indices) != list(a.train.indices)
-
-
-def test_distributed_loaders_give_each_rank_its_own_share():
-    splits = load_splits(DIGITS, seed=0)
-    seen = [set() for _ in range(2)]
-    for rank in range(2):
-        loader = make_loader(splits.train, 64, rank=rank, world_size=2, seed=0, shuffle=True)
-        seen[rank] = {tuple(x.flatten().tolist()) for xb, _ in loader for x in xb}
-    assert len(seen[0] & seen[1]) < 5  # disjoint up to duplicate images in the data set
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
-def test_evaluation_shards_are_disjoint_and_together_every_image_once(world_size):
-    # 7 images: DistributedSampler would pad 2, 3 or 4 ranks to equal shares by repeating some.
-    images = TensorDataset(torch.arange(7))
-    shards = [
-        [int(i) for (batch,) in make_eval_loader(images, 2, rank=rank, world_size=world_size) for i in batch]
-        for rank in range(world_size)
-    ]
-    assert sorted(sum(shards, [])) == list(range(7))
-    assert [len(s) for s in shards] == [len(range(rank, 7, world_size)) for rank in range(world_size)]
 
 
 def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
@@ -90,7 +51,7 @@ def test_digits_are_read_as_scikit_learns_loader_reads_them_without_importing_it
     digits = load_digits()
     assert np.array_equal(images, digits.images) and np.array_equal(labels, digits.target)
     assert labels.dtype == np.int64 and images.shape == (1797, 8, 8)
-    check = "import sys; from tula_hpc.training.data import digits_arrays; digits_arrays(); print(*sys.modules)"
+    check = "import sys; from tula_hpc.training.datasets import digits_arrays; digits_arrays(); print(*sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
     assert "sklearn" not in loaded.stdout.split()
 
@@ -98,42 +59,6 @@ def test_digits_are_read_as_scikit_learns_loader_reads_them_without_importing_it
 def test_cifar_without_files_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="field 'data.root': no cifar10 files in"):
         load_splits(replace(DIGITS, name="cifar10", root=str(tmp_path), image_size=32), seed=0)
-
-
-def test_loader_workers_default_to_the_cores_of_a_rank_but_the_one_it_trains_on():
-    config = job_config()
-    del config["jobs"][JOB]["data"]["num_workers"]
-    job = job_settings(validate_config(config), JOB)
-    assert job.data.num_workers == "auto"
-    assert loader_workers(job) == 0  # one core per rank: loading stays in the training process
-    for cores, workers in [(2, 1), (8, 7)]:
-        assert loader_workers(job.updated(resources={"cpus_per_task": cores})) == workers
-    synthetic = job.updated(data={"name": "synthetic"}, resources={"cpus_per_task": 8})
-    assert loader_workers(synthetic) == 0  # its batches are made on the device: nothing for a worker to draw
-    assert loader_workers(synthetic.updated(data={"num_workers": 2})) == 2
-    # What a loader holds ahead in host memory: two batches a worker, no pixels of batches made on the device.
-    assert prefetched_bytes(job.updated(resources={"cpus_per_task": 3}), 100) == 400
-    assert prefetched_bytes(synthetic.updated(data={"num_workers": 2}), 100) == 0
-
-
-@pytest.mark.parametrize("workers", [0, 3])
-def test_a_number_of_loader_workers_wins_over_the_cores(workers):
-    assert loader_workers(default_job(data={"num_workers": workers}, resources={"cpus_per_task": 8})) == workers
-
-
-def test_loader_workers_are_a_count_or_auto():
-    with pytest.raises(ConfigError, match="num_workers"):
-        validate_config(job_config(data={"num_workers": "all"}))
-
-
-def test_batches_are_pinned_for_a_gpu_only():
-    """Pinned batches make the non-blocking copy to a GPU asynchronous; on the CPU there is nothing to copy."""
-    job, splits = default_job(), load_splits(DIGITS, seed=0)
-    for device, pinned in [("cpu", False), ("cuda", True)]:
-        options = loader_options(job, torch.device(device))
-        assert options == {"num_workers": 0, "pin_memory": pinned}
-        assert make_loader(splits.train, 8, rank=0, world_size=1, seed=0, shuffle=True, **options).pin_memory == pinned
-        assert make_eval_loader(splits.test, 8, rank=0, world_size=1, **options).pin_memory == pinned
 
 
 # --- Fashion-MNIST from Debian's package (`make data` installs it) ------------------------------------------
@@ -335,105 +260,6 @@ def test_a_damaged_stream_with_an_intact_trailer_fails_to_decompress(tmp_path, m
     with pytest.raises(DataError, match="field 'data.root': .*train-images-idx3-ubyte.gz' does not decompress"):
         load_splits(cfg, seed=0)
     assert list((tmp_path / "work" / "data").iterdir()) == []  # no half-built cache left
-
-
-# --- the synthetic data set: random images of a given shape, made where they are read -------------------------
-
-
-def _synthetic_data(image_size: int = 16, train: dict | None = None, **kwargs):
-    """A validated job on the synthetic data set with data.kwargs `kwargs`: its data section and its seed."""
-    job = default_job(data={"name": "synthetic", "image_size": image_size, "kwargs": kwargs}, train=train or {})
-    return job.data, job.train.seed
-
-
-def test_synthetic_splits_follow_the_fractions_of_its_size():
-    data, seed = _synthetic_data(channels=3, classes=7, size=1000)
-    for val, test in [(0.1, 0.2), (0.25, 0.15)]:
-        splits = load_splits(replace(data, val_fraction=val, test_fraction=test), seed)
-        assert (len(splits.val), len(splits.test)) == (round(val * 1000), round(test * 1000))
-        parts = [set(part.indices.tolist()) for part in (splits.train, splits.val, splits.test)]
-        assert sum(map(len, parts)) == 1000 and set.union(*parts) == set(range(1000))
-        assert (splits.num_classes, splits.in_channels) == (7, 3)
-    defaults = load_splits(_synthetic_data()[0], seed)  # SYNTHETIC_DEFAULTS: CIFAR-10's training set
-    assert (len(defaults.train), len(defaults.val), len(defaults.test)) == (35_000, 5_000, 10_000)
-    assert (defaults.num_classes, defaults.in_channels) == (10, 3)
-
-
-def test_synthetic_images_have_the_shape_asked_for_and_labels_among_the_classes():
-    splits = load_splits(*_synthetic_data(image_size=12, channels=2, classes=5, size=300))
-    x, y = splits.train[0]
-    assert x.shape == (2, 12, 12) and x.dtype == torch.float32 and isinstance(y, int)
-    xb, yb = on_device(next(iter(make_loader(splits.train, 64, rank=0, world_size=1, seed=0, shuffle=True))), "cpu")
-    assert xb.shape == (64, 2, 12, 12) and yb.dtype == torch.int64
-    for part in (splits.train, splits.val, splits.test):
-        x, y = part.batch(range(len(part)))
-        assert x.shape == (len(part), 2, 12, 12)
-        assert set(y.tolist()) <= set(range(5))
-    assert set(splits.train.batch(range(len(splits.train)))[1].tolist()) == set(range(5))
-
-
-def test_synthetic_batches_follow_from_the_seed_and_the_positions():
-    """The same positions give the same batch in any process; any other position or seed another."""
-    data, seed = _synthetic_data(size=200)
-    train, again = load_splits(data, seed).train, load_splits(data, seed).train
-    positions = [5, 0, 17, 3]
-    x, y = train.batch(positions)
-    assert torch.equal(x, again.batch(positions)[0]) and torch.equal(y, again.batch(positions)[1])
-    assert torch.equal(x, train.__getitems__(positions).on("cpu")[0])
-    # Batches sharing their first image and their length are still different batches.
-    assert not torch.equal(train.batch([5, 1])[0][0], train.batch([5, 2])[0][0])
-    other = load_splits(*_synthetic_data(size=200, train={"seed": seed + 1})).train
-    assert not torch.equal(x, other.batch(positions)[0])
-
-    def made(image_seed):
-        return SyntheticImages(np.arange(10), channels=1, image_size=4, classes=2, seed=image_seed).batch([0, 1])
-
-    assert torch.equal(made(3)[0], made(3)[0]) and not torch.equal(made(3)[0], made(4)[0])
-    assert torch.equal(made(3)[1], made(4)[1])  # a label is the image's index modulo the classes
-
-
-@pytest.mark.parametrize("workers", [0, 1])
-def test_a_synthetic_loader_hands_over_which_images_and_the_step_makes_them_on_its_device(workers):
-    """No pixels cross the loader (nor a worker's pipe): the batch the loop makes of what it hands over is the one
-    the data set gives at those positions, and an epoch covers the rank's share of the images once."""
-    train = load_splits(*_synthetic_data(size=200)).train
-    loader = make_loader(train, 16, rank=1, world_size=2, seed=0, shuffle=True, num_workers=workers)
-    start_epoch(loader, 3)
-    handed = list(loader)
-    assert all(isinstance(batch, SyntheticBatch) for batch in handed)
-    first = handed[0]
-    x, y = on_device(first, torch.device("cpu"))
-    positions = [int(np.flatnonzero(train.indices == image)[0]) for image in first.images]
-    assert torch.equal(x, train.batch(positions)[0]) and torch.equal(y, train.batch(positions)[1])
-    seen = np.concatenate([batch.images for batch in handed])
-    assert len(seen) == len(set(seen.tolist())) == -(-len(train) // 2)
-
-
-def test_an_ordinary_batch_is_copied_to_the_device_as_it_is():
-    x, y = torch.arange(6.0).reshape(3, 2), torch.tensor([0, 1, 0])
-    moved = on_device((x, y), torch.device("cpu"))
-    assert torch.equal(moved[0], x) and torch.equal(moved[1], y)
-
-
-def test_synthetic_batches_are_made_on_the_device_asked_for():
-    train = load_splits(*_synthetic_data(size=100)).train
-    for device in ("cpu", torch.device("cpu")):
-        x, y = train.batch([1, 2, 3], device)
-        assert x.device.type == y.device.type == "cpu"
-        assert torch.equal(x, train.batch([1, 2, 3])[0])
-
-
-def test_the_shape_of_synthetic_data_comes_from_its_settings_without_building_images(monkeypatch):
-    import tula_hpc.training.data as data
-
-    jobs = [_synthetic_data(channels=1, classes=4)[0], _synthetic_data()[0]]
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("validation built the synthetic images")
-
-    monkeypatch.setattr(data, "SyntheticImages", refuse)
-    monkeypatch.setitem(data.LOADERS, "synthetic", refuse)
-    assert [data_shape(job) for job in jobs] == [(4, 1), (10, 3)]
 
 
 # --- users' data-set callables -----------------------------------------------------------------------------
