@@ -70,6 +70,7 @@ MOVED_MODULES = {  # issue 43: the flat modules went into folders
     "train": "stages.train",
     "evaluate": "stages.evaluate",
     "report": "stages.report",
+    "training.data": "training.datasets",  # issue 55: the data sets (the loaders went to training.loaders)
 }
 
 # module that still exists -> {name that left it: module where it lives now}
