@@ -1,6 +1,8 @@
 """The choice: the fastest, cheapest, goodput or knee candidate within the constraints, ties within the noise, the
 rivals that could still win, or why none meets the constraints."""
 
+import math
+
 import pytest
 
 from tests.unit.candidates import GRID, candidate, curve, objective
@@ -207,3 +209,19 @@ def test_the_best_one_node_count_down_is_a_rival_whatever_its_band():
     near = {**candidate(4, 256, 50.2, 4.0, 0.01), "profiled": False}  # within one band, another node count
     assert [(c["nodes"], c["batch"]) for c in contenders([two, near, four, one_large], "time")] == [(4, 256)]
     assert contenders([two], "time") == []
+
+
+@pytest.mark.parametrize("goal", ["time", "cost", "knee"])
+def test_a_candidate_whose_figures_could_not_be_predicted_is_named_and_never_chosen(goal):
+    # NaN compares false both ways: first at its batch, it held the time curve, met the deadline and sorted anywhere.
+    nan = candidate(4, 2048, math.nan, math.nan)
+    grid = [nan] + [c for c in GRID if (c["nodes"], c["batch"]) != (4, 2048)]
+    result = select(grid, "node_hour", objective(minimize=goal, deadline_s=1e6), RECIPE_BATCH)
+    expected = select(grid[1:], "node_hour", objective(minimize=goal, deadline_s=1e6), RECIPE_BATCH)
+    assert result["unpredicted"] == [{"nodes": 4, "batch": 2048, "figures": ["time_s", "cost"]}]
+    assert expected["unpredicted"] is None
+    assert {k: v for k, v in result.items() if k not in ("unpredicted", "candidates")} == {
+        k: v for k, v in expected.items() if k not in ("unpredicted", "candidates")
+    }
+    with pytest.raises(StageError, match=r"no candidate's figures could be predicted.*N=4, B=2048: time_s, cost"):
+        decide([nan], objective(minimize=goal), RECIPE_BATCH)

@@ -237,6 +237,18 @@ def test_compute_growing_faster_than_linearly_is_still_fitted_through_its_extrem
     assert not model.notes_
 
 
+def test_compute_below_the_smallest_profiled_batch_is_held_no_lower_than_the_chord_to_the_origin():
+    # Convex compute profiled at b = 32 and 512: the line through them crosses zero between 8 and 32, so an epoch's
+    # small last step (b = 8) had a negative compute and a NaN step. No sample is computed faster than at b0 = 32.
+    model = fit(synthetic([1, 1, 2, 2], [32, 512, 32, 512], curvature=2e-6))
+    below, at_ref = model.predict_parts([[1, 8, 1], [2, 8, 2]]), model.predict_parts([[1, 32, 1], [2, 32, 2]])
+    np.testing.assert_allclose(below["compute_s"], at_ref["compute_s"] * 8 / 32, rtol=1e-9)
+    assert np.isfinite(below["step_s"]).all() and (below["step_s"] > below["data_s"]).all()
+    # Where the line stays above the chord (compute linear, with a fixed part), it is followed below b0 as before.
+    linear = fit(synthetic([1, 1], [32, 512]))
+    np.testing.assert_allclose(linear.predict([[1, 8, 1]]), synthetic([1], [8])["y"], rtol=1e-9)
+
+
 def test_coefficients_are_never_negative():
     X = np.array([[1, 8, 1], [1, 64, 1], [2, 8, 2], [2, 64, 2]])
     y = np.array([0.05, 0.01, 0.05, 0.01])  # time falling with batch: a negative slope would fit better

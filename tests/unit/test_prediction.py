@@ -154,3 +154,14 @@ def test_no_step_is_shorter_than_the_loaders_workers_take_to_make_its_batch():
     [kept] = predict_candidates(model, [candidate], _job(), 1000, memory, loader=fast)
     assert not kept["loader_bound"] and kept["time_s"] == pytest.approx(free["time_s"])
     assert kept["loader_s"] == pytest.approx(free["step_s"] / 2)
+
+
+def test_an_epochs_last_step_below_the_smallest_profiled_batch_keeps_the_epoch_finite():
+    # Profiled at 32 and 512 per device, compute convex: 968 samples over 2 ranks in batches of 32 leave a last step
+    # of 4 per rank, where the line through the profiles has crossed zero (it made epoch_s, time_s and cost NaN).
+    model = fit(synthetic([1, 1, 2, 2], [32, 512, 32, 512], curvature=2e-6))
+    memory = {"fit": {"intercept_bytes": 2e9, "slope_bytes_per_sample": 1e7}}
+    [row] = predict_candidates(model, [{"nodes": 2, "batch": 64, "per_device_batch": 32}], _job(), 968, memory)
+    full, last = model.predict([[2, 32, 2], [2, 4, 2]])
+    assert row["epoch_s"] == pytest.approx(15 * full + last)
+    assert all(math.isfinite(row[key]) for key in ("epoch_s", "time_s", "cost")) and 0 < last < full

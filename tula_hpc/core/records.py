@@ -82,6 +82,7 @@ class Selection(StageRecord):
     knee_used: str | None = optional()
     predicted: dict | None = optional()
     tie: dict | None = optional()  # choice.decide's tie record where configurations tied with the best
+    unpredicted: list[dict] | None = optional()  # candidates left out of the choice: figures NaN or infinite
 
     @classmethod
     def by_hand(cls, job: Job, chosen: dict) -> Selection:

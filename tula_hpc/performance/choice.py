@@ -6,6 +6,10 @@ before it commits (search.confirm_choice, in the adapt rule).
 
 A configuration is a node shape (N nodes of g GPUs each; 4 x 1 and 2 x 2 are different ones) and a global batch.
 
+A candidate whose time, cost or the goal's figure is NaN or infinite (a prediction that could not be made) takes no
+part: NaN compares false both ways, so it would meet every constraint and win or lose by chance; the selection names
+it instead.
+
 Constraints (all optional): at most `max_nodes` nodes, a global batch of at most `max_batch`, predicted
 time T within `deadline_s` and cost C within `budget`. When no candidate meets them the choice fails with
 the closest candidates and which constraint each breaks, by how much.
@@ -163,6 +167,14 @@ def sigmas_behind(rival: dict, best: dict, goal: str) -> float:
     return gap / band if band > 0 else (math.inf if gap > 0 else 0.0)
 
 
+def unpredicted_figures(candidate: dict, goal: str) -> list[str]:
+    """The figures a choice by `goal` reads (time and cost, which the constraints and the knee's curve read, the
+    goal's own, the wait) that `candidate` holds as NaN or infinite: a prediction that could not be made. NaN compares
+    false both ways, so such a candidate would meet every constraint and win or be passed over by chance."""
+    figures = dict.fromkeys(("time_s", "cost", *GOALS.get(goal, ())[:2], "wait_s"))
+    return [name for name in figures if name in candidate and not math.isfinite(candidate[name])]
+
+
 def _pool(feasible: list[dict], curve: list[dict], goal: str, knee: int) -> list[dict]:
     """The candidates `goal` compares by its figure, best first: all feasible ones, or the knee's batch's."""
     if goal not in GOALS:
@@ -235,15 +247,23 @@ def decide(
     recipe_batch: int,
     tie_sigmas: float = TIE_SIGMAS,
 ) -> dict:
-    """The choice among predicted candidates, with what it compared (`pool`, best first by the figure) and the tie
-    it broke; raises InfeasibleError when no candidate meets the constraints."""
+    """The choice among predicted candidates, with what it compared (`pool`, best first by the figure), the tie it
+    broke and the candidates left out because a figure could not be predicted (`unpredicted`, naming the figures);
+    raises InfeasibleError when no candidate meets the constraints, StageError when none could be predicted."""
     if not candidates:
         raise StageError("perfmodel.json has no candidates to choose from")
-    feasible = [c for c in candidates if not violations(c, objective)]
+    goal = objective.minimize
+    figures = [unpredicted_figures(c, goal) for c in candidates]
+    unpredicted = [{**configuration(c), "figures": f} for c, f in zip(candidates, figures) if f]
+    predicted = [c for c, f in zip(candidates, figures) if not f]
+    if not predicted:
+        raise StageError(
+            "no candidate's figures could be predicted (NaN or infinite): "
+            + " | ".join(f"{node_shape(u, 'N={}')}, B={u['batch']}: {', '.join(u['figures'])}" for u in unpredicted)
+        )
+    feasible = [c for c in predicted if not violations(c, objective)]
     if not feasible:
-        closest = sorted(candidates, key=lambda c: (sum(violations(c, objective).values()), c["time_s"]))[
-            :CLOSEST_SHOWN
-        ]
+        closest = sorted(predicted, key=lambda c: (sum(violations(c, objective).values()), c["time_s"]))[:CLOSEST_SHOWN]
         raise InfeasibleError(
             "no candidate meets the constraints; closest: " + " | ".join(_describe(c, objective) for c in closest)
         )
@@ -251,7 +271,6 @@ def decide(
     knees = {"kneedle": kneedle_knee(curve), "model": model_knee(curve, objective.knee_min_saving)}
     # Kneedle finds no knee on a curve without one (e.g. still falling steeply): the model knee stands in.
     knee_used = objective.knee_method if knees[objective.knee_method] is not None else "model"
-    goal = objective.minimize
     pool = _pool(feasible, curve, goal, knees[knee_used])
     ties = tied(pool, goal, tie_sigmas)
     chosen = tie_break(ties, recipe_batch, goal)
@@ -267,6 +286,7 @@ def decide(
         "curve": curve,
         "knees": knees,
         "knee_used": knee_used,
+        "unpredicted": unpredicted,
     }
 
 
@@ -295,6 +315,7 @@ def select(candidates: list[dict], pricing: str, objective: ObjectiveSettings, r
         "knees": decision["knees"],
         "knee_used": decision["knee_used"],
         "tie": decision["tie"],
+        "unpredicted": decision["unpredicted"] or None,
         "runners_up": [{k: c[k] for k in RUNNER_UP_FIELDS if k in c} for c in ranked[1 : 1 + RUNNERS_UP]],
         "constraints": {key: getattr(objective, key) for key in CONSTRAINTS},
         "feasible": len(decision["feasible"]),

@@ -15,7 +15,8 @@
 
 N is the number of ranks, b the per-device batch (b0 the smallest profiled one, so a0 is the compute
 time there and may stay non-negative when compute grows faster than linearly: a line through the
-profiles of a convex curve crosses zero before b = 0), h the ranks sharing one host. On a cluster h is the
+profiles of a convex curve crosses zero before b = 0; below b0 compute is held no lower than the chord
+compute(b0, h) * b / b0, so that it stays positive down to b = 1), h the ranks sharing one host. On a cluster h is the
 devices per node and constant; with the local launcher all N "nodes" share this machine, and each rank
 computes slower the more ranks compete for its cores: the (h - 1) terms model that honestly instead of
 pooling one- and two-rank timings into one line. k(b) is 1 unless the profiles hold compute at
@@ -168,7 +169,14 @@ class PerfModel(BaseEstimator, RegressorMixin):
         return self._all_compute_columns(batch, extra_ranks)[:, self.compute_columns_]
 
     def _compute(self, batch, extra_ranks) -> np.ndarray:
-        line = self._all_compute_columns(batch, extra_ranks) @ np.array([getattr(self, name) for name in COMPUTE_TERMS])
+        """Compute by the line, held below b0 no lower than the chord to the origin: no batch smaller than the
+        profiles computes a sample faster than b0 does, and a line steeper than that (compute growing faster than
+        linearly) would cross zero there, a negative compute no overlap can take (an epoch's small last step)."""
+        batch = np.asarray(batch, float)
+        coef = np.array([getattr(self, name) for name in COMPUTE_TERMS])
+        line = self._all_compute_columns(batch, extra_ranks) @ coef
+        at_ref = self._all_compute_columns(np.full_like(batch, self.batch_ref_), extra_ranks) @ coef
+        line = np.maximum(line, at_ref * np.minimum(batch / self.batch_ref_, 1.0))
         knots, ratios = self.compute_kinks_
         return line * np.interp(np.log2(np.asarray(batch, float)), knots, ratios)
 

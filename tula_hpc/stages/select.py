@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tula_hpc.cluster.partition import queue_waits
 from tula_hpc.core.records import FitResult, Selection
+from tula_hpc.core.run_layout import node_shape
 from tula_hpc.performance.choice import CONSTRAINTS, GOODPUT_GOALS, InfeasibleError, select
 from tula_hpc.stages.runner import stage_main
 
@@ -60,6 +61,12 @@ def run_select(job: Job, perfmodel_path: Path, out: Path) -> Selection:
         fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if getattr(job.objective, key) is not None)
         raise InfeasibleError(f"job '{job.name}': fields '{fields}': {err}") from None
     selection = Selection(job=job.name, **choice, predicted=predicted_run(job, choice["chosen"]))
+    for left_out in selection.unpredicted or []:
+        print(
+            f"[select] left {node_shape(left_out, 'N={}')} B={left_out['batch']} out of the choice: its "
+            f"{', '.join(left_out['figures'])} could not be predicted (NaN or infinite)",
+            flush=True,
+        )
     selection.write(out)
     return selection
 
