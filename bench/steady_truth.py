@@ -51,8 +51,8 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     steps = 0
     try:
         for _ in range(EPOCHS):
-            for batch in loader:
-                training_step(model, strategy, loss_fn, *on_device(batch, device))
+            for samples in loader:  # not `batch`: the result names the batch size
+                training_step(model, strategy, loss_fn, *on_device(samples, device))
                 steps += 1
                 if steps == 1:
                     device_memory.reset_peak(device)
