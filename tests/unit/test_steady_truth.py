@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-import steady_truth
-from common import bench_job
+from tula_bench import steady_truth
+from tula_bench.common import bench_job
 
 
 def test_the_answer_names_the_batch_size_not_the_last_data_batch():
