@@ -25,8 +25,8 @@ SMOKE = {
     "gpu_check": ([], False),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
-# Slurm benches: tests/slurm (need the cluster). The rest need a smallest-case option of their own first (each
-# trains or measures for minutes at its smallest setting today).
+# Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
+# need a smallest-case option of their own first (each trains or measures for minutes at its smallest setting today).
 NEEDS_SLURM = {"chaos", "queue_wait", "slurm_overhead"}
 NO_SMOKE_CASE_YET = {
     "adaptive_fmnist": "trains Fashion-MNIST cells",
