@@ -1,6 +1,6 @@
 """The real DAG on a job whose loader cannot keep up with its steps: a user's data set behind a slow file system
-(bench/slow_storage.py), two loader workers. Every profile times the loader, fit-model holds the steps to its pace,
-and the report says the loader sets it."""
+(bench/tula_bench/slow_storage.py), two loader workers. Every profile times the loader, fit-model holds the steps to
+its pace, and the report says the loader sets it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ WORKERS = 2
 
 def test_a_loader_slower_than_the_step_sets_the_predicted_and_the_measured_pace(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO / "bench"), os.environ.get("PYTHONPATH")])))
-    data = {"name": "slow_storage:digits_behind_latency", "kwargs": {"latency_ms": LATENCY_MS}, "num_workers": WORKERS}
+    data = {
+        "name": "tula_bench.slow_storage:digits_behind_latency",
+        "kwargs": {"latency_ms": LATENCY_MS},
+        "num_workers": WORKERS,
+    }
     search = {"nodes": {"min": 1, "max": 1}, "batch": {"min": 32, "max": 64}, "warmup_steps": 2, "steps": 4}
     config = job_config(data=data, search=search, train={"epochs": 2, "lr_milestones": []})
     (tmp_path / "jobs.yaml").write_text(yaml.safe_dump(config))

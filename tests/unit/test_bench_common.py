@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from tula_bench import common
 
 from tests.unit.test_imports import import_graph, modules
 from tula_hpc.config import ConfigError
-
-PATH = Path(__file__).resolve().parents[2] / "bench" / "common.py"
-spec = importlib.util.spec_from_file_location("bench_common", PATH)
-common = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(common)
 
 
 def test_changes_merge_key_by_key_into_the_default_job():

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import torch
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-chaos = importlib.import_module("chaos")
-sys.path.remove(str(BENCH))
+from tula_bench import chaos
 
 
 def test_the_summary_counts_what_was_lost_and_compares_weights_only_where_a_trial_resumed_alike():

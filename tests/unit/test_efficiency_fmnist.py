@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-bench = importlib.import_module("efficiency_fmnist")
-sys.path.remove(str(BENCH))
+from tula_bench import efficiency_fmnist as bench
 
 
 def _done(cells: list[dict], accuracy: dict[str, float]) -> dict[str, dict]:

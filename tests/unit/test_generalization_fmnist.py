@@ -3,19 +3,12 @@ with t intervals, and the headline over test seeds; synthetic cell records with 
 
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-bench = importlib.import_module("generalization_fmnist")
-sys.path.remove(str(BENCH))
+from tula_bench import generalization_fmnist as bench
 
 SCALE = bench.SCALES["cpu"]
 MODELS = list(SCALE["models"])

@@ -4,17 +4,11 @@ reaches the target is a failure, and the result file opens with the summary; no 
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-bench = importlib.import_module("goodput_replay")
-sys.path.remove(str(BENCH))
+from tula_bench import goodput_replay as bench
 
 RECIPE, SAMPLES, ROWS = 64, 6400, 10  # one row of progress: SAMPLES / RECIPE = 100 steps of the recipe
 BATCHES = (64, 128, 256)

@@ -15,16 +15,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tula_bench import common, gpu_check, gpu_device, gpu_memory, gpu_plan, gpu_steps, gpu_truth
 
 from tests.conftest import default_job
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-import common  # noqa: E402  (bench scripts import their siblings as top-level modules)
-import gpu_check  # noqa: E402
-import gpu_memory  # noqa: E402
-import gpu_plan  # noqa: E402
-import gpu_steps  # noqa: E402
 
 DEFAULT_OUT = BENCH / "results" / "gpu_check.json"
 
@@ -93,7 +88,7 @@ def test_all_verdicts_name_their_section():
 def test_the_index_cap_keeps_every_activation_below_2_to_the_31_elements():
     job = default_job(model={"name": "tiny_cnn"}, data={"image_size": 32})
     # tiny_cnn's largest output is its second convolution's, 64 x 32 x 32 per image.
-    assert gpu_memory.index_cap(job, SimpleNamespace(num_classes=10, in_channels=1)) == (2**31 - 1) // (64 * 32 * 32)
+    assert gpu_truth.index_cap(job, SimpleNamespace(num_classes=10, in_channels=1)) == (2**31 - 1) // (64 * 32 * 32)
 
 
 def _profile(round_: int, batch: int, scale: float = 1.0, interference: float = 0.0) -> dict:
@@ -212,22 +207,22 @@ def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_c
 
     monkeypatch.setattr(common, "_git", no_git)
     monkeypatch.setenv("TULA_GIT_COMMIT", "f00d")
-    found = gpu_check.provenance_here()
+    found = gpu_device.provenance_here()
     assert found["git_commit"] == "f00d" and found["git_dirty"] is None
-    assert found["source_digest"] == gpu_check.source_digest() and len(found["source_digest"]) == 16
+    assert found["source_digest"] == gpu_device.source_digest() and len(found["source_digest"]) == 16
     assert {"processor", "python", "torch", "written_at"} <= set(found)
     monkeypatch.delenv("TULA_GIT_COMMIT")
-    unnamed = gpu_check.provenance_here()
+    unnamed = gpu_device.provenance_here()
     assert unnamed["git_commit"] is None and unnamed["source_digest"] == found["source_digest"]
 
 
 def test_the_callers_commit_wins_over_git_even_inside_a_git_repository(monkeypatch):
     """A copy inside another repository's work tree got that repository's commit from git, the caller's ignored."""
     monkeypatch.delenv("TULA_GIT_COMMIT", raising=False)
-    from_git = gpu_check.provenance_here()["git_commit"]
+    from_git = gpu_device.provenance_here()["git_commit"]
     assert from_git == common._git("rev-parse", "HEAD")
     monkeypatch.setenv("TULA_GIT_COMMIT", "f00d")
-    found = gpu_check.provenance_here()
+    found = gpu_device.provenance_here()
     assert found["git_commit"] == "f00d" != from_git and found["git_dirty"] is None
 
 
@@ -429,14 +424,14 @@ def test_the_cases_a_gpu_run_writes_leave_the_code_digest_as_it_was(tmp_path, mo
     for name in ("tula_hpc/a.py", "bench/gpu_check.py", "workflow/r.smk", "config/j.yaml", "profiles/p", "Snakefile"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(name)
-    monkeypatch.setattr(gpu_check, "REPO", tmp_path)
+    monkeypatch.setattr(gpu_device, "REPO", tmp_path)
     monkeypatch.setattr(common, "REPO", tmp_path)
-    before = gpu_check.source_digest()
+    before = gpu_device.source_digest()
     (tmp_path / "bench/data/gpu").mkdir(parents=True)
     (tmp_path / "bench/data/gpu/h100-case.json").write_text("{}")
-    assert gpu_check.source_digest() == before
+    assert gpu_device.source_digest() == before
     (tmp_path / "bench/gpu_check.py").write_text("changed")
-    assert gpu_check.source_digest() != before
+    assert gpu_device.source_digest() != before
 
 
 def test_a_step_costs_the_small_batches_time_until_the_recorded_full_step_scaled_by_the_batch_is_longer():

@@ -138,6 +138,72 @@ def test_the_checks_see_deferred_imports_and_cycles():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+BENCH = PACKAGE.parent / "bench"
+LIBRARY = "tula_bench"  # bench/tula_bench: the measuring code; bench/*.py: one command line each, calling it
+
+
+def bench_modules(bench: Path = BENCH) -> dict[str, Path]:
+    """bench's scripts by file name ("gpu_check") and its library's modules by dotted name ("tula_bench.common")."""
+    found = {path.stem: path for path in bench.glob("*.py")}
+    for path in (bench / LIBRARY).glob("*.py"):
+        found[LIBRARY if path.stem == "__init__" else f"{LIBRARY}.{path.stem}"] = path
+    return found
+
+
+def bench_imports(source: str, known: set[str]) -> set[str]:
+    """The bench modules (among `known`) that `source` imports, anywhere in it: a script by its bare name (as the
+    scripts once imported each other) or as bench.<name>, the library by tula_bench.<module>."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            base = node.module.removeprefix("bench.")
+            found |= {f"{base}.{alias.name}" for alias in node.names} | {base}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.removeprefix("bench.") for alias in node.names}
+    return found & known
+
+
+def bench_graph(bench: Path = BENCH) -> dict[str, set[str]]:
+    found = bench_modules(bench)
+    return {name: bench_imports(path.read_text(), set(found)) - {name, LIBRARY} for name, path in found.items()}
+
+
+def bench_against_the_direction(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """A script imported by anything (the library or another script): scripts sit above the library, side by side."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets if not b.startswith(LIBRARY))
+
+
+def test_bench_imports_run_from_its_scripts_to_its_library_only():
+    graph = bench_graph()
+    assert {name for name in graph if not name.startswith(LIBRARY)} >= {"gpu_check", "steady_truth", "whole_run"}
+    assert not bench_against_the_direction(graph)
+
+
+def test_bench_has_no_import_cycles():
+    assert not cycles(bench_graph())
+
+
+def test_the_package_imports_nothing_of_bench():
+    known = set(bench_modules())
+    assert not {name: hits for name, path in modules().items() if (hits := bench_imports(path.read_text(), known))}
+
+
+def test_a_planted_script_import_in_bench_is_found(tmp_path):
+    """The check fails on a script imported by the library (deferred) and by another script, and sees the cycle a
+    library module closes."""
+    planted = tmp_path / "bench"
+    shutil.copytree(BENCH, planted, ignore=shutil.ignore_patterns("__pycache__", "results", "data"))
+    common = planted / LIBRARY / "common.py"
+    common.write_text(common.read_text() + "\n\ndef late():\n    import gpu_check\n")
+    chaos = planted / "chaos.py"
+    chaos.write_text(chaos.read_text() + "\nfrom bench.whole_run import main as whole\n")
+    # steady_truth imports common: common importing it closes a cycle
+    common.write_text(common.read_text() + "\n\ndef later():\n    from tula_bench import steady_truth\n")
+    graph = bench_graph(planted)
+    assert bench_against_the_direction(graph) == [("chaos", "whole_run"), ("tula_bench.common", "gpu_check")]
+    assert ["tula_bench.common", "tula_bench.steady_truth", "tula_bench.common"] in cycles(graph)
+
+
 # Every stage runs where Snakemake runs, often a login node: those that measure, train or evaluate only submit their
 # workers, by name (launch.Worker), and wait. torch costs a stage seconds (5-6 s a stage with CUDA's libraries, issue
 # 39); the workers import it where they run.

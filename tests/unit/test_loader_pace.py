@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-loader_pace = importlib.import_module("loader_pace")
-slow_storage = importlib.import_module("slow_storage")
-sys.path.remove(str(BENCH))
+from tula_bench import loader_pace, slow_storage
 
 
 def _figures(median: float) -> dict:

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import json
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-replay = importlib.import_module("memory_replay")
-sys.path.remove(str(BENCH))
+from tula_bench import memory_replay as replay
 
 WHOLE_CARD = replay.CASES / "h200_first_run_resnet18_32_fp32_whole_card.json"
 

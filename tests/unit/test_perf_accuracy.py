@@ -4,17 +4,11 @@ re-analysed; synthetic records with known answers, no measurement."""
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-bench = importlib.import_module("perf_accuracy")
-sys.path.remove(str(BENCH))
+from tula_bench import perf_accuracy as bench
 
 
 def raw_model(name: str, errors: dict[str, float], count: int = 4, noise: float = 0.1, share: float = 0.2) -> dict:
@@ -207,9 +201,7 @@ def test_a_model_is_judged_under_both_rules_against_the_other_rounds():
 def test_whole_runs_are_judged_over_every_profile_and_run_of_a_configuration_against_their_noise_floor(monkeypatch):
     """Three runs of 10, 11 and 12 s, each profile predicting 11 s: errors |11/m - 1| over the 9 pairs, noise floor
     the median of |m / median(others) - 1| (10 vs 11.5, 11 vs 11, 12 vs 10.5)."""
-    sys.path.insert(0, str(BENCH))
-    whole_run = importlib.import_module("whole_run")
-    sys.path.remove(str(BENCH))
+    from tula_bench import whole_run
 
     def predicted(job, run, train_samples):
         return {"time_s": 11.0, "epoch_time_s": [5.0, 3.0, 3.0], "steps_only_s": 9.0, "terms": {}}

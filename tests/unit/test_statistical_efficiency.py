@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-bench = importlib.import_module("statistical_efficiency")
-sys.path.remove(str(BENCH))
+from tula_bench import statistical_efficiency as bench
 
 from tula_hpc.training.progress import adascale_gain  # noqa: E402
 

@@ -3,19 +3,13 @@ error, no regret and the true knee, and its result file opens with the summary; 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-bench = importlib.import_module("trace_accuracy")
-sys.path.remove(str(BENCH))
+from tula_bench import trace_accuracy as bench
 
 PARAMETERS, BYTES = 1_000_000, 4
 LATENCY_S, SECONDS_PER_BYTE = 2e-4, 1e-9  # inter-node ring

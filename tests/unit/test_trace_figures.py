@@ -3,16 +3,8 @@ with its seed, lists joined, a figure one seed lacks none), and the verdicts aga
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-figures = importlib.import_module("trace_figures")
-sys.path.remove(str(BENCH))
+from tula_bench import trace_figures as figures
 
 
 def test_seeds_average_their_numbers_and_keep_the_worst_case_with_its_seed():

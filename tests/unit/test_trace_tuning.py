@@ -3,16 +3,8 @@ cost's or the knee's target can win; equal scores go to the cheaper search."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-tuning = importlib.import_module("trace_tuning")
-sys.path.remove(str(BENCH))
+from tula_bench import trace_tuning as tuning
 
 FIGURES = {
     "time_regret_mean": 0.01,

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-replay = importlib.import_module("whole_run_replay")
-whole_run = importlib.import_module("whole_run")
-sys.path.remove(str(BENCH))
+from tula_bench import whole_run
+from tula_bench import whole_run_replay as replay
 
 RECORD = whole_run.CASES / "h200_resnet18_32_fp32.json"
 

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import yaml
-from common import JOBS_FILE, REPO, RESULTS, bench_config, files_digest, train_cell, trained_scores
-from generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 
+from tula_bench.common import JOBS_FILE, REPO, RESULTS, bench_config, files_digest, train_cell, trained_scores
+from tula_bench.generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
 
 SCALE = "cpu"

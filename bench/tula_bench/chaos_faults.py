@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import psutil
-from common import REPO
 
+from tula_bench.common import REPO
 from tula_hpc.cluster import slurm_states
 from tula_hpc.training.checkpoint import load_checkpoint, previous_path
 

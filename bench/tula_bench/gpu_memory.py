@@ -12,9 +12,8 @@ import math
 import time
 from pathlib import Path
 
-from common import bench_job, error_summary, new_case_path, verdict
-from gpu_plan import STEPS_PER_EPOCH
-
+from tula_bench.common import bench_job, error_summary, new_case_path, verdict
+from tula_bench.gpu_plan import STEPS_PER_EPOCH
 from tula_hpc.core.atomic_files import write_json
 from tula_hpc.core.job import Job
 
@@ -59,15 +58,6 @@ def workload_job(device: str, case: dict, name: str, batch: int, **sections) -> 
         },
         search={"nodes": {"min": 1, "max": 1}, **sections.pop("search", {})},
         **sections,
-    )
-
-
-def index_cap(job: Job, splits) -> int:
-    """tula_hpc.training.models.index_cap of the job's model for its data (`splits`' classes and channels)."""
-    from tula_hpc.training import models
-
-    return models.index_cap(
-        job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs
     )
 
 
@@ -147,9 +137,7 @@ def stage_vs_truth(stage: dict, truth: dict) -> float | None:
 def memory_case(name: str, case: dict, device: str, spec: dict, scratch: Path, context: dict) -> dict:
     """The truth (bench/gpu_truth.py's probes and bisection in this process), Lightning's search and the stage timed
     each way the case asks, on the same job; written as a replay case."""
-    import gpu_lightning
-    import gpu_truth
-
+    from tula_bench import gpu_lightning, gpu_truth
     from tula_hpc.memory.device_budget import device_memory
     from tula_hpc.profiling.memory_probes import probe_device
 

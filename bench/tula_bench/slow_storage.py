@@ -1,6 +1,6 @@
 """A user's data set behind a slow file system, for bench/loader_pace.py: the 8x8 digits repeated to `size` images,
 each read after `latency_ms` (a network file system's round trip), as a `package.module:callable` data set (data.name
-`slow_storage:digits_behind_latency`, with bench/ on PYTHONPATH)."""
+`tula_bench.slow_storage:digits_behind_latency`, with bench/ on PYTHONPATH)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ from datetime import datetime
 from pathlib import Path
 
 import cloudpickle
-from common import (
+
+from tula_bench.common import (
     DEFAULT_JOB,
     JOBS_FILE,
     REPO,
@@ -29,9 +30,8 @@ from common import (
     new_case_path,
     verdict,
 )
-from gpu_memory import gpus, workload_job
-from gpu_plan import middle
-
+from tula_bench.gpu_memory import gpus, workload_job
+from tula_bench.gpu_plan import middle
 from tula_hpc.core.atomic_files import read_jsonl, write_json
 from tula_hpc.core.job import Job
 
@@ -206,7 +206,7 @@ def keep_whole_run(
 ) -> Path:
     """The trained run (the train worker's `summary`, its epochs as `epoch_check` read them) and its profile, as a
     whole-run case for bench/whole_run_replay.py (<cases>/whole_run/)."""
-    from whole_run import case_record
+    from tula_bench.whole_run import case_record
 
     [profile] = [p for p in profiles if p["global_batch"] == summary["global_batch"]]
     run = {"model": name, "nodes": 1, "per_device_batch": summary["global_batch"], "repeat": 0, "profile": profile}

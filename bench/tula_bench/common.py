@@ -3,7 +3,8 @@
 A bench job is config/jobs.yaml's job with the bench's changes merged in and validated as the workflow
 validates it, so a bench measures what the workflow would run and a bad bench setting fails on the spot,
 naming the field. A result file starts with the git commit, the processor and every setting
-(DESIGN.md, "Benchmark protocol"): a figure without them cannot be checked or compared.
+(the design page ../shared/DESIGN.md, outside this
+repository, "Benchmark protocol"): a figure without them cannot be checked or compared.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from tula_hpc.config import ConfigError, job_settings, load_config, validate_con
 from tula_hpc.core.atomic_files import write_json
 from tula_hpc.core.job import Job
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"  # the scripts; their code is this package
+RESULTS = BENCH / "results"
 WORK = REPO / "work" / "bench"  # scratch: stage folders, finished cells
 GPU_CASES = REPO / "bench" / "data" / "gpu"  # what GPU runs recorded, for the replays (README there)
 JOBS_FILE = REPO / "config" / "jobs.yaml"
@@ -76,7 +78,7 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def _processor() -> str:
+def processor() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -104,7 +106,7 @@ def provenance() -> dict:
     return {
         "git_commit": commit,
         "git_dirty": dirty,
-        "processor": _processor(),
+        "processor": processor(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpus": len(os.sched_getaffinity(0)),
         "python": platform.python_version(),

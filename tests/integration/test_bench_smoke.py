@@ -1,0 +1,65 @@
+"""Every bench script run as its command line on its smallest case, its result written to a temporary place (the
+one mechanism: `--out`) and read back, so that a bench cannot break unseen. A script without a smoke case yet is
+named in NO_SMOKE_CASE_YET with the reason; the last test holds every script to one of the two lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+# script -> its smallest case's arguments (besides --out) and whether it writes a result (gpu_check without a GPU
+# says so and writes nothing).
+SMOKE = {
+    "memory_replay": ([], True),
+    "whole_run_replay": ([], True),
+    "statistical_efficiency": ([], True),
+    "goodput_replay": ([], True),
+    "gpu_plan_of_gpu_check": (["--plan"], False),
+    "gpu_check": ([], False),
+}
+SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
+# Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
+# need a smallest-case option of their own first (each trains or measures for minutes at its smallest setting today).
+NEEDS_SLURM = {"chaos", "queue_wait", "slurm_overhead"}
+NO_SMOKE_CASE_YET = {
+    "adaptive_fmnist": "trains Fashion-MNIST cells",
+    "ags_overhead": "times training steps for minutes",
+    "generalization": "trains cells",
+    "generalization_fmnist": "trains Fashion-MNIST cells",
+    "gpu_truth": "--device cpu --scale quick takes minutes",
+    "loader_pace": "short runs through the launcher",
+    "max_batch_search": "--models tiny_cnn: minutes of trial runs",
+    "memory_accuracy": "--models tiny_cnn: minutes of probes and truths",
+    "perf_accuracy": "a two-rank pool of measurements",
+    "steady_truth": "covered by tests/unit/test_steady_truth.py (one trial at batch 4)",
+    "trace_accuracy": "--seeds 1 takes over 3 minutes here",
+    "trace_tuning": "--seeds 1 takes over 3 minutes here",
+    "whole_run": "short runs through the launcher",
+}
+
+
+@pytest.mark.parametrize("case", sorted(SMOKE))
+def test_the_bench_runs_its_smallest_case_and_its_result_reads_back(case, tmp_path):
+    arguments, writes = SMOKE[case]
+    out = tmp_path / f"{case}.json"
+    script = BENCH / f"{SCRIPT.get(case, case)}.py"
+    cmd = [sys.executable, str(script), *arguments, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.exists() == writes, proc.stdout[-2000:]
+    if writes:
+        result = json.loads(out.read_text())
+        assert result["provenance"]["git_commit"], result.get("provenance")
+
+
+def test_every_bench_script_has_a_smoke_case_or_a_stated_reason():
+    scripts = {path.stem for path in BENCH.glob("*.py")}
+    covered = {SCRIPT.get(case, case) for case in SMOKE} | NEEDS_SLURM | set(NO_SMOKE_CASE_YET)
+    assert scripts == covered, scripts ^ covered

@@ -1,0 +1,18 @@
+"""The memory benchmarks' ground truth answers for the batch size it was asked about."""
+
+from __future__ import annotations
+
+import json
+
+from tula_bench import steady_truth
+from tula_bench.common import bench_job
+
+
+def test_the_answer_names_the_batch_size_not_the_last_data_batch():
+    """Since e279873 the loop variable shadowed the size: the answer held a tensor pair and JSON refused it."""
+    job = bench_job(as_name="bench-tiny", model={"name": "tiny_cnn"}, data={"image_size": 8})
+    answer = steady_truth.measure(job, 4)
+    assert answer["batch"] == 4 and answer["fits"]
+    assert answer["steps"] == steady_truth.STEPS_PER_EPOCH * steady_truth.EPOCHS
+    assert answer["peak_bytes"] > 0
+    json.dumps(answer)
