@@ -76,6 +76,7 @@ MOVED_MODULES = {  # issue 43: the flat modules went into folders
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "tula_hpc.stages.train": {"train_worker": "tula_hpc.training.trainer"},  # jobs pickled when the stage imported it
     "tula_hpc.stages.evaluate": {"evaluate_worker": "tula_hpc.training.evaluation"},  # the worker lived there
+    "tula_hpc.stages.probe_memory": {"probe_worker": "tula_hpc.profiling.memory_worker"},  # passed by reference
 }
 
 
