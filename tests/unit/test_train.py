@@ -13,11 +13,13 @@ import tula_hpc.training.loop_accounting as loop_accounting
 import tula_hpc.training.step as training_module
 import tula_hpc.training.trainer as trainer_module
 from tests.conftest import default_job
+from tests.unit.report_inputs import INPUTS
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.job import Job
 from tula_hpc.core.records import TrainSummary
 from tula_hpc.reporting.training_section import strategy_section
 from tula_hpc.stages.train import _next_attempt, after_out_of_memory
+from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
 from tula_hpc.training.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.training.strategies import STRATEGIES
@@ -322,3 +324,31 @@ def test_slices_stay_within_the_cap_set_after_running_out_of_memory():
     assert accumulation_for(64, 64) == 1
     assert accumulation_for(64, 16) == 4
     assert accumulation_for(100, 32) == 4
+
+
+class _Stop(Exception):
+    """Ends the stage's loop of attempts where the test has seen enough."""
+
+
+def test_the_stage_hands_each_attempt_a_typed_handoff_and_shrinks_it_after_running_out_of_memory(tmp_path, monkeypatch):
+    handoffs = []
+
+    def run(worker, kwargs, spec, folder, name):
+        assert worker == train_module.TRAIN_WORKER and set(kwargs) == {"handoff"}
+        handoffs.append(kwargs["handoff"])
+        if len(handoffs) == 1:
+            return None, {"outcome": "out_of_memory", "rank": 1, "error": "out of memory", "noticed_after_s": 0.1}
+        raise _Stop
+
+    monkeypatch.setattr(train_module.launch, "run_or_out_of_memory", run)
+    (tmp_path / "selection.json").write_text(json.dumps(INPUTS["selection"]))
+    job = default_job()
+    with pytest.raises(_Stop):
+        train_module.train(job, tmp_path / "selection.json", tmp_path / "s.json", tmp_path / "m.pt", tmp_path / "w")
+    first, second = handoffs
+    assert isinstance(first, TrainHandoff) and first.job == job and first.schedule is None
+    assert (first.global_batch, first.accumulation, first.selected_batch) == (128, 1, 128)
+    shrunk = after_out_of_memory(job.resources.on_oom, 128, 1, world_size=2)
+    assert (second.global_batch, second.accumulation) == shrunk
+    assert first.checkpoint_path == second.checkpoint_path == str(tmp_path / "w" / "train" / "checkpoint.pt")
+    assert first.model_path == str((tmp_path / "m.pt").resolve())

@@ -22,6 +22,7 @@ from tula_hpc.core.records import Selection, TrainSummary
 from tula_hpc.memory.device_budget import budget_source
 from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
+from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import loop_time_s
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from tula_hpc.performance.batch_schedule import BatchSchedule
 
 # Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
-TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_worker")
+TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_handed_off")
 __getattr__ = moved_names(__name__)  # jobs pickled when the stage imported its worker
 
 
@@ -158,17 +159,19 @@ def train(
         result, out_of_memory = launch.run_or_out_of_memory(
             TRAIN_WORKER,
             dict(
-                job=job,
-                global_batch=global_batch,
-                checkpoint_path=str(stage_dir / "checkpoint.pt"),
-                model_path=str(Path(model_path).resolve()),
-                metrics_path=str(stage_dir / "metrics.jsonl"),
-                accumulation=accumulation,
-                selected_batch=chosen["batch"],
-                loop_log_path=str(stage_dir / "loop_time.jsonl"),
-                schedule=schedule,
-                # after running out of memory, the schedule's batches are computed in slices no larger
-                micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
+                handoff=TrainHandoff(
+                    job=job,
+                    global_batch=global_batch,
+                    checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                    model_path=str(Path(model_path).resolve()),
+                    metrics_path=str(stage_dir / "metrics.jsonl"),
+                    loop_log_path=str(stage_dir / "loop_time.jsonl"),
+                    accumulation=accumulation,
+                    selected_batch=chosen["batch"],
+                    schedule=schedule,
+                    # after running out of memory, the schedule's batches are computed in slices no larger
+                    micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
+                )
             ),
             spec,
             stage_dir,

@@ -4,6 +4,6 @@ scale DDP's all-reduce measures (noise_scale.py), checkpoints (checkpoint.py), p
 loop's time accounting (loop_accounting.py), the loop itself (trainer.py) and the trained model's scores
 (evaluation.py).
 
-May import core, cluster and memory; modules here that stages on a login node read (progress.py) import no torch,
-and so neither does this file.
+May import core, cluster and memory; modules here that stages on a login node read (progress.py, and handoff.py:
+what the train stage hands the loop) import no torch, and so neither does this file.
 """
