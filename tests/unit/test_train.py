@@ -14,11 +14,10 @@ import tula_hpc.training.step as training_module
 import tula_hpc.training.trainer as trainer_module
 from tests.conftest import default_job
 from tests.unit.report_inputs import INPUTS
-from tula_hpc.core.errors import StageError
 from tula_hpc.core.job import Job
 from tula_hpc.core.records import TrainSummary
 from tula_hpc.reporting.training_section import strategy_section
-from tula_hpc.stages.train import _next_attempt, after_out_of_memory
+from tula_hpc.training.attempts import after_out_of_memory
 from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
 from tula_hpc.training.preemption import REQUEUE_SIGNAL, Preempted
@@ -216,35 +215,6 @@ def test_a_kill_without_warning_costs_at_most_the_steps_since_the_last_interval_
     assert steps == [*range(1, 15), *range(13, 31)]
     for key, value in uninterrupted.items():
         assert torch.equal(value, resumed[key]), key
-
-
-def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
-    assert after_out_of_memory("keep_global_batch", 512, 1, world_size=2) == (512, 2)
-    assert after_out_of_memory("keep_global_batch", 512, 128, world_size=2) == (512, 256)
-    assert after_out_of_memory("keep_global_batch", 512, 256, world_size=2) is None
-    assert after_out_of_memory("keep_global_batch", 6, 2, world_size=2) == (6, 4)  # slices of 2 and 1
-    assert after_out_of_memory("shrink_global_batch", 512, 1, world_size=2) == (256, 1)
-    assert after_out_of_memory("shrink_global_batch", 2, 1, world_size=2) is None
-
-
-def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
-    job = default_job(resources={"device_memory_gb": 0.001})
-    failed = {
-        "global_batch": 4,
-        "per_device_batch": 2,
-        "accumulation": 2,
-        "micro_batch": 1,
-        "outcome": "out_of_memory",
-        "rank": 1,
-        "error": "DefaultCPUAllocator: can't allocate memory",
-    }
-    assert _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}], world_size=2) == (4, 2)
-    with pytest.raises(
-        StageError,
-        match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
-        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(resources.device_memory_gb: 0.001\)",
-    ):
-        _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
 
 
 def test_loop_time_counts_every_session_kept_or_lost(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """Training: models and data sets (models.py, data.py, data_check.py), the step every stage runs (step.py), the
 large-batch strategies (strategies.py) with AGS (ags.py) and AdaScale's progress (progress.py), the gradient noise
 scale DDP's all-reduce measures (noise_scale.py), checkpoints (checkpoint.py), preemption (preemption.py), the
-loop's time accounting (loop_accounting.py), the loop itself (trainer.py) and the trained model's scores
+loop's time accounting (loop_accounting.py), the loop itself (trainer.py) with what the train stage hands it
+(handoff.py) and its attempts after running out of memory (attempts.py), and the trained model's scores
 (evaluation.py).
 
 May import core, cluster and memory; modules here that stages on a login node read (progress.py, and handoff.py:
