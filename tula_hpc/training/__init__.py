@@ -5,6 +5,6 @@ loop's time accounting (loop_accounting.py), the loop itself (trainer.py) with w
 (handoff.py) and its attempts after running out of memory (attempts.py), and the trained model's scores
 (evaluation.py).
 
-May import core, cluster and memory; modules here that stages on a login node read (progress.py, attempts.py, handoff.py:
-what the train stage hands the loop) import no torch, and so neither does this file.
+May import core, cluster and memory; modules here that stages on a login node read (progress.py, attempts.py,
+handoff.py) import no torch, and so neither does this file.
 """
