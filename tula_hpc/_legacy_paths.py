@@ -77,6 +77,7 @@ MOVED_MODULES = {  # issue 43: the flat modules went into folders
 MOVED_NAMES: dict[str, dict[str, str]] = {
     "tula_hpc.stages.train": {"train_worker": "tula_hpc.training.trainer"},  # jobs pickled when the stage imported it
     "tula_hpc.stages.evaluate": {"evaluate_worker": "tula_hpc.training.evaluation"},  # the worker lived there
+    "tula_hpc.stages.probe_memory": {"probe_worker": "tula_hpc.profiling.memory_worker"},  # passed by reference
     # issue 55, the launchers apart: submitit pickles the task (the Worker inside it stayed in launch.py); job.json
     # names its launcher by `Launcher.name`, not by module, and nothing pickles a launcher or a StepJob
     "tula_hpc.cluster.launch": {"DistributedTask": "tula_hpc.cluster.launchers.interface"},

@@ -11,6 +11,7 @@ STAGES = {
     "probe-memory": "tula_hpc.stages.probe_memory",
     "plan": "tula_hpc.stages.plan",
     "profile": "tula_hpc.stages.profile",
+    "adapt": "tula_hpc.stages.adapt",
     "fit-model": "tula_hpc.stages.fit_model",
     "select": "tula_hpc.stages.select",
     "train": "tula_hpc.stages.train",
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command == "profile" and "--adaptive" in rest:
+        # The adapt stage before it had a command of its own: the adapt rule still calls it so, since Snakemake
+        # reruns a rule whose command changed and the results made before must stay done.
+        command, rest = "adapt", [arg for arg in rest if arg != "--adaptive"]
     if command == "unlock-stale":
         return unlock_stale()
     if command not in STAGES:

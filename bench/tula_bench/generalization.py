@@ -34,7 +34,7 @@ from pathlib import Path
 from tula_bench.common import WORK, bench_job, bench_parser, train_cell, trained_scores, write_result
 from tula_hpc.core.atomic_files import append_jsonl, read_jsonl, write_jsonl
 from tula_hpc.core.job import Job
-from tula_hpc.training.data import load_splits
+from tula_hpc.training.datasets import load_splits
 from tula_hpc.training.strategies import STRATEGIES
 
 WORLD = 2

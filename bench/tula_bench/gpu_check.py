@@ -7,9 +7,9 @@ its targets as met or not, with the figure. The workloads: CIFAR-10's shape (3 x
 - memory (CIFAR's shape) and memory_imagenet (ImageNet's): for each case, in one process, the truth of the largest
   batch (bench/gpu_truth.py: the stage's probes, then a bisection with real steady steps until a fitting and a
   failing batch lie within 1 %); where PyTorch Lightning is importable, its BatchSizeFinder on the same model
-  (bench/gpu_lightning.py: its trials, answer and seconds); the probe stage itself (`probe_memory.probe_worker` +
-  `summarise`) timed in one process (the CIFAR case; in fresh processes too at the quick scale, as the H200 did once
-  at 3ca5bc3, 0.64 % apart); each memory figure's model against the
+  (bench/gpu_lightning.py: its trials, answer and seconds); the probe stage itself (`memory_worker.probe_worker` +
+  `memory_summary.summarise`) timed in one process (the CIFAR case; in fresh processes too at the quick scale, as the
+  H200 did once at 3ca5bc3, 0.64 % apart); each memory figure's model against the
   bisection's fitting trials. Every case goes to bench/data/gpu/ as a replay case (<device>-<date>-<case>.json,
   never over an existing file).
 - oom: the train stage (`train.train`) under a budget (resources.device_memory_gb) checked in-process to fail its

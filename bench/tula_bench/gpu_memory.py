@@ -77,18 +77,19 @@ def compared(models: dict, batch: int, measured: dict) -> dict:
 
 
 def stage_run(job: Job, way: str) -> dict:
-    """The probe stage's worker and summary (`probe_memory.probe_worker`, `summarise`) here, its probes and trials run
-    `way` (resources.memory_probes_in): its answer and its seconds."""
+    """The probe stage's worker and summary (`memory_worker.probe_worker`, `memory_summary.summarise`) here, its
+    probes and trials run `way` (resources.memory_probes_in): its answer and its seconds."""
     from tula_hpc.memory.device_budget import device_memory
     from tula_hpc.profiling.memory_probes import probe_device
-    from tula_hpc.stages import probe_memory
+    from tula_hpc.profiling.memory_summary import summarise
+    from tula_hpc.profiling.memory_worker import probe_worker
 
     job = job.updated(resources={"memory_probes_in": way})
     device = probe_device(job)
     held = device_memory.in_use(device) if device.type == "cuda" else None  # this process's, not the stage's
     started = time.perf_counter()
     try:
-        result = probe_memory.summarise(job, probe_memory.probe_worker(job))
+        result = summarise(job, probe_worker(job))
     except Exception as err:  # the stage failing is a finding of this case, not the end of it
         return {
             "way": way,

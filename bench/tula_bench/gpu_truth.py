@@ -166,7 +166,7 @@ def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, sta
     from tula_hpc.memory.device_budget import budget_bytes, device_memory
     from tula_hpc.memory.model import fit_probes, measured, room_for_steps
     from tula_hpc.profiling.memory_probes import probe_device
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     job = case_job(name, case, device, memory_gb)
     print(f"== {name}", flush=True)

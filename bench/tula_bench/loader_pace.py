@@ -54,7 +54,7 @@ def without_loader(runs: list[dict]) -> list[dict]:
 
 def measure_case(name: str, job) -> dict:
     """REPEATS whole runs of `job` (1 rank, PER_DEVICE_BATCH) and both predictions of them."""
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     runs = []
     for repeat in range(REPEATS):

@@ -78,7 +78,8 @@ def true_largest(trials: Trials, found: int) -> int:
 
 
 def ours(job: Job) -> dict:
-    from tula_hpc.stages.probe_memory import probe_worker, summarise
+    from tula_hpc.profiling.memory_summary import summarise
+    from tula_hpc.profiling.memory_worker import probe_worker
 
     started = time.perf_counter()
     measured_steps = probe_worker(job)

@@ -62,8 +62,8 @@ def bench_case(job: Job, batches: list[int]) -> tuple[list[dict], dict]:
 
     from tula_hpc.memory.device_budget import budget_bytes
     from tula_hpc.memory.model import fit_probes, measured
-    from tula_hpc.stages.probe_memory import run_probes
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.profiling.memory_worker import run_probes
+    from tula_hpc.training.datasets import load_splits
 
     model_name, side = job.model.name, job.data.image_size
     started = time.perf_counter()

@@ -412,7 +412,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from tula_hpc.core.atomic_files import read_json
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     stored = read_json(args.reuse) if args.reuse else None
     launcher = stored["settings"]["launcher"] if stored else args.launcher

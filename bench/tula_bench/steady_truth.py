@@ -1,6 +1,6 @@
 """Ground truth for the memory benchmarks: the device's peak over steady training, measured apart from the model.
 
-The memory model (tula_hpc.stages.probe_memory) is built from phase-by-phase peaks of probe steps it runs itself. The
+The memory model (profiling/memory_summary.py) is built from phase-by-phase peaks of probe steps it runs itself. The
 truth here shares none of that path: the training loop's own step (`training_step.training_step`) on batches
 from a DataLoader (sampled with replacement, so a batch may exceed the digits set), STEPS_PER_EPOCH steps
 per epoch for EPOCHS epochs with the strategy's epoch end between them (so AGS runs its update step each
@@ -35,7 +35,7 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     from tula_hpc.cluster.distributed import Context
     from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
     from tula_hpc.memory.step_parts import PEAK
-    from tula_hpc.training.data import collate, on_device
+    from tula_hpc.training.loaders import collate, on_device
     from tula_hpc.training.step import build_for_job, training_step
     from tula_hpc.training.strategies import build_strategy
 

@@ -205,7 +205,7 @@ def gpu_job() -> Job:
 def main() -> int:
     from tula_bench.perf_jobs import bench_jobs
     from tula_hpc.core.atomic_files import write_json
-    from tula_hpc.training.data import load_splits
+    from tula_hpc.training.datasets import load_splits
 
     parser = bench_parser(__doc__, "whole_run_cpu.json")
     parser.add_argument("--gpu", action="store_true", help="the GPU-shaped case on this machine's GPU")

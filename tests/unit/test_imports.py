@@ -102,7 +102,7 @@ def test_every_module_lives_in_a_layer_and_the_stage_list_names_real_modules():
     graph = import_graph()
     assert {name.split(".")[0] for name in graph} == set(LAYERS)
     assert STAGE_MODULES <= set(graph), STAGE_MODULES - set(graph)
-    assert len(STAGE_MODULES) == 8 and all(m.startswith("stages.") for m in STAGE_MODULES)
+    assert len(STAGE_MODULES) == 9 and all(m.startswith("stages.") for m in STAGE_MODULES)
 
 
 def test_imports_run_one_way_between_folders_and_no_stage_imports_another():
@@ -209,7 +209,7 @@ def test_a_planted_script_import_in_bench_is_found(tmp_path):
 # 39); the workers import it where they run.
 LOGIN_NODE_STAGES = tuple(
     f"stages.{name}"
-    for name in ("probe_memory", "plan", "profile", "fit_model", "select", "train", "evaluate", "report")
+    for name in ("probe_memory", "plan", "profile", "adapt", "fit_model", "select", "train", "evaluate", "report")
 )
 
 

@@ -13,11 +13,12 @@ import tula_hpc.training.loop_accounting as loop_accounting
 import tula_hpc.training.step as training_module
 import tula_hpc.training.trainer as trainer_module
 from tests.conftest import default_job
-from tula_hpc.core.errors import StageError
+from tests.unit.report_inputs import INPUTS
 from tula_hpc.core.job import Job
 from tula_hpc.core.records import TrainSummary
 from tula_hpc.reporting.training_section import strategy_section
-from tula_hpc.stages.train import _next_attempt, after_out_of_memory
+from tula_hpc.training.attempts import after_out_of_memory
+from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
 from tula_hpc.training.preemption import REQUEUE_SIGNAL, Preempted
 from tula_hpc.training.strategies import STRATEGIES
@@ -216,35 +217,6 @@ def test_a_kill_without_warning_costs_at_most_the_steps_since_the_last_interval_
         assert torch.equal(value, resumed[key]), key
 
 
-def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
-    assert after_out_of_memory("keep_global_batch", 512, 1, world_size=2) == (512, 2)
-    assert after_out_of_memory("keep_global_batch", 512, 128, world_size=2) == (512, 256)
-    assert after_out_of_memory("keep_global_batch", 512, 256, world_size=2) is None
-    assert after_out_of_memory("keep_global_batch", 6, 2, world_size=2) == (6, 4)  # slices of 2 and 1
-    assert after_out_of_memory("shrink_global_batch", 512, 1, world_size=2) == (256, 1)
-    assert after_out_of_memory("shrink_global_batch", 2, 1, world_size=2) is None
-
-
-def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
-    job = default_job(resources={"device_memory_gb": 0.001})
-    failed = {
-        "global_batch": 4,
-        "per_device_batch": 2,
-        "accumulation": 2,
-        "micro_batch": 1,
-        "outcome": "out_of_memory",
-        "rank": 1,
-        "error": "DefaultCPUAllocator: can't allocate memory",
-    }
-    assert _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}], world_size=2) == (4, 2)
-    with pytest.raises(
-        StageError,
-        match=r"job 'digits-cnn': training ran out of memory even with 1 sample per device "
-        r"at once \(2 attempts\): field 'resources.device_memory_gb' \(resources.device_memory_gb: 0.001\)",
-    ):
-        _next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
-
-
 def test_loop_time_counts_every_session_kept_or_lost(tmp_path, monkeypatch):
     monkeypatch.setattr(loop_accounting, "LOOP_LOG_EVERY_S", 5.0)
     log = tmp_path / "loop_time.jsonl"
@@ -322,3 +294,31 @@ def test_slices_stay_within_the_cap_set_after_running_out_of_memory():
     assert accumulation_for(64, 64) == 1
     assert accumulation_for(64, 16) == 4
     assert accumulation_for(100, 32) == 4
+
+
+class _Stop(Exception):
+    """Ends the stage's loop of attempts where the test has seen enough."""
+
+
+def test_the_stage_hands_each_attempt_a_typed_handoff_and_shrinks_it_after_running_out_of_memory(tmp_path, monkeypatch):
+    handoffs = []
+
+    def run(worker, kwargs, spec, folder, name):
+        assert worker == train_module.TRAIN_WORKER and set(kwargs) == {"handoff"}
+        handoffs.append(kwargs["handoff"])
+        if len(handoffs) == 1:
+            return None, {"outcome": "out_of_memory", "rank": 1, "error": "out of memory", "noticed_after_s": 0.1}
+        raise _Stop
+
+    monkeypatch.setattr(train_module.launch, "run_or_out_of_memory", run)
+    (tmp_path / "selection.json").write_text(json.dumps(INPUTS["selection"]))
+    job = default_job()
+    with pytest.raises(_Stop):
+        train_module.train(job, tmp_path / "selection.json", tmp_path / "s.json", tmp_path / "m.pt", tmp_path / "w")
+    first, second = handoffs
+    assert isinstance(first, TrainHandoff) and first.job == job and first.schedule is None
+    assert (first.global_batch, first.accumulation, first.selected_batch) == (128, 1, 128)
+    shrunk = after_out_of_memory(job.resources.on_oom, 128, 1, world_size=2)
+    assert (second.global_batch, second.accumulation) == shrunk
+    assert first.checkpoint_path == second.checkpoint_path == str(tmp_path / "w" / "train" / "checkpoint.pt")
+    assert first.model_path == str((tmp_path / "m.pt").resolve())

@@ -4,7 +4,7 @@
   the largest configuration among them by default (`partial_set`): 3 to 5 of them (6 over several GPUs per
   node), whatever the size of the grid. The fit reads their profiles.
 - full: every candidate. The fit reads their profiles.
-- adaptive (`adaptive_search`): starts from partial; the `adapt` rule (profile stage, `--adaptive`) then
+- adaptive (`adaptive_search`): starts from partial; the `adapt` rule (the adapt stage, stages/adapt.py) then
   adds the candidate the fitted model is least sure about until its uncertainty, calibrated on those very
   profiles, is small. The fit reads the partial profiles and adaptive.json, which holds the profiles it added.
 - confirming the decision (`confirm_choice`, search.confirm profiles at most, partial and adaptive): after the

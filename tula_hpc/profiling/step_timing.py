@@ -1,5 +1,5 @@
 """What a profile job runs on its nodes: a few real DDP training steps at one per-device batch, timed part by part
-(the profile stage, stages/profile.py, only submits it and writes what it returns).
+(the profile and adapt stages only submit it, profile_jobs.py, and write what it returns).
 
 Steps are the job's own training step (training/step.py, with its strategy) and come in pairs. The first of
 a pair splits the work into data loading, forward+backward without gradient sync, an explicit

@@ -13,7 +13,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from tula_hpc.core.atomic_files import atomic_path  # noqa: E402
 
-__all__ = ["link", "markdown_table", "plt", "save_png"]
+__all__ = ["GPUS_COLUMN", "link", "markdown_table", "plt", "save_png"]
+
+# The node shape's GPUs per node as a table column ("-" for a plan made before GPUs per node was a choice).
+GPUS_COLUMN = [("GPUs/node", "gpus_per_node", "d")]
 
 
 def link(target: Path, report: Path) -> str:

@@ -19,9 +19,10 @@ from tula_hpc.cluster.partition import train_job_minutes
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.records import Selection, TrainSummary
-from tula_hpc.memory.device_budget import budget_source
 from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
+from tula_hpc.training.attempts import attempt_at, next_attempt, record_outcome
+from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import loop_time_s
 
 if TYPE_CHECKING:
@@ -29,44 +30,8 @@ if TYPE_CHECKING:
     from tula_hpc.performance.batch_schedule import BatchSchedule
 
 # Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
-TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_worker")
+TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_handed_off")
 __getattr__ = moved_names(__name__)  # jobs pickled when the stage imported its worker
-
-
-def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world_size: int) -> tuple[int, int] | None:
-    """The next attempt's (global batch, accumulation) after running out of memory; None once one sample failed.
-
-    keep_global_batch halves the slice each device computes at once and doubles the accumulation, so the
-    selected configuration (global batch, steps, gradient statistics) stays; shrink_global_batch halves
-    the global batch instead, as the paper does.
-    """
-    per_device = global_batch // world_size
-    if math.ceil(per_device / accumulation) <= 1:
-        return None
-    if on_oom == "keep_global_batch":
-        return global_batch, accumulation * 2
-    return per_device // 2 * world_size, accumulation
-
-
-def _next_attempt(job: Job, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
-    """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk (its
-    slice only under train.batch_schedule adaptive, whose schedule owns the global batch)."""
-    if not attempts:
-        return chosen["batch"], 1
-    last = attempts[-1]
-    if last["outcome"] != "out_of_memory":
-        attempts.pop()
-        return last["global_batch"], last["accumulation"]
-    on_oom = "keep_global_batch" if job.train.batch_schedule == "adaptive" else job.resources.on_oom
-    shrunk = after_out_of_memory(on_oom, last["global_batch"], last["accumulation"], world_size)
-    if shrunk is None:
-        raise StageError(
-            f"job '{job.name}': training ran out of memory even with {last['micro_batch']} sample per device "
-            f"at once ({len(attempts)} attempts): field 'resources.device_memory_gb' "
-            f"({budget_source(job)}) "
-            f"cannot train {job.model.name} with strategy {job.train.strategy}; last error: {last['error']}"
-        )
-    return shrunk
 
 
 def stretched_to_progress(job: Job, chosen: dict) -> Job:
@@ -98,32 +63,6 @@ def batch_schedule_for(job: Job, perfmodel_path: Path | None, chosen: dict) -> B
         raise StageError(f"{perfmodel_path}: {err}") from err
 
 
-def _attempt_at(global_batch: int, accumulation: int, world_size: int) -> dict:
-    """An attempt's record as it starts."""
-    per_device = global_batch // world_size
-    return {
-        "global_batch": global_batch,
-        "per_device_batch": per_device,
-        "accumulation": accumulation,
-        "micro_batch": math.ceil(per_device / accumulation),
-        "outcome": "running",
-    }
-
-
-def _record_outcome(attempt: dict, result: dict, world_size: int) -> None:
-    """How the attempt ended; out of memory, the rank, the error and the batch and slices it ran at when it failed
-    (a batch schedule may have moved them since the attempt began)."""
-    attempt.update(
-        outcome=result.get("outcome", "completed"),
-        **{k: result[k] for k in ("rank", "error", "noticed_after_s") if k in result},
-    )
-    if attempt["outcome"] == "out_of_memory" and "global_batch" in result:
-        attempt.update(
-            {k: result[k] for k in ("global_batch", "accumulation", "micro_batch")},
-            per_device_batch=result["global_batch"] // world_size,
-        )
-
-
 def train(
     job: Job,
     selection_path: Path,
@@ -151,31 +90,33 @@ def train(
     log = read_json(log_path) if log_path.exists() else {}
     attempts = log["attempts"] if log.get("selected") == selected else []
     while True:
-        global_batch, accumulation = _next_attempt(job, chosen, attempts, spec.world_size)
-        attempt = _attempt_at(global_batch, accumulation, spec.world_size)
+        global_batch, accumulation = next_attempt(job, chosen, attempts, spec.world_size)
+        attempt = attempt_at(global_batch, accumulation, spec.world_size)
         attempts.append(attempt)
         write_json(log_path, {"selected": selected, "attempts": attempts})
         result, out_of_memory = launch.run_or_out_of_memory(
             TRAIN_WORKER,
             dict(
-                job=job,
-                global_batch=global_batch,
-                checkpoint_path=str(stage_dir / "checkpoint.pt"),
-                model_path=str(Path(model_path).resolve()),
-                metrics_path=str(stage_dir / "metrics.jsonl"),
-                accumulation=accumulation,
-                selected_batch=chosen["batch"],
-                loop_log_path=str(stage_dir / "loop_time.jsonl"),
-                schedule=schedule,
-                # after running out of memory, the schedule's batches are computed in slices no larger
-                micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
+                handoff=TrainHandoff(
+                    job=job,
+                    global_batch=global_batch,
+                    checkpoint_path=str(stage_dir / "checkpoint.pt"),
+                    model_path=str(Path(model_path).resolve()),
+                    metrics_path=str(stage_dir / "metrics.jsonl"),
+                    loop_log_path=str(stage_dir / "loop_time.jsonl"),
+                    accumulation=accumulation,
+                    selected_batch=chosen["batch"],
+                    schedule=schedule,
+                    # after running out of memory, the schedule's batches are computed in slices no larger
+                    micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
+                )
             ),
             spec,
             stage_dir,
             name=f"{job.name}-train",
         )
         result = result if out_of_memory is None else out_of_memory
-        _record_outcome(attempt, result, spec.world_size)
+        record_outcome(attempt, result, spec.world_size)
         write_json(log_path, {"selected": selected, "attempts": attempts})
         if attempt["outcome"] == "completed":
             break

@@ -1,7 +1,7 @@
 """The training loop on every rank: DDP training at one global batch (or a schedule of them), checkpointed every
 epoch, every resources.checkpoint_every_steps steps if set, and at the step where a signal asks the job to stop
-(preemption.py). The train stage (stages/train.py) launches `train_worker` and relaunches it after running
-out of memory.
+(preemption.py). The train stage (stages/train.py) launches `train_handed_off` (`train_worker` given the stage's
+TrainHandoff, handoff.py) and relaunches it after running out of memory.
 
 Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up
 are step.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -40,6 +40,7 @@ from tula_hpc.core.dependencies import stage_settings
 from tula_hpc.core.run_layout import steps_per_epoch as epoch_steps
 from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
 from tula_hpc.training.checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
+from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
 from tula_hpc.training.preemption import StopRequests
@@ -48,13 +49,6 @@ from tula_hpc.training.strategies import build_strategy
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
-
-
-class BatchChooser(Protocol):
-    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule): the next epoch's
-    global batch from the noise scale measured so far, with why."""
-
-    def choose(self, global_batch: int, noise: dict | None) -> dict: ...
 
 
 def accumulation_for(per_device_batch: int, micro_cap: int | None) -> int:
@@ -131,6 +125,14 @@ def train_worker(
             return summary
     finally:
         device_memory.lift()
+
+
+def train_handed_off(handoff: TrainHandoff, failure_dir: str | None = None) -> dict | None:
+    """The train stage's worker: `train_worker` with what the stage handed off. A job pickled before the hand-off was
+    typed names `train_worker` with these fields as keywords; it loads and runs as it did."""
+    return train_worker(
+        **{field.name: getattr(handoff, field.name) for field in fields(handoff)}, failure_dir=failure_dir
+    )
 
 
 class Trainer:

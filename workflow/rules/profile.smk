@@ -21,7 +21,8 @@ rule profile:
 # The profiles beyond the plan: adaptive search's, from the planned (partial) profiles, one profile job at a time;
 # then those that confirm the choice (search.confirm: the predicted best and the rivals that could still beat it).
 # adaptive.json holds the profiles it added. Each is kept in work/{job}/adaptive/ as soon as it is measured, so a
-# rerun after a kill reuses it instead of measuring again.
+# rerun after a kill reuses it instead of measuring again. `tula-hpc profile --adaptive` is the adapt stage's old
+# command, kept as an alias (tula_hpc/cli.py): results made with it stay done, where a changed command reruns them.
 rule adapt:
     input:
         plan="results/{job}/plan.json",

@@ -1,0 +1,38 @@
+"""What the train stage hands one training attempt on the compute nodes, pickled into its job: a frozen dataclass, so
+the stage (where Snakemake runs, without torch) and the loop (trainer.py's `train_handed_off`) agree on each field by
+name and type, not on a dict's keys. Imports no torch: the stage builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tula_hpc.core.job import Job
+
+
+class BatchChooser(Protocol):
+    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule): the next epoch's
+    global batch from the noise scale measured so far, with why."""
+
+    def choose(self, global_batch: int, noise: dict | None) -> dict: ...
+
+
+@dataclass(frozen=True)
+class TrainHandoff:
+    """`train_worker`'s arguments but the failure folder, which the launcher adds (launch.run_or_out_of_memory).
+
+    `selected_batch` names the run's checkpoint; `schedule` is train.batch_schedule adaptive's (None under fixed);
+    `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory."""
+
+    job: Job
+    global_batch: int
+    checkpoint_path: str
+    model_path: str
+    metrics_path: str
+    loop_log_path: str
+    accumulation: int
+    selected_batch: int
+    schedule: BatchChooser | None = None
+    micro_cap: int | None = None
