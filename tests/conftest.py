@@ -20,6 +20,8 @@ from tula_hpc.core.job import Job
 from tula_hpc.core.plain_data import deep_update
 from tula_hpc.core.records import Selection
 
+pytest_plugins = ["tests.fast_tier", "pytester"]  # the fast tier's option, markers and guard; pytester tests the guard
+
 REPO = Path(__file__).resolve().parent.parent
 JOB = "digits-cnn"  # the one job config/jobs.yaml defines
 
