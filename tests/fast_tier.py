@@ -1,9 +1,9 @@
 """The fast tier (`pytest --fast`, `make test-fast`): the unit tests that start no process and no DAG, for working.
 
-A test is left out of it by a marker (`spawns`, `integration`, `slurm`; the last two are given by the folder). In the
-fast tier a test that starts a process anyway fails, naming the marker to add: unmarked, it would slowly make the
-tier what it is meant not to be. The guard stops the process before it starts, and fails the test even where the
-code under test swallows the error (a fallback on OSError, say).
+A test is left out of it by a marker (`spawns`, `slow`, `integration`, `slurm`; the last two are given by the folder).
+In the fast tier a test that starts a process anyway fails, naming the marker to add: unmarked, it would slowly make
+the tier what it is meant not to be. The guard stops the process before it starts, and fails the test even where the
+code under test swallows the error (a fallback on OSError, say). A DAG is a process too: Snakemake runs as a command.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-LEFT_OUT = ("spawns", "integration", "slurm")
+LEFT_OUT = ("spawns", "slow", "integration", "slurm")
 FOLDER_MARKERS = {"integration": "integration", "slurm": "slurm"}  # tests/<folder>/test_*.py -> their marker
 
 # Where a process starts: subprocess (and so asyncio, os.popen, submitit's local executor, a snakemake command),
@@ -89,7 +89,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A test that started a process fails, whatever became of the error it was given."""
     report = yield
     started = item.stash.get(STARTED, [])
-    if started and not report.failed:
+    if started and report.failed:  # the refusal became another error: say where it came from
+        report.sections.append(("fast tier", "\n".join(started)))
+    elif started:
         report.outcome = "failed"
         report.longrepr = "\n".join(started)
     started.clear()  # told once, by this phase's report

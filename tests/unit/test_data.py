@@ -83,6 +83,7 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
     assert x.shape == (3, 8, 8)
 
 
+@pytest.mark.spawns
 def test_digits_are_read_as_scikit_learns_loader_reads_them_without_importing_it():
     from sklearn.datasets import load_digits
 
@@ -228,6 +229,7 @@ def test_only_training_images_are_augmented_by_the_mnist_recipe(fashion, tmp_pat
     assert sum((4, 4, False) not in found for found in windows) > 40  # and most are moved
 
 
+@pytest.mark.spawns
 def test_tensor_augmentation_crops_and_flips_alike_in_any_worker_and_batch():
     """CIFAR's recipe (pad 4, flip) on images held as a tensor: a window of the padded image, mirrored for about
     half; the same one sample by sample, batch by batch, and in a loader worker after start_epoch."""
@@ -392,7 +394,7 @@ def test_synthetic_batches_follow_from_the_seed_and_the_positions():
     assert torch.equal(made(3)[1], made(4)[1])  # a label is the image's index modulo the classes
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.spawns)])
 def test_a_synthetic_loader_hands_over_which_images_and_the_step_makes_them_on_its_device(workers):
     """No pixels cross the loader (nor a worker's pipe): the batch the loop makes of what it hands over is the one
     the data set gives at those positions, and an epoch covers the rank's share of the images once."""

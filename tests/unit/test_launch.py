@@ -34,6 +34,7 @@ def _worker() -> None:
     """Stands in for a stage's worker: the sbatch script names only submitit's runner, not the function."""
 
 
+@pytest.mark.spawns
 def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
     """What a 2-node GPU job with account, partition and an extra sbatch argument asks of Slurm."""
     submitted = tmp_path / "submitted.sh"
@@ -95,6 +96,7 @@ def test_rank_logs_are_read_through_submitits_tasks(tmp_path, capsys, tasks):
     assert capsys.readouterr().out == "out of rank 0\n"
 
 
+@pytest.mark.spawns
 def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
     """gpus_per_node=2: two tasks on each node, one per GPU (each rank's LOCAL_RANK picks its device)."""
     submitted = tmp_path / "submitted.sh"
@@ -143,6 +145,7 @@ def _answer(value: int) -> int:
     return value + 1
 
 
+@pytest.mark.spawns
 def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_at_once(tmp_path, monkeypatch):
     """A fake srun runs the step's command here as Slurm would start its 2 ranks (the allocation's job id, the
     step's node list); run() returns rank 0's result although the allocation runs on."""
@@ -161,6 +164,7 @@ def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_a
     assert '"launcher": "slurm_shared"' in record and '"job_id": "77"' in record
 
 
+@pytest.mark.spawns
 def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, monkeypatch):
     """The first allocation (77) reaches its time limit while the step runs (the fake srun leaves no result and
     accounting says TIMEOUT); the measurement is taken again in allocation 78, and its result returned."""
@@ -190,6 +194,7 @@ def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, mon
     assert '"job_id": "78"' in (tmp_path / "work" / "profile" / "job.json").read_text()
 
 
+@pytest.mark.spawns
 def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tmp_path, capsys):
     """A step of a shared allocation, still running when the stage is rerun with allocation per_stage: it is waited
     for and its result read as a step's (no sbatch job of that id to ask Slurm about)."""
@@ -212,6 +217,7 @@ def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tm
     ("allocation", "expected"),
     [("RUNNING", ("OUT_OF_MEMORY", False)), ("PENDING", ("REQUEUED", True)), ("", ("TIMEOUT", True))],
 )
+@pytest.mark.spawns
 def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_queue(
     tmp_path, monkeypatch, allocation, expected
 ):
@@ -224,6 +230,7 @@ def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_q
     assert launch.LAUNCHERS["slurm_shared"].end_state(step) == expected
 
 
+@pytest.mark.spawns
 def test_a_step_whose_srun_is_gone_is_waited_for_in_slurm_not_measured_again(tmp_path, monkeypatch):
     """The record's srun is gone (its pid now another process's); Slurm still lists the step (twice), then not; its
     result is read, nothing is submitted. A step that finished while no driver ran is read the same way."""
@@ -248,6 +255,7 @@ def test_a_step_whose_srun_is_gone_is_waited_for_in_slurm_not_measured_again(tmp
     other.kill()
 
 
+@pytest.mark.spawns
 def test_the_job_is_recorded_before_it_starts_so_a_driver_killed_as_it_starts_leaves_a_record(tmp_path, monkeypatch):
     """A driver killed after srun started a step and before it wrote the step's record: the rerun found no record
     and measured again beside the orphan (CI saw a profile run twice). The record is written first, with the
@@ -277,6 +285,7 @@ def test_the_job_is_recorded_before_it_starts_so_a_driver_killed_as_it_starts_le
     assert "srun" not in log.read_text()  # not measured again
 
 
+@pytest.mark.spawns
 def test_a_steps_srun_that_no_record_names_is_found_by_its_folder(tmp_path):
     """A driver killed before it recorded the srun, which may still wait for the step's resources."""
     folder = tmp_path / "profile" / "submit-20261125-0731-cc22dd"
@@ -293,6 +302,7 @@ def test_a_steps_srun_that_no_record_names_is_found_by_its_folder(tmp_path):
         waiting.kill()
 
 
+@pytest.mark.spawns
 def test_an_sbatch_job_whose_driver_died_before_recording_its_id_is_found_by_name_and_folder(tmp_path, monkeypatch):
     folder = tmp_path / "train" / "submit-20261125-0731-cc22dd"
     listed = f"537|{folder}/.submission_file_0d9e1f22.sh"
@@ -305,6 +315,7 @@ def test_an_sbatch_job_whose_driver_died_before_recording_its_id_is_found_by_nam
     assert launch.LAUNCHERS["local"].reattach(record) is None  # a local job dies with its driver
 
 
+@pytest.mark.spawns
 def test_a_step_whose_results_are_written_is_done_after_a_grace_though_slurm_still_lists_it(tmp_path, monkeypatch):
     """A step's end waits on slurmctld (restarted: srun retries for a minute or more); its written results are read
     STEP_END_GRACE_S after they appeared."""
@@ -323,6 +334,7 @@ def test_a_step_whose_results_are_written_is_done_after_a_grace_though_slurm_sti
     ("listed", "reason", "submitted"),
     [("PENDING", "BeginTime", False), ("RUNNING", "None", False), ("PENDING", "launch failed requeued held", True)],
 )
+@pytest.mark.spawns
 def test_a_slurm_job_slurm_requeued_itself_is_waited_for_and_replaced_only_where_it_is_held(
     tmp_path, monkeypatch, listed, reason, submitted
 ):
@@ -358,6 +370,7 @@ def _allocator_settings() -> str | None:
     return os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
 
 
+@pytest.mark.spawns
 def test_a_gpu_jobs_allocator_settings_reach_every_launched_process(tmp_path, monkeypatch):
     """resources.cuda_alloc_conf is exported before torch sets up CUDA, whatever the driver's environment says;
     a CPU job exports none."""

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 replay = importlib.import_module("memory_replay")
@@ -43,6 +45,7 @@ def test_a_truth_further_down_moves_the_choice_with_it():
     assert 27461 * 0.99 <= row["chosen"] <= 27461
 
 
+@pytest.mark.spawns
 def test_every_recorded_case_replays_and_none_lands_above_its_truth(tmp_path):
     assert replay.main(["--out", str(tmp_path / "replay.json")]) == 0
     summary = json.loads((tmp_path / "replay.json").read_text())["summary"]
