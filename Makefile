@@ -20,9 +20,9 @@ demo: $(STAMP)
 	$(BIN)/snakemake --profile profiles/local
 
 # test: every test (unit, the real DAG, the Slurm tests), the 30 slowest named at the end.
-# test-fast: for working, in a few minutes: the unit tests that start no process and no DAG (tests/fast_tier.py:
-# a unit test that starts a process fails there until marked @pytest.mark.spawns); Fashion-MNIST's tests skip
-# without it.
+# test-fast: for working, in a few minutes: the unit tests that start no process and no DAG and are not marked slow
+# (tests/fast_tier.py: a unit test that starts a process fails there until marked @pytest.mark.spawns);
+# Fashion-MNIST's tests skip without it.
 test: $(STAMP) data
 	$(BIN)/python -m pytest -ra --durations=30 tests
 
