@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -69,9 +70,14 @@ def _joined(rank: int, port: int, worker, args: tuple) -> None:
         dist.destroy_process_group()
 
 
+# Two-rank runs fork from one server process that imported torch once for the session (a spawned rank imports it
+# anew: seconds per rank); each rank is still a fresh process, forked before torch started a thread.
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "tests.conftest"])
+
+
 def run_on_two_ranks(worker, *args) -> None:
     """`worker(rank, *args)` in two fresh processes that form one gloo group (a module-level function)."""
-    mp.spawn(_joined, args=(free_port(), worker, args), nprocs=2, join=True)
+    mp.start_processes(_joined, args=(free_port(), worker, args), nprocs=2, join=True, start_method="forkserver")
 
 
 def snakemake_command(workdir: Path, profile: str, configfile: Path, *extra: str) -> list[str]:
