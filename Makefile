@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test data lint bench-slurm slurm-up slurm-down clean
+.PHONY: demo test test-fast data lint bench-slurm slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,15 @@ demo: $(STAMP)
 	$(BIN)/tula-hpc unlock-stale
 	$(BIN)/snakemake --profile profiles/local
 
+# test: every test (unit, the real DAG, the Slurm tests), the 30 slowest named at the end.
+# test-fast: for working, in a few minutes: the unit tests that start no process and no DAG and are not marked slow
+# (tests/fast_tier.py: a unit test that starts a process fails there until marked @pytest.mark.spawns);
+# Fashion-MNIST's tests skip without it.
 test: $(STAMP) data
-	$(BIN)/python -m pytest -ra tests
+	$(BIN)/python -m pytest -ra --durations=30 tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra --fast --durations=10 tests/unit
 
 # Debian's Fashion-MNIST (the tests read it; fashion_mnist jobs by default): installed with apt when a file is
 # missing, which takes root; nothing else is downloaded.

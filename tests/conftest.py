@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -19,6 +20,17 @@ from tula_hpc.config import job_settings, load_config, validate_config
 from tula_hpc.core.job import Job
 from tula_hpc.core.plain_data import deep_update
 from tula_hpc.core.records import Selection
+from tula_hpc.memory.device_budget import _cpu_allocator
+
+pytest_plugins = ["tests.fast_tier", "pytester"]  # the fast tier's option, markers and guard; pytester tests the guard
+
+
+def pytest_sessionstart(session) -> None:
+    """In the fast tier, the CPU device budget's allocator is built (torch runs ninja, once a process) before any test:
+    otherwise whichever test first trains under a budget would start that process and fail the guard."""
+    if session.config.getoption("fast"):
+        _cpu_allocator()
+
 
 REPO = Path(__file__).resolve().parent.parent
 JOB = "digits-cnn"  # the one job config/jobs.yaml defines
@@ -58,9 +70,14 @@ def _joined(rank: int, port: int, worker, args: tuple) -> None:
         dist.destroy_process_group()
 
 
+# Two-rank runs fork from one server process that imported torch once for the session (a spawned rank imports it
+# anew: seconds per rank); each rank is still a fresh process, forked before torch started a thread.
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "tests.conftest"])
+
+
 def run_on_two_ranks(worker, *args) -> None:
     """`worker(rank, *args)` in two fresh processes that form one gloo group (a module-level function)."""
-    mp.spawn(_joined, args=(free_port(), worker, args), nprocs=2, join=True)
+    mp.start_processes(_joined, args=(free_port(), worker, args), nprocs=2, join=True, start_method="forkserver")
 
 
 def snakemake_command(workdir: Path, profile: str, configfile: Path, *extra: str) -> list[str]:

@@ -192,6 +192,7 @@ def _ddp_worker(rank: int, world: int, outdir: str) -> None:
     )
 
 
+@pytest.mark.spawns
 def test_ddp_ranks_end_with_identical_factors_and_weights(tmp_path):
     run_on_two_ranks(_ddp_worker, 2, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))

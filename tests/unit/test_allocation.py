@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import fake_commands as _fake_commands
 from tests.unit.test_shared_allocation_launcher import PARTITION, shared_spec
 from tula_hpc.cluster import allocation, slurm_states
@@ -16,6 +18,7 @@ def test_the_allocation_asks_slurm_for_the_phases_time_and_memory_not_one_steps(
     assert holder[-2:] == ["--wrap", "exec sleep infinity"]
 
 
+@pytest.mark.spawns
 def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, monkeypatch):
     state = tmp_path / "state"
     state.write_text("RUNNING")

@@ -43,6 +43,7 @@ def test_a_bench_config_is_a_valid_jobs_file_of_one_job():
     assert config["jobs"]["bench-y"]["train"]["epochs"] == 12
 
 
+@pytest.mark.spawns
 def test_a_result_file_starts_with_commit_processor_and_settings(tmp_path):
     out = tmp_path / "result.json"
     common.write_result(out, {"rounds": 3}, {"figure": 1.5})

@@ -29,6 +29,7 @@ CUDA = torch.device("cuda", 0)
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 
 
+@pytest.mark.spawns
 def test_the_budget_makes_allocations_fail_for_real_and_is_lifted():
     job = default_job()
     device = torch.device("cpu")

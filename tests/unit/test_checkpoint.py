@@ -42,6 +42,7 @@ def _gather_seeded_states(rank: int, outdir: str) -> None:
         assert states is None
 
 
+@pytest.mark.spawns
 def test_rank_0_gathers_every_ranks_states_by_rank(tmp_path):
     run_on_two_ranks(_gather_seeded_states, str(tmp_path))
     states = torch.load(tmp_path / "states.pt", weights_only=False)

@@ -7,6 +7,7 @@ import socket
 import subprocess
 
 import psutil
+import pytest
 
 from tula_hpc import cli
 
@@ -24,12 +25,14 @@ def _gone_process() -> dict:
     return {"host": socket.gethostname(), "pid": proc.pid, "created": created}
 
 
+@pytest.mark.spawns
 def test_the_lock_of_a_driver_that_is_gone_is_removed(tmp_path):
     _locked(tmp_path, **_gone_process())
     assert cli.remove_stale_lock(tmp_path)
     assert not any((tmp_path / ".snakemake" / "locks").iterdir())
 
 
+@pytest.mark.spawns
 def test_the_lock_of_a_live_driver_or_another_hosts_is_kept(tmp_path):
     cli.record_driver(tmp_path)  # this process: alive
     driver = json.loads((tmp_path / cli.DRIVER_RECORD).read_text())

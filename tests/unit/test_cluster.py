@@ -158,12 +158,14 @@ def flaky_scontrol(tmp_path, monkeypatch):
     return tmp_path, log
 
 
+@pytest.mark.spawns
 def test_a_command_that_fails_while_slurmctld_is_away_is_tried_again(flaky_scontrol):
     _, log = flaky_scontrol
     assert cluster.partition_limits(None).partition == "gpu"
     assert log.read_text().splitlines() == ["scontrol show partition -o", "scontrol ping", "scontrol show partition -o"]
 
 
+@pytest.mark.spawns
 def test_a_command_that_fails_while_slurmctld_answers_fails_at_once(flaky_scontrol):
     folder, log = flaky_scontrol
     (folder / "up").touch()
@@ -172,6 +174,7 @@ def test_a_command_that_fails_while_slurmctld_answers_fails_at_once(flaky_scontr
     assert log.read_text().splitlines() == ["scontrol show partition -o", "scontrol ping"]
 
 
+@pytest.mark.spawns
 def test_a_controller_away_too_long_is_an_error_naming_the_command(flaky_scontrol, monkeypatch):
     monkeypatch.setattr(cluster, "CONTROLLER_PATIENCE_S", -1)
     with pytest.raises(cluster.ClusterError, match=r"`scontrol show partition -o` failed \(1\)"):

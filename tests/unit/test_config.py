@@ -122,6 +122,7 @@ def test_missing_and_malformed_files_are_named(tmp_path):
         load_config([broken])
 
 
+@pytest.mark.spawns
 def test_stage_cli_exits_nonzero_and_leaves_results_untouched(tmp_path):
     config_path = tmp_path / "jobs.yaml"
     config_path.write_text(yaml.safe_dump(job_config(train={"epochs": 0})))
@@ -274,6 +275,7 @@ def test_factories_and_torchvision_builders_that_build_for_the_data_are_valid(mo
     assert default_job(model=model).as_dict()["model"] == {"kwargs": {}, **model}
 
 
+@pytest.mark.spawns
 def test_validating_a_built_in_model_leaves_torch_unimported():
     """Validation runs in the Snakemake process: importing torch there would cost seconds on every run."""
     check = "import sys, tula_hpc.config as c; c.load_config(['config/jobs.yaml']); print(*sys.modules)"
@@ -353,6 +355,7 @@ def test_synthetic_data_of_a_given_shape_is_valid_and_a_model_is_built_for_it():
 
 
 @pytest.mark.parametrize("data", [{"name": "fashion_mnist", "damage": "truncated"}, {"name": BAD_DATA[3][1]}])
+@pytest.mark.spawns
 def test_a_stage_stops_on_bad_data_before_submitting_and_leaves_results_untouched(data, tmp_path):
     root = _fashion_folder(tmp_path, data["damage"]) if "damage" in data else None
     config_path = tmp_path / "jobs.yaml"
@@ -526,6 +529,7 @@ def test_a_local_gpu_job_needing_more_gpus_than_this_machine_has_is_refused(monk
         validate_config(_gpu_config("local", gpus=4))
 
 
+@pytest.mark.spawns
 def test_a_stage_stops_on_a_local_gpu_job_without_cuda_before_submitting(tmp_path):
     """CUDA_VISIBLE_DEVICES naming no GPU makes CUDA unusable on any machine."""
     config_path = tmp_path / "jobs.yaml"

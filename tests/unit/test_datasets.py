@@ -44,6 +44,7 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
     assert x.shape == (3, 8, 8)
 
 
+@pytest.mark.spawns
 def test_digits_are_read_as_scikit_learns_loader_reads_them_without_importing_it():
     from sklearn.datasets import load_digits
 
@@ -153,6 +154,7 @@ def test_only_training_images_are_augmented_by_the_mnist_recipe(fashion, tmp_pat
     assert sum((4, 4, False) not in found for found in windows) > 40  # and most are moved
 
 
+@pytest.mark.spawns
 def test_tensor_augmentation_crops_and_flips_alike_in_any_worker_and_batch():
     """CIFAR's recipe (pad 4, flip) on images held as a tensor: a window of the padded image, mirrored for about
     half; the same one sample by sample, batch by batch, and in a loader worker after start_epoch."""

@@ -79,6 +79,7 @@ def _mean_worker(rank: int, outdir: str) -> None:
     assert float(value) == rank + 1  # the caller's tensor is left alone
 
 
+@pytest.mark.spawns
 def test_an_epochs_loss_is_the_mean_over_ranks(tmp_path):
     from tests.conftest import run_on_two_ranks
     from tula_hpc.cluster.distributed import Context, mean_over_ranks

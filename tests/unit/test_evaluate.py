@@ -33,6 +33,7 @@ def test_measured_cost_is_priced_as_the_prediction_and_lost_work_apart():
         )
 
 
+@pytest.mark.spawns
 def test_the_worker_is_launched_by_name_and_a_job_pickled_before_the_move_still_finds_it():
     assert EVALUATE_WORKER.module == evaluate_worker.__module__ and EVALUATE_WORKER.function == "evaluate_worker"
     for old in ("tula_hpc.stages.evaluate", "tula_hpc.evaluate"):  # before the worker moved; before the folders

@@ -1,5 +1,6 @@
 """training/evaluation.py: BatchNorm statistics recomputed on the training set (precise BN), on one rank and two."""
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -57,6 +58,7 @@ def _precise_bn_on_a_rank(rank: int, store_path: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.spawns
 def test_precise_bn_spread_over_two_ranks_averages_their_shares_into_the_same_statistics(tmp_path):
     """Each rank passes half the sample; with equal batches the average of batch means is the sample mean exactly."""
     out = str(tmp_path / "stats")

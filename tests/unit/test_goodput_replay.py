@@ -76,6 +76,7 @@ def test_adaptive_follows_the_noise_the_static_choice_misses(tmp_path):
     assert case["adaptive_time_over_best_fixed"] <= 1.0
 
 
+@pytest.mark.spawns
 def test_a_curve_short_of_the_target_fails(tmp_path):
     """The largest batch's curve stops at 0.95 (below the 0.99 target): fixed at it fails, the best fixed batch is
     the next, and the adaptive schedule, which the noise sends there, fails too and is counted."""
@@ -101,6 +102,7 @@ def test_curve_between_traced_batches_is_log_interpolated(tmp_path):
         bench.curve_at(curves, 512)
 
 
+@pytest.mark.spawns
 def test_result_file_opens_with_summary_and_leaves_fmnist_null(tmp_path):
     root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0)
     out = tmp_path / "goodput_replay.json"
@@ -117,6 +119,7 @@ def test_result_file_opens_with_summary_and_leaves_fmnist_null(tmp_path):
     assert all(v["met"] for v in result["verdicts"].values())
 
 
+@pytest.mark.spawns
 def test_the_fashion_mnist_keys_are_the_training_benchs_figures(tmp_path):
     root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0)
     trained = tmp_path / "adaptive_fmnist.json"

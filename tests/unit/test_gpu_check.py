@@ -51,6 +51,7 @@ def test_a_cpu_run_must_name_its_own_file(tmp_path, capsys):
     assert DEFAULT_OUT.exists() == existed and not any(tmp_path.iterdir())
 
 
+@pytest.mark.spawns
 def test_the_command_line_without_a_gpu_exits_0(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -179,6 +180,7 @@ def test_only_fresh_sections_judge_and_the_check_is_complete_when_every_section_
     assert not document["complete"] and not document["all_met"]
 
 
+@pytest.mark.spawns
 def test_sections_run_apart_accumulate_in_one_file_each_stamped(tmp_path, monkeypatch):
     """A check split over device calls: --sections memory, then --sections steptime, leave both in the file."""
     for name in gpu_check.SECTIONS:
@@ -216,6 +218,7 @@ def test_without_git_the_commit_comes_from_the_caller_and_the_digest_names_the_c
     assert unnamed["git_commit"] is None and unnamed["source_digest"] == found["source_digest"]
 
 
+@pytest.mark.spawns
 def test_the_callers_commit_wins_over_git_even_inside_a_git_repository(monkeypatch):
     """A copy inside another repository's work tree got that repository's commit from git, the caller's ignored."""
     monkeypatch.delenv("TULA_GIT_COMMIT", raising=False)
@@ -286,6 +289,7 @@ def test_the_plan_alone_is_printed_without_a_gpu(capsys, monkeypatch):
     assert out.startswith("plan on cuda") and "memory " in out and "of --budget-s 280" in out
 
 
+@pytest.mark.spawns
 def test_a_budget_skips_saying_so_what_would_not_fit_and_records_it(tmp_path, monkeypatch, capsys):
     for name in gpu_check.SECTIONS:
         monkeypatch.setitem(gpu_check.SECTIONS, name, lambda device, preset, scratch, context: {"verdicts": {}})
@@ -299,6 +303,7 @@ def test_a_budget_skips_saying_so_what_would_not_fit_and_records_it(tmp_path, mo
     assert not result["complete"] and set(result["seconds"]) == {*result["sections"], "run"}
 
 
+@pytest.mark.spawns
 def test_the_calls_setup_counts_in_the_slot(tmp_path, monkeypatch):
     """Installing the wheels before the check starts (scripts/gpu-python.sh's TULA_GPU_CALL_STARTED) takes from the
     budget and is recorded, so that the slot's verdict is the device call's whole time."""
@@ -358,6 +363,7 @@ def test_each_stages_imports_are_added_up_from_its_logs_top_level_lines(tmp_path
     assert gpu_steps.import_seconds(tmp_path) == {"plan": 2.002, "profile/N1_B32": 0.25}
 
 
+@pytest.mark.spawns
 def test_the_dags_timeout_stops_only_work_still_running(tmp_path):
     log = tmp_path / "log"
     assert gpu_steps.run_dag([sys.executable, "-c", "print('done')"], log, 30) == (0, False)

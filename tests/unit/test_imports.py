@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tula_hpc.cli import STAGES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tula_hpc"
@@ -213,6 +215,7 @@ LOGIN_NODE_STAGES = tuple(
 )
 
 
+@pytest.mark.spawns
 def test_the_stages_that_run_on_the_login_node_import_no_torch():
     check = f"import sys; import {', '.join(f'tula_hpc.{m}' for m in LOGIN_NODE_STAGES)}; print(*sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
@@ -221,6 +224,7 @@ def test_the_stages_that_run_on_the_login_node_import_no_torch():
     assert {f"tula_hpc.{m}" for m in LOGIN_NODE_STAGES} <= set(loaded.stdout.split())
 
 
+@pytest.mark.spawns
 def test_the_stages_that_fit_nothing_start_without_scikit_learn():
     """Planning, a planned profile job, training at a fixed batch, evaluating and reporting fit nothing: scikit-learn
     (a second to import) stays out until a fit is made (the adapt rule's, an adaptive batch schedule's)."""
@@ -230,6 +234,7 @@ def test_the_stages_that_fit_nothing_start_without_scikit_learn():
         assert "sklearn" not in loaded.stdout.split() and f"tula_hpc.stages.{stage}" in loaded.stdout.split()
 
 
+@pytest.mark.spawns
 def test_a_memory_probes_process_starts_without_scikit_learn():
     """A probe in a fresh process (CPU jobs: every probe and trial) records parts the stage fits; it fits nothing."""
     check = "import sys; import tula_hpc.profiling.memory_probes; print(*sys.modules)"

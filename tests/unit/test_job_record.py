@@ -20,6 +20,7 @@ from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.registry import LAUNCHERS
 
 
+@pytest.mark.spawns
 def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tmp_path, capsys):
     """A step of a shared allocation, still running when the stage is rerun with allocation per_stage: it is waited
     for and its result read as a step's (no sbatch job of that id to ask Slurm about)."""
@@ -36,6 +37,7 @@ def test_a_reattached_step_is_waited_for_as_a_step_whatever_the_spec_says_now(tm
     step.wait()
 
 
+@pytest.mark.spawns
 def test_the_job_is_recorded_before_it_starts_so_a_driver_killed_as_it_starts_leaves_a_record(tmp_path, monkeypatch):
     """A driver killed after srun started a step and before it wrote the step's record: the rerun found no record
     and measured again beside the orphan (CI saw a profile run twice). The record is written first, with the

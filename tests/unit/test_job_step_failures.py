@@ -40,6 +40,7 @@ def answer(failure_dir: str) -> int:
     return 42
 
 
+@pytest.mark.spawns
 def test_a_stage_runs_a_worker_and_reads_how_it_ended_without_importing_torch(tmp_path):
     """The stages that launch workers wait where Snakemake runs, often a login node; reading the workers' failure
     records imported torch there (1.7 s of every probe, profile and train stage's start here; issue 39)."""

@@ -1,3 +1,5 @@
+import pytest
+
 """launch: a stage's worker run through its launcher, re-run where its job ended under it, rank 0's output echoed,
 and a task pickled before the launchers went apart still loads.
 
@@ -28,6 +30,7 @@ def test_rank_0s_output_is_echoed_into_the_stages_log(tmp_path, capsys):
     assert capsys.readouterr().out == "out of rank 0\n"
 
 
+@pytest.mark.spawns
 def test_a_step_whose_allocation_timed_out_runs_again_in_a_new_one(tmp_path, monkeypatch):
     """The first allocation (77) reaches its time limit while the step runs (the fake srun leaves no result and
     accounting says TIMEOUT); the measurement is taken again in allocation 78, and its result returned."""
@@ -64,6 +67,7 @@ def _allocator_settings() -> str | None:
     return os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
 
 
+@pytest.mark.spawns
 def test_a_gpu_jobs_allocator_settings_reach_every_launched_process(tmp_path, monkeypatch):
     """resources.cuda_alloc_conf is exported before torch sets up CUDA, whatever the driver's environment says;
     a CPU job exports none."""

@@ -24,6 +24,7 @@ def real_probe() -> dict:
     return run_in_fresh_process("measure", job=default_job(), batch=64)
 
 
+@pytest.mark.spawns
 def test_a_probe_measures_every_part_of_the_steady_steps(real_probe):
     assert real_probe["outcome"] == "measured" and set(real_probe["peaks"]) == set(PARTS)
     assert real_probe["peak_bytes"] == max(real_probe["peaks"].values())
@@ -35,6 +36,7 @@ def test_a_probe_measures_every_part_of_the_steady_steps(real_probe):
     assert real_probe["autocast_weight_bytes"] == 0 and real_probe["collective_library_bytes"] == 0
 
 
+@pytest.mark.spawns
 def test_a_bf16_probe_counts_autocasts_weight_copies_apart_from_the_activations(real_probe):
     bf16 = run_in_fresh_process("measure", job=default_job(train={"precision": "bf16"}), batch=64)
     assert 0 < bf16["autocast_weight_bytes"] <= bf16["param_bytes"] / 2  # bf16 copies of the weights, not biases
@@ -42,6 +44,7 @@ def test_a_bf16_probe_counts_autocasts_weight_copies_apart_from_the_activations(
     assert bf16["optimizer_bytes"] == real_probe["optimizer_bytes"]
 
 
+@pytest.mark.spawns
 def test_a_trial_runs_out_of_memory_below_the_probes_peak_and_reaches_it_above(real_probe):
     job = default_job()
     tight = (real_probe["param_bytes"] + real_probe["peak_bytes"]) // 2  # holds the model, not the step
@@ -62,6 +65,7 @@ def _live_tensor_bytes() -> int:
     return sum(o.nbytes for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta)
 
 
+@pytest.mark.spawns
 def test_probes_in_one_process_answer_as_fresh_ones_and_leave_nothing_behind(real_probe):
     """One process runs probe after probe (resources.memory_probes_in): each answers as a fresh process does, and
     none leaves a tensor behind for the next to count (a saved output packed as itself once kept whole steps alive

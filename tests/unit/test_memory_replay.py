@@ -1,3 +1,5 @@
+import pytest
+
 """bench/memory_replay.py: recorded GPU cases replayed through the stage's fit, CUDA trials and choice."""
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def test_a_truth_further_down_moves_the_choice_with_it():
     assert 27461 * 0.99 <= row["chosen"] <= 27461
 
 
+@pytest.mark.spawns
 def test_every_recorded_case_replays_and_none_lands_above_its_truth(tmp_path):
     assert replay.main(["--out", str(tmp_path / "replay.json")]) == 0
     summary = json.loads((tmp_path / "replay.json").read_text())["summary"]

@@ -74,6 +74,7 @@ def _polo_fp16_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:
     torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
 
 
+@pytest.mark.spawns
 def test_fp16_local_sgd_ranks_skip_a_step_together_when_one_overflows(tmp_path):
     """Each local-SGD rank holds its own gradient; a rank stepping alone would leave the model averages unmatched."""
     train = dict(strategy="polo", precision="fp16", polo={"sync_epochs": 0, "averages_per_epoch": 2})

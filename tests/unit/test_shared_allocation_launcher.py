@@ -46,6 +46,7 @@ def test_a_measurement_step_asks_slurm_for_what_the_docs_say():
     assert "--overlap" not in step and step[-4:] == ["-u", "-m", "submitit.core._submit", "/w/profile"]
 
 
+@pytest.mark.spawns
 def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_at_once(tmp_path, monkeypatch):
     """A fake srun runs the step's command here as Slurm would start its 2 ranks (the allocation's job id, the
     step's node list); run() returns rank 0's result although the allocation runs on."""
@@ -68,6 +69,7 @@ def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_a
     ("allocation", "expected"),
     [("RUNNING", ("OUT_OF_MEMORY", False)), ("PENDING", ("REQUEUED", True)), ("", ("TIMEOUT", True))],
 )
+@pytest.mark.spawns
 def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_queue(
     tmp_path, monkeypatch, allocation, expected
 ):
@@ -80,6 +82,7 @@ def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_q
     assert SharedAllocationLauncher().end_state(step) == expected
 
 
+@pytest.mark.spawns
 def test_a_step_whose_srun_is_gone_is_waited_for_in_slurm_not_measured_again(tmp_path, monkeypatch):
     """The record's srun is gone (its pid now another process's); Slurm still lists the step (twice), then not; its
     result is read, nothing is submitted. A step that finished while no driver ran is read the same way."""
@@ -102,6 +105,7 @@ def test_a_step_whose_srun_is_gone_is_waited_for_in_slurm_not_measured_again(tmp
     other.kill()
 
 
+@pytest.mark.spawns
 def test_a_steps_srun_that_no_record_names_is_found_by_its_folder(tmp_path):
     """A driver killed before it recorded the srun, which may still wait for the step's resources."""
     folder = tmp_path / "profile" / "submit-20261125-0731-cc22dd"
@@ -118,6 +122,7 @@ def test_a_steps_srun_that_no_record_names_is_found_by_its_folder(tmp_path):
         waiting.kill()
 
 
+@pytest.mark.spawns
 def test_a_step_whose_results_are_written_is_done_after_a_grace_though_slurm_still_lists_it(tmp_path, monkeypatch):
     """A step's end waits on slurmctld (restarted: srun retries for a minute or more); its written results are read
     STEP_END_GRACE_S after they appeared."""

@@ -25,6 +25,7 @@ def _worker() -> None:
     """Stands in for a stage's worker: the sbatch script names only submitit's runner, not the function."""
 
 
+@pytest.mark.spawns
 def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
     """What a 2-node GPU job with account, partition and an extra sbatch argument asks of Slurm."""
     submitted = tmp_path / "submitted.sh"
@@ -48,6 +49,7 @@ def test_the_sbatch_script_matches_the_recorded_one(tmp_path, monkeypatch):
     assert script == (DATA / "sbatch_2_nodes_2_gpus.txt").read_text()
 
 
+@pytest.mark.spawns
 def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
     """gpus_per_node=2: two tasks on each node, one per GPU (each rank's LOCAL_RANK picks its device)."""
     submitted = tmp_path / "submitted.sh"
@@ -59,6 +61,7 @@ def test_gpus_per_node_asks_slurm_for_one_task_per_gpu(tmp_path, monkeypatch):
     assert "#SBATCH --nodes=2" in lines and job.num_tasks == 4
 
 
+@pytest.mark.spawns
 def test_an_sbatch_job_whose_driver_died_before_recording_its_id_is_found_by_name_and_folder(tmp_path, monkeypatch):
     folder = tmp_path / "train" / "submit-20261125-0731-cc22dd"
     listed = f"537|{folder}/.submission_file_0d9e1f22.sh"
@@ -74,6 +77,7 @@ def test_an_sbatch_job_whose_driver_died_before_recording_its_id_is_found_by_nam
     ("listed", "reason", "replaced"),
     [("PENDING", "BeginTime", False), ("RUNNING", "None", False), ("PENDING", "launch failed requeued held", True)],
 )
+@pytest.mark.spawns
 def test_a_slurm_job_slurm_requeued_itself_is_waited_for_and_replaced_only_where_it_is_held(
     tmp_path, monkeypatch, listed, reason, replaced
 ):

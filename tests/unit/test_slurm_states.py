@@ -51,6 +51,7 @@ def test_a_completed_allocation_is_completed_whatever_a_step_says():
     assert slurm_states.parse_sacct_states("COMPLETED\nCOMPLETED\nCANCELLED by 0\n") == "COMPLETED"
 
 
+@pytest.mark.spawns
 def test_slurm_state_waits_for_accounting_to_learn_of_the_end(tmp_path, monkeypatch):
     """squeue has forgotten the job; sacct knows nothing twice, then the recorded out-of-memory job."""
     count = tmp_path / "count"
@@ -65,6 +66,7 @@ def test_slurm_state_waits_for_accounting_to_learn_of_the_end(tmp_path, monkeypa
     assert log.read_text().splitlines() == ["squeue -h -j 42 -o %T"] + ["sacct -n -P -j 42 -o State"] * 3
 
 
+@pytest.mark.spawns
 def test_slurm_state_gives_up_waiting_for_accounting(tmp_path, monkeypatch):
     fake_commands(tmp_path, monkeypatch, squeue="echo 'slurm_load_jobs error: Invalid job id' >&2; exit 1", sacct="")
     monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
@@ -97,6 +99,7 @@ def test_a_job_is_found_by_the_folder_submitit_wrote_its_batch_script_into():
     assert slurm_states.parse_submitted_from("", "submit-20261125-0731-cc22dd") is None
 
 
+@pytest.mark.spawns
 def test_a_cancel_is_tried_again_while_slurmctld_does_not_answer_and_fails_naming_the_command(tmp_path, monkeypatch):
     """scancel fails while slurmctld restarts: the allocation must not be left holding its nodes."""
     count, refused = tmp_path / "count", 'echo "Unable to contact slurm controller" >&2; exit 1'

@@ -26,6 +26,7 @@ def write_curves(root: Path, base: int = 100, batches=(100, 400, 1600), rows: in
     return root
 
 
+@pytest.mark.spawns
 def test_curves_that_follow_the_gain_are_predicted_exactly(tmp_path):
     out = tmp_path / "result.json"
     assert bench.main(["--traces", str(write_curves(tmp_path / "traces")), "--out", str(out)]) == 0

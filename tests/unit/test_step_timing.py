@@ -42,6 +42,7 @@ def test_measure_times_each_part_of_real_training_steps(job):
     assert profile["loader"] is None  # no loader workers: loading is the step's data part
 
 
+@pytest.mark.spawns
 def test_with_loader_workers_the_profile_times_the_loaders_own_pace(job, monkeypatch):
     """A data set whose images each wait 1 ms (a slow file system) behind 2 workers: a batch of 16 every 8 ms at
     best, which the measured steps, drawing on batches made ahead, do not show."""
@@ -71,6 +72,7 @@ class _SlowItems(Dataset):
         return self.items[i]
 
 
+@pytest.mark.spawns
 def test_an_epoch_end_leaves_no_batch_in_the_workers_hands_before_the_restart_it_times(job):
     """Closing an iterator mid-epoch leaves the batches it asked for with the workers, and a persistent loader's next
     iterator waits for them: the timed restart must not (training's epochs run out before they restart)."""
@@ -160,6 +162,7 @@ def test_a_disturbed_measurement_is_repeated_and_the_quietest_attempt_kept(job, 
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+@pytest.mark.spawns
 def test_ranks_under_another_hostname_on_this_machine_count_as_the_same_machine():
     """Slurm nodes in namespaces of one host have their own hostnames but share its CPUs: the profiler must
     not count a fellow rank's CPU time as other users' work."""
@@ -179,6 +182,7 @@ def _burn_cpu(seconds: float) -> None:
         pass
 
 
+@pytest.mark.spawns
 def test_cpu_of_processes_the_rank_started_is_its_own_not_interference():
     """DataLoader workers are the job's work: a child that burns CPU counts as the rank's own seconds, whether it
     still runs when read or has ended and been waited for."""
@@ -227,6 +231,7 @@ def _all_reduce_in_buckets(rank: int, outdir: str) -> None:
     torch.save([p.grad for p in model.parameters()], f"{outdir}/rank{rank}.pt")
 
 
+@pytest.mark.spawns
 def test_two_ranks_end_with_the_mean_of_their_gradients(tmp_path):
     run_on_two_ranks(_all_reduce_in_buckets, str(tmp_path))
     expected = [

@@ -138,6 +138,7 @@ def _same_on_both_ranks(net: nn.Module) -> bool:
     return bool(same.item())
 
 
+@pytest.mark.spawns
 def test_polo_is_synchronous_then_local_with_averaging_and_resumes(tmp_path):
     # momentum 0: each rank's momentum buffer is local, and a resume restores rank 0's on both ranks.
     train = dict(
@@ -278,6 +279,7 @@ def _adascale_worker(rank: int, outdir: str) -> None:
     torch.save({"gains": gains, "progress": strategy.progress}, os.path.join(outdir, f"adascale{rank}.pt"))
 
 
+@pytest.mark.spawns
 def test_adascale_gain_is_measured_and_agreed_on_two_ranks(tmp_path):
     run_on_two_ranks(_adascale_worker, str(tmp_path))
     first, second = (torch.load(tmp_path / f"adascale{rank}.pt") for rank in range(2))

@@ -65,7 +65,7 @@ def test_synthetic_batches_follow_from_the_seed_and_the_positions():
     assert torch.equal(made(3)[1], made(4)[1])  # a label is the image's index modulo the classes
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.spawns)])
 def test_a_synthetic_loader_hands_over_which_images_and_the_step_makes_them_on_its_device(workers):
     """No pixels cross the loader (nor a worker's pipe): the batch the loop makes of what it hands over is the one
     the data set gives at those positions, and an epoch covers the rank's share of the images once."""

@@ -70,6 +70,7 @@ def test_sync_mappings_split_the_step(tmp_path):
         bench.sync_split(points, "whole")
 
 
+@pytest.mark.spawns
 def test_exact_trace_replays_without_error(tmp_path):
     """No noise: partial search predicts the exact trace, confirms its choices at a share of the grid's cost and
     chooses the true best."""
@@ -113,6 +114,7 @@ def test_an_epochs_last_smaller_step_is_timed_by_the_trace_between_its_batches()
     assert bench.traced_step(steps, 2, 4, 96) == pytest.approx(4.0)
 
 
+@pytest.mark.spawns
 def test_gpus_per_node_as_a_choice_replays_without_error_and_chooses_the_best_shape(tmp_path):
     """1 or 2 GPUs per node in one grid: partial search over node shapes predicts every unprofiled shape exactly
     and the time and cost objectives choose the true best shape."""
@@ -138,6 +140,7 @@ def test_each_profile_read_has_its_seeds_noise_at_the_given_level():
     assert statistics.pstdev(logs) == pytest.approx(0.05, rel=0.1) and abs(statistics.fmean(logs)) < 0.005
 
 
+@pytest.mark.spawns
 def test_noisy_reads_are_averaged_over_seeds_and_the_search_confirms_within_its_limit(tmp_path):
     """With noise the unprofiled candidates are off by about the noise, the summary is the seeds' mean, and each
     job's confirming profiles stay within search.confirm and cost less than the whole grid."""

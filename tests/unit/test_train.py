@@ -72,6 +72,7 @@ def _crashed_then_resumed(
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
 def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
     job = default_job(train=dict(strategy=name, epochs=10, warmup_epochs=2, lr_milestones=[8], polo={"sync_epochs": 2}))
     summary, _ = _run_training(job, tmp_path)
@@ -99,6 +100,7 @@ def test_every_strategy_trains_the_tiny_cnn(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ags", "lrs", "adascale"])  # adascale: its progress resumes too
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
 def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkeypatch):
     job = default_job(train=dict(strategy=name, epochs=5, warmup_epochs=2, lr_milestones=[4]))
     _, uninterrupted = _run_training(job, tmp_path / "whole")
@@ -133,6 +135,7 @@ MOVES = {256: 128, 128: 512}  # 256 for the first epoch, 128 for the second, 512
 
 
 @pytest.mark.parametrize("name", ["lrs", "ags", "adascale"])
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
 def test_a_resume_across_a_change_of_batch_gives_the_uninterrupted_weights(name, tmp_path, monkeypatch):
     """The batch changes at epochs' ends, each epoch's record says so, and a crash in the third epoch (at 512, after
     two changes) resumes at the checkpoint's batch to the uninterrupted run's weights, bit for bit."""
@@ -152,6 +155,7 @@ def test_a_resume_across_a_change_of_batch_gives_the_uninterrupted_weights(name,
         assert torch.equal(value, resumed[key]), key
 
 
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
 def test_a_run_preempted_mid_epoch_after_a_change_of_batch_ends_with_the_same_weights(tmp_path, monkeypatch):
     job = default_job(train=dict(strategy="lrs", **ADAPTIVE))
     _, uninterrupted = _run_training(job, tmp_path / "whole", schedule=ScriptedSchedule(MOVES))
@@ -175,6 +179,7 @@ def len_train(job: Job) -> int:
 
 
 @pytest.mark.parametrize("name", ["ags", "lars"])
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
 def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weights(name, tmp_path, monkeypatch):
     """submitit's requeue signal in the middle of an epoch: the step it arrives in is finished and saved with
     the sampler's position and the RNG, and the resumed run matches an uninterrupted one bit for bit."""
@@ -201,6 +206,7 @@ def test_a_run_preempted_mid_epoch_saves_that_step_and_ends_with_the_same_weight
         assert torch.equal(value, resumed[key]), key
 
 
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
 def test_a_kill_without_warning_costs_at_most_the_steps_since_the_last_interval_checkpoint(tmp_path, monkeypatch):
     """resources.checkpoint_every_steps: 3. A crash in step 15 (no signal: nothing is saved on the way out) resumes
     from step 12's checkpoint, so steps 13 and 14 run twice, and the weights end as an uninterrupted run's."""

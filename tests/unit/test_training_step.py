@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,6 +45,7 @@ def _score_five_images(rank: int, outdir: str) -> None:
     torch.save(accuracy, f"{outdir}/rank{rank}.pt")
 
 
+@pytest.mark.spawns
 def test_two_ranks_score_every_image_exactly_once(tmp_path):
     # DistributedSampler would pad rank 1's share with image 0 (right), scoring 4/6 instead of 3/5.
     run_on_two_ranks(_score_five_images, str(tmp_path))
