@@ -1,5 +1,3 @@
-import pytest
-
 """launch: a stage's worker run through its launcher, re-run where its job ended under it, rank 0's output echoed,
 and a task pickled before the launchers went apart still loads.
 
@@ -11,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
+import pytest
 import submitit
 
 from tests.conftest import default_job

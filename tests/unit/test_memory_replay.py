@@ -1,5 +1,3 @@
-import pytest
-
 """bench/memory_replay.py: recorded GPU cases replayed through the stage's fit, CUDA trials and choice."""
 
 from __future__ import annotations
@@ -7,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 from tula_bench import memory_replay as replay
 
 WHOLE_CARD = replay.CASES / "h200_first_run_resnet18_32_fp32_whole_card.json"
