@@ -36,6 +36,7 @@ def test_a_rank_ended_well_only_where_it_left_a_successful_result(tmp_path):
     assert [interface.ended_well(job, rank) for rank in range(3)] == [True, False, False]
 
 
+@pytest.mark.spawns
 def test_a_process_that_ended_is_not_alive_though_its_parent_has_not_reaped_it(tmp_path):
     ending = subprocess.Popen(["sleep", "0.2"])
     assert interface.pid_alive(ending.pid)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from tula_bench import steady_truth
 from tula_bench.common import bench_job
 
 
+@pytest.mark.spawns
 def test_the_answer_names_the_batch_size_not_the_last_data_batch():
     """Since e279873 the loop variable shadowed the size: the answer held a tensor pair and JSON refused it."""
     job = bench_job(as_name="bench-tiny", model={"name": "tiny_cnn"}, data={"image_size": 8})
