@@ -43,9 +43,9 @@ def lightning_module(pl, job: Job, settings: dict, trials: list[dict]):
     from torch.utils.data import DataLoader
 
     from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
-    from tula_hpc.profiling.memory_probes import _build, probe_device, shaped_batch
+    from tula_hpc.profiling.memory_probes import build_probe_setup, probe_device, shaped_batch
 
-    splits, model, loss_fn = _build(job)
+    splits, model, loss_fn = build_probe_setup(job)
     device = probe_device(job)
     device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)  # the truth's budget
     train = job.train

@@ -84,11 +84,11 @@ def case_job(name: str, case: dict, device: str, memory_gb) -> Job:
 
 def timed_steps(job: Job, batch: int, count: int) -> list[float]:
     """Seconds of each of `count` plain training steps at `batch`, the device synchronised after each."""
-    from tula_hpc.profiling.memory_probes import _build, probe_device, shaped_batch
+    from tula_hpc.profiling.memory_probes import build_probe_setup, probe_device, shaped_batch
     from tula_hpc.training.step import accumulate_gradients, apply_update, clock_for
     from tula_hpc.training.strategies import build_strategy
 
-    splits, model, loss_fn = _build(job)
+    splits, model, loss_fn = build_probe_setup(job)
     device = probe_device(job)
     clock = clock_for(device)
     strategy = build_strategy(model, job.train, batch, 1000)

@@ -206,6 +206,38 @@ def test_a_planted_script_import_in_bench_is_found(tmp_path):
     assert ["tula_bench.common", "tula_bench.steady_truth", "tula_bench.common"] in cycles(graph)
 
 
+def private_names_crossed(source: str) -> list[str]:
+    """`_name`s that `source` takes from a module of tula_hpc or tula_bench: by import, or as an attribute of a module
+    it imported (dunders aside). A name private to its module is used there alone; one that serves others is public."""
+    ours = ("tula_hpc", LIBRARY)
+    crossed, module_aliases = [], set()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(ours):
+            crossed += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            module_aliases |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            module_aliases |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith(ours)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Name) and node.value.id in module_aliases:
+                crossed.append(f"{node.value.id}.{node.attr}")
+    return crossed
+
+
+def test_no_module_of_the_package_or_bench_uses_another_ones_private_names():
+    sources = {**modules(), **bench_modules()}
+    assert {name: hits for name, path in sources.items() if (hits := private_names_crossed(path.read_text()))} == {}
+
+
+def test_a_private_name_taken_across_modules_is_found():
+    source = (
+        "from tula_hpc.profiling.memory_probes import _build, probe_device\nfrom tula_bench import common\n"
+        "common._processor()\nprobe_device.__name__\n"
+    )
+    assert private_names_crossed(source) == ["tula_hpc.profiling.memory_probes._build", "common._processor"]
+
+
 # Every stage runs where Snakemake runs, often a login node: those that measure, train or evaluate only submit their
 # workers, by name (launch.Worker), and wait. torch costs a stage seconds (5-6 s a stage with CUDA's libraries, issue
 # 39); the workers import it where they run.

@@ -39,8 +39,9 @@ def probe_device(job: Job):
     return torch.device("cuda", rank_gpu(0)) if job.resources.gpus_per_node > 0 else torch.device("cpu")
 
 
-def _build(job: Job):
-    """Data, model (on the device) and loss of the job, as training builds them."""
+def build_probe_setup(job: Job):
+    """Data, model (on the device) and loss of the job, as training builds them: what a probe, a trial or a
+    benchmark's ground truth steps on."""
     import torch
     from torch import nn
 
@@ -111,7 +112,7 @@ def measure_probe(job: Job, batch: int) -> dict:
     from tula_hpc.training.loaders import prefetched_bytes
     from tula_hpc.training.strategies import build_strategy
 
-    splits, model, loss_fn = _build(job)
+    splits, model, loss_fn = build_probe_setup(job)
     device = probe_device(job)
     device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)
     strategy = build_strategy(model, job.train, batch, 1)
@@ -151,7 +152,7 @@ def trial_step(job: Job, batch: int, budget: int, ddp: bool) -> dict:
     from tula_hpc.cluster.devices import join_one_rank_group
     from tula_hpc.training.strategies import build_strategy
 
-    splits, model, loss_fn = _build(job)
+    splits, model, loss_fn = build_probe_setup(job)
     device = probe_device(job)
     device_memory.limit(device, budget, model_bytes(model), job)
     net = model
