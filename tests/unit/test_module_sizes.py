@@ -1,6 +1,6 @@
-"""The house's sizes (the developers' guide: a function past 80 lines or a module past 600 is split by what it is about):
-no function over 80 lines in the package or bench; no module over 450 lines unless it is one concept, named here with
-why; every stage module thin (about 150 lines: reading its inputs, calling the shared pieces, writing)."""
+"""The house's sizes (the developers' guide: a function past 80 lines or a module past 600 is split by what it is
+about): no function over 80 lines in the package or bench; no module over 450 lines unless it is one concept, named
+here with why; every stage module thin (about 150 lines: reading its inputs, calling the shared pieces, writing)."""
 
 from __future__ import annotations
 
