@@ -102,7 +102,8 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def moved_names(module: str) -> Callable[[str], Any]:
     """`module`'s `__getattr__`: a name in `MOVED_NAMES[module]` is imported from where it lives now."""
-    moved = MOVED_NAMES[module]
+    # Run as `python -m`, the module is __main__: no pickle names a name there.
+    moved = {} if module == "__main__" else MOVED_NAMES[module]
 
     def find(name: str) -> Any:
         if name in moved:

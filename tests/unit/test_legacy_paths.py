@@ -2,6 +2,8 @@
 module path, and a checkpoint written then resumes now."""
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,15 @@ def test_a_name_that_never_lived_in_a_module_is_still_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no_such_name"):
         train_stage.no_such_name  # noqa: B018
+
+
+@pytest.mark.spawns
+def test_a_stage_module_with_moved_names_still_runs_as_a_script():
+    """`python -m tula_hpc.stages.train` runs the module as __main__, which no pickle names."""
+    for stage in _legacy_paths.MOVED_NAMES:
+        if stage.startswith("tula_hpc.stages."):
+            ran = subprocess.run([sys.executable, "-m", stage, "--help"], capture_output=True, text=True)
+            assert ran.returncode == 0 and "usage" in ran.stdout, ran.stderr[-2000:]
 
 
 def test_the_old_paths_go_with_release_0_2():
