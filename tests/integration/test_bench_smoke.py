@@ -24,6 +24,7 @@ SMOKE = {
     "gpu_plan_of_gpu_check": (["--plan"], False),
     "gpu_check": ([], False),
     "trace_accuracy": (["--smoke"], True),
+    "trace_tuning": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
@@ -40,7 +41,6 @@ NO_SMOKE_CASE_YET = {
     "memory_accuracy": "--models tiny_cnn: minutes of probes and truths",
     "perf_accuracy": "a two-rank pool of measurements",
     "steady_truth": "covered by tests/unit/test_steady_truth.py (one trial at batch 4)",
-    "trace_tuning": "--seeds 1 takes over 3 minutes here",
     "whole_run": "short runs through the launcher",
 }
 
