@@ -25,6 +25,7 @@ SMOKE = {
     "gpu_check": ([], False),
     "trace_accuracy": (["--smoke"], True),
     "trace_tuning": (["--smoke"], True),
+    "steady_truth": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
@@ -40,7 +41,6 @@ NO_SMOKE_CASE_YET = {
     "max_batch_search": "--models tiny_cnn: minutes of trial runs",
     "memory_accuracy": "--models tiny_cnn: minutes of probes and truths",
     "perf_accuracy": "a two-rank pool of measurements",
-    "steady_truth": "covered by tests/unit/test_steady_truth.py (one trial at batch 4)",
     "whole_run": "short runs through the launcher",
 }
 
