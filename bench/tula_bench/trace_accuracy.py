@@ -525,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="one seed, each model's smallest case (CI's check)")
     args = parser.parse_args(argv)
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
     seeds = 1 if args.smoke else args.seeds
     result = run(args.traces, args.sync_mapping, seeds, args.noise, args.smoke)
     return write_and_report(args.out, result, report)

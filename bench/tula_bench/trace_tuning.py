@@ -141,4 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=SEEDS, help="noise seeds averaged over (default %(default)s)")
     parser.add_argument("--smoke", action="store_true", help="one seed, the smallest cases, a 2x2x2 grid (CI's check)")
     args = parser.parse_args(argv)
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
     return write_and_report(args.out, run(args.traces, seeds=1 if args.smoke else args.seeds, smoke=args.smoke), report)

@@ -164,3 +164,10 @@ def test_a_smoke_run_loads_each_models_points_on_one_node_at_its_smallest_g(tmp_
     (trace,) = bench.load_traces(write_trace(tmp_path, gpus=(2, 4)), smoke=True)
     assert trace["gpus"] == [2]
     assert sorted(trace["points"]) == [(1, 2, b) for b in BATCHES]
+
+
+def test_a_smoke_run_needs_its_own_result_file(capsys):
+    """A smoke result never replaces bench/results/trace_accuracy.json."""
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke"])
+    assert "--out" in capsys.readouterr().err

@@ -43,3 +43,10 @@ def test_each_setting_of_the_grid_at_a_band_is_scored_once():
         (k, tie) for k in grid["confirm"] for tie in grid["tie_sigmas"]
     ]
     assert {row["band_sigmas"] for row in table} == {1.0}
+
+
+def test_a_smoke_run_needs_its_own_result_file(capsys):
+    """A smoke result never replaces bench/results/trace_tuning.json."""
+    with pytest.raises(SystemExit):
+        tuning.main(["--smoke"])
+    assert "--out" in capsys.readouterr().err
