@@ -27,6 +27,7 @@ SMOKE = {
     "trace_tuning": (["--smoke"], True),
     "steady_truth": (["--smoke"], True),
     "memory_accuracy": (["--smoke"], True),
+    "max_batch_search": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
@@ -39,7 +40,6 @@ NO_SMOKE_CASE_YET = {
     "generalization_fmnist": "trains Fashion-MNIST cells",
     "gpu_truth": "--device cpu --scale quick takes minutes",
     "loader_pace": "short runs through the launcher",
-    "max_batch_search": "--models tiny_cnn: minutes of trial runs",
     "perf_accuracy": "a two-rank pool of measurements",
     "whole_run": "short runs through the launcher",
 }
