@@ -28,6 +28,7 @@ SMOKE = {
     "steady_truth": (["--smoke"], True),
     "memory_accuracy": (["--smoke"], True),
     "max_batch_search": (["--smoke"], True),
+    "gpu_truth": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
@@ -38,7 +39,6 @@ NO_SMOKE_CASE_YET = {
     "ags_overhead": "times training steps for minutes",
     "generalization": "trains cells",
     "generalization_fmnist": "trains Fashion-MNIST cells",
-    "gpu_truth": "--device cpu --scale quick takes minutes",
     "loader_pace": "short runs through the launcher",
     "perf_accuracy": "a two-rank pool of measurements",
     "whole_run": "short runs through the launcher",
