@@ -16,6 +16,8 @@ and once with expandable_segments:True to compare. Each case file is written as 
 
 Run:  bash scripts/gpu-python.sh bench/gpu_truth.py --out-dir bench/data/gpu
       .venv/bin/python bench/gpu_truth.py --device cpu --scale quick --out-dir /tmp/truth   (this code's own test)
+      .venv/bin/python bench/gpu_truth.py --smoke --out FILE   (seconds: the quick case on the CPU under SMOKE_MEMORY_GB
+      with SMOKE_WARMUP_STEPS, the run in one file and no case file; CI's check, a failed case its exit status)
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ CASES = {
     },
 }
 QUICK = {"tiny_cnn_8_fp32": {"model": "tiny_cnn", "image_size": 8, "precision": "fp32", "warmup_batch": 32}}
+# --smoke: the quick case under a budget of a few hundred samples (its bisection then takes seconds, not minutes).
+SMOKE_MEMORY_GB = 0.01
+SMOKE_WARMUP_STEPS = 2
 
 
 def index_cap(job: Job, splits) -> int:
@@ -160,7 +165,9 @@ def bisect(job: Job, model, room: int, budget: int, deadline: float) -> tuple[li
     return trials, truth
 
 
-def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, stamp: dict) -> dict:
+def run_case(
+    name: str, case: dict, device: str, memory_gb, deadline: float, stamp: dict, warmup_steps: int = WARMUP_STEPS
+) -> dict:
     import torch
 
     from tula_hpc.memory.device_budget import budget_bytes, device_memory
@@ -170,7 +177,7 @@ def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, sta
 
     job = case_job(name, case, device, memory_gb)
     print(f"== {name}", flush=True)
-    warmup = timed_steps(job, case["warmup_batch"], WARMUP_STEPS)
+    warmup = timed_steps(job, case["warmup_batch"], warmup_steps)
     device_memory.release(probe_device(job))
     print(f"  warm-up at b={case['warmup_batch']}: " + " ".join(f"{s * 1e3:.0f}" for s in warmup[:6]) + " ms ...")
     splits = load_splits(job.data, job.train.seed)
@@ -198,31 +205,54 @@ def run_case(name: str, case: dict, device: str, memory_gb, deadline: float, sta
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; --smoke is the quick case on the CPU and writes --out alone (never a case file)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--out-dir", type=Path, help="where each case's file goes (required, but with --smoke)")
+    parser.add_argument("--out", type=Path, help="also the whole run in one file: provenance, settings, every case")
+    parser.add_argument("--smoke", action="store_true", help="the quick case on the CPU, seconds (CI's check)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--scale", choices=("gpu", "quick"), default="gpu")
     parser.add_argument("--cases", nargs="+", help="names of CASES (default: all of the scale's)")
     parser.add_argument("--suffix", default="", help="added to each case's file name (e.g. _expandable)")
     parser.add_argument("--deadline-s", type=float, default=420.0, help="no case starts after this many seconds")
     args = parser.parse_args(argv)
+    if args.smoke and (args.out is None or args.out_dir is not None):
+        parser.error("--smoke writes --out alone: a smoke run never adds a case to bench/data/gpu")
+    if not args.smoke and args.out_dir is None:
+        parser.error("--out-dir is required")
+    if args.smoke:
+        args.device, args.scale = "cpu", "quick"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     cases = CASES if args.scale == "gpu" else QUICK
     chosen = args.cases or list(cases)
     deadline = time.monotonic() + args.deadline_s
     found, info = provenance_here(), device_info(args.device)
     stamp = {"device": info, "git_commit": found["git_commit"], "source_digest": found["source_digest"]}
-    memory_gb = "auto" if args.device == "cuda" else 0.2
+    memory_gb = SMOKE_MEMORY_GB if args.smoke else "auto" if args.device == "cuda" else 0.2
+    warmup_steps = SMOKE_WARMUP_STEPS if args.smoke else WARMUP_STEPS
+    records, failed = {}, []
     for name in chosen:
         if time.monotonic() > deadline:
             print(f"== {name}: skipped, past the deadline of {args.deadline_s:.0f} s", flush=True)
             continue
         try:
-            record = run_case(name, cases[name], args.device, memory_gb, deadline, stamp)
+            records[name] = run_case(name, cases[name], args.device, memory_gb, deadline, stamp, warmup_steps)
         except Exception:
             print(traceback.format_exc(), flush=True)
+            failed.append(name)
             continue
-        path = args.out_dir / f"{name}{args.suffix}.json"
-        write_json(path, record)
-        print(f"  truth {record['truth']}; wrote {path}", flush=True)
-    return 0
+        if args.out_dir is not None:
+            path = args.out_dir / f"{name}{args.suffix}.json"
+            write_json(path, records[name])
+            print(f"  truth {records[name]['truth']}; wrote {path}", flush=True)
+    if args.out is not None:
+        settings = {"smoke": args.smoke, "device": args.device, "scale": args.scale, "memory_gb": memory_gb}
+        settings |= {"warmup_steps": warmup_steps, "cases": chosen, "failed": failed}
+        write_json(args.out, {"provenance": found, "settings": settings, "cases": records})
+        print(f"wrote {args.out}", flush=True)
+    return 1 if args.smoke and failed else 0  # a GPU run goes on past a failed case; CI's check does not

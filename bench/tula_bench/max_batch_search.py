@@ -10,8 +10,9 @@ job at one batch, over three epochs so that AGS runs its update step. For each m
 - ours: the probe stage as it runs (probes, then at most 2 verification trials), headroom 0. Its answer
   must be within 5 % of the true one and never above it.
 
-Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/max_batch_search.py
-Writes bench/results/max_batch_search.json.
+Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/max_batch_search.py   (writes bench/results/max_batch_search.json)
+      .venv/bin/python bench/max_batch_search.py --smoke --out FILE   (under a minute: SMOKE_BUDGET_GB; CI's check
+      that the bench runs end to end)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import time
 
 from tula_bench import steady_truth
-from tula_bench.common import bench_job, bench_parser, write_result
+from tula_bench.common import bench_job, bench_parser, merged, write_result
 from tula_hpc.core.job import Job
 
 # (model, image side) -> device budget, GB: each largest batch stays below the digits training set (1258
@@ -29,6 +30,13 @@ BUDGET_GB = {
     ("resnet18", 8): 0.5,
     ("mobilenet_v3_small", 32): 1.0,
     ("vgg11", 32): 0.5,
+}
+# --smoke: tiny_cnn under a budget of a few samples, AGS's reference batch and the probes lowered to fit it and the
+# probes in this process, so that both searches end in a handful of trial runs (a fresh process each, seconds).
+SMOKE_BUDGET_GB = {("tiny_cnn", 8): 0.003}
+SMOKE_JOB = {
+    "train": {"ags": {"small_batch": 2}},
+    "resources": {"memory_probe_batches": [2, 4, 8], "memory_probes_in": "one_process"},
 }
 LIGHTNING = {"init_val": 2, "max_trials": 25}
 TARGETS = {"rel_error": 0.05, "trial_runs": 2}
@@ -95,15 +103,17 @@ def ours(job: Job) -> dict:
     }
 
 
-def budget_job(model: str, side: int) -> Job:
-    """The model's job under its budget, on one device (no DDP buckets, as in the trials), headroom 0."""
-    return bench_job(
-        as_name=f"bench-{model}-{side}",
-        model={"name": model},
-        data={"image_size": side},
-        resources={"device_memory_gb": BUDGET_GB[model, side], "memory_headroom": 0.0, "cpus_per_task": 2},
-        search={"nodes": {"max": 1}},
-    )
+def budget_job(model: str, side: int, smoke: bool = False) -> Job:
+    """The model's job under its budget, on one device (no DDP buckets, as in the trials), headroom 0 (a smoke run's:
+    SMOKE_BUDGET_GB, with SMOKE_JOB's changes)."""
+    budget = (SMOKE_BUDGET_GB if smoke else BUDGET_GB)[model, side]
+    sections = {
+        "model": {"name": model},
+        "data": {"image_size": side},
+        "resources": {"device_memory_gb": budget, "memory_headroom": 0.0, "cpus_per_task": 2},
+        "search": {"nodes": {"max": 1}},
+    }
+    return bench_job(as_name=f"bench-{model}-{side}", **(merged(sections, SMOKE_JOB) if smoke else sections))
 
 
 def bench_model(job: Job) -> dict:
@@ -135,11 +145,15 @@ def bench_model(job: Job) -> dict:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__, "max_batch_search.json")
     parser.add_argument("--models", nargs="+", default=sorted({m for m, _ in BUDGET_GB}), help="models to run")
-    args = parser.parse_args()
-    jobs = {f"{m}-{s}": budget_job(m, s) for m, s in BUDGET_GB if m in args.models}
+    parser.add_argument("--smoke", action="store_true", help="SMOKE_BUDGET_GB's case only (CI's check)")
+    args = parser.parse_args(argv)
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    budgets = SMOKE_BUDGET_GB if args.smoke else BUDGET_GB
+    jobs = {f"{m}-{s}": budget_job(m, s, args.smoke) for m, s in budgets if m in args.models}
     rows = [bench_model(job) for job in jobs.values()]
     trial_counts = sorted(r["lightning"]["trial_runs"] for r in rows)
     figures = {
@@ -159,7 +173,8 @@ def main() -> None:
     write_result(
         args.out,
         {
-            "budget_gb": {f"{m}-{s}": gb for (m, s), gb in BUDGET_GB.items()},
+            "smoke": args.smoke,
+            "budget_gb": {f"{m}-{s}": gb for (m, s), gb in budgets.items()},
             "lightning": LIGHTNING,
             "jobs": {name: job.as_dict() for name, job in jobs.items()},
         },

@@ -8,8 +8,9 @@ measured by code that shares nothing with the model's probes but the device's al
 the same probes, paper Eq. 3 (eq3_sum): M_param + M_grad + M_opt + M_act(b) + M_batch(b), each term measured on
 the real model (the batch-dependent ones fitted linearly); it leaves out the per-sample temporaries.
 
-Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/memory_accuracy.py
-Writes bench/results/memory_accuracy.json.
+Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/memory_accuracy.py   (writes bench/results/memory_accuracy.json)
+      .venv/bin/python bench/memory_accuracy.py --smoke --out FILE   (seconds: SMOKE_CASES, the probes in this
+      process rather than a process each; CI's check that the bench runs end to end)
 """
 
 from __future__ import annotations
@@ -35,18 +36,21 @@ CASES = {
     ("vgg11", 32): [384, 512, 768, 1024, 1536],
     ("resnet18", 32): [320, 384, 512],
 }
+# --smoke: one truth at the largest default probe batch (a truth is a fresh process, seconds each).
+SMOKE_CASES = {("tiny_cnn", 8): [256]}
 TARGETS = {"median_rel_error": 0.03, "max_rel_error": 0.08}
 EQ3_GROWING = ("activation_bytes", "batch_bytes")
 EQ3_FIXED = ("param_bytes", "buffer_bytes", "grad_bytes", "optimizer_bytes")
 
 
-def case_job(model: str, side: int) -> Job:
-    """The default job with another model on digits at another size, two threads, no budget to speak of."""
+def case_job(model: str, side: int, smoke: bool = False) -> Job:
+    """The default job with another model on digits at another size, two threads, no budget to speak of; a smoke
+    run probes in its own process (a fresh process a probe costs seconds each here)."""
+    resources = {"device_memory_gb": 1000, "cpus_per_task": 2}
+    if smoke:
+        resources["memory_probes_in"] = "one_process"
     return bench_job(
-        as_name=f"bench-{model}-{side}",
-        model={"name": model},
-        data={"image_size": side},
-        resources={"device_memory_gb": 1000, "cpus_per_task": 2},
+        as_name=f"bench-{model}-{side}", model={"name": model}, data={"image_size": side}, resources=resources
     )
 
 
@@ -114,12 +118,16 @@ def summary(cases: list[dict], key: str) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__, "memory_accuracy.json")
     parser.add_argument("--models", nargs="+", default=sorted({m for m, _ in CASES}), help="models to run")
-    args = parser.parse_args()
-    chosen = {key: batches for key, batches in CASES.items() if key[0] in args.models}
-    jobs = {f"{model}-{side}": case_job(model, side) for model, side in chosen}
+    parser.add_argument("--smoke", action="store_true", help="SMOKE_CASES only, probes in this process (CI's check)")
+    args = parser.parse_args(argv)
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    cases = SMOKE_CASES if args.smoke else CASES
+    chosen = {key: batches for key, batches in cases.items() if key[0] in args.models}
+    jobs = {f"{model}-{side}": case_job(model, side, args.smoke) for model, side in chosen}
     cases, fits = [], []
     for (model, side), batches in chosen.items():
         case_cases, fit = bench_case(jobs[f"{model}-{side}"], batches)
@@ -140,6 +148,7 @@ def main() -> None:
     write_result(
         args.out,
         {
+            "smoke": args.smoke,
             "cases": {f"{m}-{s}": b for (m, s), b in chosen.items()},
             "truth": steady_truth.__doc__.split("\n\n")[1],
             "jobs": {name: job.as_dict() for name, job in jobs.items()},

@@ -10,6 +10,8 @@ a fresh process, as a trial of the probe stage does. Under a budget, running out
 "does not fit".
 
 Run one:  .venv/bin/python bench/steady_truth.py '{"job": {...}, "batch": 256, "budget": null}'
+          .venv/bin/python bench/steady_truth.py --smoke --out FILE   (the smallest case, tiny_cnn at 8x8 and batch 4,
+          through `measure` as the memory benchmarks call it; its answer written with provenance: CI's check)
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import json
 import subprocess
 import sys
 
-from tula_bench.common import BENCH
+from tula_bench.common import BENCH, bench_job, bench_parser, write_result
 from tula_hpc.core.job import Job
 
 STEPS_PER_EPOCH = 2
 EPOCHS = 3
+SMOKE_BATCH = 4
 
 
 def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
@@ -79,7 +82,21 @@ def measure(job: Job, batch: int, budget: int | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    """The trial `measure` starts: the job and batch as JSON in, the answer as the last line out."""
-    arguments = json.loads(sys.argv[1])
+def main(argv: list[str] | None = None) -> None:
+    """The trial `measure` starts (the job and batch as JSON in, the answer as the last line out), or with --smoke
+    the smallest case through `measure`, its answer written to --out."""
+    parser = bench_parser(__doc__, "steady_truth.json")
+    parser.add_argument("trial", nargs="?", help='the trial as JSON: {"job": {...}, "batch": B, "budget": null}')
+    parser.add_argument("--smoke", action="store_true", help=f"tiny_cnn at 8x8 and batch {SMOKE_BATCH} (CI's check)")
+    args = parser.parse_args(argv)
+    if args.smoke == (args.trial is not None):
+        parser.error("give either a trial as JSON or --smoke")
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    if args.smoke:
+        job = bench_job(as_name="bench-tiny_cnn-8", model={"name": "tiny_cnn"}, data={"image_size": 8})
+        settings = {"smoke": True, "batch": SMOKE_BATCH, "budget": None, "job": job.as_dict()}
+        write_result(args.out, settings, measure(job, SMOKE_BATCH))
+        return
+    arguments = json.loads(args.trial)
     print(json.dumps(steady_peak(Job.from_dict(arguments.pop("job")), **arguments)))

@@ -52,6 +52,8 @@ the latent fit, the second sync size at the middle, Cauchy's loss, the kink marg
 (see the closing note of issue 25 and the constants' comments).
 
 Run:  .venv/bin/python bench/trace_accuracy.py [--traces DIR] [--out FILE]   (about 9 min on 2 cores; CPU only)
+      .venv/bin/python bench/trace_accuracy.py --smoke --out FILE   (seconds: one seed, each model on one node at its
+      smallest g; CI's check that the replay runs end to end, its figures meaningless)
 """
 
 from __future__ import annotations
@@ -433,11 +435,20 @@ def replay_seed(loaded: list[dict], mapping: str, seed: int, noise: float, const
     return {"cases": cases, "shapes": [case for case, trace in zip(shapes, loaded) if len(trace["gpus"]) > 1]}
 
 
-def load_traces(traces: Path) -> list[dict]:
+def load_traces(traces: Path, smoke: bool = False) -> list[dict]:
+    """Every model folder's trace; in a smoke run only its smallest case (`smallest_case`)."""
     folders = sorted(p.parent for p in traces.glob("*/trace.yaml"))
     if not folders:
         raise SystemExit(f"{traces}: no <model>/trace.yaml folders to replay")
-    return [read_trace(folder) for folder in folders]
+    loaded = [read_trace(folder) for folder in folders]
+    return [smallest_case(trace) for trace in loaded] if smoke else loaded
+
+
+def smallest_case(trace: dict) -> dict:
+    """The trace's points on one node at its smallest g: a smoke run replays them in seconds (the whole trace takes
+    minutes, most of them in the full mode's fits over every candidate)."""
+    g = trace["gpus"][0]
+    return {**trace, "points": {key: v for key, v in trace["points"].items() if key[:2] == (1, g)}, "gpus": [g]}
 
 
 def traces_roughness(loaded: list[dict]) -> list[dict]:
@@ -450,10 +461,16 @@ def traces_roughness(loaded: list[dict]) -> list[dict]:
     ]
 
 
-def run(traces: Path, mapping: str = SYNC_MAPPINGS[0], seeds: int = SEEDS, noise: float | None = None) -> dict:
+def run(
+    traces: Path,
+    mapping: str = SYNC_MAPPINGS[0],
+    seeds: int = SEEDS,
+    noise: float | None = None,
+    smoke: bool = False,
+) -> dict:
     """Replay every model folder under `traces` at every homogeneous g, over `seeds` noise seeds at `noise` (None:
-    the traces' own roughness, the median); the result file's contents."""
-    loaded = load_traces(traces)
+    the traces' own roughness, the median); the result file's contents. `smoke`: each model's smallest case only."""
+    loaded = load_traces(traces, smoke)
     rough = traces_roughness(loaded)
     rough_median = median_or_none([r["error"] for r in rough])
     noise = rough_median if noise is None else noise
@@ -478,6 +495,7 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0], seeds: int = SEEDS, noise
         "run_overheads": RUN_OVERHEADS,
         "provenance": provenance(),
         "settings": {
+            "smoke": smoke,
             "traces": str(traces),
             "models": {t["name"]: t["meta"] for t in loaded},
             "gpus_per_node": {t["name"]: t["gpus"] for t in loaded},
@@ -505,5 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--noise", type=float, help="the profiles' relative noise (default: the traces' roughness, the median)"
     )
+    parser.add_argument("--smoke", action="store_true", help="one seed, each model's smallest case (CI's check)")
     args = parser.parse_args(argv)
-    return write_and_report(args.out, run(args.traces, args.sync_mapping, args.seeds, args.noise), report)
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    seeds = 1 if args.smoke else args.seeds
+    result = run(args.traces, args.sync_mapping, seeds, args.noise, args.smoke)
+    return write_and_report(args.out, result, report)

@@ -13,6 +13,8 @@ note says which. Where the folds differ on the tie threshold alone, it also answ
 (bench/perf_accuracy.py; choice.py's comment says how).
 
 Run:  .venv/bin/python bench/trace_tuning.py [--traces DIR] [--out FILE]   (about 15 min on 2 cores; CPU only)
+      .venv/bin/python bench/trace_tuning.py --smoke --out FILE   (seconds: one seed, each model's smallest case as
+      trace_accuracy's smoke run replays it, two values of each constant; CI's check, its choice meaningless)
 """
 
 from __future__ import annotations
@@ -26,19 +28,18 @@ from tula_bench.common import bench_parser, provenance, write_and_report
 from tula_bench.trace_accuracy import SEEDS, SYNC_MAPPINGS, TRACES, load_traces, replay, traces_roughness
 from tula_bench.trace_figures import TARGETS, median_or_none, mode_figures, over_seeds
 
-CONFIRM = (0, 1, 2, 3, 4)
-BAND_SIGMAS = (1.0, 2.0, 3.0)
-TIE_SIGMAS = (0.0, 0.5, 1.0)
+GRID = {"confirm": (0, 1, 2, 3, 4), "band_sigmas": (1.0, 2.0, 3.0), "tie_sigmas": (0.0, 0.5, 1.0)}
+SMOKE_GRID = {"confirm": (0, 2), "band_sigmas": (1.0, 2.0), "tie_sigmas": (0.0, 1.0)}
 REGRETS = ("time_regret_mean", "time_regret_max", "cost_regret_mean", "cost_regret_max")
 KEPT = (*REGRETS, "profile_cost_share", "profile_cost_share_max", "knee_same_share", "confirming_profiles_mean")
 
 
-def settings_figures(trace: dict, band: float, mapping: str, seeds: int, noise: float) -> list[dict]:
-    """Every (K, tie) at this band on one model, partial search: KEPT figures averaged over the seeds. One process,
-    one cache of fits: K and the tie threshold change which fits are read, rarely which are made."""
+def settings_figures(trace: dict, band: float, grid: dict, mapping: str, seeds: int, noise: float) -> list[dict]:
+    """Every (K, tie) of `grid` at this band on one model, partial search: KEPT figures averaged over the seeds. One
+    process, one cache of fits: K and the tie threshold change which fits are read, rarely which are made."""
     fits: dict = {}
     found = []
-    for confirm, tie in itertools.product(CONFIRM, TIE_SIGMAS):
+    for confirm, tie in itertools.product(grid["confirm"], grid["tie_sigmas"]):
         constants = {"confirm": confirm, "band_sigmas": band, "tie_sigmas": tie}
         per_seed = [
             mode_figures(
@@ -71,11 +72,19 @@ def _same_setting(a: dict, b: dict) -> bool:
     return all(a[key] == b[key] for key in ("confirm", "band_sigmas", "tie_sigmas"))
 
 
-def run(traces: Path, mapping: str = SYNC_MAPPINGS[0], seeds: int = SEEDS, noise: float | None = None) -> dict:
-    loaded = load_traces(traces)
+def run(
+    traces: Path,
+    mapping: str = SYNC_MAPPINGS[0],
+    seeds: int = SEEDS,
+    noise: float | None = None,
+    smoke: bool = False,
+) -> dict:
+    """Both folds over the grid (`smoke`: SMOKE_GRID on each model's smallest case); the result file's contents."""
+    loaded = load_traces(traces, smoke)
     rough = median_or_none([r["error"] for r in traces_roughness(loaded)])
     noise = rough if noise is None else noise
-    tasks = [(trace, band, mapping, seeds, noise) for trace in loaded for band in BAND_SIGMAS]
+    grid = SMOKE_GRID if smoke else GRID
+    tasks = [(trace, band, grid, mapping, seeds, noise) for trace in loaded for band in grid["band_sigmas"]]
     with multiprocessing.Pool(min(len(tasks), os.cpu_count() or 1)) as pool:
         tables = pool.starmap(settings_figures, tasks)
     by_model: dict[str, list[dict]] = {}
@@ -106,7 +115,8 @@ def run(traces: Path, mapping: str = SYNC_MAPPINGS[0], seeds: int = SEEDS, noise
         },
         "folds": folds,
         "noise": {"seeds": seeds, "sigma": noise},
-        "grid": {"confirm": CONFIRM, "band_sigmas": BAND_SIGMAS, "tie_sigmas": TIE_SIGMAS},
+        "grid": grid,
+        "settings": {"smoke": smoke, "traces": str(traces), "sync_mapping": mapping},
         "provenance": provenance(),
         "tables": by_model,
     }
@@ -129,5 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "trace_tuning.json")
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ traces (default %(default)s)")
     parser.add_argument("--seeds", type=int, default=SEEDS, help="noise seeds averaged over (default %(default)s)")
+    parser.add_argument("--smoke", action="store_true", help="one seed, the smallest cases, a 2x2x2 grid (CI's check)")
     args = parser.parse_args(argv)
-    return write_and_report(args.out, run(args.traces, seeds=args.seeds), report)
+    if args.smoke and args.out == parser.get_default("out"):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    return write_and_report(args.out, run(args.traces, seeds=1 if args.smoke else args.seeds, smoke=args.smoke), report)

@@ -23,6 +23,12 @@ SMOKE = {
     "goodput_replay": ([], True),
     "gpu_plan_of_gpu_check": (["--plan"], False),
     "gpu_check": ([], False),
+    "trace_accuracy": (["--smoke"], True),
+    "trace_tuning": (["--smoke"], True),
+    "steady_truth": (["--smoke"], True),
+    "memory_accuracy": (["--smoke"], True),
+    "max_batch_search": (["--smoke"], True),
+    "gpu_truth": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
@@ -33,14 +39,8 @@ NO_SMOKE_CASE_YET = {
     "ags_overhead": "times training steps for minutes",
     "generalization": "trains cells",
     "generalization_fmnist": "trains Fashion-MNIST cells",
-    "gpu_truth": "--device cpu --scale quick takes minutes",
     "loader_pace": "short runs through the launcher",
-    "max_batch_search": "--models tiny_cnn: minutes of trial runs",
-    "memory_accuracy": "--models tiny_cnn: minutes of probes and truths",
     "perf_accuracy": "a two-rank pool of measurements",
-    "steady_truth": "covered by tests/unit/test_steady_truth.py (one trial at batch 4)",
-    "trace_accuracy": "--seeds 1 takes over 3 minutes here",
-    "trace_tuning": "--seeds 1 takes over 3 minutes here",
     "whole_run": "short runs through the launcher",
 }
 

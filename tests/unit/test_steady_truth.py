@@ -18,3 +18,11 @@ def test_the_answer_names_the_batch_size_not_the_last_data_batch():
     assert answer["steps"] == steady_truth.STEPS_PER_EPOCH * steady_truth.EPOCHS
     assert answer["peak_bytes"] > 0
     json.dumps(answer)
+
+
+@pytest.mark.parametrize("argv", [[], ["--smoke"], ["--smoke", "--out", "x.json", "{}"]])
+def test_the_command_takes_a_trial_or_a_smoke_run_with_its_own_result_file(argv, capsys):
+    """A smoke run never writes bench/results/ (it needs --out); a trial is not also a smoke run."""
+    with pytest.raises(SystemExit):
+        steady_truth.main(argv)
+    assert "error" in capsys.readouterr().err

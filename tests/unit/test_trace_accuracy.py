@@ -157,3 +157,17 @@ def test_noisy_reads_are_averaged_over_seeds_and_the_search_confirms_within_its_
         for goal in bench.GOALS:
             assert len(choice[f"{goal}_confirmed"]) <= limit
             assert 0 < choice[f"{goal}_profile_cost_share"] < 1
+
+
+def test_a_smoke_run_loads_each_models_points_on_one_node_at_its_smallest_g(tmp_path):
+    """--smoke replays in seconds: one node, the smallest GPUs per node, every traced batch there."""
+    (trace,) = bench.load_traces(write_trace(tmp_path, gpus=(2, 4)), smoke=True)
+    assert trace["gpus"] == [2]
+    assert sorted(trace["points"]) == [(1, 2, b) for b in BATCHES]
+
+
+def test_a_smoke_run_needs_its_own_result_file(capsys):
+    """A smoke result never replaces bench/results/trace_accuracy.json."""
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke"])
+    assert "--out" in capsys.readouterr().err
