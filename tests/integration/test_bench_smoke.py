@@ -23,25 +23,25 @@ SMOKE = {
     "goodput_replay": ([], True),
     "gpu_plan_of_gpu_check": (["--plan"], False),
     "gpu_check": ([], False),
+    "ags_overhead": (["--smoke"], True),
+    "generalization": (["--smoke"], True),
+    "generalization_fmnist": (["--smoke"], True),
+    "loader_pace": (["--smoke"], True),
+    "perf_accuracy": (["--smoke"], True),
+    "whole_run": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
 # need a smallest-case option of their own first (each trains or measures for minutes at its smallest setting today).
 NEEDS_SLURM = {"chaos", "queue_wait", "slurm_overhead"}
 NO_SMOKE_CASE_YET = {
-    "adaptive_fmnist": "trains Fashion-MNIST cells",
-    "ags_overhead": "times training steps for minutes",
-    "generalization": "trains cells",
-    "generalization_fmnist": "trains Fashion-MNIST cells",
+    "adaptive_fmnist": "its smallest case still runs the DAG to selection.json, then tuning and test cells: minutes",
     "gpu_truth": "--device cpu --scale quick takes minutes",
-    "loader_pace": "short runs through the launcher",
     "max_batch_search": "--models tiny_cnn: minutes of trial runs",
     "memory_accuracy": "--models tiny_cnn: minutes of probes and truths",
-    "perf_accuracy": "a two-rank pool of measurements",
     "steady_truth": "covered by tests/unit/test_steady_truth.py (one trial at batch 4)",
     "trace_accuracy": "--seeds 1 takes over 3 minutes here",
     "trace_tuning": "--seeds 1 takes over 3 minutes here",
-    "whole_run": "short runs through the launcher",
 }
 
 
