@@ -18,7 +18,8 @@ one process with 2 threads, SGD with momentum as in the default job, every step 
 All contenders alternate step by step (epoch by epoch for measured_epoch), so drift on the shared
 machine hits them alike; figures are medians. Writes bench/results/ags_overhead.json (about 8 minutes on
 2 threads). Run it under `flock /tmp/tula-cpu.lock`. `--reuse` re-judges the stored measurements without
-measuring.
+measuring. `--smoke` measures the tiny CNN alone, one round of one step without repeats (a few seconds: the
+continuous-integration check that the bench runs end to end; its figures are noise).
 """
 
 from __future__ import annotations
@@ -27,16 +28,13 @@ import argparse
 import copy
 import dataclasses
 import math
-import platform
 import statistics
-import subprocess
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tula_bench.common import REPO
+from tula_bench.common import REPO, bench_parser, provenance
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.job import TrainSettings
@@ -52,7 +50,7 @@ MODELS = {"tiny_cnn": (8, 8), "mobilenet_v3_small": (32, 1)}
 EPOCHS = {"digits (1257 images)": math.ceil(1257 / BATCH), "cifar10-sized (45000 images)": math.ceil(45000 / BATCH)}
 GRANULARITIES = ("element", "tensor")
 TARGET = 0.03
-OUT = REPO / "bench" / "results" / "ags_overhead.json"
+SMOKE_MODELS = {"tiny_cnn": (8, 1)}  # --smoke: the cheap model, no repeats
 
 
 def timed(fn, n: int) -> list[float]:
@@ -71,8 +69,8 @@ def strategy_for(model: torch.nn.Module, train_cfg: TrainSettings, steps: int, *
     return build_strategy(model, cfg, BATCH, steps)
 
 
-def measure_model(name: str, train_cfg: TrainSettings, rounds: int, steps: int) -> dict:
-    size, repeats = MODELS[name]
+def measure_model(name: str, train_cfg: TrainSettings, rounds: int, steps: int, models: dict = MODELS) -> dict:
+    size, repeats = models[name]
     rounds, steps = rounds * repeats, steps * repeats
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 1, size, size), torch.randint(0, 10, (BATCH,))
@@ -169,22 +167,6 @@ def measure_epochs(
     return {"steps": steps, "lbt_epoch_s": lbt, "ags_epoch_s": ags, "overhead": (ags - lbt) / lbt, "noise_floor": noise}
 
 
-def provenance() -> dict:
-    """Where the figures come from: a rerun after a change, or on another processor, is a different measurement."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "processor": models[0] if models else platform.processor(),
-        "torch": torch.__version__,
-    }
-
-
 def judge(result: dict) -> dict:
     """Met or not per model, on the directly measured epoch; the derived per-epoch figures are reported beside it."""
     verdicts = {}
@@ -203,17 +185,19 @@ def judge(result: dict) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(2)
     train_cfg = job_settings(load_config([REPO / "config" / "jobs.yaml"]), "digits-cnn").train
-    models = {name: measure_model(name, train_cfg, args.rounds, args.steps) for name in MODELS}
+    sizes = SMOKE_MODELS if args.smoke else MODELS
+    models = {name: measure_model(name, train_cfg, args.rounds, args.steps, sizes) for name in sizes}
     return {
+        "provenance": provenance(),
         "setup": {
-            **provenance(),
+            "smoke": args.smoke,
             "batch": BATCH,
             "small_batch": SMALL,
             "threads": 2,
             "processes": 1,
             "rounds": args.rounds,
             "steps_per_round": args.steps,
-            "repeats (rounds and steps x)": {m: r for m, (_, r) in MODELS.items()},
+            "repeats (rounds and steps x)": {m: r for m, (_, r) in sizes.items()},
             "optimizer": "SGD momentum 0.9, weight decay 5e-4",
             "update": "reference sub-batch fused into the step",
             "ags_step": "delta = inf: every step gated and scaled (worst case)",
@@ -224,13 +208,15 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = bench_parser(__doc__, "ags_overhead.json")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round and optimiser (interleaved)")
     parser.add_argument("--reuse", action="store_true", help="re-judge the measurements stored in --out")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="the smallest case: tiny_cnn, 1 round of 1 step")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.steps = 1, 1
     result = read_json(args.out) if args.reuse else measure(args)
     result["judged_on"] = (
         "measured_epoch.overhead: whole digits-sized epochs of lbt and ags timed directly; "
@@ -238,7 +224,10 @@ def main() -> None:
     )
     result["meets_target"] = judge(result)
     if args.reuse:
-        result["rejudged"] = "without measuring (--reuse): setup.commit names the code measured; absent means unknown"
+        result["rejudged"] = (
+            "without measuring (--reuse): provenance.git_commit (setup.commit in files written before it) names the "
+            "code measured; absent means unknown"
+        )
     for name, r in result["models"].items():
         print(f"{name}: plain step {r['plain_step_s'] * 1e3:.2f} ms", flush=True)
         for g in GRANULARITIES:

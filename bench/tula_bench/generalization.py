@@ -20,14 +20,17 @@ Writes bench/results/generalization.json: mean and std over seeds per cell, ags_
 lrs, lars, polo) per run and batch, and an ablation of the AGS knobs (delta, s_min, granularity) on
 the first run of each model. Finished cells are kept in work/bench/generalization/cells.jsonl, so an
 interrupted bench continues where it stopped (--fresh starts over). Run it under
-`flock /tmp/tula-cpu.lock`.
+`flock /tmp/tula-cpu.lock`. `--smoke` trains SMOKE's two cells (the small-batch reference and AGS at one batch, one
+epoch, one seed) in a fresh temporary folder: the continuous-integration check that the bench runs end to end.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,6 +55,8 @@ ABLATION = {
     "s_min=1 (never shrink)": {"s_min": 1.0},
 }
 ABLATION_BATCHES = (256, 1024)
+# --smoke: the fewest cells that still train, score and compare (the small-batch reference and one strategy)
+SMOKE = {"runs": ["tiny_cnn:1"], "seeds": 1, "batches": [256], "strategies": ["ags"], "ablation": False}
 
 
 def cell_job(cell: dict) -> Job:
@@ -250,7 +255,7 @@ def print_table(result: dict) -> None:
             )
 
 
-def main() -> None:
+def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser(__doc__, "generalization.json")
     parser.add_argument(
         "--runs", nargs="+", default=list(DEFAULT_RUNS), help="model:epochs, model in " + ", ".join(IMAGE_SIZE)
@@ -262,8 +267,15 @@ def main() -> None:
     parser.add_argument("--scratch", type=Path, default=WORK / "generalization", help="finished cells and their runs")
     parser.add_argument("--fresh", action="store_true", help="forget finished cells and start over")
     parser.add_argument("--rescore", action="store_true", help="score finished cells again from their saved models")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="the smallest case (SMOKE) in a temporary folder")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE, scratch=Path(tempfile.mkdtemp(prefix="generalization-smoke-")))
+    return args
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = options(argv)
     args.scratch.mkdir(parents=True, exist_ok=True)
     done_path = args.scratch / "cells.jsonl"
     if args.fresh:
@@ -283,6 +295,7 @@ def main() -> None:
     wanted = {c["key"] for c in cells}
     records = [r for r in {r["key"]: r for r in read_jsonl(done_path)}.values() if r["key"] in wanted]
     settings = {
+        "smoke": args.smoke,
         "data": {
             "name": base.data.name,
             **{part: len(getattr(splits, part)) for part in ("train", "val", "test")},

@@ -27,16 +27,20 @@ the cells the change touched and reuses the rest; a stopped bench continues wher
 `flock /tmp/tula-cpu.lock`. `--scale gpu` (`make gpu-generalization`) runs the same protocol at 28x28 with
 torchvision's resnet18, more epochs and more seeds, in bf16, one rank per GPU (two when there are two).
 `--minutes M` starts no cell after M minutes, so that a time-limited call (a device call, an allocation) ends with
-its cells written; `--cells-at-once K` runs K cells side by side where the machine has room for them.
+its cells written; `--cells-at-once K` runs K cells side by side where the machine has room for them. `--smoke` runs
+the first cell of the smoke scale (digits at 8x8, one epoch, a narrow bn_cnn) in a fresh temporary folder, its cells
+file there too: the continuous-integration check that the bench runs end to end.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import json
 import multiprocessing
 import statistics
+import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -79,6 +83,7 @@ TUNED = {
 }
 SCALES = {
     "cpu": {
+        "data_set": "fashion_mnist",
         "image_size": 14,
         "epochs": 6,
         "models": {"bn_cnn": {"width": 16}, "cifar_resnet": {"width": 8, "blocks": 1}},
@@ -97,6 +102,7 @@ SCALES = {
     # network at B=4096 may take half an 80 GB card, and a cell that ran out of memory beside another would
     # relaunch at a smaller per-device batch, a different BatchNorm batch.
     "gpu": {
+        "data_set": "fashion_mnist",
         "image_size": 28,
         "epochs": 12,
         "models": {"bn_cnn": {"width": 32}, "torchvision.models:resnet18": {}},
@@ -107,6 +113,22 @@ SCALES = {
         "gpus_per_node": 1,
         "cpus_per_task": 4,  # 3 loader workers: the GPU waits on the per-image augmentation otherwise
         "precision": "bf16",
+        "cells_at_once": 1,
+    },
+    # --smoke's: the cpu scale's shape at its smallest, on digits (seconds a cell); never a --scale of its own, so its
+    # cells never enter the results' caches.
+    "smoke": {
+        "data_set": "digits",
+        "image_size": 8,
+        "epochs": 2,  # one would end lrs's warm-up with training, which the config refuses
+        "models": {"bn_cnn": {"width": 4}},
+        "large_batches": [256],
+        "tuning_batch": 256,
+        "tuning_seeds": [100],
+        "test_seeds": [0],
+        "gpus_per_node": 0,
+        "cpus_per_task": 1,
+        "precision": "fp32",
         "cells_at_once": 1,
     },
 }
@@ -139,7 +161,7 @@ def cell_job(scale_name: str, model: str, strategy: str, seed: int, variant: str
     return bench_job(
         as_name="bench-generalization-fmnist",
         model={"name": model, "kwargs": scale["models"][model]},
-        data={"name": "fashion_mnist", "root": None, "image_size": scale["image_size"], "augment": "standard"},
+        data={"name": scale["data_set"], "root": None, "image_size": scale["image_size"], "augment": "standard"},
         train={
             "epochs": epochs,
             "precision": scale["precision"],
@@ -381,19 +403,31 @@ def headline(result: dict, records: list[dict], scale: dict, chosen: dict) -> di
     }
 
 
-def main() -> None:
+def cells_file(args: argparse.Namespace, default_out: Path) -> Path:
+    """Where this run's cells are cached (and --out for a scale other than cpu left at its default). --smoke: one
+    cell of the smoke scale, the cells and their runs in a fresh temporary folder, so bench/results stays as it was
+    and the cell is trained, not found in a cache."""
+    if args.smoke:
+        args.scale, args.max_cells = "smoke", 1
+        args.scratch = Path(tempfile.mkdtemp(prefix="generalization-fmnist-smoke-"))
+        return args.scratch / "cells.jsonl"
+    suffix = "" if args.scale == "cpu" else f"-{args.scale}"
+    if args.scale != "cpu" and args.out == default_out:
+        args.out = RESULTS / f"generalization_fmnist{suffix}.json"
+    return RESULTS / f"generalization_fmnist_cells{suffix}.jsonl"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__, "generalization_fmnist.json")
-    parser.add_argument("--scale", choices=list(SCALES), default="cpu")
+    parser.add_argument("--scale", choices=[name for name in SCALES if name != "smoke"], default="cpu")
     parser.add_argument("--max-cells", type=int, default=None, help="start no more than this many cells")
     parser.add_argument("--minutes", type=float, default=None, help="start no cell after this many minutes")
     parser.add_argument("--cells-at-once", type=int, default=None, help="cells run side by side (default: the scale's)")
     parser.add_argument("--scratch", type=Path, default=WORK / "generalization_fmnist", help="the cells' runs")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="one cell of the smoke scale in a temporary folder")
+    args = parser.parse_args(argv)
+    cells_path = cells_file(args, parser.get_default("out"))
     scale = SCALES[args.scale]
-    suffix = "" if args.scale == "cpu" else f"-{args.scale}"
-    cells_path = RESULTS / f"generalization_fmnist_cells{suffix}.jsonl"
-    if args.scale != "cpu" and args.out == RESULTS / "generalization_fmnist.json":
-        args.out = RESULTS / f"generalization_fmnist{suffix}.json"
     digest, started = code_digest(), time.perf_counter()
     deadline = started + 60 * args.minutes if args.minutes is not None else None
     workers = args.cells_at_once or scale["cells_at_once"]
@@ -411,6 +445,7 @@ def main() -> None:
     figures.update(cells=current, wall_time_s=time.perf_counter() - started, cells_run_now=ran)
     settings = {
         "scale": args.scale,
+        "smoke": args.smoke,
         **scale,
         "world_size": world_size(scale),
         "small_batch": SMALL_BATCH,

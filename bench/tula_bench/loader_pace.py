@@ -18,12 +18,16 @@ Target: the loader-bound case's steady epochs (the third) and whole run within 1
 loader's pace; the control's figures the same with or without it (no floor where the loader keeps up).
 
 Run:  .venv/bin/python bench/loader_pace.py     (about 2 min; bench/results/loader_pace.json)
+`--smoke` runs each case once on SMOKE_SIZE images in a temporary folder: the continuous-integration check that the
+bench runs end to end (its figures are one run's, without a noise floor).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import tempfile
+from pathlib import Path
 
 from tula_bench.common import BENCH, WORK, bench_job, bench_parser, provenance, verdict, write_and_report
 from tula_bench.whole_run import analyse, one_run, short_run_job
@@ -33,13 +37,14 @@ PER_DEVICE_BATCH = 256
 WORKERS = 3  # a GPU job's with 4 cores a rank (data.num_workers auto)
 SIZE = 20_000
 REPEATS = 3
+SMOKE_SIZE = 2_000  # --smoke: 6 steps an epoch, once
 TARGET = 0.10
 FIGURES = ("whole_run", "first_epoch", "steady_epoch")
 JUDGED = ("whole_run", "steady_epoch")  # the loader-bound case's figures held to TARGET
 
 
-def case_job(name: str, latency_ms: float):
-    kwargs = {"latency_ms": latency_ms, "size": SIZE}
+def case_job(name: str, latency_ms: float, size: int = SIZE):
+    kwargs = {"latency_ms": latency_ms, "size": size}
     data = {"name": "tula_bench.slow_storage:digits_behind_latency", "kwargs": kwargs, "num_workers": WORKERS}
     return bench_job(as_name=f"loader-pace-{name}", data=data, resources={"cpus_per_task": 1})
 
@@ -52,13 +57,13 @@ def without_loader(runs: list[dict]) -> list[dict]:
     return runs
 
 
-def measure_case(name: str, job) -> dict:
-    """REPEATS whole runs of `job` (1 rank, PER_DEVICE_BATCH) and both predictions of them."""
+def measure_case(name: str, job, repeats: int = REPEATS, scratch: Path = WORK / "loader_pace") -> dict:
+    """`repeats` whole runs of `job` (1 rank, PER_DEVICE_BATCH) and both predictions of them."""
     from tula_hpc.training.datasets import load_splits
 
     runs = []
-    for repeat in range(REPEATS):
-        run = one_run(short_run_job(job), 1, PER_DEVICE_BATCH, WORK / "loader_pace" / name)
+    for repeat in range(repeats):
+        run = one_run(short_run_job(job), 1, PER_DEVICE_BATCH, scratch / name)
         runs.append({"model": name, "nodes": 1, "per_device_batch": PER_DEVICE_BATCH, "repeat": repeat, **run})
         loader = run["profile"]["loader"]
         print(
@@ -103,16 +108,24 @@ def report(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = bench_parser(__doc__, "loader_pace.json").parse_args(argv)
+    parser = bench_parser(__doc__, "loader_pace.json")
+    parser.add_argument("--smoke", action="store_true", help="each case once, small, in a temporary folder")
+    args = parser.parse_args(argv)
     # The data set is a user's module in bench/: the launched workers import it too.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
-    cases = {name: measure_case(name, case_job(name, latency)) for name, latency in LATENCY_MS.items()}
+    size, repeats = (SMOKE_SIZE, 1) if args.smoke else (SIZE, REPEATS)
+    scratch = Path(tempfile.mkdtemp(prefix="loader-pace-smoke-")) if args.smoke else WORK / "loader_pace"
+    cases = {
+        name: measure_case(name, case_job(name, latency, size), repeats, scratch)
+        for name, latency in LATENCY_MS.items()
+    }
     settings = {
+        "smoke": args.smoke,
         "latency_ms": LATENCY_MS,
         "per_device_batch": PER_DEVICE_BATCH,
         "workers": WORKERS,
-        "size": SIZE,
-        "repeats": REPEATS,
+        "size": size,
+        "repeats": repeats,
         "target": TARGET,
     }
     result = {"verdicts": verdicts(cases), "provenance": provenance(), "settings": settings, "cases": cases}

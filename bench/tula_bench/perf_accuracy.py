@@ -46,6 +46,9 @@ Run:  flock /tmp/tula-cpu.lock .venv/bin/python bench/perf_accuracy.py [--launch
       (about 20 min, and about 5 for the whole runs; --models tiny_cnn resnet18 where Fashion-MNIST is missing)
       .venv/bin/python bench/perf_accuracy.py --reuse bench/results/perf_accuracy.json   (re-analyse only)
 Writes bench/results/perf_accuracy[_slurm].json (figures and the raw per-round measurements).
+`--smoke` measures SMOKE (the digits models, two rounds so that each has a truth, six small configurations a model,
+each timed once over its fewest steps) in a temporary folder, without the whole runs (`bench/whole_run.py --smoke`
+runs those): the continuous-integration check that the bench runs end to end.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,6 +93,15 @@ MEASURING_CODE = [
     "tula_hpc/stages/train.py",
     "bench/tula_bench/whole_run.py",
 ]
+# --smoke: two models (each judged under the rule the other chooses), two rounds (each judged on the other), N in
+# {1, 2} at three per-device batches (partial search leaves one unprofiled to judge on), each configuration timed
+# once (no re-measuring on a busy machine) over search.steps step pairs however short they are
+SMOKE = {
+    "models": ["tiny_cnn", "resnet18"],
+    "rounds": 2,
+    "per_device_batch": (8, 16, 32),
+    "search": {"min_measure_s": 0.0, "max_attempts": 1},
+}
 MODES = ("partial", "adaptive", "full")
 # Step-time errors in multiples of the noise floor measured in the same run; the rest as fractions.
 TARGETS = {
@@ -125,12 +138,14 @@ def reusable(stored: dict, path: Path, digest: str) -> list[dict]:
     return stored["measurements"]
 
 
-def grid(job: Job, train_samples: int) -> list[dict]:
+def grid(job: Job, train_samples: int, smoke: bool = False) -> list[dict]:
+    """The configurations measured: the whole grid, or --smoke's few."""
     from tula_hpc.stages.plan import candidate_grid
 
-    return [
-        c for c in candidate_grid(job.search, PER_DEVICE[1], train_samples) if c["per_device_batch"] >= PER_DEVICE[0]
-    ]
+    whole = candidate_grid(job.search, PER_DEVICE[1], train_samples)
+    if smoke:
+        return [c for c in whole if c["per_device_batch"] in SMOKE["per_device_batch"]]
+    return [c for c in whole if c["per_device_batch"] >= PER_DEVICE[0]]
 
 
 def pool_worker(jobs: dict[str, Job], rounds: list[list[dict]], budget_s: float) -> list[dict] | None:
@@ -177,7 +192,10 @@ def pool_worker(jobs: dict[str, Job], rounds: list[list[dict]], budget_s: float)
     return records if ctx.rank == 0 else None
 
 
-def measure_all(jobs: dict[str, Job], grids: dict, rounds: int, seed: int, budget_s: float) -> list[dict]:
+def measure_all(
+    jobs: dict[str, Job], grids: dict, rounds: int, seed: int, budget_s: float, folder: Path | None = None
+) -> list[dict]:
+    """Every round of every grid in one pool of ranks, its job in `folder` (default work/bench/perf_accuracy_*)."""
     from tula_hpc.cluster import launch
 
     rng = random.Random(seed)
@@ -193,7 +211,7 @@ def measure_all(jobs: dict[str, Job], grids: dict, rounds: int, seed: int, budge
         pool_worker,
         dict(jobs=jobs, rounds=schedule, budget_s=budget_s),
         spec,
-        WORK / f"perf_accuracy_{job.launcher}",
+        folder or WORK / f"perf_accuracy_{job.launcher}",
         name="bench-perf-accuracy",
     )
 
@@ -369,6 +387,7 @@ def _figures(s: dict) -> str:
 def run_settings(launcher: str, jobs: dict, train_samples: dict, stored: dict | None, args) -> dict:
     """The result's settings: those of the run that measured where the measurements are re-analysed."""
     return {
+        "smoke": stored["settings"].get("smoke", False) if stored else args.smoke,
         "launcher": launcher,
         "models": {m: MODELS[m] for m in jobs},
         "train_samples": train_samples,
@@ -404,12 +423,17 @@ def options_parser() -> argparse.ArgumentParser:
         default=list(MODELS),
         help="the models measured (default: all; bn_cnn and cifar_resnet need Fashion-MNIST's files)",
     )
+    parser.add_argument("--smoke", action="store_true", help="the smallest case (SMOKE) in a temporary folder")
     return parser
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = options_parser()
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke and (args.reuse or args.launcher != "local"):
+        parser.error("--smoke measures anew on the local launcher")
+    if args.smoke:
+        args.models, args.rounds = SMOKE["models"], SMOKE["rounds"]
 
     from tula_hpc.core.atomic_files import read_json
     from tula_hpc.training.datasets import load_splits
@@ -421,18 +445,21 @@ def main() -> int:
         out = RESULTS / f"perf_accuracy_{launcher}.json"
     models = list(stored["settings"].get("models", MODELS)) if stored else args.models
     jobs = {m: job for m, job in bench_jobs(launcher).items() if m in models}
+    if args.smoke:
+        jobs = {m: job.updated(search=SMOKE["search"]) for m, job in jobs.items()}
     digest = measurement_digest(jobs)
     try:
         records = reusable(stored, args.reuse, digest) if stored else None
     except StaleMeasurements as err:
         parser.error(str(err))
     train_samples = {m: len(load_splits(job.data, job.train.seed).train) for m, job in jobs.items()}
-    grids = {m: grid(jobs[m], train_samples[m]) for m in jobs}
+    grids = {m: grid(jobs[m], train_samples[m], args.smoke) for m in jobs}
     short_runs = {m: jobs[m] for m in whole_run.MODELS if m in jobs}
     if records is None:
         started = time.time()
-        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S)
-        runs = whole_run.measure(short_runs)
+        folder = Path(tempfile.mkdtemp(prefix="perf-accuracy-smoke-")) if args.smoke else None
+        records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S, folder)
+        runs = [] if args.smoke else whole_run.measure(short_runs)
         measure_wall, measured_with = time.time() - started, None
     else:  # re-analysis keeps the provenance of the run that measured; the header says what analysed them
         measure_wall, measured_with = stored["measure_wall_s"], stored["measured_with"] or stored["provenance"]

@@ -18,12 +18,16 @@ Alone (without perf_accuracy's step-time rounds), on the CPU: perf_accuracy's di
     flock /tmp/tula-cpu.lock .venv/bin/python bench/whole_run.py      (about 5 min; bench/results/whole_run_cpu.json)
 and on one GPU, the GPU-shaped case (resnet18 at 32 px on digits, b=128, fp32, AGS; 10 steps an epoch):
     bash scripts/gpu-python.sh bench/whole_run.py --gpu   (about 70 s on the H200; bench/results/whole_run_gpu.json)
+`--smoke` runs SMOKE_CONFIGS once for the tiny CNN in a temporary folder: the continuous-integration check that the
+bench runs end to end (no noise floor without repeats).
 """
 
 from __future__ import annotations
 
 import shutil
 import statistics
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tula_bench.common import GPU_CASES, RESULTS, WORK, bench_job, bench_parser, new_case_path, provenance, verdict
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 MODELS = ("tiny_cnn", "resnet18")  # the digits models: an epoch of Fashion-MNIST takes minutes here
 CONFIGS = ((1, 32), (2, 32))  # (ranks, per-device batch): 40 and 20 steps per epoch of the digits
 GPU_CONFIGS = ((1, 128),)  # the GPU check's trained configuration: 10 steps per epoch
+SMOKE_MODELS, SMOKE_CONFIGS = ("tiny_cnn",), ((1, 256),)  # --smoke: 5 steps an epoch, one rank
 EPOCHS = 3
 REPEATS = 3
 GPU_WHAT = (
@@ -92,13 +97,15 @@ def one_run(job: Job, nodes: int, per_device: int, folder) -> dict:
     }
 
 
-def measure(jobs: dict[str, Job], configs: tuple = CONFIGS) -> list[dict]:
+def measure(
+    jobs: dict[str, Job], configs: tuple = CONFIGS, repeats: int = REPEATS, scratch: Path = WORK / "whole_run"
+) -> list[dict]:
     """Every model of `jobs`, configuration and repeat (repeats of one configuration apart in time)."""
     runs = []
-    for repeat in range(REPEATS):
+    for repeat in range(repeats):
         for model in jobs:
             for nodes, per_device in configs:
-                folder = WORK / "whole_run" / f"{model}_N{nodes}_b{per_device}"
+                folder = scratch / f"{model}_N{nodes}_b{per_device}"
                 run = one_run(short_run_job(jobs[model]), nodes, per_device, folder)
                 runs.append({"model": model, "nodes": nodes, "per_device_batch": per_device, "repeat": repeat, **run})
                 print(
@@ -202,22 +209,31 @@ def gpu_job() -> Job:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from tula_bench.perf_jobs import bench_jobs
     from tula_hpc.core.atomic_files import write_json
     from tula_hpc.training.datasets import load_splits
 
     parser = bench_parser(__doc__, "whole_run_cpu.json")
     parser.add_argument("--gpu", action="store_true", help="the GPU-shaped case on this machine's GPU")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="the smallest CPU case once, in a temporary folder")
+    args = parser.parse_args(argv)
+    if args.gpu and args.smoke:
+        parser.error("--smoke is the CPU case's: a --gpu run records a case for the replay")
     out = RESULTS / "whole_run_gpu.json" if args.gpu and args.out == parser.get_default("out") else args.out
     if args.gpu:
         jobs, configs = {"resnet18": gpu_job()}, GPU_CONFIGS
     else:
-        jobs, configs = {m: job for m, job in bench_jobs("local").items() if m in MODELS}, CONFIGS
-    runs = measure(jobs, configs)
+        models = SMOKE_MODELS if args.smoke else MODELS
+        jobs = {m: job for m, job in bench_jobs("local").items() if m in models}
+        configs = SMOKE_CONFIGS if args.smoke else CONFIGS
+    if args.smoke:
+        runs = measure(jobs, configs, repeats=1, scratch=Path(tempfile.mkdtemp(prefix="whole-run-smoke-")))
+    else:
+        runs = measure(jobs, configs)
     samples = {m: len(load_splits(job.data, job.train.seed).train) for m, job in jobs.items()}
     analysis = analyse(runs, jobs, samples)
+    analysis["settings"]["smoke"] = args.smoke
     found = provenance()
     write_json(out, {"provenance": found, "jobs": {m: job.as_dict() for m, job in jobs.items()}, **analysis})
     if args.gpu:  # kept for the replay: every later change to the prediction is judged on it

@@ -29,19 +29,19 @@ SMOKE = {
     "memory_accuracy": (["--smoke"], True),
     "max_batch_search": (["--smoke"], True),
     "gpu_truth": (["--smoke"], True),
+    "ags_overhead": (["--smoke"], True),
+    "generalization": (["--smoke"], True),
+    "generalization_fmnist": (["--smoke"], True),
+    "loader_pace": (["--smoke"], True),
+    "perf_accuracy": (["--smoke"], True),
+    "whole_run": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). The rest
 # need a smallest-case option of their own first (each trains or measures for minutes at its smallest setting today).
 NEEDS_SLURM = {"chaos", "queue_wait", "slurm_overhead"}
 NO_SMOKE_CASE_YET = {
-    "adaptive_fmnist": "trains Fashion-MNIST cells",
-    "ags_overhead": "times training steps for minutes",
-    "generalization": "trains cells",
-    "generalization_fmnist": "trains Fashion-MNIST cells",
-    "loader_pace": "short runs through the launcher",
-    "perf_accuracy": "a two-rank pool of measurements",
-    "whole_run": "short runs through the launcher",
+    "adaptive_fmnist": "its smallest case still runs the DAG to selection.json, then tuning and test cells: minutes",
 }
 
 

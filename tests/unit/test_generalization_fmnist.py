@@ -3,6 +3,7 @@ with t intervals, and the headline over test seeds; synthetic cell records with 
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -171,3 +172,19 @@ def test_the_runner_starts_no_cell_past_its_count_or_its_deadline_and_a_rerun_co
         assert bench.run_cells(pool, 2, cells_path, "cpu", tmp_path, max_cells=4, run=run) == 4
     keys = [c["key"] for c in run.started]
     assert len(set(keys)) == 9 and keys == [c["key"] for c in bench.plan("cpu", None, bench.code_digest())[:9]]
+
+
+def test_smoke_runs_one_cell_of_the_smoke_scale_with_its_cache_in_a_temporary_folder():
+    args = argparse.Namespace(smoke=True, scale="cpu", max_cells=None, scratch=None, out=bench.RESULTS / "x.json")
+    cells = bench.cells_file(args, bench.RESULTS / "x.json")
+    assert (args.scale, args.max_cells) == ("smoke", 1) and cells.parent == args.scratch
+    assert bench.RESULTS not in cells.parents
+    job = bench.cell_job("smoke", "bn_cnn", "ags", 100, bench.PAPER_AGS)  # validated, on digits
+    assert job.data.name == "digits" and job.train.epochs == bench.SCALES["smoke"]["epochs"]
+
+
+def test_a_scale_other_than_cpu_caches_and_writes_under_its_own_name():
+    default = bench.RESULTS / "generalization_fmnist.json"
+    args = argparse.Namespace(smoke=False, scale="gpu", max_cells=None, scratch=None, out=default)
+    assert bench.cells_file(args, default).name == "generalization_fmnist_cells-gpu.jsonl"
+    assert args.out.name == "generalization_fmnist-gpu.json"

@@ -40,3 +40,8 @@ def test_the_slow_data_set_serves_the_digits_repeated_to_its_size_each_after_its
     with pytest.raises(ValueError, match="image_size 16"):
         slow_storage.digits_behind_latency(16)
     json.dumps(loader_pace.case_job("control", 0.0).as_dict())  # a valid job: the config accepts the data set
+
+
+def test_the_smoke_case_is_a_valid_job_on_its_few_images():
+    job = loader_pace.case_job("loader_bound", loader_pace.LATENCY_MS["loader_bound"], loader_pace.SMOKE_SIZE)
+    assert job.data.kwargs["size"] == loader_pace.SMOKE_SIZE < loader_pace.SIZE

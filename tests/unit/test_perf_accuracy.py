@@ -225,3 +225,16 @@ def test_whole_runs_are_judged_over_every_profile_and_run_of_a_configuration_aga
 
 def test_the_measuring_code_is_all_there():
     assert len(bench.files_digest(bench.MEASURING_CODE)) == 16  # raises, naming it, where a path is not there
+
+
+def test_the_smoke_grid_holds_three_small_batches_at_each_node_count():
+    job = bench.bench_jobs("local")["tiny_cnn"].updated(search=bench.SMOKE["search"])
+    found = {(c["nodes"], c["per_device_batch"]) for c in bench.grid(job, 1257, smoke=True)}
+    assert found == {(n, b) for n in bench.NODES for b in bench.SMOKE["per_device_batch"]}
+    assert len(bench.grid(job, 1257)) > len(found)
+
+
+@pytest.mark.parametrize("other", [["--reuse", "earlier.json"], ["--launcher", "slurm"]])
+def test_smoke_measures_anew_on_the_local_launcher_only(other):
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke", *other])

@@ -1,0 +1,18 @@
+"""bench/generalization.py: --smoke plans the two cells of SMOKE in a fresh folder, and its jobs validate."""
+
+from __future__ import annotations
+
+from tula_bench import generalization
+
+
+def test_smoke_plans_the_reference_and_one_strategy_in_a_temporary_folder():
+    args = generalization.options(["--smoke"])
+    assert args.smoke and not args.ablation and args.scratch != generalization.WORK / "generalization"
+    cells = generalization.plan_cells(args.runs, args.seeds, args.ablation, {}, args.batches, args.strategies)
+    assert [(c["batch"], c["strategy"]) for c in cells] == [(generalization.SMALL_BATCH, "lbt"), (256, "ags")]
+    assert all(generalization.cell_job(cell).train.epochs == 1 for cell in cells)
+
+
+def test_without_smoke_the_options_are_the_full_tables():
+    args = generalization.options([])
+    assert not args.smoke and args.seeds == 3 and args.runs == list(generalization.DEFAULT_RUNS)
