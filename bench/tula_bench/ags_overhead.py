@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from tula_bench.common import REPO, bench_parser, provenance
+from tula_bench.common import REPO, bench_parser, parse_bench_args, provenance
 from tula_hpc.config import job_settings, load_config
 from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.job import TrainSettings
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round and optimiser (interleaved)")
     parser.add_argument("--reuse", action="store_true", help="re-judge the measurements stored in --out")
     parser.add_argument("--smoke", action="store_true", help="the smallest case: tiny_cnn, 1 round of 1 step")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     if args.smoke:
         args.rounds, args.steps = 1, 1
     result = read_json(args.out) if args.reuse else measure(args)

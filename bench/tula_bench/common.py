@@ -10,6 +10,7 @@ repository, "Benchmark protocol"): a figure without them cannot be checked or co
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import functools
 import hashlib
@@ -17,9 +18,11 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -177,6 +180,22 @@ def bench_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS / result_name, help="result file (default %(default)s)")
     return parser
+
+
+def smoke_scratch(name: str) -> Path:
+    """A smoke run's own folder, fresh (no cached cell skips its work) and removed when the run ends."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-smoke-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def parse_bench_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a bench with --smoke (its smallest case, the same code: CI's check that it runs end to end):
+    a smoke run names its --out, so its result never replaces bench/results/."""
+    args = parser.parse_args(argv)
+    if args.smoke and args.out in (None, parser.get_default("out")):
+        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    return args
 
 
 def write_and_report(out: Path, result: dict, report) -> int:

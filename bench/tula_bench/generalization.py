@@ -30,11 +30,19 @@ import argparse
 import hashlib
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
-from tula_bench.common import WORK, bench_job, bench_parser, train_cell, trained_scores, write_result
+from tula_bench.common import (
+    WORK,
+    bench_job,
+    bench_parser,
+    parse_bench_args,
+    smoke_scratch,
+    train_cell,
+    trained_scores,
+    write_result,
+)
 from tula_hpc.core.atomic_files import append_jsonl, read_jsonl, write_jsonl
 from tula_hpc.core.job import Job
 from tula_hpc.training.datasets import load_splits
@@ -268,9 +276,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="forget finished cells and start over")
     parser.add_argument("--rescore", action="store_true", help="score finished cells again from their saved models")
     parser.add_argument("--smoke", action="store_true", help="the smallest case (SMOKE) in a temporary folder")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     if args.smoke:
-        vars(args).update(SMOKE, scratch=Path(tempfile.mkdtemp(prefix="generalization-smoke-")))
+        vars(args).update(SMOKE, scratch=smoke_scratch("generalization"))
     return args
 
 

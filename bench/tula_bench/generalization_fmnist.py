@@ -40,7 +40,6 @@ import hashlib
 import json
 import multiprocessing
 import statistics
-import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -53,6 +52,8 @@ from tula_bench.common import (
     bench_job,
     bench_parser,
     files_digest,
+    parse_bench_args,
+    smoke_scratch,
     stage_code,
     train_cell,
     trained_scores,
@@ -409,7 +410,7 @@ def cells_file(args: argparse.Namespace, default_out: Path) -> Path:
     and the cell is trained, not found in a cache."""
     if args.smoke:
         args.scale, args.max_cells = "smoke", 1
-        args.scratch = Path(tempfile.mkdtemp(prefix="generalization-fmnist-smoke-"))
+        args.scratch = smoke_scratch("generalization-fmnist")
         return args.scratch / "cells.jsonl"
     suffix = "" if args.scale == "cpu" else f"-{args.scale}"
     if args.scale != "cpu" and args.out == default_out:
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cells-at-once", type=int, default=None, help="cells run side by side (default: the scale's)")
     parser.add_argument("--scratch", type=Path, default=WORK / "generalization_fmnist", help="the cells' runs")
     parser.add_argument("--smoke", action="store_true", help="one cell of the smoke scale in a temporary folder")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     cells_path = cells_file(args, parser.get_default("out"))
     scale = SCALES[args.scale]
     digest, started = code_digest(), time.perf_counter()

@@ -28,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tula_bench.common import bench_job
+from tula_bench.common import bench_job, parse_bench_args
 from tula_bench.gpu_device import device_info, provenance_here
 from tula_hpc.core.atomic_files import write_json
 from tula_hpc.core.job import Job
@@ -216,8 +216,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", nargs="+", help="names of CASES (default: all of the scale's)")
     parser.add_argument("--suffix", default="", help="added to each case's file name (e.g. _expandable)")
     parser.add_argument("--deadline-s", type=float, default=420.0, help="no case starts after this many seconds")
-    args = parser.parse_args(argv)
-    if args.smoke and (args.out is None or args.out_dir is not None):
+    args = parse_bench_args(parser, argv)
+    if args.smoke and args.out_dir is not None:
         parser.error("--smoke writes --out alone: a smoke run never adds a case to bench/data/gpu")
     if not args.smoke and args.out_dir is None:
         parser.error("--out-dir is required")

@@ -26,10 +26,19 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 
-from tula_bench.common import BENCH, WORK, bench_job, bench_parser, provenance, verdict, write_and_report
+from tula_bench.common import (
+    BENCH,
+    WORK,
+    bench_job,
+    bench_parser,
+    parse_bench_args,
+    provenance,
+    smoke_scratch,
+    verdict,
+    write_and_report,
+)
 from tula_bench.whole_run import analyse, one_run, short_run_job
 
 LATENCY_MS = {"loader_bound": 0.45, "control": 0.0}  # 256 images: a worker's batch about 130 ms, 3 ~ 1.7 steps
@@ -110,11 +119,11 @@ def report(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "loader_pace.json")
     parser.add_argument("--smoke", action="store_true", help="each case once, small, in a temporary folder")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     # The data set is a user's module in bench/: the launched workers import it too.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
     size, repeats = (SMOKE_SIZE, 1) if args.smoke else (SIZE, REPEATS)
-    scratch = Path(tempfile.mkdtemp(prefix="loader-pace-smoke-")) if args.smoke else WORK / "loader_pace"
+    scratch = smoke_scratch("loader-pace") if args.smoke else WORK / "loader_pace"
     cases = {
         name: measure_case(name, case_job(name, latency, size), repeats, scratch)
         for name, latency in LATENCY_MS.items()

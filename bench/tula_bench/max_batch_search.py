@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from tula_bench import steady_truth
-from tula_bench.common import bench_job, bench_parser, merged, write_result
+from tula_bench.common import bench_job, bench_parser, merged, parse_bench_args, write_result
 from tula_hpc.core.job import Job
 
 # (model, image side) -> device budget, GB: each largest batch stays below the digits training set (1258
@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__, "max_batch_search.json")
     parser.add_argument("--models", nargs="+", default=sorted({m for m, _ in BUDGET_GB}), help="models to run")
     parser.add_argument("--smoke", action="store_true", help="SMOKE_BUDGET_GB's case only (CI's check)")
-    args = parser.parse_args(argv)
-    if args.smoke and args.out == parser.get_default("out"):
-        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    args = parse_bench_args(parser, argv)
     budgets = SMOKE_BUDGET_GB if args.smoke else BUDGET_GB
     jobs = {f"{m}-{s}": budget_job(m, s, args.smoke) for m, s in budgets if m in args.models}
     rows = [bench_model(job) for job in jobs.values()]

@@ -22,7 +22,7 @@ import numpy as np
 from sklearn.linear_model import LinearRegression
 
 from tula_bench import steady_truth
-from tula_bench.common import bench_job, bench_parser, write_result
+from tula_bench.common import bench_job, bench_parser, parse_bench_args, write_result
 from tula_hpc.core.job import Job
 
 # (model, image side) -> batches to predict. At 8x8 only these networks run (config.MIN_IMAGE_SIZE); resnet18
@@ -122,9 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__, "memory_accuracy.json")
     parser.add_argument("--models", nargs="+", default=sorted({m for m, _ in CASES}), help="models to run")
     parser.add_argument("--smoke", action="store_true", help="SMOKE_CASES only, probes in this process (CI's check)")
-    args = parser.parse_args(argv)
-    if args.smoke and args.out == parser.get_default("out"):
-        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    args = parse_bench_args(parser, argv)
     cases = SMOKE_CASES if args.smoke else CASES
     chosen = {key: batches for key, batches in cases.items() if key[0] in args.models}
     jobs = {f"{model}-{side}": case_job(model, side, args.smoke) for model, side in chosen}

@@ -58,7 +58,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,7 +65,7 @@ from typing import TYPE_CHECKING
 import cloudpickle
 
 from tula_bench import whole_run
-from tula_bench.common import RESULTS, WORK, bench_parser, files_digest, write_result
+from tula_bench.common import RESULTS, WORK, bench_parser, files_digest, parse_bench_args, smoke_scratch, write_result
 from tula_bench.perf_jobs import ADAPTIVE, MODELS, NODES, PER_DEVICE, bench_jobs
 from tula_bench.perf_replay import MEASUREMENT, OBJECTIVES, RULED, RULES, SEARCHES, disturbed, evaluate_model
 
@@ -429,7 +428,7 @@ def options_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = options_parser()
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     if args.smoke and (args.reuse or args.launcher != "local"):
         parser.error("--smoke measures anew on the local launcher")
     if args.smoke:
@@ -457,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     short_runs = {m: jobs[m] for m in whole_run.MODELS if m in jobs}
     if records is None:
         started = time.time()
-        folder = Path(tempfile.mkdtemp(prefix="perf-accuracy-smoke-")) if args.smoke else None
+        folder = smoke_scratch("perf-accuracy") if args.smoke else None
         records = measure_all(jobs, grids, args.rounds, args.seed, BUDGET_S, folder)
         runs = [] if args.smoke else whole_run.measure(short_runs)
         measure_wall, measured_with = time.time() - started, None

@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 
-from tula_bench.common import BENCH, bench_job, bench_parser, write_result
+from tula_bench.common import BENCH, bench_job, bench_parser, parse_bench_args, write_result
 from tula_hpc.core.job import Job
 
 STEPS_PER_EPOCH = 2
@@ -88,11 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__, "steady_truth.json")
     parser.add_argument("trial", nargs="?", help='the trial as JSON: {"job": {...}, "batch": B, "budget": null}')
     parser.add_argument("--smoke", action="store_true", help=f"tiny_cnn at 8x8 and batch {SMOKE_BATCH} (CI's check)")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     if args.smoke == (args.trial is not None):
         parser.error("give either a trial as JSON or --smoke")
-    if args.smoke and args.out == parser.get_default("out"):
-        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
     if args.smoke:
         job = bench_job(as_name="bench-tiny_cnn-8", model={"name": "tiny_cnn"}, data={"image_size": 8})
         settings = {"smoke": True, "batch": SMOKE_BATCH, "budget": None, "job": job.as_dict()}

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import yaml
 
-from tula_bench.common import REPO, bench_job, bench_parser, provenance, write_and_report
+from tula_bench.common import REPO, bench_job, bench_parser, parse_bench_args, provenance, write_and_report
 from tula_bench.trace_figures import (
     GOALS,
     TARGETS,
@@ -524,9 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         "--noise", type=float, help="the profiles' relative noise (default: the traces' roughness, the median)"
     )
     parser.add_argument("--smoke", action="store_true", help="one seed, each model's smallest case (CI's check)")
-    args = parser.parse_args(argv)
-    if args.smoke and args.out == parser.get_default("out"):
-        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    args = parse_bench_args(parser, argv)
     seeds = 1 if args.smoke else args.seeds
     result = run(args.traces, args.sync_mapping, seeds, args.noise, args.smoke)
     return write_and_report(args.out, result, report)

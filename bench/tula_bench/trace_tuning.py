@@ -24,7 +24,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
-from tula_bench.common import bench_parser, provenance, write_and_report
+from tula_bench.common import bench_parser, parse_bench_args, provenance, write_and_report
 from tula_bench.trace_accuracy import SEEDS, SYNC_MAPPINGS, TRACES, load_traces, replay, traces_roughness
 from tula_bench.trace_figures import TARGETS, median_or_none, mode_figures, over_seeds
 
@@ -140,7 +140,5 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of <model>/ traces (default %(default)s)")
     parser.add_argument("--seeds", type=int, default=SEEDS, help="noise seeds averaged over (default %(default)s)")
     parser.add_argument("--smoke", action="store_true", help="one seed, the smallest cases, a 2x2x2 grid (CI's check)")
-    args = parser.parse_args(argv)
-    if args.smoke and args.out == parser.get_default("out"):
-        parser.error("--smoke needs --out: a smoke result never replaces bench/results/")
+    args = parse_bench_args(parser, argv)
     return write_and_report(args.out, run(args.traces, seeds=1 if args.smoke else args.seeds, smoke=args.smoke), report)

@@ -26,11 +26,21 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tula_bench.common import GPU_CASES, RESULTS, WORK, bench_job, bench_parser, new_case_path, provenance, verdict
+from tula_bench.common import (
+    GPU_CASES,
+    RESULTS,
+    WORK,
+    bench_job,
+    bench_parser,
+    new_case_path,
+    parse_bench_args,
+    provenance,
+    smoke_scratch,
+    verdict,
+)
 from tula_bench.perf_replay import stage_prediction
 
 if TYPE_CHECKING:
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "whole_run_cpu.json")
     parser.add_argument("--gpu", action="store_true", help="the GPU-shaped case on this machine's GPU")
     parser.add_argument("--smoke", action="store_true", help="the smallest CPU case once, in a temporary folder")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
     if args.gpu and args.smoke:
         parser.error("--smoke is the CPU case's: a --gpu run records a case for the replay")
     out = RESULTS / "whole_run_gpu.json" if args.gpu and args.out == parser.get_default("out") else args.out
@@ -228,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = {m: job for m, job in bench_jobs("local").items() if m in models}
         configs = SMOKE_CONFIGS if args.smoke else CONFIGS
     if args.smoke:
-        runs = measure(jobs, configs, repeats=1, scratch=Path(tempfile.mkdtemp(prefix="whole-run-smoke-")))
+        runs = measure(jobs, configs, repeats=1, scratch=smoke_scratch("whole-run"))
     else:
         runs = measure(jobs, configs)
     samples = {m: len(load_splits(job.data, job.train.seed).train) for m, job in jobs.items()}

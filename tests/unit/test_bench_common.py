@@ -104,3 +104,29 @@ def test_a_recorded_case_is_never_rewritten(tmp_path):
     first.write_text("{}")
     second = common.new_case_path(tmp_path, "NVIDIA H100 80GB HBM3", "resnet18_32_fp32")
     assert second != first and second.name.endswith("-resnet18_32_fp32-2.json")
+
+
+def _smoke_parser():
+    parser = common.bench_parser("A bench.", "a_bench.json")
+    parser.add_argument("--smoke", action="store_true")
+    return parser
+
+
+def test_a_smoke_run_must_name_its_out_so_bench_results_stay_untouched(tmp_path):
+    with pytest.raises(SystemExit):
+        common.parse_bench_args(_smoke_parser(), ["--smoke"])
+    with pytest.raises(SystemExit):
+        common.parse_bench_args(_smoke_parser(), ["--smoke", "--out", str(common.RESULTS / "a_bench.json")])
+    args = common.parse_bench_args(_smoke_parser(), ["--smoke", "--out", str(tmp_path / "a.json")])
+    assert args.smoke and args.out == tmp_path / "a.json"
+    assert not common.parse_bench_args(_smoke_parser(), []).smoke  # a full run writes bench/results/ as before
+
+
+def test_a_smoke_scratch_folder_is_fresh_and_goes_when_the_run_ends(monkeypatch):
+    at_exit = []
+    monkeypatch.setattr(common.atexit, "register", lambda fn, *args, **kw: at_exit.append((fn, args, kw)))
+    first, second = common.smoke_scratch("bench"), common.smoke_scratch("bench")
+    assert first != second and first.is_dir() and not any(first.iterdir())
+    for fn, args, kw in at_exit:
+        fn(*args, **kw)
+    assert not first.exists() and not second.exists()
