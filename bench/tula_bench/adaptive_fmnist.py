@@ -18,7 +18,11 @@ On 2 CPU cores a step's time grows about linearly with its batch, so the goodput
 sqrt(latency x B_noise / time per sample): this is the regime's accuracy check, not where large batches pay
 (bench/goodput_replay.py replays that on GPU curves).
 
-Run:  .venv/bin/python bench/adaptive_fmnist.py [--scratch DIR] [--out FILE]   (about 15 minutes here)
+`--smoke` runs the same code at generalization_fmnist's smoke scale (digits at 8x8, two epochs, a narrow bn_cnn; the
+DAG's search over batches 32 and 64 at its fewest steps), one tuning and one test seed, in a fresh temporary folder
+with its cells file: the continuous-integration check that the bench runs end to end (its targets mean nothing there).
+
+Run:  .venv/bin/python bench/adaptive_fmnist.py [--scratch DIR] [--out FILE] [--smoke]   (about 15 minutes here)
 """
 
 from __future__ import annotations
@@ -28,9 +32,19 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from tula_bench.common import RESULTS, bench_parser, provenance, train_cell, trained_scores, write_and_report
+from tula_bench.common import (
+    RESULTS,
+    bench_parser,
+    parse_bench_args,
+    provenance,
+    smoke_scratch,
+    train_cell,
+    trained_scores,
+    write_and_report,
+)
 from tula_bench.efficiency_fmnist import CHOICE_JOB, WORLD, choice_digest, choose_by_goodput
 from tula_bench.generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
@@ -43,28 +57,43 @@ STRATEGIES = ("adascale", "lrs")  # what the tuning seeds choose between
 ACCURACY_MARGIN = 0.5  # points: the 95 % interval's lower bound of adaptive - reference at least -0.5
 
 
-def adaptive_job(strategy: str, seed: int) -> Job:
+@dataclass(frozen=True)
+class Regime:
+    """The generalization_fmnist scale the cells train at, the file caching them and the strategies tuned: the full
+    run's, or --smoke's (the smoke scale, its cells in a fresh scratch folder, so no smoke cell enters bench/results,
+    and adascale alone: the tuning's code runs the same over one strategy)."""
+
+    scale: str = SCALE
+    cells: Path = CELLS
+    strategies: tuple[str, ...] = STRATEGIES
+
+    @classmethod
+    def smoke(cls, scratch: Path) -> Regime:
+        return cls("smoke", scratch / "cells.jsonl", ("adascale",))
+
+
+def adaptive_job(strategy: str, seed: int, scale: str = SCALE) -> Job:
     """The recipe's cell with the adaptive schedule, following the goodput objective."""
-    job = cell_job(SCALE, MODEL, strategy, seed, None)
+    job = cell_job(scale, MODEL, strategy, seed, None)
     return job.updated(train={"batch_schedule": "adaptive"}, objective={"minimize": "goodput"})
 
 
-def job_of(kind: str, strategy: str, seed: int) -> Job:
-    return adaptive_job(strategy, seed) if kind != "reference" else cell_job(SCALE, MODEL, "lbt", seed, None)
+def job_of(kind: str, strategy: str, seed: int, scale: str = SCALE) -> Job:
+    return adaptive_job(strategy, seed, scale) if kind != "reference" else cell_job(scale, MODEL, "lbt", seed, None)
 
 
-def the_choice(scratch: Path) -> dict:
+def the_choice(scratch: Path, regime: Regime) -> dict:
     """The DAG's goodput choice and perfmodel.json's candidates at its node count (cached with the DAG's digest)."""
-    records = read_jsonl(CELLS) if CELLS.exists() else []
-    digest = choice_digest(MODEL)
+    records = read_jsonl(regime.cells) if regime.cells.exists() else []
+    digest = choice_digest(MODEL, regime.scale)
     found = [r for r in records if r["phase"] == "choice" and r["code_digest"] == digest]
     if found:
         return found[-1]
     folder = scratch / "dag"
-    choice = choose_by_goodput(MODEL, folder)
+    choice = choose_by_goodput(MODEL, folder, regime.scale)
     perfmodel = read_json(folder / f"results/{CHOICE_JOB}/perfmodel.json")
     chosen = {"nodes": choice["nodes"], "batch": choice["batch"], "gpus_per_node": 0}
-    rows = list(BatchSchedule.for_run(adaptive_job("adascale", 0), perfmodel, chosen).rows)
+    rows = list(BatchSchedule.for_run(adaptive_job("adascale", 0, regime.scale), perfmodel, chosen).rows)
     record = {
         **choice,
         "code_digest": digest,
@@ -72,15 +101,13 @@ def the_choice(scratch: Path) -> dict:
         "candidates": rows,
         "candidates_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:12],
     }
-    append_jsonl(CELLS, record)
+    append_jsonl(regime.cells, record)
     return record
 
 
-def run_cell(cell: dict, choice: dict, scratch: Path) -> dict:
+def run_cell(cell: dict, choice: dict, scratch: Path, scale: str) -> dict:
     adaptive = cell["kind"] != "reference"
-    job = (
-        adaptive_job(cell["strategy"], cell["seed"]) if adaptive else cell_job(SCALE, MODEL, "lbt", cell["seed"], None)
-    )
+    job = job_of(cell["kind"], cell["strategy"], cell["seed"], scale)
     worker = {}
     if adaptive:
         worker["schedule"] = BatchSchedule(job, tuple(choice["candidates"]), choice["train_samples"])
@@ -106,9 +133,9 @@ def run_cell(cell: dict, choice: dict, scratch: Path) -> dict:
     return record
 
 
-def cell(phase: str, kind: str, strategy: str, seed: int, batch: int, choice: dict, digest: str) -> dict:
+def cell(phase: str, kind: str, strategy: str, seed: int, batch: int, choice: dict, digest: str, scale: str) -> dict:
     key = cell_key(
-        job_of(kind, strategy, seed),
+        job_of(kind, strategy, seed, scale),
         batch,
         WORLD,
         digest + (choice["candidates_digest"] if kind != "reference" else ""),
@@ -116,42 +143,48 @@ def cell(phase: str, kind: str, strategy: str, seed: int, batch: int, choice: di
     return dict(phase=phase, kind=kind, strategy=strategy, seed=seed, batch=batch, key=key)
 
 
-def tuned_strategy(tuning: list[dict]) -> dict:
+def tuned_strategy(tuning: list[dict], strategies: tuple[str, ...] = STRATEGIES) -> dict:
     """The strategy with the best mean validation accuracy over the tuning seeds (then the fewer steps)."""
     scores = {
         s: (
             statistics.fmean(r["val_accuracy_precise_bn"] for r in tuning if r["strategy"] == s),
             -statistics.fmean(r["steps"] for r in tuning if r["strategy"] == s),
         )
-        for s in STRATEGIES
+        for s in strategies
     }
-    best = max(STRATEGIES, key=lambda s: scores[s])
+    best = max(strategies, key=lambda s: scores[s])
     return {"strategy": best, "validation": {s: {"val_accuracy": v, "steps": -n} for s, (v, n) in scores.items()}}
 
 
-def run(scratch: Path) -> dict:
-    digest = code_digest()
-    choice = the_choice(scratch)
-    done = {r["key"]: r for r in (read_jsonl(CELLS) if CELLS.exists() else []) if r["phase"] != "choice"}
+def run(scratch: Path, regime: Regime = Regime()) -> dict:
+    digest, scale, cells = code_digest(), regime.scale, regime.cells
+    choice = the_choice(scratch, regime)
+    done = {r["key"]: r for r in (read_jsonl(cells) if cells.exists() else []) if r["phase"] != "choice"}
 
-    def ran(planned: dict) -> dict:
+    def ran(phase: str, kind: str, strategy: str, seed: int, batch: int) -> dict:
+        planned = cell(phase, kind, strategy, seed, batch, choice, digest, scale)
         if planned["key"] not in done:
-            done[planned["key"]] = run_cell(planned, choice, scratch)
-            append_jsonl(CELLS, done[planned["key"]])
+            done[planned["key"]] = run_cell(planned, choice, scratch, scale)
+            append_jsonl(cells, done[planned["key"]])
         return done[planned["key"]]
 
     start = choice["batch"]
-    tuning_seeds, test_seeds = SCALES[SCALE]["tuning_seeds"], SCALES[SCALE]["test_seeds"]
-    tuning = [
-        ran(cell("tune", "adaptive", s, seed, start, choice, digest)) for s in STRATEGIES for seed in tuning_seeds
-    ]
-    tuned = tuned_strategy(tuning)
-    reference = [ran(cell("test", "reference", "lbt", seed, SMALL_BATCH, choice, digest)) for seed in test_seeds]
-    adaptive = [ran(cell("test", "adaptive", tuned["strategy"], seed, start, choice, digest)) for seed in test_seeds]
-    return figures(reference, adaptive, tuning, tuned, choice)
+    tuning_seeds, test_seeds = SCALES[scale]["tuning_seeds"], SCALES[scale]["test_seeds"]
+    tuning = [ran("tune", "adaptive", s, seed, start) for s in regime.strategies for seed in tuning_seeds]
+    tuned = tuned_strategy(tuning, regime.strategies)
+    reference = [ran("test", "reference", "lbt", seed, SMALL_BATCH) for seed in test_seeds]
+    adaptive = [ran("test", "adaptive", tuned["strategy"], seed, start) for seed in test_seeds]
+    return figures(reference, adaptive, tuning, tuned, choice, regime)
 
 
-def figures(reference: list[dict], adaptive: list[dict], tuning: list[dict], tuned: dict, choice: dict) -> dict:
+def figures(
+    reference: list[dict],
+    adaptive: list[dict],
+    tuning: list[dict],
+    tuned: dict,
+    choice: dict,
+    regime: Regime = Regime(),
+) -> dict:
     by_seed = {r["seed"]: r for r in reference}
     accuracy = interval([100 * (r["test_accuracy"] - by_seed[r["seed"]]["test_accuracy"]) for r in adaptive])
     steps = statistics.median(r["steps"] / by_seed[r["seed"]]["steps"] for r in adaptive)
@@ -184,12 +217,13 @@ def figures(reference: list[dict], adaptive: list[dict], tuning: list[dict], tun
         "tuning": tuning,
         "provenance": provenance(),
         "settings": {
-            "scale": SCALE,
+            "scale": regime.scale,
+            "smoke": regime.scale == "smoke",
             "model": MODEL,
             "world_size": WORLD,
             "reference_batch": SMALL_BATCH,
-            "strategies_tuned": list(STRATEGIES),
-            "regime": {k: SCALES[SCALE][k] for k in ("image_size", "epochs", "tuning_seeds", "test_seeds")},
+            "strategies_tuned": list(regime.strategies),
+            "regime": {k: SCALES[regime.scale][k] for k in ("image_size", "epochs", "tuning_seeds", "test_seeds")},
         },
     }
 
@@ -210,6 +244,10 @@ def report(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, "adaptive_fmnist.json")
     parser.add_argument("--scratch", type=Path, help="folder for the runs (default: a temporary one)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--smoke", action="store_true", help="the smoke scale, its cells in a temporary folder")
+    args = parse_bench_args(parser, argv)
+    if args.smoke:
+        scratch = smoke_scratch("adaptive-fmnist")
+        return write_and_report(args.out, run(scratch, Regime.smoke(scratch)), report)
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="adaptive-fmnist-"))
     return write_and_report(args.out, run(scratch), report)

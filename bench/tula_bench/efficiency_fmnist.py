@@ -28,7 +28,16 @@ from pathlib import Path
 
 import yaml
 
-from tula_bench.common import JOBS_FILE, REPO, RESULTS, bench_config, files_digest, train_cell, trained_scores
+from tula_bench.common import (
+    JOBS_FILE,
+    REPO,
+    RESULTS,
+    bench_config,
+    files_digest,
+    merged,
+    train_cell,
+    trained_scores,
+)
 from tula_bench.generalization_fmnist import SCALES, SMALL_BATCH, cell_job, cell_key, code_digest, interval
 from tula_hpc.core.atomic_files import append_jsonl, read_json, read_jsonl
 
@@ -42,30 +51,48 @@ CHOICE_JOB = "bench-goodput-fmnist"
 # What the DAG's choice depends on: the whole workflow, its package, profiles and the jobs file it merges into.
 DAG_CODE = ["tula_hpc", "workflow", "Snakefile", "profiles", "config"]
 SUMMARY = ("goodput_accuracy_minus_reference", "goodput_time_over_reference", "adascale_worst_accuracy_minus_reference")
+# What the goodput job measures besides its 2 ranks, per generalization_fmnist scale: cpu's batches 32 to 4096;
+# smoke's (a bench's --smoke) the least the DAG accepts: two batches, the fewest steps, one attempt (no measuring
+# again on this busy machine), no confirming profiles, the memory probes in the stage's own process.
+MEASURING = {
+    "cpu": {"search": {"batch": {"min": 32, "max": 4096}}},
+    "smoke": {
+        "search": {
+            "batch": {"min": 32, "max": 64},
+            "warmup_steps": 0,
+            "steps": 2,
+            "min_measure_s": 0,
+            "max_attempts": 1,
+            "confirm": 0,
+        },
+        "resources": {"memory_probes_in": "one_process"},
+    },
+}
 
 
-def goodput_changes(model: str) -> dict:
+def goodput_changes(model: str, scale: str = SCALE) -> dict:
     """The goodput job: the reference cell's job (the recipe) with adascale, the goodput objective and the search
     over this machine's 2 ranks."""
-    recipe = cell_job(SCALE, model, "adascale", TUNING_SEED, None).as_dict()
-    return {
+    recipe = cell_job(scale, model, "adascale", TUNING_SEED, None).as_dict()
+    changes = {
         "model": recipe["model"],
         "data": recipe["data"],
         "train": recipe["train"],
         "resources": {k: recipe["resources"][k] for k in ("gpus_per_node", "cpus_per_task")},
-        "search": {"nodes": {"min": WORLD, "max": WORLD}, "batch": {"min": 32, "max": 4096}},
+        "search": {"nodes": {"min": WORLD, "max": WORLD}},
         "objective": {"minimize": "goodput"},
     }
+    return merged(changes, MEASURING[scale])
 
 
-def choice_digest(model: str) -> str:
+def choice_digest(model: str, scale: str = SCALE) -> str:
     """What a cached choice of the DAG is reused under: its code and the goodput job's settings."""
-    return files_digest(DAG_CODE, goodput_changes(model))
+    return files_digest(DAG_CODE, goodput_changes(model, scale))
 
 
-def choose_by_goodput(model: str, folder: Path) -> dict:
+def choose_by_goodput(model: str, folder: Path, scale: str = SCALE) -> dict:
     """The DAG's own choice for the goodput job (snakemake to results/<job>/selection.json) and its measuring time."""
-    changes = goodput_changes(model)
+    changes = goodput_changes(model, scale)
     bench_config(as_name=CHOICE_JOB, **changes)  # a bad setting fails here, naming the field
     folder.mkdir(parents=True, exist_ok=True)
     override = folder / "goodput.yaml"
