@@ -53,3 +53,12 @@ def test_a_cell_below_the_margin_fails_and_missing_cells_leave_figures_empty():
     empty = bench.figures(cells, {}, {})
     assert not empty["complete"] and empty["adascale_worst_accuracy_minus_reference"] is None
     assert not any(v["met"] for v in bench.met(empty).values())
+
+
+def test_the_smoke_goodput_job_measures_the_least_and_the_cpu_job_stays_as_it_was():
+    cpu, smoke = bench.goodput_changes("bn_cnn"), bench.goodput_changes("bn_cnn", "smoke")
+    assert cpu["search"] == {"nodes": {"min": 2, "max": 2}, "batch": {"min": 32, "max": 4096}}
+    assert set(cpu["resources"]) == {"gpus_per_node", "cpus_per_task"}
+    assert smoke["data"]["name"] == "digits" and smoke["search"]["batch"] == {"min": 32, "max": 64}
+    bench.bench_config(as_name=bench.CHOICE_JOB, **smoke)  # the workflow accepts it
+    assert bench.choice_digest("bn_cnn", "smoke") != bench.choice_digest("bn_cnn")
