@@ -19,8 +19,9 @@ sqrt(latency x B_noise / time per sample): this is the regime's accuracy check, 
 (bench/goodput_replay.py replays that on GPU curves).
 
 `--smoke` runs the same code at generalization_fmnist's smoke scale (digits at 8x8, two epochs, a narrow bn_cnn; the
-DAG's search over batches 32 and 64 at its fewest steps), one tuning and one test seed, in a fresh temporary folder
-with its cells file: the continuous-integration check that the bench runs end to end (its targets mean nothing there).
+DAG's search over batches 32 and 64 at its fewest steps), adascale alone tuned, one tuning and one test seed, in a
+fresh temporary folder with its cells file: the continuous-integration check that the bench runs end to end (about
+a minute and a half here; its targets mean nothing there).
 
 Run:  .venv/bin/python bench/adaptive_fmnist.py [--scratch DIR] [--out FILE] [--smoke]   (about 15 minutes here)
 """
