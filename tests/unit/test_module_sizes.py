@@ -17,6 +17,7 @@ ONE_CONCEPT = {  # module -> the one concept it holds, which a split would tear 
     "tula_hpc/performance/estimator.py": "the performance model as a scikit-learn estimator",
     "tula_hpc/profiling/step_timing.py": "a profile's timed steps and their split into data, compute, sync",
     "bench/tula_bench/trace_accuracy.py": "the GPU-trace accuracy benchmark: replay, fit, score",
+    "bench/tula_bench/generalization_fmnist.py": "the Table I protocol on Fashion-MNIST: cells, tuning, test, figures",
     "bench/tula_bench/perf_accuracy.py": "the CPU performance-model accuracy benchmark: measure, fit, score",
 }
 
