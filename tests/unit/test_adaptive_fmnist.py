@@ -35,6 +35,7 @@ def _fake_cells(monkeypatch) -> list[dict]:
 
 def test_smoke_runs_one_tuning_and_two_test_cells_with_its_cells_in_the_scratch(monkeypatch, tmp_path):
     started = _fake_cells(monkeypatch)
+    monkeypatch.setattr(bench, "provenance", lambda: {"git_commit": "0" * 40})  # git is a process: fast tier
     regime = bench.Regime.smoke(tmp_path)
     assert regime.cells.parent == tmp_path and bench.RESULTS not in regime.cells.parents
     result = bench.run(tmp_path, regime)
