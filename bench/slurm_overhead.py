@@ -3,4 +3,4 @@
 from tula_bench.slurm_overhead import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

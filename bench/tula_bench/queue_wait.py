@@ -43,6 +43,7 @@ from tula_bench.common import (
     bench_config,
     bench_parser,
     dag_command,
+    parse_bench_args,
     provenance,
     use_local_cluster,
     write_and_report,
@@ -66,19 +67,26 @@ RUNS = {
     "shared_adaptive": {"resources": {"allocation": "shared", "time_limit": "fixed"}, "search": ADAPTIVE},
 }
 MEASURING = ("-probe-memory", "-profile-", "-allocation")
+# --smoke, CI's check that the bench runs end to end: the shared run alone, of the smallest DAG, under holds of a few
+# seconds, and no second pytest for the queue's constructed case (the suite runs tests/slurm/test_queue.py itself).
+SMOKE = {
+    "load_s": 5,
+    "dag_changes": {"train": {"epochs": 2, "lr_milestones": []}, "search": {"warmup_steps": 1, "steps": 2}},
+    "runs": ("shared",),
+}
 
 
 class CompetingLoad(threading.Thread):
     """Jobs of another user's kind holding both nodes LOAD_S seconds each, one after another, until `stop`."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_s: int = LOAD_S) -> None:
         super().__init__(daemon=True)
-        self.halt, self.jobs = threading.Event(), []
+        self.halt, self.jobs, self.hold_s = threading.Event(), [], hold_s
 
     def run(self) -> None:
         while not self.halt.is_set():
             cmd = ["sbatch", "--parsable", "--job-name=competing-load", "--nodes=2", "--exclusive", "--mem=0"]
-            done = subprocess.run(cmd + ["--time=2", "--wrap", f"sleep {LOAD_S}"], capture_output=True, text=True)
+            done = subprocess.run(cmd + ["--time=2", "--wrap", f"sleep {self.hold_s}"], capture_output=True, text=True)
             self.jobs.append(done.stdout.strip())
             while (
                 not self.halt.is_set() and slurm_states.slurm_state(self.jobs[-1]) in slurm_states.ACTIVE_SLURM_STATES
@@ -125,10 +133,10 @@ def idle_share(holder: dict) -> dict:
     return {"node_seconds": held, "step_node_seconds": used, "idle_share": 1 - used / held if held else None}
 
 
-def run_dag(workdir: Path, changes: dict) -> dict:
+def run_dag(workdir: Path, changes: dict, dag_changes: dict = DAG_CHANGES) -> dict:
     """One DAG run under a fresh job name: the wall times to selection.json and to summary.json, its jobs."""
     name = f"q{uuid.uuid4().hex[:6]}"
-    config = bench_config(as_name=name, **{**DAG_CHANGES, **changes})
+    config = bench_config(as_name=name, **{**dag_changes, **changes})
     del config["launcher"], config["slurm"]  # the profile's to set, as for any jobs file
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
@@ -182,31 +190,27 @@ def report(result: dict) -> None:
     print(result["summary"])
 
 
-def main() -> int:
-    args = bench_parser(__doc__, "queue_wait.json").parse_args()
-    use_local_cluster()
-    choice_passed = queue_choice_test()
-    load = CompetingLoad()
-    load.start()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            runs = {name: run_dag(Path(tmp) / name, changes) for name, changes in RUNS.items()}
-    finally:
-        load.stop()
-    shared, per_stage = runs["shared"], runs["per_stage"]
-    result = {
+def ratio(runs: dict, over: str, under: str) -> float | None:
+    """A wall-time ratio of two runs, None where the smoke run made only one of them."""
+    if over not in runs or under not in runs:
+        return None
+    return runs[over]["wall_to_summary_s"] / runs[under]["wall_to_summary_s"]
+
+
+def figures(runs: dict, choice_passed: bool | None) -> dict:
+    shared, adaptive = runs["shared"], runs.get("shared_adaptive", {})
+    return {
         "summary": {
             "measuring_queue_waits_per_job": shared["measuring_queue_waits"],
-            "summary_wall_ratio_shared_over_per_stage": shared["wall_to_summary_s"] / per_stage["wall_to_summary_s"],
+            "summary_wall_ratio_shared_over_per_stage": ratio(runs, "shared", "per_stage"),
             "idle_node_seconds_share": shared["allocation"]["idle_share"] if shared["allocation"] else None,
             "queue_choice_test_passed": choice_passed,
         },
         "adaptive_search": {
-            "summary_wall_ratio_shared_over_per_stage": runs["shared_adaptive"]["wall_to_summary_s"]
-            / runs["per_stage_adaptive"]["wall_to_summary_s"],
-            "measuring_queue_waits_per_stage": runs["per_stage_adaptive"]["measuring_queue_waits"],
-            "measuring_queue_waits_shared": runs["shared_adaptive"]["measuring_queue_waits"],
-            "idle_node_seconds_share": (runs["shared_adaptive"]["allocation"] or {}).get("idle_share"),
+            "summary_wall_ratio_shared_over_per_stage": ratio(runs, "shared_adaptive", "per_stage_adaptive"),
+            "measuring_queue_waits_per_stage": runs.get("per_stage_adaptive", {}).get("measuring_queue_waits"),
+            "measuring_queue_waits_shared": adaptive.get("measuring_queue_waits"),
+            "idle_node_seconds_share": (adaptive.get("allocation") or {}).get("idle_share"),
         },
         "targets": {
             "measuring_queue_waits_per_job": "1",
@@ -214,9 +218,35 @@ def main() -> int:
             "idle_node_seconds_share": "<= 0.15",
             "queue_choice_test_passed": "true",
         },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__, "queue_wait.json")
+    parser.add_argument("--smoke", action="store_true", help="SMOKE: the shared run alone, small (CI's check)")
+    args = parse_bench_args(parser, argv)
+    use_local_cluster()
+    hold_s, dag_changes = (SMOKE["load_s"], SMOKE["dag_changes"]) if args.smoke else (LOAD_S, DAG_CHANGES)
+    planned = {name: RUNS[name] for name in SMOKE["runs"]} if args.smoke else RUNS
+    choice_passed = None if args.smoke else queue_choice_test()
+    load = CompetingLoad(hold_s)
+    load.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = {name: run_dag(Path(tmp) / name, changes, dag_changes) for name, changes in planned.items()}
+    finally:
+        load.stop()
+    result = {
+        **figures(runs, choice_passed),
         "runs": runs,
-        "load": {"job_s": LOAD_S, "jobs": len(load.jobs), "shape": "2 nodes, one after another"},
+        "load": {"job_s": hold_s, "jobs": len(load.jobs), "shape": "2 nodes, one after another"},
         "provenance": provenance(),
-        "settings": {"runs": RUNS, "dag_changes": DAG_CHANGES, "waited_s": WAITED_S, "profile": "profiles/slurm"},
+        "settings": {
+            "runs": planned,
+            "dag_changes": dag_changes,
+            "waited_s": WAITED_S,
+            "profile": "profiles/slurm",
+            "smoke": args.smoke,
+        },
     }
     return write_and_report(args.out, result, report)
