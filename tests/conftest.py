@@ -20,7 +20,7 @@ from tula_hpc.config import job_settings, load_config, validate_config
 from tula_hpc.core.job import Job
 from tula_hpc.core.plain_data import deep_update
 from tula_hpc.core.records import Selection
-from tula_hpc.memory.device_budget import _cpu_allocator
+from tula_hpc.memory.device_budget import cpu_allocator
 
 pytest_plugins = ["tests.fast_tier", "pytester"]  # the fast tier's option, markers and guard; pytester tests the guard
 
@@ -29,7 +29,7 @@ def pytest_sessionstart(session) -> None:
     """In the fast tier, the CPU device budget's allocator is built (torch runs ninja, once a process) before any test:
     otherwise whichever test first trains under a budget would start that process and fail the guard."""
     if session.config.getoption("fast"):
-        _cpu_allocator()
+        cpu_allocator()
 
 
 REPO = Path(__file__).resolve().parent.parent

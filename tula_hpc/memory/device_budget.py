@@ -73,7 +73,7 @@ class DeviceBudgetError(RuntimeError):
 
 
 @functools.cache
-def _cpu_allocator() -> ctypes.CDLL:
+def cpu_allocator() -> ctypes.CDLL:
     """The budget allocator's library, compiled on first use (cached by torch under ~/.cache/torch_extensions)."""
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
@@ -121,7 +121,7 @@ class _DeviceMemory:
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
             torch.cuda.reset_peak_memory_stats(device)
             return
-        library = _cpu_allocator()
+        library = cpu_allocator()
         library.tula_install()
         self.resident, self.origin = resident_bytes, library.tula_used()
         library.tula_set_limit(ctypes.c_int64(self.origin + budget_bytes - resident_bytes))
@@ -134,7 +134,7 @@ class _DeviceMemory:
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
         elif self.device is not None:
-            _cpu_allocator().tula_set_limit(ctypes.c_int64(2**63 - 1))
+            cpu_allocator().tula_set_limit(ctypes.c_int64(2**63 - 1))
         self.device = None
 
     def _count(self, device, cpu_count: str, cuda_count: str) -> int:
@@ -142,7 +142,7 @@ class _DeviceMemory:
 
         if device.type == "cuda":
             return getattr(torch.cuda, cuda_count)(device)
-        return self.resident + getattr(_cpu_allocator(), cpu_count)() - self.origin
+        return self.resident + getattr(cpu_allocator(), cpu_count)() - self.origin
 
     def in_use(self, device) -> int:
         return self._count(device, "tula_used", "memory_allocated")
@@ -206,7 +206,7 @@ class _DeviceMemory:
         import torch
 
         if device.type != "cuda":
-            return self.resident + _cpu_allocator().tula_failed_at() - self.origin
+            return self.resident + cpu_allocator().tula_failed_at() - self.origin
         return cuda_failed_at(str(err)) or torch.cuda.max_memory_reserved(device)
 
     def allocator_events(self, device) -> dict[str, int]:
@@ -236,7 +236,7 @@ class _DeviceMemory:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         else:
-            _cpu_allocator().tula_reset_peak()
+            cpu_allocator().tula_reset_peak()
 
 
 device_memory = _DeviceMemory()
