@@ -35,14 +35,24 @@ import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import torch
 import yaml
 
-from tula_bench.chaos_faults import DOWN_S, FAULTS, FULL_S, OUTAGE_S, POLL_S, SLURM, our_jobs, rank_pids, wait_until
-from tula_bench.common import bench_config, bench_parser, dag_command, provenance, use_local_cluster, write_and_report
+from tula_bench.chaos_cluster import slurm_cycle
+from tula_bench.chaos_faults import DOWN_S, FAULTS, FULL_S, OUTAGE_S, POLL_S, our_jobs, rank_pids, wait_until
+from tula_bench.common import (
+    bench_config,
+    bench_parser,
+    dag_command,
+    merged,
+    provenance,
+    use_local_cluster,
+    write_and_report,
+)
+from tula_bench.log_silence import growth_times, longest_silence
 from tula_hpc.core.atomic_files import write_json
 from tula_hpc.training.loop_accounting import STEP_TRACE_ENV
 
@@ -63,7 +73,18 @@ MAX_RERUNS = 3
 RUN_LIMIT_S = 600  # a run of the DAG still going after this is stuck (an undisturbed one takes 1.5-3 minutes)
 FIRST_S = 5  # no fault before Snakemake has started anything
 TMPFS_SIZE = "256m"
-SLURM_DAEMONS = {"slurmctld", "slurmd", "slurmstepd", "slurmdbd", "munged", "mariadbd"}
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What a fault bench draws its trials from: its jobs, its faults with their targets (TARGETS), and the changes
+    a fault makes to the trial's jobs file (a time limit too short, say). This bench's is CHAOS; chaos_sites.py has
+    its own and runs its trials with this module's machinery."""
+
+    jobs: dict
+    faults: dict
+    targets: dict
+    job_changes: dict = field(default_factory=dict)
 
 
 def start(workdir: Path) -> subprocess.Popen:
@@ -84,10 +105,17 @@ def trace_path(workdir: Path) -> Path:
     return workdir.with_name(f"{workdir.name}.steps")
 
 
-def new_run(root: Path, tag: str, job: str, own_file_system: bool = False) -> tuple[Path, str]:
-    """A fresh folder (a tmpfs of its own where a fault fills it) holding the jobs file of `job` under a fresh name."""
+def run_log_bytes(workdir: Path, name: str) -> int:
+    """What the run has said so far: the driver's output and its stages' logs (where a stage says why it waits)."""
+    logs = [log_path(workdir), *(workdir / "logs" / name).glob("*.log")]
+    return sum(path.stat().st_size for path in logs if path.exists())
+
+
+def new_run(root: Path, tag: str, sections: dict, own_file_system: bool = False) -> tuple[Path, str]:
+    """A fresh folder (a tmpfs of its own where a fault fills it) holding a jobs file of the job `sections` make
+    (bench_config) under a fresh name."""
     workdir, name = root / tag, f"c{uuid.uuid4().hex[:6]}"
-    config = bench_config(as_name=name, **JOBS[job])
+    config = bench_config(as_name=name, **sections)
     del config["launcher"], config["slurm"]  # the profile's to set, as for any jobs file
     workdir.mkdir(parents=True)
     if own_file_system:
@@ -129,13 +157,14 @@ def outcome(workdir: Path, name: str) -> dict:
     }
 
 
-def trial(root: Path, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
-    """Trial `index`: `fault` at `share` of the way through its target's span (TARGETS); then whatever of it is
-    left (the run's jobs, its file system) is taken away."""
+def trial(root: Path, index: int, job: str, fault: str, share: float, reference: dict, bench: Bench) -> dict:
+    """Trial `index` of `bench`: `fault` at `share` of the way through its target's span (TARGETS); then whatever
+    of it is left (the run's jobs, its file system) is taken away."""
     own_file_system = fault == "full_disk"
-    workdir, name = new_run(root, f"trial{index}", job, own_file_system)
+    sections = merged(bench.jobs[job], bench.job_changes.get(fault, {}))
+    workdir, name = new_run(root, f"trial{index}", sections, own_file_system)
     try:
-        return run_trial(workdir, name, index, job, fault, share, reference)
+        return run_trial(workdir, name, (index, job, fault, share), reference, bench)
     finally:
         for job_id, _ in our_jobs(name, "PENDING,RUNNING,REQUEUED,COMPLETING"):
             subprocess.run(["scancel", job_id], check=False)
@@ -143,22 +172,27 @@ def trial(root: Path, index: int, job: str, fault: str, share: float, reference:
             subprocess.run(["umount", "--lazy", str(workdir)], check=True)
 
 
-def run_trial(workdir: Path, name: str, index: int, job: str, fault: str, share: float, reference: dict) -> dict:
+def run_trial(workdir: Path, name: str, drawn: tuple, reference: dict, bench: Bench) -> dict:
+    """The drawn trial (index, job, fault, share) in `workdir`; also the longest the run's logs were silent after
+    the fault landed (issue 56: a stage waits no more than 5 minutes past a fault without ending or saying why)."""
+    index, job, fault, share = drawn
     first_s, last_s = reference["windows_s"].get(fault, (0.0, reference["wall_s"]))
     started = time.time()
-    driver = start(workdir)
-    where = None
-    if wait_until(driver, started + FIRST_S, lambda: TARGETS[fault](workdir, name)) is not None:
-        at = time.time() + share * SPAN_SHARE * (last_s - first_s)
-        where = FAULTS[fault](driver, workdir, name, at, started)
-    stuck = not ended(driver)
-    reruns, failed = 0, [failures(workdir, since=0)]
-    while not finished(workdir, name) and reruns < MAX_RERUNS:
-        reruns, since = reruns + 1, log_path(workdir).stat().st_size
-        stuck += not ended(start(workdir))
-        failed.append(failures(workdir, since))
+    with growth_times(lambda: run_log_bytes(workdir, name), POLL_S) as grew:
+        driver = start(workdir)
+        where = None
+        if wait_until(driver, started + FIRST_S, lambda: bench.targets[fault](workdir, name)) is not None:
+            at = time.time() + share * SPAN_SHARE * (last_s - first_s)
+            where = bench.faults[fault](driver, workdir, name, at, started)
+        stuck = not ended(driver)
+        reruns, failed = 0, [failures(workdir, since=0)]
+        while not finished(workdir, name) and reruns < MAX_RERUNS:
+            reruns, since = reruns + 1, log_path(workdir).stat().st_size
+            stuck += not ended(start(workdir))
+            failed.append(failures(workdir, since))
     record = {"index": index, "job": job, "fault": fault, "drawn_share": share, "moment": where, "name": name}
     record.update(completed=finished(workdir, name), reruns=reruns, stuck_runs=int(stuck), failed_rules=failed)
+    record["silent_wait_s"] = longest_silence(grew, started + where["at_s"], time.time()) if where else None
     record["wall_s"] = round(time.time() - started, 1)
     record["wall_lost_s"] = round(record["wall_s"] - reference["wall_s"], 1)
     record["steps_repeated"] = steps_repeated(workdir)
@@ -218,45 +252,14 @@ def steps_repeated(workdir: Path) -> int | None:
     return len(steps) - len(set(steps))
 
 
-def slurm_cycle() -> dict:
-    """`make slurm-down`, the cluster's daemons still alive right after it (waited out, up to 30 s), then
-    `make slurm-up` at once: whether each worked, and how long it took."""
-    began = time.time()
-    down = subprocess.run(["bash", str(SLURM / "down.sh")], capture_output=True, text=True)
-    cycle = {"down_ok": down.returncode == 0, "down_s": round(time.time() - began, 1)}
-    cycle["alive_after_down"] = alive = [f"{p.info['name']}:{p.pid}" for p in slurm_daemons()]
-    cycle["zombies_after_down"] = len(slurm_daemons(zombies=True))
-    deadline = time.time() + 30
-    while alive and slurm_daemons() and time.time() < deadline:
-        time.sleep(POLL_S)
-    cycle["alive_after_30s"] = [f"{p.info['name']}:{p.pid}" for p in slurm_daemons()]
-    began = time.time()
-    up = subprocess.run(["bash", str(SLURM / "up.sh")], capture_output=True, text=True)
-    cycle.update(up_ok=up.returncode == 0, up_s=round(time.time() - began, 1))
-    if not (cycle["down_ok"] and cycle["up_ok"]):
-        raise SystemExit(f"make slurm-down/up failed between trials: {cycle}\n{down.stderr}\n{up.stderr}")
-    return cycle
-
-
-def slurm_daemons(zombies: bool = False) -> list[psutil.Process]:
-    """The cluster's daemons that run (or, `zombies`, that ended and wait to be reaped). A daemon's parent is gone,
-    so a stopped daemon stays listed until PID 1 reaps it (seconds later in this container): zombies are not alive,
-    and once read as slurmd alive after slurm-down."""
-    return [
-        p
-        for p in psutil.process_iter(["name", "status"])
-        if p.info["name"] in SLURM_DAEMONS and (p.info["status"] == psutil.STATUS_ZOMBIE) == zombies
-    ]
-
-
-def undisturbed(root: Path, job: str, runs: int) -> dict:
+def undisturbed(root: Path, job: str, runs: int, bench: Bench) -> dict:
     """`runs` undisturbed runs of `job`: the median wall time, the first run's choice and weights, and whether every
     run that chose alike ended bit-equal (without which no trial's weights could)."""
     walls, done, windows = [], [], []
     for run in range(runs):
-        workdir, name = new_run(root, f"undisturbed-{job}-{run}", job)
+        workdir, name = new_run(root, f"undisturbed-{job}-{run}", bench.jobs[job])
         started, driver = time.time(), start(workdir)
-        windows.append(targets_seen(driver, workdir, name))
+        windows.append(targets_seen(driver, workdir, name, bench.targets))
         if driver.wait() != 0 or not finished(workdir, name):
             raise SystemExit(f"the undisturbed run failed; read {log_path(workdir)}")
         walls.append(time.time() - started)
@@ -275,12 +278,12 @@ def undisturbed(root: Path, job: str, runs: int) -> dict:
     }
 
 
-def targets_seen(driver: subprocess.Popen, workdir: Path, name: str) -> dict[str, list[float]]:
+def targets_seen(driver: subprocess.Popen, workdir: Path, name: str, targets: dict) -> dict[str, list[float]]:
     """From when to when (seconds after the start) each fault's target existed in this run."""
-    started, seen = time.time(), {fault: [] for fault in FAULTS}
+    started, seen = time.time(), {fault: [] for fault in targets}
     while driver.poll() is None:
         at = round(time.time() - started, 1)
-        for fault, target in TARGETS.items():
+        for fault, target in targets.items():
             if target(workdir, name):
                 seen[fault].append(at)
         time.sleep(POLL_S)
@@ -314,6 +317,7 @@ TARGETS = {
     "corrupt_checkpoint": training_runs,
 }
 SPAN_SHARE = 0.8
+CHAOS = Bench(JOBS, FAULTS, TARGETS)
 
 
 def summarise(trials: list[dict], seed: int) -> dict:
@@ -411,8 +415,8 @@ def main() -> int:
         for index in chosen:
             job, fault, share = drawn[index]
             if job not in references:
-                references[job] = undisturbed(Path(tmp), job, args.reference_runs)
-            trials.append(trial(Path(tmp), index, job, fault, share, references[job]))
+                references[job] = undisturbed(Path(tmp), job, args.reference_runs, CHAOS)
+            trials.append(trial(Path(tmp), index, job, fault, share, references[job], CHAOS))
             trials[-1]["slurm_cycle"] = slurm_cycle()
             write_json(args.out, assemble(trials, references, args.seed, settings))  # kept should the bench stop
     return write_and_report(args.out, assemble(trials, references, args.seed, settings), report)
