@@ -145,6 +145,12 @@ def restart_slurmctld(driver: subprocess.Popen, workdir: Path, name: str, at: fl
     if jobs is None:
         return None
     where = {**moment(workdir, name, started), "job": jobs[0][1]}
+    slurmctld_outage(driver)
+    return where
+
+
+def slurmctld_outage(driver: subprocess.Popen) -> None:
+    """slurmctld stopped (SIGTERM) for OUTAGE_S, then started again by up.sh (under the site profile it ran)."""
     controller = psutil.Process(int(SLURMCTLD_PID.read_text()))
     controller.terminate()
     controller.wait(timeout=60)
@@ -152,7 +158,6 @@ def restart_slurmctld(driver: subprocess.Popen, workdir: Path, name: str, at: fl
         hold(driver, OUTAGE_S)
     finally:
         subprocess.run(["bash", str(SLURM / "up.sh")], check=True, capture_output=True)
-    return where
 
 
 def full_disk(driver: subprocess.Popen, workdir: Path, name: str, at: float, started: float) -> dict | None:
