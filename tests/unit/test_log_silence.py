@@ -1,0 +1,31 @@
+"""How long a run said nothing, on known moments of growth and on a file that grows under watch."""
+
+from __future__ import annotations
+
+import time
+
+from tula_bench.log_silence import growth_times, longest_silence
+
+
+def test_the_longest_silence_is_read_over_the_span_that_matters_only():
+    grew = [100.0, 103.0, 110.0, 111.0, 140.0]
+    assert longest_silence(grew, begin=102.0, end=120.0) == 9.0  # 111 -> 120: silent until the run ended
+    assert longest_silence(grew, begin=100.0, end=145.0) == 29.0  # 111 -> 140
+    assert longest_silence(grew, begin=141.0, end=141.5) == 0.5  # nothing grew in it at all
+    assert longest_silence(grew, begin=150.0, end=149.0) == 0.0  # a run that ended as the fault landed
+
+
+def test_each_growth_of_the_watched_size_is_noted_while_the_block_runs(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("")
+    with growth_times(lambda: log.stat().st_size, poll_s=0.01) as grew:
+        began = grew[0]
+        for line in ("a\n", "b\n"):
+            time.sleep(0.1)
+            log.write_text(log.read_text() + line)
+        time.sleep(0.1)
+    assert len(grew) == 3  # the start, then each write
+    assert grew == sorted(grew) and grew[1] - began >= 0.09
+    log.write_text("more\n")
+    time.sleep(0.05)
+    assert len(grew) == 3  # the watch ended with the block
