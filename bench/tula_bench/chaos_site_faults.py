@@ -94,7 +94,7 @@ def preempt(driver, workdir: Path, name: str, at: float, started: float, pick) -
         where.update(urgent_state=state, urgent_waited_s=round(time.time() - asked, 1))
         where["job_ended"] = slurm_states.settled_state(job_id)
     finally:
-        subprocess.run(["scancel", urgent], check=False)
+        slurm_states.cancel(urgent)
     return where
 
 
@@ -134,19 +134,24 @@ def nodes_taken(name: str) -> Iterator[list[str]]:
     try:
         yield blockers
     finally:
-        for blocker in blockers:
-            subprocess.run(["scancel", blocker], check=False)
+        for blocker in blockers:  # retried while slurmctld is away (restart_slurmctld_pending): it must not stay
+            slurm_states.cancel(blocker)
 
 
-def pending_job(driver, name: str, at: float) -> tuple[str, str] | None:
-    return (found := wait_until(driver, at, lambda: our_jobs(name, "PENDING"))) and found[0]
+@contextmanager
+def job_pending(driver, name: str, at: float) -> Iterator[tuple[str, str] | None]:
+    """(job id, job name) of the run's first job to pend once `at` has come (nodes_taken makes it pend), the nodes
+    taken while the block runs; None if the run ended first."""
+    if wait_until(driver, at) is None:
+        yield None
+        return
+    with nodes_taken(name):
+        yield (found := wait_until(driver, at, lambda: our_jobs(name, "PENDING"))) and found[0]
 
 
 def admin_hold(driver, workdir: Path, name: str, at: float, started: float) -> dict | None:
-    if wait_until(driver, at) is None:
-        return None
-    with nodes_taken(name):
-        if (pending := pending_job(driver, name, at)) is None:
+    with job_pending(driver, name, at) as pending:
+        if pending is None:
             return None
         job_id, job_name = pending
         held = subprocess.run(["scontrol", "hold", job_id], capture_output=True, text=True)
@@ -168,10 +173,8 @@ def ended_cancelled(driver, job_id: str, seconds: float) -> bool:
 
 
 def restart_slurmctld_pending(driver, workdir: Path, name: str, at: float, started: float) -> dict | None:
-    if wait_until(driver, at) is None:
-        return None
-    with nodes_taken(name):
-        if (pending := pending_job(driver, name, at)) is None:
+    with job_pending(driver, name, at) as pending:
+        if pending is None:
             return None
         where = {**moment(workdir, name, started), "job": pending[1]}
         slurmctld_outage(driver)
