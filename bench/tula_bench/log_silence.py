@@ -14,10 +14,10 @@ from contextlib import contextmanager
 def growth_times(size: Callable[[], int], poll_s: float) -> Iterator[list[float]]:
     """The moments (epoch seconds) at which `size()` changed, polled every `poll_s` while the block runs; the list
     fills as the block runs and opens with the block's start."""
-    times, done = [time.time()], threading.Event()
+    times, done, initial = [time.time()], threading.Event(), size()  # read now: the block may write at once
 
     def watch() -> None:
-        last = size()
+        last = initial
         while not done.wait(poll_s):
             if (now := size()) != last:
                 times.append(time.time())
