@@ -76,7 +76,7 @@ def test_test_only_start_and_its_command():
     assert cluster.parse_test_only(text) == dt.datetime(2026, 11, 24, 21, 7, 45)
     with pytest.raises(cluster.ClusterError, match="no start time"):
         cluster.parse_test_only("sbatch: error: Batch job submission failed: Requested node configuration")
-    cmd = cluster.test_only_command(2, 4, 90, ["--partition=gpu"])
+    cmd = cluster.test_only_command(2, 4, 90, ["--partition=gpu", "--gpus-per-node=4"])
     assert cmd[:2] == ["sbatch", "--test-only"] and "--nodes=2" in cmd and "--gpus-per-node=4" in cmd
     assert "--time=90" in cmd and cmd[-2:] == ["--wrap", "true"]
     assert not any("gpus" in part for part in cluster.test_only_command(1, 0, 5, []))
