@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from tula_hpc.cluster.devices import cuda_setup, usable_gpus
+from tula_hpc.cluster.slurm_options import SlurmOptionError, extra_options
 from tula_hpc.core.job import WARMUP_RECIPES, Job, recipe
 from tula_hpc.core.plain_data import deep_update, to_plain
 from tula_hpc.core.run_layout import ranks_per_host
@@ -42,6 +43,16 @@ MIN_IMAGE_SIZE = {
 # on a GPU, torch 2.2 with CUDA 11.8; #12873: 1.9 GB after one convolution), and 1 GB more for the data set, pinned
 # batches and loader workers; a large data set or many workers need more.
 HOST_GB_PER_GPU_RANK = 3
+
+# Variables the launcher sets in every rank, which resources.slurm.environment would overwrite -> why.
+LAUNCHER_VARIABLES = {
+    **dict.fromkeys(
+        ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
+        "torch.distributed's, set from Slurm's for each rank",
+    ),
+    "CUDA_VISIBLE_DEVICES": "Slurm's, for the GPUs it gave the rank",
+    "PYTORCH_CUDA_ALLOC_CONF": "set by resources.cuda_alloc_conf",
+}
 
 
 class ConfigError(ValueError):
@@ -185,6 +196,7 @@ def _check_semantics(job: Job) -> None:
         )
     _check_gpus_per_node(job, fail)
     _check_gpu_job(job, fail)
+    _check_slurm(job, fail)
     _check_batch_schedule(job, fail)
 
 
@@ -235,11 +247,31 @@ def _check_gpus_per_node(job: Job, fail) -> None:
         )
 
 
+def _check_slurm(job: Job, fail) -> None:
+    """resources.slurm beyond its types: extra_args that split into sbatch options the project can pass, and an
+    environment that leaves the launcher's own variables alone (`fail`: _check_semantics' error for a field)."""
+    slurm = job.resources.slurm
+    try:
+        extra_options(slurm.extra_args or ())
+    except SlurmOptionError as err:
+        fail("resources.slurm.extra_args", err.reason)
+    for name in slurm.environment or {}:
+        if name in LAUNCHER_VARIABLES or name.startswith("SLURM_"):
+            why = LAUNCHER_VARIABLES.get(name, "Slurm's own")
+            fail("resources.slurm.environment", f"{name} is {why}; allowed: any other variable")
+
+
 def _check_gpu_job(job: Job, fail) -> None:
     """What a GPU job needs that a CPU job does not: host memory per GPU rank, NCCL's sync priors, and on the local
     launcher a usable GPU of its own for every rank (`fail`: _check_semantics' error for a field)."""
-    gpus, mem_gb = job.resources.gpus_per_node, job.resources.mem_gb
-    if gpus and mem_gb < gpus * HOST_GB_PER_GPU_RANK:
+    gpus, mem_gb, mem_per_gpu_gb = job.resources.gpus_per_node, job.resources.mem_gb, job.resources.slurm.mem_per_gpu_gb
+    if gpus and mem_per_gpu_gb is not None and mem_per_gpu_gb < HOST_GB_PER_GPU_RANK:
+        fail(
+            "resources.slurm.mem_per_gpu_gb",
+            f"{mem_per_gpu_gb} GB of host memory per GPU rank; each needs at least {HOST_GB_PER_GPU_RANK} GB of its "
+            f"own (its CUDA context, torch's CUDA libraries, loader workers); allowed: at least {HOST_GB_PER_GPU_RANK}",
+        )
+    if gpus and mem_per_gpu_gb is None and mem_gb < gpus * HOST_GB_PER_GPU_RANK:
         fail(
             "resources.mem_gb",
             f"{mem_gb} GB of host memory per node is shared by its {gpus} GPU ranks (resources.gpus_per_node), "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from tests.conftest import fake_commands as _fake_commands
 from tests.unit.test_shared_allocation_launcher import PARTITION, shared_spec
 from tula_hpc.cluster import allocation, slurm_states
+from tula_hpc.core.job import SlurmSettings
 
 
 def test_the_allocation_asks_slurm_for_the_phases_time_and_memory_not_one_steps():
@@ -16,6 +18,18 @@ def test_the_allocation_asks_slurm_for_the_phases_time_and_memory_not_one_steps(
     assert holder[:4] == ["sbatch", "--parsable", "--job-name=job-allocation", "--nodes=2"]
     assert {"--time=60", "--partition=debug", "--mem=1024M"} <= set(holder)
     assert holder[-2:] == ["--wrap", "exec sleep infinity"]
+
+
+def test_the_allocation_asks_for_the_sites_gpu_type_for_every_node():
+    spec = shared_spec(Path("/w"), nodes=2)
+    spec = dataclasses.replace(
+        spec,
+        slurm=SlurmSettings(gpu_type="a100", reservation="maint"),
+        allocation=dataclasses.replace(spec.allocation, gpus_per_node=4),
+    )
+    holder = allocation.holder_command(spec, "job-allocation", 2)
+    assert {"--gpus-per-node=a100:4", "--ntasks-per-node=4", "--reservation=maint", "--requeue"} <= set(holder)
+    assert sum(word.startswith("--gpus") for word in holder) == 1
 
 
 @pytest.mark.spawns

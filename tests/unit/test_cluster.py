@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import default_job, fake_commands
 from tula_hpc.cluster import partition as cluster
-from tula_hpc.core.job import Job
+from tula_hpc.core.job import Job, SlurmSettings
 
 # `scontrol show partition -o` of a cluster with a GPU partition (its default) and a CPU one
 PARTITIONS = (
@@ -76,10 +76,25 @@ def test_test_only_start_and_its_command():
     assert cluster.parse_test_only(text) == dt.datetime(2026, 11, 24, 21, 7, 45)
     with pytest.raises(cluster.ClusterError, match="no start time"):
         cluster.parse_test_only("sbatch: error: Batch job submission failed: Requested node configuration")
-    cmd = cluster.test_only_command(2, 4, 90, ["--partition=gpu"])
+    cmd = cluster.test_only_command(2, 4, 90, ["--partition=gpu", "--gpus-per-node=4"])
     assert cmd[:2] == ["sbatch", "--test-only"] and "--nodes=2" in cmd and "--gpus-per-node=4" in cmd
     assert "--time=90" in cmd and cmd[-2:] == ["--wrap", "true"]
     assert not any("gpus" in part for part in cluster.test_only_command(1, 0, 5, []))
+
+
+def test_the_test_only_and_holder_options_come_from_resources_slurm_as_the_jobs_do():
+    slurm = SlurmSettings(gpu_type="a100", mem_per_gpu_gb=16, wckey="proj7", extra_args=("-p gpu --exclusive",))
+    args = cluster.sbatch_args(slurm, cpus_per_task=8, mem_gb=64, gpus_per_node=4)
+    assert args == [
+        "--cpus-per-task=8",
+        "--gpus-per-node=a100:4",
+        "--mem-per-gpu=16384M",
+        "--requeue",
+        "--wckey=proj7",
+        "--partition=gpu",
+        "--exclusive",
+    ]
+    assert cluster.sbatch_args(SlurmSettings(), 1, 2, 0) == ["--cpus-per-task=1", "--mem=2048M", "--requeue"]
 
 
 def _slurm_job(**resources) -> Job:
@@ -133,6 +148,10 @@ def test_queue_waits_ask_once_per_distinct_request(monkeypatch):
     waits = cluster.queue_waits(job, candidates, [100.0, 100.0, 100.0])
     assert waits[:2] == [0.0, 0.0] and waits[2] == pytest.approx(3600, abs=5)
     assert len(asked) == 2 and all("--gpus-per-node=4" in cmd for cmd in asked)
+    asked.clear()
+    typed = job.updated(resources={"slurm": {"gpu_type": "h100"}})
+    cluster.queue_waits(typed, [{"nodes": 1, "gpus_per_node": 2, "time_s": 100.0}], [100.0])
+    assert "--gpus-per-node=h100:2" in asked[0] and "--ntasks-per-node" in asked[0]
 
 
 # scontrol that fails its first `show` with the controller away, then prints the partitions; `ping` answers

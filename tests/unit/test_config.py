@@ -62,6 +62,57 @@ BAD_CASES = [
         lambda j: j["search"].update(sync_prior={"inter_node": {"bandwidth_gb_s": 0}}),
         ["search.sync_prior.inter_node.bandwidth_gb_s", "12.5"],
     ),
+    (
+        "an unknown short sbatch option",
+        lambda j: j["resources"].update(slurm={"extra_args": ["-Z 3"]}),
+        ["field 'resources.slurm.extra_args': '-Z' is not an sbatch option", "-p"],
+    ),
+    (
+        "an sbatch option the project sets",
+        lambda j: j["resources"].update(slurm={"extra_args": ["-c 8"]}),
+        ["field 'resources.slurm.extra_args': --cpus-per-task is set by resources.cpus_per_task"],
+    ),
+    (
+        "a variable name no shell takes",
+        lambda j: j["resources"].update(slurm={"environment": {"NCCL-IFNAME": "ib0"}}),
+        ["resources.slurm.environment", "NCCL-IFNAME"],
+    ),
+    (
+        "a variable the launcher sets",
+        lambda j: j["resources"].update(slurm={"environment": {"MASTER_ADDR": "n1"}}),
+        ["field 'resources.slurm.environment': MASTER_ADDR is torch.distributed's"],
+    ),
+    (
+        "a Slurm variable",
+        lambda j: j["resources"].update(slurm={"environment": {"SLURM_CPUS_PER_TASK": "2"}}),
+        ["field 'resources.slurm.environment': SLURM_CPUS_PER_TASK is Slurm's own"],
+    ),
+    (
+        "a value that is not a string",
+        lambda j: j["resources"].update(slurm={"environment": {"NCCL_IB_HCA": 5}}),
+        ["resources.slurm.environment.NCCL_IB_HCA", "expected string"],
+    ),
+    (
+        "a GPU binding",
+        lambda j: j["resources"].update(slurm={"gpu_binding": "socket"}),
+        ["resources.slurm.gpu_binding", "node, task"],
+    ),
+    (
+        "a GPU type with a count",
+        lambda j: j["resources"].update(slurm={"gpu_type": "a100:2"}),
+        ["resources.slurm.gpu_type", "as the site's gres.conf names it"],
+    ),
+    (
+        "a setup line of two",
+        lambda j: j["resources"].update(slurm={"setup": ["module load cuda\nmodule load nccl"]}),
+        ["resources.slurm.setup.0", "one shell line"],
+    ),
+    (
+        "no memory per GPU",
+        lambda j: j["resources"].update(slurm={"mem_per_gpu_gb": 0}),
+        ["resources.slurm.mem_per_gpu_gb"],
+    ),
+    ("a wckey of two words", lambda j: j["resources"].update(slurm={"wckey": "a b"}), ["resources.slurm.wckey"]),
 ]
 
 
@@ -94,6 +145,33 @@ def test_profile_slurm_settings_are_overridden_per_job():
         "account": "proj1",
         "extra_args": ["--exclusive"],
     }
+
+
+def test_a_sites_slurm_settings_are_valid_and_kept():
+    site = {
+        "wckey": "proj7",
+        "gpu_type": "a100",
+        "gpu_binding": "task",
+        "reservation": "maint",
+        "mem_per_gpu_gb": 12,
+        "setup": ["module load cuda/12.1"],
+        "environment": {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5_0"},
+        "extra_args": ["-p gpu", "--exclusive", "--wckey="],
+    }
+    config = _gpu_config(gpus=4, resources={"mem_gb": 4})  # memory per GPU in place of the node's
+    config["slurm"] = site
+    job = job_settings(validate_config(config), "digits-cnn")
+    assert job.as_dict()["resources"]["slurm"] == site
+
+
+def test_too_little_memory_per_gpu_is_refused():
+    from tula_hpc.config import HOST_GB_PER_GPU_RANK
+
+    with pytest.raises(ConfigError) as err:
+        validate_config(_gpu_config(gpus=2, resources={"slurm": {"mem_per_gpu_gb": 1}}))
+    assert "field 'resources.slurm.mem_per_gpu_gb': 1 GB" in str(err.value)
+    assert f"allowed: at least {HOST_GB_PER_GPU_RANK}" in str(err.value)
+    validate_config(job_config(resources={"slurm": {"mem_per_gpu_gb": 1}}))  # a CPU job asks per node
 
 
 def test_later_files_update_earlier_ones(tmp_path):

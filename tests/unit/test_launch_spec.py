@@ -28,3 +28,9 @@ def test_a_candidates_own_gpus_per_node_sets_the_ranks_on_each_node():
     spec = LaunchSpec.for_job(job, nodes=2, gpus_per_node=2)
     assert (spec.gpus_per_node, spec.tasks_per_node, spec.world_size) == (2, 2, 4)
     assert LaunchSpec.for_job(job, nodes=2, gpus_per_node=2, one_device=True).world_size == 2
+
+
+def test_every_rank_exports_the_sites_environment_beside_the_allocators():
+    network = {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5_0"}
+    job = _slurm_gpu_job().updated(resources={"slurm": {"environment": network}, "cuda_alloc_conf": "backend:native"})
+    assert LaunchSpec.for_job(job).environment == {**network, "PYTORCH_CUDA_ALLOC_CONF": "backend:native"}

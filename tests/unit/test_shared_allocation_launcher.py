@@ -46,6 +46,15 @@ def test_a_measurement_step_asks_slurm_for_what_the_docs_say():
     assert "--overlap" not in step and step[-4:] == ["-u", "-m", "submitit.core._submit", "/w/profile"]
 
 
+def test_a_measurement_step_asks_for_the_sites_gpus_memory_and_setup_as_the_jobs_do():
+    slurm = SlurmSettings(gpu_type="a100", gpu_binding="task", mem_per_gpu_gb=12, setup=("module load cuda",))
+    spec = dataclasses.replace(shared_spec(Path("/w")), gpus_per_node=2, cpus_per_task=4, slurm=slurm)
+    step = step_command(spec, "77", Path("/w/profile"), "job-profile")
+    assert {"--gpus-per-task=a100:1", "--mem-per-gpu=12288M", "--cpus-per-task=4", "--ntasks-per-node=2"} <= set(step)
+    assert not any(word.startswith(("--mem=", "--gpus-per-node")) for word in step)
+    assert step[step.index("-c") + 1].startswith("module load cuda\n") and step[-1] == "/w/profile"
+
+
 @pytest.mark.spawns
 def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_at_once(tmp_path, monkeypatch):
     """A fake srun runs the step's command here as Slurm would start its 2 ranks (the allocation's job id, the

@@ -101,3 +101,53 @@ def test_a_slurm_job_slurm_requeued_itself_is_waited_for_and_replaced_only_where
     if not replaced:
         assert count.read_text().count("x") == 4  # listed twice more, then gone
         assert slurm.end_state(job) == ("COMPLETED", False)
+
+
+def _script(tmp_path: Path, **spec) -> list[str]:
+    """The lines of the sbatch script submitit would write for `spec` (nothing submitted)."""
+    executor = SlurmLauncher().executor(LaunchSpec(launcher="slurm", **spec), tmp_path / "submit", "train")
+    return executor._executor._make_submission_file_text("RUN", "0").splitlines()
+
+
+def test_the_ranks_srun_asks_the_jobs_cores_and_the_job_asks_to_be_requeued(tmp_path):
+    """srun inherits no --cpus-per-task from the job in Slurm 22.05 to 23.02: without it, where cgroups confine
+    cores, each rank gets one. And --requeue explicitly: where a site's default is JobRequeue=0, submitit's
+    `scontrol requeue` at the time-limit warning fails."""
+    lines = _script(tmp_path, cpus_per_task=6)
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert "--cpus-per-task=6" in srun.split() and "#SBATCH --requeue" in lines
+
+
+def test_no_wckey_unless_one_is_given(tmp_path):
+    assert not any("--wckey" in line for line in _script(tmp_path))
+    assert "#SBATCH --wckey=proj7" in _script(tmp_path, slurm=SlurmSettings(wckey="proj7"))
+    assert "#SBATCH --wckey=''" in _script(tmp_path, slurm=SlurmSettings(extra_args=("--wckey=",)))
+
+
+def test_extra_arguments_become_whole_sbatch_lines_by_their_long_names(tmp_path):
+    """-p gpu is one option of two words (it was one broken line, `#SBATCH --p gpu=True`), --exclusive a bare flag;
+    an extra option replaces the key of the same name, never a second line beside it."""
+    lines = _script(tmp_path, slurm=SlurmSettings(partition="debug", extra_args=("-p gpu --exclusive", "-q high")))
+    parameters = [line for line in lines if line.startswith("#SBATCH")]
+    assert {"#SBATCH --partition=gpu", "#SBATCH --exclusive", "#SBATCH --qos=high"} <= set(parameters)
+    assert sum("partition" in line for line in parameters) == 1
+
+
+def test_a_sites_gpu_type_reservation_setup_and_memory_per_gpu(tmp_path):
+    slurm = SlurmSettings(
+        gpu_type="a100", reservation="maint", mem_per_gpu_gb=16, setup=("module load cuda/12.1", "source site.sh")
+    )
+    lines = _script(tmp_path, nodes=2, gpus_per_node=4, mem_gb=64, slurm=slurm)
+    assert {"#SBATCH --gpus-per-node=a100:4", "#SBATCH --reservation=maint", "#SBATCH --mem-per-gpu=16384M"} <= set(
+        lines
+    )
+    assert not any(line.startswith("#SBATCH --mem=") for line in lines)
+    setup = lines.index("# setup")
+    assert lines[setup + 1 : setup + 3] == ["module load cuda/12.1", "source site.sh"]
+    assert setup < next(i for i, line in enumerate(lines) if line.startswith("srun "))
+
+
+def test_gpus_bound_one_per_task(tmp_path):
+    lines = _script(tmp_path, nodes=2, gpus_per_node=4, slurm=SlurmSettings(gpu_binding="task"))
+    assert {"#SBATCH --gpus-per-task=1", "#SBATCH --ntasks-per-node=4"} <= set(lines)
+    assert not any("gpus-per-node" in line for line in lines)

@@ -29,9 +29,7 @@ def holder_command(spec: LaunchSpec, name: str, nodes: int) -> list[str]:
     cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--nodes={nodes}"]
     cmd += [f"--ntasks-per-node={max(1, allocation.gpus_per_node)}"]
     cmd.append(f"--time={max(allocation.time_min, spec.time_min)}")
-    if allocation.gpus_per_node:
-        cmd.append(f"--gpus-per-node={allocation.gpus_per_node}")
-    cmd += sbatch_args(spec.slurm, spec.cpus_per_task, spec.mem_gb)
+    cmd += sbatch_args(spec.slurm, spec.cpus_per_task, spec.mem_gb, allocation.gpus_per_node)
     return cmd + [f"--output={allocation.folder}/holder-%j.out", "--wrap", "exec sleep infinity"]
 
 

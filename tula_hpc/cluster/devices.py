@@ -68,10 +68,18 @@ def usable_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def bound_one_gpu_per_task(visible: int) -> bool:
+    """Slurm bound this rank one GPU of its own (--gpus-per-task=1: resources.slurm.gpu_binding task), which it
+    sees alone, as device 0, whatever its local rank. Told from what the rank sees: Slurm's per-task request in its
+    environment (a typed one reads "a100:1") and the one GPU visible."""
+    per_task = os.environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]
+    return visible == 1 and per_task == "1"
+
+
 def rank_gpu(local_rank: int) -> int:
-    """The GPU of a rank: its node's `local_rank`-th. Never the CPU in its stead (a GPU job's profiles and
-    training would silently measure something else), nor a GPU another rank holds (NCCL refuses two ranks
-    on one GPU)."""
+    """The GPU of a rank: its node's `local_rank`-th, or its own where Slurm bound it one. Never the CPU in its
+    stead (a GPU job's profiles and training would silently measure something else), nor a GPU another rank holds
+    (NCCL refuses two ranks on one GPU)."""
     gpus = usable_gpus()
     if not gpus:
         raise DeviceError(
@@ -79,6 +87,8 @@ def rank_gpu(local_rank: int) -> int:
             f"wheel's CUDA or a CUDA_VISIBLE_DEVICES that names no GPU does this: update the driver, install a "
             f"torch wheel built for the driver's CUDA, or name the GPUs"
         )
+    if bound_one_gpu_per_task(gpus):
+        return 0
     if local_rank >= gpus:
         raise DeviceError(
             f"local rank {local_rank} has no GPU of its own: {gpus} GPU(s) visible ({cuda_setup()}); "

@@ -75,8 +75,10 @@ class LaunchSpec:
 
     @property
     def environment(self) -> dict[str, str]:
-        """What every process of the job exports before torch sets up CUDA (resources.cuda_alloc_conf)."""
-        return {} if self.cuda_alloc_conf is None else {"PYTORCH_CUDA_ALLOC_CONF": self.cuda_alloc_conf}
+        """What every process of the job exports before torch sets up CUDA and its process group: the site's
+        (resources.slurm.environment: the network NCCL and gloo use) and resources.cuda_alloc_conf."""
+        allocator = {} if self.cuda_alloc_conf is None else {"PYTORCH_CUDA_ALLOC_CONF": self.cuda_alloc_conf}
+        return {**(self.slurm.environment or {}), **allocator}
 
     @property
     def tasks_per_node(self) -> int:

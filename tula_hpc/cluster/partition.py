@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from tula_hpc.cluster.slurm_options import as_arguments, resource_options, site_options
 from tula_hpc.cluster.slurm_states import controller_answers
 from tula_hpc.core.job import Job, SlurmSettings
 from tula_hpc.core.records import Selection
@@ -154,10 +155,9 @@ def parse_test_only(text: str) -> dt.datetime:
 
 
 def test_only_command(nodes: int, gpus_per_node: int, time_min: int, sbatch_args: list[str]) -> list[str]:
-    """The sbatch that asks when a job of this shape would start; nothing is submitted."""
+    """The sbatch that asks when a job of this shape would start (its GPUs among `sbatch_args`); nothing is
+    submitted."""
     cmd = ["sbatch", "--test-only", f"--nodes={nodes}", "--ntasks-per-node", str(max(1, gpus_per_node))]
-    if gpus_per_node:
-        cmd.append(f"--gpus-per-node={gpus_per_node}")
     return cmd + [f"--time={time_min}", *sbatch_args, "--wrap", "true"]
 
 
@@ -182,13 +182,12 @@ def train_time_limit_s(job: Job, candidate: dict, run_s: float, max_time_s: floa
     return limit if max_time_s is None else min(limit, max_time_s)
 
 
-def sbatch_args(slurm: SlurmSettings, cpus_per_task: int, mem_gb: float) -> list[str]:
-    """The options a job's sbatch carries besides its shape (resources.slurm and the job's resources), so that
-    --test-only asks about the job that would be submitted."""
-    args = [f"--cpus-per-task={cpus_per_task}", f"--mem={math.ceil(mem_gb * 1024)}M"]
-    options = {"partition": slurm.partition, "account": slurm.account, "qos": slurm.qos, "constraint": slurm.constraint}
-    args += [f"--{key}={value}" for key, value in options.items() if value]
-    return args + list(slurm.extra_args or ())
+def sbatch_args(slurm: SlurmSettings, cpus_per_task: int, mem_gb: float, gpus_per_node: int) -> list[str]:
+    """The options a job's sbatch carries besides its nodes, tasks and time (its CPUs, GPUs and memory, and what
+    resources.slurm says: slurm_options.py, as for the per-stage jobs), so that --test-only asks about the job that
+    would be submitted, and the measuring allocation is the shape its steps ask for."""
+    options = {"cpus-per-task": cpus_per_task, **resource_options(slurm, gpus_per_node, mem_gb)}
+    return as_arguments({**options, **site_options(slurm)})
 
 
 def train_minutes(job: Job, candidate: dict, run_s: float | None, max_time_s: float | None) -> int:
@@ -219,12 +218,14 @@ def queue_waits(job: Job, candidates: list[dict], run_seconds: list[float]) -> l
     """Slurm's estimate of how long each candidate's train job (its shape, the wall time it would ask for to run
     `run_seconds`) would wait to start; one `sbatch --test-only` per distinct request."""
     resources = job.resources
-    args = sbatch_args(resources.slurm, resources.cpus_per_task, resources.mem_gb)
     limit, asked = max_time_s(job), {}
     waits = []
     for candidate, run_s in zip(candidates, run_seconds):
-        shape = (candidate["nodes"], candidate.get("gpus_per_node") or 0, train_minutes(job, candidate, run_s, limit))
+        gpus = candidate.get("gpus_per_node") or 0
+        shape = (candidate["nodes"], gpus, train_minutes(job, candidate, run_s, limit))
         if shape not in asked:
-            asked[shape] = start_wait_s(*shape, args)
+            asked[shape] = start_wait_s(
+                *shape, sbatch_args(resources.slurm, resources.cpus_per_task, resources.mem_gb, gpus)
+            )
         waits.append(asked[shape])
     return waits

@@ -129,6 +129,13 @@ class SlurmSettings:
     account: str | None = optional()
     qos: str | None = optional()
     constraint: str | None = optional()
+    reservation: str | None = optional()
+    wckey: str | None = optional()  # None: no --wckey at all (submitit would write its own)
+    gpu_type: str | None = optional()
+    gpu_binding: str | None = optional()  # None: "node"
+    mem_per_gpu_gb: float | None = optional()
+    setup: tuple[str, ...] | None = optional()
+    environment: dict | None = optional()
     extra_args: tuple[str, ...] | None = optional()
 
 

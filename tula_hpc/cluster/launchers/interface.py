@@ -73,6 +73,12 @@ class Launcher:
         executor = submitit.AutoExecutor(folder=folder, cluster=self.name, slurm_max_num_timeout=spec.max_requeues)
         params = dict(name=name, timeout_min=spec.time_min, cpus_per_task=spec.cpus_per_task, **self.shape(spec))
         executor.update_parameters(**{k: v for k, v in params.items() if v not in (None, "")})
+        # AutoExecutor takes None for "not given": a cluster's own parameter the shape sets to None unsets
+        # submitit's default on the cluster's executor itself (slurm_wckey: no --wckey=submitit).
+        prefix = f"{self.name}_"
+        unset = {k.removeprefix(prefix): None for k, v in params.items() if v is None and k.startswith(prefix)}
+        if unset:
+            executor._executor.update_parameters(**unset)
         return executor
 
     def job_id_ahead(self, spec: LaunchSpec) -> str | None:

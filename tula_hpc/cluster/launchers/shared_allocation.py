@@ -5,7 +5,6 @@ rerun finds again by its srun or by its name in the allocation."""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import subprocess
@@ -23,6 +22,7 @@ from tula_hpc.cluster.allocation import ALLOCATION_POLL_S, hold_allocation
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.interface import DistributedTask, Launcher, ended_well, pid_alive
 from tula_hpc.cluster.launchers.slurm import SlurmLauncher
+from tula_hpc.cluster.slurm_options import as_arguments, resource_options, with_setup
 from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, settled_state, step_running, step_state
 
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
@@ -147,15 +147,14 @@ class SharedAllocationLauncher(SlurmLauncher):
 
 
 def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list[str]:
-    """The srun that runs one measurement's ranks as a step of allocation `holder` (submitit's runner, its names)."""
+    """The srun that runs one measurement's ranks as a step of allocation `holder` (submitit's runner, its names),
+    with the GPUs, memory and setup lines resources.slurm gives the per-stage jobs (slurm_options.py)."""
     cmd = ["srun", f"--jobid={holder}", f"--job-name={name}", f"--nodes={spec.nodes}"]
     cmd += [f"--ntasks-per-node={spec.tasks_per_node}", f"--cpus-per-task={spec.cpus_per_task}"]
-    cmd += [f"--mem={math.ceil(spec.mem_gb * 1024)}M", f"--time={spec.time_min}", "--exact", "--kill-on-bad-exit=1"]
-    cmd.append("--unbuffered")
-    if spec.gpus_per_node:
-        cmd.append(f"--gpus-per-node={spec.gpus_per_node}")
+    cmd += as_arguments(resource_options(spec.slurm, spec.gpus_per_node, spec.mem_gb))
+    cmd += [f"--time={spec.time_min}", "--exact", "--kill-on-bad-exit=1", "--unbuffered"]
     cmd += [f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"]
-    return cmd + [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
+    return cmd + with_setup(spec.slurm.setup, [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
 
 
 def _srun_of(folder: Path) -> tuple[int, float] | None:

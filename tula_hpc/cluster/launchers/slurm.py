@@ -12,6 +12,7 @@ import submitit
 
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.interface import Launcher
+from tula_hpc.cluster.slurm_options import resource_options, site_options
 from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, cancel, held, settled_state, slurm_state, submitted_from
 
 REQUEUED_POLL_S = 5.0  # how often a job Slurm requeued is looked at until it has run again
@@ -24,22 +25,19 @@ class SlurmLauncher(Launcher):
 
     def shape(self, spec: LaunchSpec) -> dict[str, Any]:
         slurm = spec.slurm
-        extra = {}
-        for arg in slurm.extra_args or ():
-            key, _, value = arg.lstrip("-").partition("=")
-            extra[key] = value or True  # a bare flag (--exclusive): submitit writes True as `--key`
+        options = {**resource_options(slurm, spec.gpus_per_node, spec.mem_gb), **site_options(slurm)}
         return dict(
             nodes=spec.nodes,
             tasks_per_node=spec.tasks_per_node,
-            gpus_per_node=spec.gpus_per_node or None,
-            mem_gb=spec.mem_gb,
-            slurm_partition=slurm.partition,
-            slurm_account=slurm.account,
-            slurm_qos=slurm.qos,
-            slurm_constraint=slurm.constraint,
-            slurm_additional_parameters=extra or None,
-            # One dead rank ends the whole step at once instead of leaving the others in a collective.
-            slurm_srun_args=["--kill-on-bad-exit=1"],
+            # Every option from the one home (slurm_options.py), under submitit's own names, so that each replaces
+            # submitit's rather than writing a second #SBATCH line beside it.
+            slurm_additional_parameters={name.replace("-", "_"): value for name, value in options.items()},
+            slurm_wckey=None,  # unsets submitit's --wckey=submitit; resources.slurm.wckey is among the options
+            slurm_setup=list(slurm.setup) if slurm.setup else None,
+            # One dead rank ends the whole step at once instead of leaving the others in a collective. srun inherits
+            # no --cpus-per-task from the job in Slurm 22.05 to 23.02: without it each rank gets one core where
+            # cgroups confine them.
+            slurm_srun_args=["--kill-on-bad-exit=1", f"--cpus-per-task={spec.cpus_per_task}"],
             # The warning before the time limit must leave time to work: a quarter of short limits, 90 s at most.
             slurm_signal_delay_s=min(90, spec.time_min * 60 // 4),
         )
