@@ -77,9 +77,14 @@ def test_a_job_over_its_qos_limit_pends_saying_which(strict_site, cancel_afterwa
     wait_for(reason, 30, f"job {job_id} to pend with reason QOSMaxNodePerJobLimit")
 
 
-def test_an_urgent_job_cancels_a_debug_job_after_the_grace_time(strict_site, cancel_afterwards):
-    """The debug job is told (SIGTERM) and ends PREEMPTED once its grace time is over: never requeued."""
-    victim = _sbatch("-p", "debug", "-N2", "--exclusive", "--wrap", "srun sleep 600")
+def test_an_urgent_job_cancels_a_debug_job_after_the_grace_time(strict_site, cancel_afterwards, tmp_path):
+    """The debug job's tasks get SIGTERM at once; one that carries on (submitit's bypasses it) is killed once the
+    grace time is over, and the job ends PREEMPTED: never requeued."""
+    told = tmp_path / "sigterm"
+    task = tmp_path / "task.sh"
+    task.write_text(f"#!/bin/bash\ntrap 'date +%s.%N >>{told}' TERM\nwhile :; do sleep 0.2; done\n")
+    task.chmod(0o755)
+    victim = _sbatch("-p", "debug", "-N2", "--exclusive", "--wrap", f"srun {task}")
     cancel_afterwards.append(victim)
     wait_for(lambda: slurm_state(victim) == "RUNNING", 60, f"debug job {victim} to run")
     asked = time.time()
@@ -87,6 +92,7 @@ def test_an_urgent_job_cancels_a_debug_job_after_the_grace_time(strict_site, can
     cancel_afterwards.append(urgent)
     wait_for(lambda: slurm_state(victim) == "PREEMPTED", 90, f"debug job {victim} to end PREEMPTED")
     assert time.time() - asked >= GRACE_S
+    assert float(told.read_text().split()[0]) - asked < GRACE_S / 2, "the tasks must be told at once"
     wait_for(lambda: slurm_state(urgent) == "COMPLETED", 60, f"urgent job {urgent} to complete")
 
 
