@@ -94,8 +94,9 @@ gpu-data: data
 	mkdir -p .data/fashion-mnist && cp $(FASHION_MNIST_FILES) .data/fashion-mnist/
 
 # The Slurm tests start the cluster when it is not up, and then stop it (root needed); these targets are for people.
+# SITE=strict: a real site's settings (scripts/slurm/sites/; permissive when not given).
 slurm-up:
-	bash scripts/slurm/up.sh
+	$(if $(SITE),TULA_SLURM_SITE=$(SITE) )bash scripts/slurm/up.sh
 
 slurm-down:
 	bash scripts/slurm/down.sh

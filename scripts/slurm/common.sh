@@ -15,6 +15,7 @@ NODE_MEM_MB="${TULA_SLURM_NODE_MEM_MB:-8000}"
 NODE_GPUS="${TULA_SLURM_NODE_GPUS:-2}"           # stand-in gres gpu:N per node (no real GPU; 0: none)
 DEF_MEM_PER_CPU="${TULA_SLURM_DEF_MEM_PER_CPU:-2000}"
 REQ_MODE="${TULA_SLURM_MODE:-auto}"              # auto | netns | loopback
+SITE="${TULA_SLURM_SITE:-permissive}"            # a site profile: scripts/slurm/sites/<SITE>.sh
 DB_PORT="${TULA_SLURM_DB_PORT:-3307}"
 CTLD_PORT="${TULA_SLURM_CTLD_PORT:-6817}"
 SLURMD_PORT="${TULA_SLURM_SLURMD_PORT:-6818}"    # netns mode: every node on its own IP
@@ -46,6 +47,7 @@ GRES_CONF_PATH="$ETC/gres.conf"                  # slurmd reads it beside slurm.
 GPU_DEV_DIR="$STATE/dev"                         # gpu0.. : /dev/null clones that gres.conf calls GPUs
 JOBID_FILE="$STATE/jobid.last"
 MODE_FILE="$STATE/mode"
+SITE_FILE="$STATE/site"                          # the profile the running cluster was started as
 
 export SLURM_CONF="$SLURM_CONF_PATH"
 # Every daemon we start carries this in its environment: a second proof (besides the executable
@@ -69,6 +71,33 @@ take_lock() {
   exec 9>>"$STATE/.lock"
   command -v flock >/dev/null || return 0
   flock -w 180 9 || die "another scripts/slurm/up.sh or down.sh holds $STATE/.lock for 180s"
+}
+
+site_profiles() { local f; for f in "$SLURM_SCRIPTS_DIR"/sites/*.sh; do basename "$f" .sh; done; }
+
+# load_site: source the profile $SITE (its SITE_* settings), or fail naming the profiles there are.
+load_site() {
+  # a name, not a path; no `site_profiles | grep -q` (with pipefail, grep leaving early fails the pipe)
+  case "$SITE" in '' | *[!A-Za-z0-9_-]*) false ;; *) [ -f "$SLURM_SCRIPTS_DIR/sites/$SITE.sh" ] ;; esac ||
+    die "unknown site profile '$SITE' (TULA_SLURM_SITE / make slurm-up SITE=...): one of $(site_profiles | paste -sd, - | sed 's/,/, /g')"
+  # shellcheck source=sites/permissive.sh
+  source "$SLURM_SCRIPTS_DIR/sites/$SITE.sh"
+}
+
+# cancel_all_jobs: while the controller runs, cancel every job and wait (15 s at most) until none is left, so that
+# accounting closes them CANCELLED instead of leaving them running for ever.
+cancel_all_jobs() {
+  is_running slurmctld && [ -r "$SLURM_CONF_PATH" ] || return 0
+  local jobs i
+  jobs="$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')" || jobs=""
+  [ -n "${jobs// /}" ] || return 0
+  say "cancelling jobs: $jobs"
+  # shellcheck disable=SC2086
+  scancel $jobs 2>/dev/null || true
+  for ((i = 0; i < 150; i++)); do
+    [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break
+    sleep 0.1
+  done
 }
 
 node_names() { local i; for ((i = 1; i <= NNODES; i++)); do printf 'node%d\n' "$i"; done; }

@@ -31,18 +31,7 @@ require_root
 munge_paths
 
 # 1. cancel jobs while the controller is still there, so they end CANCELLED in sacct
-if is_running slurmctld && [ -r "$SLURM_CONF_PATH" ]; then
-  jobs="$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')" || jobs=""
-  if [ -n "${jobs// /}" ]; then
-    say "cancelling jobs: $jobs"
-    # shellcheck disable=SC2086
-    scancel $jobs 2>/dev/null || true
-    for ((i = 0; i < 150; i++)); do
-      [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break
-      sleep 0.1
-    done
-  fi
-fi
+cancel_all_jobs
 
 # 2. remember the highest job id (slurmctld log / DB still readable now)
 if [ -d "$STATE" ]; then

@@ -3,6 +3,8 @@
 # Start a real local multi-node Slurm cluster (munge + MariaDB + slurmdbd + slurmctld + N slurmd).
 #
 #   bash scripts/slurm/up.sh          # (make slurm-up) idempotent; prints a one-line summary
+#   TULA_SLURM_SITE=strict bash scripts/slurm/up.sh   # (make slurm-up SITE=strict) a site profile,
+#                                     # scripts/slurm/sites/<name>.sh; another profile running is restarted fresh
 #   source work/slurm/slurm.env       # exports SLURM_CONF for sinfo/sbatch/srun/sacct
 #   bash scripts/slurm/down.sh        # (make slurm-down)
 #
@@ -12,7 +14,7 @@
 # Names resolve through /etc/hosts lines marked "# tula-hpc-slurm".
 # Without namespaces (loopback mode) every slurmd runs on 127.0.0.1 with its own Port and -N.
 #
-# Environment knobs: TULA_SLURM_MODE=auto|netns|loopback, TULA_SLURM_CGROUP=auto|yes|no,
+# Environment knobs: TULA_SLURM_SITE=permissive|strict, TULA_SLURM_MODE=auto|netns|loopback, TULA_SLURM_CGROUP=auto|yes|no,
 # TULA_SLURM_NODES=2, TULA_SLURM_NODE_GPUS=2 (stand-in gres), TULA_SLURM_DIR=<repo>/work/slurm,
 # TULA_SLURM_UP_TIMEOUT=60,
 # TULA_SLURM_SLURMD_TIMEOUT=15 (see common.sh for the rest).
@@ -21,6 +23,7 @@ set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+load_site
 require_root
 T0=$(date +%s.%N)
 take_lock
@@ -113,6 +116,31 @@ render() { # TEMPLATE OUT MODE VAR=VALUE...
   mv -f "$out.tmp" "$out"
 }
 
+# site_accounting: the profile's QOS (made, or set to the profile's limits) and root's association in the profile's
+# account, allowed every one of them; that account becomes root's default (a job naming none runs there). Account
+# `root` (slurmdbd makes it with the cluster) is left as it is. Idempotent: the DB outlives restarts and profiles.
+site_accounting() {
+  local entry qos_name allowed=normal
+  for entry in "${SITE_QOS[@]}"; do
+    qos_name="${entry%% *}"
+    allowed+=",$qos_name"
+    [ -n "$(sacctmgr -n -P show qos "$qos_name" format=name)" ] || sacctmgr -i add qos "$qos_name" >/dev/null ||
+      fail_with_log "sacctmgr add qos $qos_name failed" "$LOG/slurmdbd.log"
+    # shellcheck disable=SC2086  # the limits are words
+    sacctmgr -i modify qos "$qos_name" set ${entry#* } >/dev/null
+  done
+  if [ "$SITE_ACCOUNT" != root ]; then
+    [ -n "$(sacctmgr -n -P show account "$SITE_ACCOUNT" format=account)" ] ||
+      sacctmgr -i add account "$SITE_ACCOUNT" cluster="$CLUSTER_NAME" description="site $SITE" organization=tula >/dev/null ||
+      fail_with_log "sacctmgr add account $SITE_ACCOUNT failed" "$LOG/slurmdbd.log"
+    [ -n "$(sacctmgr -n -P show assoc users=root account="$SITE_ACCOUNT" format=user)" ] ||
+      sacctmgr -i add user root account="$SITE_ACCOUNT" cluster="$CLUSTER_NAME" >/dev/null ||
+      fail_with_log "sacctmgr add user root account=$SITE_ACCOUNT failed" "$LOG/slurmdbd.log"
+    sacctmgr -i modify user root where account="$SITE_ACCOUNT" set qos="$allowed" defaultqos=normal >/dev/null
+  fi
+  sacctmgr -i modify user root set defaultaccount="$SITE_ACCOUNT" >/dev/null
+}
+
 netns_possible() {
   command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null || return 1
   unshare --uts true 2>/dev/null || return 1
@@ -173,19 +201,25 @@ for d in $(all_daemon_names); do
   if is_running "$d"; then running+=("$d"); else stopped+=("$d"); fi
 done
 
-if [ "${#running[@]}" -gt 0 ] && [ -r "$MODE_FILE" ] && [ -r "$SLURM_CONF_PATH" ]; then
+RUNNING_SITE="$(cat "$SITE_FILE" 2>/dev/null || echo permissive)" # a cluster older than profiles was permissive
+if [ "${#running[@]}" -gt 0 ] && [ -r "$MODE_FILE" ] && [ -r "$SLURM_CONF_PATH" ] && [ "$RUNNING_SITE" = "$SITE" ]; then
   FRESH=0
   MODE="$(cat "$MODE_FILE")"
   CGROUPS="$(grep -q '^ProctrackType=proctrack/cgroup' "$SLURM_CONF_PATH" && echo yes || echo no)"
   if [ "${#stopped[@]}" -eq 0 ]; then
-    say "already running (${running[*]}), mode $MODE - nothing to start"
+    say "already running (${running[*]}), mode $MODE, site $SITE - nothing to start"
   else
     say "partially running; (re)starting: ${stopped[*]}"
   fi
 else
   FRESH=1
-  if [ "${#running[@]}" -gt 0 ]; then
+  if [ "${#running[@]}" -gt 0 ] && [ "$RUNNING_SITE" != "$SITE" ]; then
+    say "running as site $RUNNING_SITE: restarting it fresh as site $SITE"
+    cancel_all_jobs
+  elif [ "${#running[@]}" -gt 0 ]; then
     warn "daemons running (${running[*]}) but state files are missing: stopping them for a fresh start"
+  fi
+  if [ "${#running[@]}" -gt 0 ]; then
     for d in $(all_daemon_names | tac); do stop_daemon "$d"; done
   fi
   mapfile -t stopped < <(all_daemon_names)
@@ -207,7 +241,14 @@ else
     auto) if cgroup_v1_usable; then CGROUPS=yes; else CGROUPS=no; fi ;;
     *) die "TULA_SLURM_CGROUP must be auto, yes or no (got '$REQ_CGROUP')" ;;
   esac
+  if [ "$SITE_NEEDS_CGROUPS" = yes ] && [ "$CGROUPS" != yes ]; then
+    die "site $SITE needs cgroups (its limits are enforced there), but TULA_SLURM_CGROUP=$REQ_CGROUP or no writable cgroup v1 memory+freezer hierarchy is mounted"
+  fi
+  if [ "$SITE_CONSTRAIN_CORES" = yes ] && [ ! -w /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
+    die "site $SITE confines cores, but no writable cgroup v1 cpuset hierarchy is mounted at /sys/fs/cgroup/cpuset"
+  fi
   echo "$MODE" >"$MODE_FILE"
+  echo "$SITE" >"$SITE_FILE"
   # keep the previous logs once, start new ones (the job-id scan also reads *.log.1)
   for f in "$LOG"/*.log "$LOG"/*.out; do [ -e "$f" ] && mv -f "$f" "$f.1"; done
   # node spool dirs hold per-node job state of the previous incarnation: start clean
@@ -315,8 +356,8 @@ if [ "$FRESH" = 1 ] || [ ! -r "$SLURM_CONF_PATH" ]; then
   done
   NODE_LINES="${NODE_LINES%$'\n'}"
   if [ "$CGROUPS" = yes ]; then
-    PROCTRACK=proctrack/cgroup; TASK_PLUGIN=task/cgroup; ACCT_FREQ=10; JOBACCT_PARAMS=""
-    render "$SLURM_SCRIPTS_DIR/templates/cgroup.conf.in" "$ETC/cgroup.conf" 644
+    PROCTRACK=proctrack/cgroup; TASK_PLUGIN="$SITE_TASK_PLUGIN"; ACCT_FREQ=10; JOBACCT_PARAMS=""
+    render "$SLURM_SCRIPTS_DIR/templates/cgroup.conf.in" "$ETC/cgroup.conf" 644 "CONSTRAIN_CORES=$SITE_CONSTRAIN_CORES"
   else
     # no cgroups: memory is policed by polling (every 2 s) and killing over-limit steps
     PROCTRACK=proctrack/linuxproc; TASK_PLUGIN=task/none; ACCT_FREQ=2
@@ -330,7 +371,9 @@ if [ "$FRESH" = 1 ] || [ ! -r "$SLURM_CONF_PATH" ]; then
     "PROCTRACK=$PROCTRACK" "TASK_PLUGIN=$TASK_PLUGIN" "ACCT_FREQ=$ACCT_FREQ" \
     "JOBACCT_PARAMS=$JOBACCT_PARAMS" "DBD_ADDR=$DBD_ADDR" "DBD_PORT=$DBD_PORT" \
     "DEF_MEM_PER_CPU=$DEF_MEM_PER_CPU" "SLURMD_TIMEOUT=$SLURMD_TIMEOUT" "GRES_LINES=$GRES_LINES" \
-    "NODE_LINES=$NODE_LINES" "NODE_LIST=$NODE_LIST"
+    "NODE_LINES=$NODE_LINES" "NODE_LIST=$NODE_LIST" "SITE=$SITE" "JOB_REQUEUE=$SITE_JOB_REQUEUE" \
+    "PREEMPT_MODE=$SITE_PREEMPT_MODE" "DEBUG_PARTITION_OPTS=${SITE_DEBUG_PARTITION_OPTS:+$SITE_DEBUG_PARTITION_OPTS }" \
+    "EXTRA_PARTITIONS=$SITE_EXTRA_PARTITIONS" "ENFORCE=${SITE_ENFORCE:+AccountingStorageEnforce=$SITE_ENFORCE}"
   render "$SLURM_SCRIPTS_DIR/templates/slurmdbd.conf.in" "$ETC/slurmdbd.conf" 600 \
     "MUNGE_SOCKET=$MUNGE_SOCKET" "DBD_PORT=$DBD_PORT" "LOG=$LOG" "RUN=$RUN" \
     "DB_PORT=$DB_PORT" "DB_PASS=$DB_PASS"
@@ -347,6 +390,9 @@ if [ -z "$(sacctmgr -n -P show cluster "$CLUSTER_NAME" format=cluster 2>/dev/nul
   sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null ||
     fail_with_log "sacctmgr add cluster $CLUSTER_NAME failed" "$LOG/slurmdbd.log"
 fi
+
+# the site's account and QOS, before slurmctld reads the associations (fresh start: the DB outlives restarts)
+[ "$FRESH" = 0 ] || site_accounting
 
 # ---- 8. slurmctld ----------------------------------------------------------------------------
 if ! is_running slurmctld; then
@@ -406,4 +452,4 @@ if [ "$FRESH" = 1 ]; then
 fi
 
 T1=$(date +%s.%N)
-say "UP: cluster $CLUSTER_NAME, mode=$MODE, cgroups=$CGROUPS, nodes=$(node_names | paste -sd, -) ($(sinfo -h -p debug -o '%t' | sort -u | paste -sd, -)), $([ "$FRESH" = 1 ] && echo "first job id $FIRST_JOB_ID, ")$(awk -v a="$T0" -v b="$T1" 'BEGIN{printf "%.1f", b-a}')s; run: source $STATE/slurm.env"
+say "UP: cluster $CLUSTER_NAME, site=$SITE, mode=$MODE, cgroups=$CGROUPS, nodes=$(node_names | paste -sd, -) ($(sinfo -h -p debug -o '%t' | sort -u | paste -sd, -)), $([ "$FRESH" = 1 ] && echo "first job id $FIRST_JOB_ID, ")$(awk -v a="$T0" -v b="$T1" 'BEGIN{printf "%.1f", b-a}')s; run: source $STATE/slurm.env"

@@ -43,25 +43,51 @@ def _cluster_answers(env_file: Path) -> str | None:
     return conf
 
 
+def running_site() -> str:
+    """The site profile the local cluster was started as (scripts/slurm/sites/); one older than profiles was
+    permissive."""
+    site_file = STATE / "site"
+    return site_file.read_text().strip() if site_file.exists() else "permissive"
+
+
+def start_site(site: str) -> str:
+    """scripts/slurm/up.sh as site profile `site` (a cluster of another profile is restarted fresh); its SLURM_CONF."""
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS / "up.sh")], env={**os.environ, "TULA_SLURM_SITE": site}, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        _unavailable(f"scripts/slurm/up.sh (site {site}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return _cluster_answers(STATE / "slurm.env")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(request) -> Path:
     """Use the running local cluster, or start it and stop it when the session ends; point this process at it.
 
-    A cluster the session found running is left running: someone else may be using it.
+    A cluster the session found running is left running: someone else may be using it. The tests expect the
+    `permissive` site profile: a cluster found running as another is restarted so (a module asks for another
+    profile with a fixture such as `strict_site`).
     """
     if os.geteuid() != 0:
         _unavailable("the local Slurm cluster needs root (run `make slurm-up` as root)")
-    env_file = STATE / "slurm.env"
-    conf = _cluster_answers(env_file)
+    conf = _cluster_answers(STATE / "slurm.env")
     if conf is None:
         # Registered first: a half-started cluster is stopped too.
         request.addfinalizer(lambda: subprocess.run(["bash", str(SCRIPTS / "down.sh")], capture_output=True))
-        proc = subprocess.run(["bash", str(SCRIPTS / "up.sh")], capture_output=True, text=True)
-        if proc.returncode != 0:
-            _unavailable(f"scripts/slurm/up.sh failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-        conf = _cluster_answers(env_file)
+    if conf is None or running_site() != "permissive":
+        conf = start_site("permissive")
     os.environ["SLURM_CONF"] = conf
     return Path(conf)
+
+
+@pytest.fixture(scope="module")
+def strict_site(slurm_cluster: Path):
+    """The cluster restarted as site profile `strict` (scripts/slurm/sites/strict.sh) for the module's tests, and as
+    `permissive` again once they are done: the other modules never see it, whatever order runs. The restart keeps
+    the state directory, so SLURM_CONF stays."""
+    start_site("strict")
+    yield slurm_cluster
+    start_site("permissive")
 
 
 def sacct_jobs(name: str, known: tuple[str, ...] = ()) -> list[dict]:

@@ -63,3 +63,33 @@ def test_munged_files_are_placed_after_the_install_has_created_user_munge(tmp_pa
     args = (fake_dir / "munged.args").read_text()
     key_file = re.search(r"--key-file=(\S+)", args).group(1)
     assert not key_file.startswith(str(private)), f"munged's key {key_file} lies under a directory munge cannot enter"
+
+
+def _up_as_site(tmp_path: Path, site: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TULA_SLURM_SITE": site, "TULA_SLURM_DIR": str(tmp_path / "state")}
+    return subprocess.run(["bash", REPO / "scripts/slurm/up.sh"], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_an_unknown_site_profile_is_refused_naming_the_profiles_before_anything_is_touched(tmp_path):
+    """Checked before root is asked for: no package, namespace, /etc/hosts line or state directory is made."""
+    for site in ("lax", "../sites/strict", ""):
+        proc = _up_as_site(tmp_path, site or " ")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"unknown site profile '{site or ' '}'" in proc.stderr
+        assert "one of permissive, strict" in proc.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_every_site_profile_sets_what_the_permissive_one_sets():
+    """up.sh renders the templates from these names: a profile that leaves one out would keep another's value."""
+
+    def settings(site: str) -> set[str]:
+        script = f"source {REPO}/scripts/slurm/common.sh && SITE={site} && load_site && compgen -v SITE_"
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+        return set(out.split())
+
+    profiles = sorted(path.stem for path in (REPO / "scripts/slurm/sites").glob("*.sh"))
+    assert profiles == ["permissive", "strict"]
+    assert len(settings("permissive")) >= 10
+    for site in profiles:
+        assert settings(site) == settings("permissive"), site

@@ -75,6 +75,7 @@ def report_ranks() -> list[dict]:
         "host": socket.gethostname(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device": str(ctx.device),
+        "cpus": len(os.sched_getaffinity(0)),  # the cores the rank may run on: under cgroup confinement, those asked
         "sum": total.item(),
     }
     everyone: list = [None] * ctx.world_size
