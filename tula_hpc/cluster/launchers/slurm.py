@@ -41,7 +41,7 @@ class SlurmLauncher(Launcher):
             # One dead rank ends the whole step at once instead of leaving the others in a collective.
             slurm_srun_args=["--kill-on-bad-exit=1"],
             # The warning before the time limit must leave time to work: a quarter of short limits, 90 s at most.
-            slurm_signal_delay_s=min(90, spec.time_min * 60 // 4),
+            slurm_signal_delay_s=spec.warning_before_limit_s,
         )
 
     def reattach(self, record: dict) -> submitit.Job | None:
