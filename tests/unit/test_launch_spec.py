@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.conftest import default_job
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.core.job import Job
@@ -28,3 +30,13 @@ def test_a_candidates_own_gpus_per_node_sets_the_ranks_on_each_node():
     spec = LaunchSpec.for_job(job, nodes=2, gpus_per_node=2)
     assert (spec.gpus_per_node, spec.tasks_per_node, spec.world_size) == (2, 2, 4)
     assert LaunchSpec.for_job(job, nodes=2, gpus_per_node=2, one_device=True).world_size == 2
+
+
+def test_the_warning_before_the_time_limit_is_the_measured_one_else_a_quarter_of_short_limits_up_to_90_s():
+    job = _slurm_gpu_job()
+    spec = LaunchSpec.for_job(job)
+    assert spec.stop_warning_s is None and spec.warning_before_limit_s == 90  # 60 minutes: 90 s
+    assert replace(spec, time_min=4).warning_before_limit_s == 60  # a quarter of 4 minutes
+    assert replace(spec, stop_warning_s=240).warning_before_limit_s == 240
+    local = LaunchSpec.for_job(job.updated(launcher="local"))
+    assert replace(local, stop_warning_s=240).warning_before_limit_s is None  # no time limit, no warning

@@ -6,6 +6,7 @@ No cluster: fake `sbatch`, `squeue` and `sacct` on PATH stand in for Slurm (as i
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,10 @@ def test_a_slurm_job_slurm_requeued_itself_is_waited_for_and_replaced_only_where
     if not replaced:
         assert count.read_text().count("x") == 4  # listed twice more, then gone
         assert slurm.end_state(job) == ("COMPLETED", False)
+
+
+def test_the_warning_before_the_time_limit_is_the_one_the_train_stage_measured():
+    """submitit's --signal=USR2@<delay>: sized from the checkpoint saves where measured, else today's default."""
+    spec = LaunchSpec(launcher="slurm", time_min=60)
+    assert SlurmLauncher().shape(spec)["slurm_signal_delay_s"] == 90
+    assert SlurmLauncher().shape(replace(spec, stop_warning_s=300))["slurm_signal_delay_s"] == 300
