@@ -5,7 +5,7 @@ import pytest
 
 from tests.conftest import default_job
 from tula_hpc.core.errors import StageError
-from tula_hpc.training.attempts import after_out_of_memory, next_attempt
+from tula_hpc.training.attempts import STOP_WARNING_MIN_S, StopTimes, after_out_of_memory, next_attempt, stop_warning_s
 
 
 def test_relaunch_halves_the_slice_and_keeps_the_global_batch_until_one_sample():
@@ -35,3 +35,19 @@ def test_after_one_sample_per_device_fails_training_stops_with_a_clear_error():
         r"at once \(2 attempts\): field 'resources.device_memory_gb' \(resources.device_memory_gb: 0.001\)",
     ):
         next_attempt(job, {"batch": 4}, [{**failed, "accumulation": 1, "micro_batch": 2}, failed], world_size=2)
+
+
+def test_the_warning_before_the_time_limit_fits_a_step_and_a_save_twice_over_with_bounds(tmp_path):
+    """2 x save + 2 x step + 30 s, at least 60 s, at most half the limit; nothing measured keeps the default."""
+    assert stop_warning_s(None, 30) is None
+    assert stop_warning_s(StopTimes(save_s=40.0, step_s=2.5), 60) == 115
+    assert stop_warning_s(StopTimes(save_s=40.2, step_s=2.5), 60) == 116  # 115.4, rounded up
+    assert stop_warning_s(StopTimes(save_s=0.5, step_s=0.1), 60) == STOP_WARNING_MIN_S  # a tiny save: 60 s
+    assert stop_warning_s(StopTimes(save_s=600.0, step_s=5.0), 30) == 15 * 60  # half of 30 minutes at most
+    assert stop_warning_s(StopTimes(save_s=0.5, step_s=0.1), 1) == 30  # a 1-minute limit: half of it, not 60 s
+
+    checkpoint = tmp_path / "train" / "checkpoint.pt"
+    assert StopTimes.read(checkpoint) is None
+    StopTimes(save_s=12.5, step_s=0.25).write(checkpoint)
+    assert StopTimes.read(checkpoint) == StopTimes(save_s=12.5, step_s=0.25)
+    assert StopTimes.path_for(checkpoint).parent == checkpoint.parent  # beside the checkpoint

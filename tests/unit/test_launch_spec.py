@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.conftest import default_job
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.core.job import Job
@@ -34,3 +36,13 @@ def test_every_rank_exports_the_sites_environment_beside_the_allocators():
     network = {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5_0"}
     job = _slurm_gpu_job().updated(resources={"slurm": {"environment": network}, "cuda_alloc_conf": "backend:native"})
     assert LaunchSpec.for_job(job).environment == {**network, "PYTORCH_CUDA_ALLOC_CONF": "backend:native"}
+
+
+def test_the_warning_before_the_time_limit_is_the_measured_one_else_a_quarter_of_short_limits_up_to_90_s():
+    job = _slurm_gpu_job()
+    spec = LaunchSpec.for_job(job)
+    assert spec.stop_warning_s is None and spec.warning_before_limit_s == 90  # 60 minutes: 90 s
+    assert replace(spec, time_min=4).warning_before_limit_s == 60  # a quarter of 4 minutes
+    assert replace(spec, stop_warning_s=240).warning_before_limit_s == 240
+    local = LaunchSpec.for_job(job.updated(launcher="local"))
+    assert replace(local, stop_warning_s=240).warning_before_limit_s is None  # no time limit, no warning

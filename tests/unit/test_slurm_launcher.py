@@ -6,6 +6,7 @@ No cluster: fake `sbatch`, `squeue` and `sacct` on PATH stand in for Slurm (as i
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,10 @@ def test_gpus_bound_one_per_task(tmp_path):
     lines = _script(tmp_path, nodes=2, gpus_per_node=4, slurm=SlurmSettings(gpu_binding="task"))
     assert {"#SBATCH --gpus-per-task=1", "#SBATCH --ntasks-per-node=4"} <= set(lines)
     assert not any("gpus-per-node" in line for line in lines)
+
+
+def test_the_warning_before_the_time_limit_is_the_one_the_train_stage_measured():
+    """submitit's --signal=USR2@<delay>: sized from the checkpoint saves where measured, else today's default."""
+    spec = LaunchSpec(launcher="slurm", time_min=60)
+    assert SlurmLauncher().shape(spec)["slurm_signal_delay_s"] == 90
+    assert SlurmLauncher().shape(replace(spec, stop_warning_s=300))["slurm_signal_delay_s"] == 300

@@ -1,6 +1,7 @@
 """Stage train: every strategy trains, a resume continues exactly, out of memory relaunches, lost work is timed."""
 
 import json
+import math
 import os
 import signal
 import time
@@ -17,7 +18,7 @@ from tests.unit.report_inputs import INPUTS
 from tula_hpc.core.job import Job
 from tula_hpc.core.records import TrainSummary
 from tula_hpc.reporting.training_section import strategy_section
-from tula_hpc.training.attempts import after_out_of_memory
+from tula_hpc.training.attempts import StopTimes, after_out_of_memory, stop_warning_s
 from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import STEP_TRACE_ENV, LoopClock, TimedBatches, loop_time_s
 from tula_hpc.training.preemption import REQUEUE_SIGNAL, Preempted
@@ -328,3 +329,72 @@ def test_the_stage_hands_each_attempt_a_typed_handoff_and_shrinks_it_after_runni
     assert (second.global_batch, second.accumulation) == shrunk
     assert first.checkpoint_path == second.checkpoint_path == str(tmp_path / "w" / "train" / "checkpoint.pt")
     assert first.model_path == str((tmp_path / "m.pt").resolve())
+
+
+@pytest.mark.slow  # trains the tiny CNN for real: 25-75 s each, not in the fast tier
+def test_a_stop_on_an_epochs_last_step_saves_before_validating_and_the_resumed_run_ends_that_epoch(
+    tmp_path, monkeypatch
+):
+    """The requeue signal noted during step 9 stops the run after step 10, epoch 1's last: it saves the epoch's steps
+    and leaves without validating (under a short grace time validation would be killed, the steps lost); the resumed
+    run runs none of them again, validates, records epoch 1 as an uninterrupted run does, and ends with its weights."""
+    job = default_job(train=dict(strategy="lrs", epochs=2, warmup_epochs=1, lr_milestones=[]))
+    whole, uninterrupted = _run_training(job, tmp_path / "whole", batch=128)
+
+    validations, evaluate = [], trainer_module.evaluate_accuracy
+    monkeypatch.setattr(trainer_module, "evaluate_accuracy", lambda *a, **k: validations.append(1) or evaluate(*a, **k))
+    _requeue_signal_during_step(monkeypatch, 9)
+    trace = tmp_path / "steps.trace"
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
+    with pytest.raises(Preempted):
+        _run_training(job, tmp_path / "split", batch=128)
+    assert validations == [], "the stop saved and left before validating"
+    saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)["state"]
+    assert (saved["epoch"], saved["step"], saved["open_epoch_steps"], saved["history"]) == (0, 10, 10, [])
+    monkeypatch.undo()
+    monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
+    summary, resumed = _run_training(job, tmp_path / "split", batch=128)
+
+    assert summary["restarts_at_steps"] == [10]
+    assert [int(step) for step in trace.read_text().split()] == list(range(1, 21))  # no step ran twice
+    kept = ("epoch", "step", "loss", "val_accuracy", "lr")
+    assert [{k: h[k] for k in kept} for h in summary["history"]] == [{k: h[k] for k in kept} for h in whole["history"]]
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[key]), key
+
+
+@pytest.mark.slow  # trains the tiny CNN for real
+def test_the_loop_keeps_its_longest_save_and_step_and_says_when_the_warning_is_too_short(tmp_path, capsys):
+    """Rank 0 times each checkpoint save; the record beside the checkpoint is what the stage sizes the next warning
+    from, and a warning of 1 s (shorter than any step and save with their margin) is named in the log once."""
+    job = default_job(train=dict(strategy="lrs", epochs=2, warmup_epochs=1, lr_milestones=[]))
+    _run_training(job, tmp_path, batch=128, stop_warning_s=1)
+    times = StopTimes.read(tmp_path / "checkpoint.pt")
+    assert times.save_s > 0 and times.step_s > 0
+    assert stop_warning_s(times, 60) == max(60, math.ceil(2 * times.save_s + 2 * times.step_s + 30))
+    log = capsys.readouterr().out
+    assert log.count("the warning before the time limit, 1 s, is too short") == 1
+
+
+def test_the_stage_sizes_each_attempts_warning_from_the_saves_measured_so_far(tmp_path, monkeypatch):
+    """No measurement before the first attempt: today's warning (a quarter of short limits, 90 s at most); the second
+    attempt's job is warned as the first attempt's saves need, and its loop is told the warning it gets."""
+    launched = []
+
+    def run(worker, kwargs, spec, folder, name):
+        launched.append((spec, kwargs["handoff"]))
+        if len(launched) == 1:
+            StopTimes(save_s=100.0, step_s=5.0).write(kwargs["handoff"].checkpoint_path)  # as the loop records it
+            return None, {"outcome": "out_of_memory", "rank": 0, "error": "out of memory", "noticed_after_s": 0.1}
+        raise _Stop
+
+    monkeypatch.setattr(train_module.launch, "run_or_out_of_memory", run)
+    monkeypatch.setattr(train_module, "train_job_minutes", lambda job, selection: 30)  # no partition to ask
+    (tmp_path / "selection.json").write_text(json.dumps(INPUTS["selection"]))
+    job = default_job().updated(launcher="slurm")
+    with pytest.raises(_Stop):
+        train_module.train(job, tmp_path / "selection.json", tmp_path / "s.json", tmp_path / "m.pt", tmp_path / "w")
+    (first, first_handoff), (second, second_handoff) = launched
+    assert first.stop_warning_s is None
+    assert first_handoff.stop_warning_s == first.warning_before_limit_s == 90  # 30 minutes: 90 s
+    assert second.stop_warning_s == second_handoff.stop_warning_s == second.warning_before_limit_s == 240

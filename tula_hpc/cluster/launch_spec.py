@@ -31,7 +31,10 @@ class Allocation:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """Where and how big: built from a job's `resources` and the launcher chosen by the profile."""
+    """Where and how big: built from a job's `resources` and the launcher chosen by the profile.
+
+    `stop_warning_s`: the warning before the time limit a training job needs to finish its step and save, sized by
+    the train stage from the checkpoint saves it measured (training/attempts.py); None before any was measured."""
 
     launcher: str
     nodes: int = 1
@@ -43,6 +46,7 @@ class LaunchSpec:
     max_requeues: int = 3
     allocation: Allocation | None = None
     cuda_alloc_conf: str | None = None
+    stop_warning_s: int | None = None
 
     @classmethod
     def for_job(
@@ -79,6 +83,14 @@ class LaunchSpec:
         (resources.slurm.environment: the network NCCL and gloo use) and resources.cuda_alloc_conf."""
         allocator = {} if self.cuda_alloc_conf is None else {"PYTORCH_CUDA_ALLOC_CONF": self.cuda_alloc_conf}
         return {**(self.slurm.environment or {}), **allocator}
+
+    @property
+    def warning_before_limit_s(self) -> int | None:
+        """Seconds before the time limit the job is signalled to save and stop (Slurm's --signal): `stop_warning_s`
+        where measured, else a quarter of short limits, 90 s at most; None where the launcher has no time limit."""
+        if self.launcher != "slurm":
+            return None
+        return self.stop_warning_s if self.stop_warning_s is not None else min(90, self.time_min * 60 // 4)
 
     @property
     def tasks_per_node(self) -> int:

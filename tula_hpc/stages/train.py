@@ -21,7 +21,7 @@ from tula_hpc.core.errors import StageError
 from tula_hpc.core.records import Selection, TrainSummary
 from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
-from tula_hpc.training.attempts import attempt_at, next_attempt, record_outcome
+from tula_hpc.training.attempts import StopTimes, attempt_at, next_attempt, record_outcome, stop_warning_s
 from tula_hpc.training.handoff import TrainHandoff
 from tula_hpc.training.loop_accounting import loop_time_s
 
@@ -73,8 +73,8 @@ def train(
 ) -> TrainSummary:
     """Train the selected configuration, relaunched with smaller slices while it runs out of memory.
 
-    Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the
-    last one) and in train/summary.json; each resumes from the checkpoint of the last finished epoch.
+    Every attempt is recorded in work/{job}/train/attempts.json (so a restarted stage goes on from the last one) and
+    in train/summary.json; each resumes from the last checkpoint, warned before its time limit as its saves need.
     `perfmodel_path`: the fitted model's candidates, which train.batch_schedule adaptive chooses among.
     """
     selection = Selection.read(selection_path)
@@ -91,8 +91,8 @@ def train(
     attempts = log["attempts"] if log.get("selected") == selected else []
     while True:
         global_batch, accumulation = next_attempt(job, chosen, attempts, spec.world_size)
-        attempt = attempt_at(global_batch, accumulation, spec.world_size)
-        attempts.append(attempt)
+        spec = replace(spec, stop_warning_s=stop_warning_s(StopTimes.read(stage_dir / "checkpoint.pt"), spec.time_min))
+        attempts.append(attempt := attempt_at(global_batch, accumulation, spec.world_size))
         write_json(log_path, {"selected": selected, "attempts": attempts})
         result, out_of_memory = launch.run_or_out_of_memory(
             TRAIN_WORKER,
@@ -109,6 +109,7 @@ def train(
                     schedule=schedule,
                     # after running out of memory, the schedule's batches are computed in slices no larger
                     micro_cap=attempt["micro_batch"] if len(attempts) > 1 and schedule is not None else None,
+                    stop_warning_s=spec.warning_before_limit_s,
                 )
             ),
             spec,

@@ -1,13 +1,17 @@
 """A training run's attempts, decided where the train stage runs: the next one after running out of memory (a smaller
-slice per device, or a smaller global batch), and each one's record as it starts and as it ended (attempts.json and
-train/summary.json's `attempts`, read by a restarted stage and by the report).
+slice per device, or a smaller global batch), each one's record as it starts and as it ended (attempts.json and
+train/summary.json's `attempts`, read by a restarted stage and by the report), and the warning its job gets before
+the time limit, sized from the longest checkpoint save and step the loop measured (StopTimes, beside the checkpoint).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tula_hpc.core.atomic_files import read_json, write_json
 from tula_hpc.core.errors import StageError
 from tula_hpc.memory.device_budget import budget_source
 
@@ -75,3 +79,43 @@ def record_outcome(attempt: dict, result: dict, world_size: int) -> None:
             {k: result[k] for k in ("global_batch", "accumulation", "micro_batch")},
             per_device_batch=result["global_batch"] // world_size,
         )
+
+
+STOP_WARNING_MIN_S = 60  # the least warning asked for, whatever the measurements: start-up noise in a short run
+
+
+@dataclass(frozen=True)
+class StopTimes:
+    """What a stop before the time limit must fit, as this run measured it: its longest checkpoint save (rank 0's,
+    the device's queued work left out) and longest step (an epoch's or part-epoch's mean, data loading in). The loop's
+    rank 0 keeps it beside the checkpoint; the stage sizes the next job's warning from it (`stop_warning_s`)."""
+
+    save_s: float = 0.0
+    step_s: float = 0.0
+
+    @staticmethod
+    def path_for(checkpoint_path: str | Path) -> Path:
+        return Path(checkpoint_path).with_name("stop_times.json")
+
+    @classmethod
+    def read(cls, checkpoint_path: str | Path) -> StopTimes | None:
+        """The run's measurements; None before its first save."""
+        path = cls.path_for(checkpoint_path)
+        return cls(**read_json(path)) if path.exists() else None
+
+    def write(self, checkpoint_path: str | Path) -> None:
+        write_json(self.path_for(checkpoint_path), asdict(self))
+
+    def needed_s(self) -> float:
+        """The step in flight when the warning comes and the save after it, each twice over, and 30 s to spare
+        (the requeue, the signal's delivery, a slower file system on the day)."""
+        return 2 * self.save_s + 2 * self.step_s + 30
+
+
+def stop_warning_s(times: StopTimes | None, time_min: int) -> int | None:
+    """Seconds of warning before the time limit to ask for: what the measured stop needs, at least
+    STOP_WARNING_MIN_S, at most half the limit (the job must have time to work); None with nothing measured yet,
+    which keeps the launcher's default (LaunchSpec.warning_before_limit_s)."""
+    if times is None:
+        return None
+    return min(max(STOP_WARNING_MIN_S, math.ceil(times.needed_s())), time_min * 60 // 2)

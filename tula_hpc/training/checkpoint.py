@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import random
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,37 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+@dataclass
+class TrainState:
+    """Everything of the run that resumes beside the model and the optimiser, as its checkpoint keeps it: finished
+    epochs, samples per rank into the next one (the sampler's position), steps, the finished epochs' time and the
+    open epoch's time, data wait, loss (summed over its steps, every rank's mean) and steps so far (saved part-way:
+    mid-epoch, or its steps done before its end), the steps it restarted at, the epochs' records, the strategy's and
+    the noise estimator's own state (filled in when saving), and the batch schedule's place."""
+
+    epoch: int = 0
+    samples_done: int = 0
+    step: int = 0
+    train_time: float = 0.0
+    open_epoch_time: float = 0.0
+    open_epoch_data_wait: float = 0.0
+    open_epoch_loss_sum: float = 0.0
+    open_epoch_steps: int = 0
+    restarts: list[int] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    strategy: dict = field(default_factory=dict)
+    noise_scale: dict | None = None
+    global_batch: int | None = None  # the batch in effect, once train.batch_schedule adaptive has changed it
+    optimizer_steps: int = 0  # every step taken, at whichever batch (`step` places the schedule at the current one)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
 class CheckpointUnreadable(RuntimeError):
     """Neither the checkpoint nor the one before it can be read; the message names them and what to do."""
 
@@ -116,7 +149,7 @@ def newest_readable(path: Path) -> tuple[Path, dict] | None:
 class Checkpointer:
     """Saving and loading one run's checkpoint, and the check that a checkpoint belongs to it.
 
-    The checkpoint is one dict: model, optimiser, the run's state (train.TrainState: epoch, step, sampler position,
+    The checkpoint is one dict: model, optimiser, the run's state (TrainState: epoch, step, sampler position,
     clocks, history, the strategy's and the noise estimator's state), every rank's RNG states, and `run`, what the
     checkpoint must match (settings, selection, this layout's CHECKPOINT_FORMAT). Only rank 0 writes; the others wait
     for it outside any collective (a checkpoint may outlast the collective timeout).
@@ -126,10 +159,14 @@ class Checkpointer:
         self.path, self.run, self.ctx = Path(path), run, ctx
         self.loaded_from: Path | None = None  # the file `load` read: the previous checkpoint where the last is damaged
 
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Every rank hands rank 0 its RNG states (a collective), rank 0 writes, every rank waits for it."""
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> float:
+        """Every rank hands rank 0 its RNG states (a collective), rank 0 writes, every rank waits for it. Returns its
+        seconds, the device's queued work left out: what a stop before the time limit must leave time for."""
         from tula_hpc.cluster.distributed import wait_for_main
 
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        started = time.perf_counter()
         rng = rng_states(self.ctx.world_size)
         if self.ctx.is_main:
             checkpoint = {
@@ -141,6 +178,7 @@ class Checkpointer:
             }
             save_checkpoint(self.path, checkpoint)
         wait_for_main()
+        return time.perf_counter() - started
 
     def load(self) -> dict | None:
         """The checkpoint of this run, or None (none yet, or one of another configuration, which is left alone)."""

@@ -24,7 +24,9 @@ class TrainHandoff:
     """`train_worker`'s arguments but the failure folder, which the launcher adds (launch.run_or_out_of_memory).
 
     `selected_batch` names the run's checkpoint; `schedule` is train.batch_schedule adaptive's (None under fixed);
-    `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory."""
+    `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory;
+    `stop_warning_s` is the warning before the time limit the attempt's job gets (None: none), which the loop holds
+    against its checkpoint saves."""
 
     job: Job
     global_batch: int
@@ -36,3 +38,4 @@ class TrainHandoff:
     selected_batch: int
     schedule: BatchChooser | None = None
     micro_cap: int | None = None
+    stop_warning_s: int | None = None

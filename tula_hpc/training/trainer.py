@@ -1,7 +1,10 @@
 """The training loop on every rank: DDP training at one global batch (or a schedule of them), checkpointed every
 epoch, every resources.checkpoint_every_steps steps if set, and at the step where a signal asks the job to stop
-(preemption.py). The train stage (stages/train.py) launches `train_handed_off` (`train_worker` given the stage's
-TrainHandoff, handoff.py) and relaunches it after running out of memory.
+(preemption.py): mid-epoch, or after an epoch's last step with its end (validation and all) left to the resumed run,
+so a short grace time is spent on the save alone. Rank 0 times every save and keeps the longest, with the longest
+step, beside the checkpoint (attempts.StopTimes), for the stage to size the next job's warning before its time limit.
+The train stage (stages/train.py) launches `train_handed_off` (`train_worker` given the stage's TrainHandoff,
+handoff.py) and relaunches it after running out of memory.
 
 Read top to bottom: set-up, resume (mid-epoch too), the epoch loop, the final model. The step itself and its set-up
 are step.py's, shared with profiling and memory probing. Checkpoints live in work/{job}/train/ (never a
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +42,8 @@ from tula_hpc.core.atomic_files import append_jsonl, atomic_path, write_jsonl
 from tula_hpc.core.dependencies import stage_settings
 from tula_hpc.core.run_layout import steps_per_epoch as epoch_steps
 from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
-from tula_hpc.training.checkpoint import CHECKPOINT_FORMAT, Checkpointer, own_rng_state, restore_rng
+from tula_hpc.training.attempts import StopTimes
+from tula_hpc.training.checkpoint import CHECKPOINT_FORMAT, Checkpointer, TrainState, own_rng_state, restore_rng
 from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
@@ -57,34 +61,6 @@ def accumulation_for(per_device_batch: int, micro_cap: int | None) -> int:
     return 1 if micro_cap is None else max(1, math.ceil(per_device_batch / micro_cap))
 
 
-@dataclass
-class TrainState:
-    """Everything of the run that resumes beside the model and the optimiser, as its checkpoint keeps it: finished
-    epochs, samples per rank into the next one (the sampler's position), steps, the finished epochs' time and the
-    open epoch's time and data wait so far (saved mid-epoch), the steps it restarted at, the epochs' records, the
-    strategy's and the noise estimator's own state (filled in when saving), and the batch schedule's place."""
-
-    epoch: int = 0
-    samples_done: int = 0
-    step: int = 0
-    train_time: float = 0.0
-    open_epoch_time: float = 0.0
-    open_epoch_data_wait: float = 0.0
-    restarts: list[int] = field(default_factory=list)
-    history: list[dict] = field(default_factory=list)
-    strategy: dict = field(default_factory=dict)
-    noise_scale: dict | None = None
-    global_batch: int | None = None  # the batch in effect, once train.batch_schedule adaptive has changed it
-    optimizer_steps: int = 0  # every step taken, at whichever batch (`step` places the schedule at the current one)
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
-
-
 def train_worker(
     job: Job,
     global_batch: int,
@@ -97,14 +73,16 @@ def train_worker(
     loop_log_path: str | None = None,
     schedule: BatchChooser | None = None,
     micro_cap: int | None = None,
+    stop_warning_s: int | None = None,
 ) -> dict | None:
     """One training attempt on every rank, with the device limited to resources.device_memory_gb.
 
     `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
     global batch, which names the run's checkpoint (default: global_batch). `schedule` (train.batch_schedule
     adaptive) re-chooses the batch at epochs' ends, each computed in slices of at most `micro_cap` samples (set
-    after running out of memory). A rank that runs out of memory records it, with the batch and slice in effect,
-    in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
+    after running out of memory). `stop_warning_s`: the warning before the time limit this job gets (None: none),
+    which rank 0 holds against its first save. A rank that runs out of memory records it, with the batch and slice
+    in effect, in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
     Without `failure_dir` (called in-process) the error is raised instead.
     """
     trainer = None
@@ -119,6 +97,7 @@ def train_worker(
                 selected_batch or global_batch,
                 schedule,
                 micro_cap,
+                stop_warning_s,
             )
             summary = trainer.train(Path(model_path), Path(loop_log_path) if loop_log_path else None)
             shutdown()  # not on an error: a rank that fails ends the job step at once (end_job_step), peers and all
@@ -149,8 +128,10 @@ class Trainer:
         selected_batch: int,
         schedule: BatchChooser | None = None,
         micro_cap: int | None = None,
+        stop_warning_s: int | None = None,
     ):
         self.job, self.accumulation, self.schedule, self.micro_cap = job, accumulation, schedule, micro_cap
+        self.stop_warning_s, self.step_s = stop_warning_s, 0.0
         self.checkpoint_path, self.metrics_path = checkpoint_path, metrics_path
         self.ctx = ctx = init_distributed(job.resources.gpus_per_node > 0)
         self.splits, self.model = build_for_job(job, ctx)
@@ -172,6 +153,9 @@ class Trainer:
         self.use_batch(self.state.global_batch or global_batch)  # the schedule's batch, where it changed it
         self.resumed_from = self.resume(checkpoint)
         del checkpoint
+        # The run's longest save and step: a resumed run goes on from its record, a fresh run measures afresh.
+        self.stop_times = (StopTimes.read(checkpoint_path) if self.resumed_from else None) or StopTimes()
+        self.first_save = True
         self.device_clock = clock_for(ctx.device)
         self.loss_fn = nn.CrossEntropyLoss()
         self.epochs = self.state.epoch + self.strategy.epochs_left(job.train.epochs, self.state.epoch)
@@ -228,32 +212,33 @@ class Trainer:
         self.clock = LoopClock(loop_log_path if ctx.is_main else None)
         self.trace = StepTrace(ctx.is_main)
         with StopRequests(ctx.world_size) as stop:
-            while state.epoch < self.epochs and not self.strategy.finished():
-                loss, epoch_time, stopping = self.run_epoch(stop)
-                self.end_epoch(loss, epoch_time)
-                if stopping and state.epoch < self.epochs and not self.strategy.finished():
-                    stop.leave(ctx.rank)
+            # An epoch whose steps a stop saved before its end (open_epoch_steps) still has that end to come.
+            while state.epoch < self.epochs and (state.open_epoch_steps or not self.strategy.finished()):
+                self.end_epoch(*self.run_epoch(stop))
         if not ctx.is_main:
             return None
         _save_model(model_path, self.model, self.job, self.splits)
         return self.summary()
 
-    def run_epoch(self, stop) -> tuple[torch.Tensor, float, bool]:
-        """The open epoch's steps: (this rank's mean loss over the steps it ran, the epoch's time, whether a rank was
-        asked to stop).
+    def run_epoch(self, stop) -> tuple[torch.Tensor, float]:
+        """The open epoch's steps left: (this rank's mean loss over the epoch's steps, the epoch's time), the steps a
+        save before this attempt kept included.
 
-        Asked to stop mid-epoch, the step is saved at once and this rank leaves; after the epoch's last step its
-        own checkpoint does it. Every resources.checkpoint_every_steps steps (if set) it is saved too. The time of
-        a step's work still queued on the device counts (`device.wait`).
+        Asked to stop, the step is saved at once, an epoch's last one too (its end, validation and all, is the
+        resumed run's: a short grace time must not go on it), and this rank leaves. Every
+        resources.checkpoint_every_steps steps (if set) it is saved mid-epoch too. The time of a step's work still
+        queued on the device counts (`device.wait`).
         """
         state, clock, per_device = self.state, self.clock, self.per_device
         start_epoch(self.loader, state.epoch, state.samples_done)
         batches_done = math.ceil(state.samples_done / per_device)
-        spent_before, started, stopping = clock.spent - state.open_epoch_time, time.perf_counter(), False
+        spent_before, started = clock.spent - state.open_epoch_time, time.perf_counter()
         self.batches.waited = state.open_epoch_data_wait
-        loss_sum, steps = torch.zeros((), device=self.ctx.device), 0  # summed on the device: no sync per step
+        # Summed on the device (no sync per step), from the saved steps' sum (every rank's mean).
+        loss_sum, steps = torch.tensor(state.open_epoch_loss_sum, device=self.ctx.device), state.open_epoch_steps
+        steps_left = batches_done < self.steps_per_epoch and not self.strategy.finished()
         try:
-            for batch in self.batches:
+            for batch in self.batches if steps_left else ():
                 loss, stopping = loop_step(
                     self.net, self.strategy, self.loss_fn, batch, self.ctx.device, stop, self.accumulation
                 )
@@ -261,13 +246,13 @@ class Trainer:
                 state.step, batches_done = state.step + 1, batches_done + 1
                 state.optimizer_steps += 1
                 self.trace.add(state.step)
-                saving = (stopping or self.checkpoint_due(state.step)) and batches_done < self.steps_per_epoch
+                saving = stopping or (self.checkpoint_due(state.step) and batches_done < self.steps_per_epoch)
                 if saving:
                     self.device_clock.wait()
                 now = time.perf_counter()
                 clock.add(now - started, force=saving)
                 if saving:
-                    self.save(batches_done * per_device, clock.spent - spent_before, self.batches.waited)
+                    self.save_open_epoch(batches_done * per_device, clock.spent - spent_before, loss_sum, steps)
                     if stopping:
                         stop.leave(self.ctx.rank)
                 started = time.perf_counter()  # a save's time is not the loop's
@@ -276,7 +261,9 @@ class Trainer:
             self.device_clock.wait()
         finally:  # running out of memory mid-epoch: the time spent so far is lost work, logged on the way out
             clock.add(time.perf_counter() - started, force=True)
-        return loss_sum / max(steps, 1), clock.spent - spent_before, stopping
+        epoch_time = clock.spent - spent_before
+        self.step_s = max(self.step_s, epoch_time / max(steps, 1))
+        return loss_sum / max(steps, 1), epoch_time
 
     def checkpoint_due(self, step: int) -> bool:
         """resources.checkpoint_every_steps: the same steps on every rank, so that they save together."""
@@ -291,8 +278,8 @@ class Trainer:
         noise = self.strategy.noise_scale
         strategy_metrics["noise_scale"] = noise.read() if noise is not None else None
         state.train_time += epoch_time
-        state.epoch, state.samples_done = state.epoch + 1, 0
-        state.open_epoch_time = state.open_epoch_data_wait = 0.0
+        state.epoch, state.samples_done, state.open_epoch_steps = state.epoch + 1, 0, 0
+        state.open_epoch_time = state.open_epoch_data_wait = state.open_epoch_loss_sum = 0.0
         val_accuracy = evaluate_accuracy(
             self.net, self.splits.val, self.ctx, batch_size=self.micro_batch, **self.loader_options
         )
@@ -309,7 +296,7 @@ class Trainer:
         if self.schedule is not None:
             record["batch_schedule"] = self.next_batch(strategy_metrics["noise_scale"])
         state.history.append(record)
-        self.save(0, 0.0, 0.0)
+        self.save()
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
             print(
@@ -359,20 +346,51 @@ class Trainer:
             )
         return state.epoch, state.step
 
-    def save(self, samples_in_epoch: int, epoch_time: float, data_wait: float) -> None:
-        """The state as it stands, with the open epoch's samples, time and data wait so far (0 at an epoch's end)."""
+    def save_open_epoch(self, samples_done: int, epoch_time: float, loss_sum: torch.Tensor, steps: int) -> None:
+        """The open epoch saved part-way (every rank calls it): its samples per rank, time, data wait, steps and loss
+        so far, the loss summed as every rank's mean, so that the resumed epoch's record counts every step."""
+        self.step_s = max(self.step_s, epoch_time / steps)
+        self.save(
+            samples_done=samples_done,
+            open_epoch_time=epoch_time,
+            open_epoch_data_wait=self.batches.waited,
+            open_epoch_loss_sum=mean_over_ranks(loss_sum, self.ctx),
+            open_epoch_steps=steps,
+        )
+
+    def save(self, **open_epoch) -> None:
+        """The state as it stands, with the open epoch's place where it is saved part-way (`open_epoch`: TrainState's
+        samples_done and open_epoch_* fields); rank 0 times it (`note_save`)."""
         noise = self.strategy.noise_scale
         state = TrainState(
             **{
                 **self.state.state_dict(),
-                "samples_done": samples_in_epoch,
-                "open_epoch_time": epoch_time,
-                "open_epoch_data_wait": data_wait,
+                **open_epoch,
                 "strategy": self.strategy.state_dict(),
                 "noise_scale": None if noise is None else noise.estimate.state_dict(),
             }
         )
-        self.checkpointer.save(self.model, self.strategy.optimizer, state.state_dict())
+        seconds = self.checkpointer.save(self.model, self.strategy.optimizer, state.state_dict())
+        if self.ctx.is_main:
+            self.note_save(seconds)
+
+    def note_save(self, seconds: float) -> None:
+        """Rank 0: the longest save and step so far, kept beside the checkpoint for the stage to size the next job's
+        warning; this attempt's first save says where the warning in effect is too short for them."""
+        times = self.stop_times = replace(
+            self.stop_times,
+            save_s=max(self.stop_times.save_s, seconds),
+            step_s=max(self.stop_times.step_s, self.step_s),
+        )
+        times.write(self.checkpoint_path)
+        if self.first_save and self.stop_warning_s is not None and self.stop_warning_s < times.needed_s():
+            print(
+                f"[train] a checkpoint save took {seconds:.1f} s and a step {self.step_s:.2f} s: the warning before "
+                f"the time limit, {self.stop_warning_s} s, is too short to finish a step and save with a margin "
+                f"({times.needed_s():.0f} s); the next job's warning is sized from these times",
+                flush=True,
+            )
+        self.first_save = False
 
     def summary(self) -> dict:
         state, device = self.state, self.ctx.device

@@ -39,7 +39,7 @@ class SlurmLauncher(Launcher):
             # cgroups confine them.
             slurm_srun_args=["--kill-on-bad-exit=1", f"--cpus-per-task={spec.cpus_per_task}"],
             # The warning before the time limit must leave time to work: a quarter of short limits, 90 s at most.
-            slurm_signal_delay_s=min(90, spec.time_min * 60 // 4),
+            slurm_signal_delay_s=spec.warning_before_limit_s,
         )
 
     def reattach(self, record: dict) -> submitit.Job | None:
