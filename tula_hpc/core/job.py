@@ -130,6 +130,7 @@ class SlurmSettings:
     qos: str | None = optional()
     constraint: str | None = optional()
     extra_args: tuple[str, ...] | None = optional()
+    file_system_lag_s: float | None = optional()  # None: cluster.shared_files.FILE_SYSTEM_LAG_S
 
 
 @dataclass(frozen=True)
