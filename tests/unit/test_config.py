@@ -96,6 +96,15 @@ def test_profile_slurm_settings_are_overridden_per_job():
     }
 
 
+@pytest.mark.parametrize(("lag", "error"), [(-1, "minimum"), (601, "allowed: 0 to 600 s"), ("30", "number")])
+def test_the_file_system_lag_is_seconds_from_0_to_600(lag, error):
+    config = job_config(resources={"slurm": {"file_system_lag_s": lag}})
+    with pytest.raises(ConfigError, match=rf"resources.slurm.file_system_lag_s.*{error}|{error}.*file_system_lag_s"):
+        validate_config(config)
+    job = job_settings(validate_config(job_config(resources={"slurm": {"file_system_lag_s": 5}})), "digits-cnn")
+    assert job.resources.slurm.file_system_lag_s == 5
+
+
 def test_later_files_update_earlier_ones(tmp_path):
     base = tmp_path / "jobs.yaml"
     base.write_text(yaml.safe_dump(job_config()))

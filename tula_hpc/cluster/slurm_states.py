@@ -101,11 +101,11 @@ def step_state(job_id: str, step_name: str) -> str:
         time.sleep(ACCOUNTING_POLL_S)
 
 
-def backoff(first_s: float = BACKOFF_FIRST_S, most_s: float = BACKOFF_MAX_S) -> Iterator[float]:
-    """Pauses between polls: `first_s`, doubling up to `most_s`, for ever."""
-    pause = first_s
+def backoff(most_s: float | None = None) -> Iterator[float]:
+    """Pauses between polls: BACKOFF_FIRST_S, doubling up to `most_s` (BACKOFF_MAX_S), for ever."""
+    pause, most_s = BACKOFF_FIRST_S, most_s or BACKOFF_MAX_S
     while True:
-        yield pause
+        yield min(pause, most_s)
         pause = min(2 * pause, most_s)
 
 
