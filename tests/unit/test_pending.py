@@ -45,7 +45,8 @@ def test_a_reason_that_clears_is_printed_once_and_again_when_it_changes(tmp_path
     printed = capsys.readouterr().out.splitlines()
     assert printed == [
         "[tula-hpc] slurm job 88 (train) pends: Priority",
-        "[tula-hpc] slurm job 88 (train) pends: JobHeldAdmin (held by an administrator: it waits until one releases it)",
+        "[tula-hpc] slurm job 88 (train) pends: JobHeldAdmin (held by an administrator: it waits until one "
+        "releases it)",
         "[tula-hpc] slurm job 88 (train) pends: Resources",
     ]
     assert "scancel" not in log.read_text()
