@@ -43,6 +43,8 @@ MIN_IMAGE_SIZE = {
 # on a GPU, torch 2.2 with CUDA 11.8; #12873: 1.9 GB after one convolution), and 1 GB more for the data set, pinned
 # batches and loader workers; a large data set or many workers need more.
 HOST_GB_PER_GPU_RANK = 3
+# A shared file system slower than this is broken, not lagging; and a job that left no result waits this long
+MAX_FILE_SYSTEM_LAG_S = 600
 
 # Variables the launcher sets in every rank, which resources.slurm.environment would overwrite -> why.
 LAUNCHER_VARIABLES = {
@@ -194,6 +196,9 @@ def _check_semantics(job: Job) -> None:
             f"{train.polo.sync_epochs} synchronous epochs of {epochs} would never "
             f"start local SGD; allowed: below {epochs}",
         )
+    lag = job.resources.slurm.file_system_lag_s
+    if lag is not None and not 0 <= lag <= MAX_FILE_SYSTEM_LAG_S:
+        fail("resources.slurm.file_system_lag_s", f"{lag} s; allowed: 0 to {MAX_FILE_SYSTEM_LAG_S} s")
     _check_gpus_per_node(job, fail)
     _check_gpu_job(job, fail)
     _check_slurm(job, fail)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -54,3 +58,53 @@ def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, m
     assert allocation.hold_allocation(spec) == "78"
     assert allocation.release_allocation(tmp_path / "work") and not allocation.release_allocation(tmp_path / "work")
     assert log.read_text().splitlines()[-1] == "scancel 78"
+
+
+@pytest.mark.spawns
+def test_a_recorded_allocation_is_kept_while_slurmctld_does_not_answer(tmp_path, monkeypatch):
+    """slurmctld restarts: squeue and sacct fail. The allocation is not cancelled on missing information, nor a
+    second one asked for; its state is asked again until slurmctld answers."""
+    count, away = tmp_path / "count", 'echo "Unable to contact slurm controller" >&2; exit 1'
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        sbatch="echo 78",
+        squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 2 ] && {{ {away}; }}; echo RUNNING',
+        sacct=away,
+        scancel="exit 0",
+        scontrol=f"echo '{PARTITION}'",
+    )
+    monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
+    spec = shared_spec(tmp_path)
+    folder = Path(spec.allocation.folder)
+    folder.mkdir(parents=True)
+    (folder / "allocation.json").write_text(json.dumps({"job_id": "77", "nodes": 2, "asked": 0}))
+    assert allocation.hold_allocation(spec) == "77"
+    assert not any(line.startswith(("scancel", "sbatch")) for line in log.read_text().splitlines())
+
+
+@pytest.mark.spawns
+def test_an_allocation_held_by_an_administrator_is_waited_on_with_backoff_and_never_cancelled(
+    tmp_path, monkeypatch, capsys
+):
+    """JobHeldAdmin while pending (four polls, each pause twice the last), then released and running; fcntl.flock
+    refuses to lock (Lustre without flock): the lock does not need it."""
+    count, pauses = tmp_path / "count", []
+    state = f'echo x >>{count}; [ "$(wc -l <{count})" -le 4 ] && echo PENDING || echo RUNNING'
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        sbatch="echo 77",
+        squeue=f'case "$*" in *%r*) echo JobHeldAdmin;; *) {state};; esac',
+        scancel="exit 0",
+        scontrol=f"echo '{PARTITION}'",
+    )
+
+    def refused(*args):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    monkeypatch.setattr(allocation, "time", SimpleNamespace(time=time.time, sleep=pauses.append))
+    assert allocation.hold_allocation(shared_spec(tmp_path)) == "77"
+    assert "scancel" not in log.read_text() and pauses == [2, 4, 8, 16]
+    assert capsys.readouterr().out.count("pends: JobHeldAdmin") == 1

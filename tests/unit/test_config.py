@@ -174,6 +174,15 @@ def test_too_little_memory_per_gpu_is_refused():
     validate_config(job_config(resources={"slurm": {"mem_per_gpu_gb": 1}}))  # a CPU job asks per node
 
 
+@pytest.mark.parametrize(("lag", "error"), [(-1, "minimum"), (601, "allowed: 0 to 600 s"), ("30", "number")])
+def test_the_file_system_lag_is_seconds_from_0_to_600(lag, error):
+    config = job_config(resources={"slurm": {"file_system_lag_s": lag}})
+    with pytest.raises(ConfigError, match=rf"resources.slurm.file_system_lag_s.*{error}|{error}.*file_system_lag_s"):
+        validate_config(config)
+    job = job_settings(validate_config(job_config(resources={"slurm": {"file_system_lag_s": 5}})), "digits-cnn")
+    assert job.resources.slurm.file_system_lag_s == 5
+
+
 def test_later_files_update_earlier_ones(tmp_path):
     base = tmp_path / "jobs.yaml"
     base.write_text(yaml.safe_dump(job_config()))

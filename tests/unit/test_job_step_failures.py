@@ -3,12 +3,16 @@
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
 
 from tests.conftest import REPO
+from tula_hpc.cluster import shared_files
 from tula_hpc.cluster.job_step_failures import out_of_memory_ends_job_step, out_of_memory_record
+from tula_hpc.core.atomic_files import write_json
 
 
 class _RankEnded(Exception):
@@ -52,3 +56,12 @@ def test_a_stage_runs_a_worker_and_reads_how_it_ended_without_importing_torch(tm
     )
     ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
     assert ran.stdout.splitlines()[-2:] == ["(42, None)", "False"], ran.stdout + ran.stderr
+
+
+def test_an_out_of_memory_record_that_shows_late_on_a_shared_file_system_is_waited_for(tmp_path, monkeypatch):
+    """The rank wrote it on its node; NFS shows it here later (within resources.slurm.file_system_lag_s)."""
+    monkeypatch.setattr(shared_files, "FILE_POLL_S", 0.01)
+    folder = tmp_path / "failures" / "abc"
+    note = {"outcome": "out_of_memory", "rank": 0, "recorded_at": time.time()}
+    threading.Timer(0.2, write_json, [folder / "rank0.json", note]).start()
+    assert out_of_memory_record(folder, within_s=10)["outcome"] == "out_of_memory"

@@ -11,6 +11,7 @@ import pickle
 
 import pytest
 import submitit
+from submitit.core.utils import cloudpickle_dump
 
 from tests.conftest import default_job
 from tests.conftest import fake_commands as _fake_commands
@@ -88,3 +89,30 @@ def test_a_task_pickled_when_launch_held_it_loads_as_the_moved_class_and_runs_it
     assert b"ctula_hpc.cluster.launch\nDistributedTask\n" in pickled
     loaded = pickle.loads(pickled)
     assert type(loaded) is DistributedTask and loaded.fn == task.fn and loaded.fn(**loaded.kwargs) == 2
+
+
+@pytest.mark.parametrize(("max_requeues", "completes"), [(1, True), (0, False)])
+@pytest.mark.spawns
+def test_work_preempted_away_runs_again_in_a_new_job_counted_against_max_requeues(
+    tmp_path, monkeypatch, capsys, max_requeues, completes
+):
+    """PreemptMode=CANCEL ends job 4242 PREEMPTED without a result (submitit's wait would wait for ever); the work
+    runs again in job 4243, which leaves its result, while resources.max_requeues allows a second run."""
+    result, count = tmp_path / "result.pkl", tmp_path / "sbatch.count"
+    cloudpickle_dump(("success", 5), result)
+    second = f'cp {result} "$(dirname "$1")/4243_0_result.pkl"; echo "Submitted batch job 4243"'
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        sbatch=f'echo x >>{count}; [ "$(wc -l <{count})" -eq 1 ] && echo "Submitted batch job 4242" || {{ {second}; }}',
+        squeue="exit 0",
+        sacct='case "$*" in *4242*) echo PREEMPTED;; *) echo COMPLETED;; esac',
+    )
+    spec = launch.LaunchSpec("slurm", time_min=5, max_requeues=max_requeues)
+    if completes:
+        assert launch.run(answer, {"value": 1}, spec, tmp_path / "work" / "train", name="train") == 5
+        assert "job 4242 ended PREEMPTED under train: it runs again (run 2 of at most 2)" in capsys.readouterr().out
+    else:
+        with pytest.raises(launch.JobFailed, match="slurm job 4242 ended PREEMPTED"):
+            launch.run(answer, {"value": 1}, spec, tmp_path / "work" / "train", name="train")
+    assert log.read_text().count("sbatch ") == 1 + completes

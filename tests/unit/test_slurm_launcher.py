@@ -1,4 +1,5 @@
-"""launchers/slurm: the sbatch script submitit writes, a job found again by its id or its name, a job Slurm requeued.
+"""launchers/slurm: the sbatch script submitit writes, a job found again by its id or its name, a job Slurm requeued,
+held or pending on a reason no wait clears, one that ended under the work, and results read on a shared file system.
 
 No cluster: fake `sbatch`, `squeue` and `sacct` on PATH stand in for Slurm (as in submitit's own tests).
 """
@@ -6,16 +7,18 @@ No cluster: fake `sbatch`, `squeue` and `sacct` on PATH stand in for Slurm (as i
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import submitit
+from submitit.core.utils import cloudpickle_dump
 
 from tests.conftest import fake_commands as _fake_commands
+from tula_hpc.cluster import shared_files, slurm_states
 from tula_hpc.cluster.launch_spec import LaunchSpec
-from tula_hpc.cluster.launchers import slurm as slurm_launcher
-from tula_hpc.cluster.launchers.interface import DistributedTask
+from tula_hpc.cluster.launchers.interface import DistributedTask, JobFailed
 from tula_hpc.cluster.launchers.slurm import SlurmLauncher
 from tula_hpc.core.job import SlurmSettings
 
@@ -82,26 +85,20 @@ def test_an_sbatch_job_whose_driver_died_before_recording_its_id_is_found_by_nam
 def test_a_slurm_job_slurm_requeued_itself_is_waited_for_and_replaced_only_where_it_is_held(
     tmp_path, monkeypatch, listed, reason, replaced
 ):
-    """A lost node ends the job NODE_FAIL and Slurm queues it again under the same id (submitit's watcher took the
-    first end for the last). Queued or running again, it is waited for while squeue lists it; held (a failed
-    launch) it is cancelled and the work goes in a new job (`again` says None: the retry loop submits one)."""
-    count = tmp_path / "count"
-    state = f'echo x >>{count}; [ "$(wc -l <{count})" -le 3 ] && echo {listed}; exit 0'
+    """A lost node ends the job NODE_FAIL and Slurm queues it again under the same id. Queued or running again, it
+    is the same job (`again` gives it back, `wait` watches it); held by a failed requeue's launch it is cancelled
+    and the work goes in a new job (`again` says None: the retry loop submits one)."""
     log = _fake_commands(
         tmp_path,
         monkeypatch,
-        squeue=f'case "$*" in *%r*) echo "{reason}";; *) {state};; esac',
+        squeue=f'case "$*" in *%r*) echo "{reason}";; *) echo {listed};; esac',
         sacct="echo COMPLETED",
         scancel="exit 0",
     )
-    monkeypatch.setattr(slurm_launcher, "REQUEUED_POLL_S", 0.01)
     slurm, job = SlurmLauncher(), submitit.SlurmJob(tmp_path, "88")
-    assert slurm.end_state(job) == ("REQUEUED", True)  # the first squeue
+    assert slurm.end_state(job) == ("REQUEUED", True)
     assert slurm.again(job, "train") is (None if replaced else job)
     assert ("scancel 88" in log.read_text()) == replaced
-    if not replaced:
-        assert count.read_text().count("x") == 4  # listed twice more, then gone
-        assert slurm.end_state(job) == ("COMPLETED", False)
 
 
 def _script(tmp_path: Path, **spec) -> list[str]:
@@ -159,3 +156,65 @@ def test_the_warning_before_the_time_limit_is_the_one_the_train_stage_measured()
     spec = LaunchSpec(launcher="slurm", time_min=60)
     assert SlurmLauncher().shape(spec)["slurm_signal_delay_s"] == 90
     assert SlurmLauncher().shape(replace(spec, stop_warning_s=300))["slurm_signal_delay_s"] == 300
+
+
+@pytest.mark.spawns
+def test_an_administrators_hold_is_waited_on_with_its_reason_never_cancelled(tmp_path, monkeypatch, capsys):
+    """JobHeldAdmin (or JobHeldUser) is someone's decision: `again` gives the job back, `wait` waits until it is
+    released and has run, printing the reason once."""
+    count = tmp_path / "count"
+    state = f'echo x >>{count}; [ "$(wc -l <{count})" -le 3 ] && echo PENDING; exit 0'
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue=f'case "$*" in *%r*) echo JobHeldAdmin;; *) {state};; esac',
+        sacct="echo COMPLETED",
+        scancel="exit 0",
+    )
+    monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
+    slurm, job = SlurmLauncher(), submitit.SlurmJob(tmp_path, "88")
+    assert slurm.again(job, "train") is job
+    slurm.wait(job, LaunchSpec("slurm", slurm=SlurmSettings(file_system_lag_s=0)), "train")
+    assert "scancel" not in log.read_text()
+    assert capsys.readouterr().out.count("pends: JobHeldAdmin (held by an administrator") == 1
+
+
+@pytest.mark.spawns
+def test_a_job_that_pends_on_a_reason_no_wait_clears_is_cancelled_and_fails_the_stage(tmp_path, monkeypatch):
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue='case "$*" in *%r*) echo PartitionTimeLimit;; *) echo PENDING;; esac',
+        scancel="exit 0",
+    )
+    with pytest.raises(JobFailed, match=r"train: slurm job 88 pends on PartitionTimeLimit.*resources.time_min"):
+        SlurmLauncher().wait(submitit.SlurmJob(tmp_path, "88"), LaunchSpec("slurm"), "train")
+    assert "scancel 88" in log.read_text()
+
+
+@pytest.mark.spawns
+def test_a_completed_jobs_results_are_waited_for_on_a_shared_file_system(tmp_path, monkeypatch):
+    """NFS shows a result written on the job's node late: `wait` returns once it shows, up to file_system_lag_s."""
+    _fake_commands(tmp_path, monkeypatch, squeue="exit 0", sacct="echo COMPLETED")
+    monkeypatch.setattr(shared_files, "FILE_POLL_S", 0.01)
+    job = submitit.SlurmJob(tmp_path, "88")
+    threading.Timer(0.3, cloudpickle_dump, [("success", 5), job.paths.result_pickle]).start()
+    SlurmLauncher().wait(job, LaunchSpec("slurm", slurm=SlurmSettings(file_system_lag_s=10)), "train")
+    assert job.paths.result_pickle.exists() and SlurmLauncher().results(job) == [5]
+
+
+@pytest.mark.parametrize(
+    ("ended", "runs_again"),
+    [("PREEMPTED", True), ("TIMEOUT", True), ("NODE_FAIL", True), ("CANCELLED", False), ("FAILED", False)],
+)
+@pytest.mark.spawns
+def test_a_job_that_ended_under_the_work_runs_again_in_a_new_job_and_one_cancelled_or_failed_does_not(
+    tmp_path, monkeypatch, ended, runs_again
+):
+    """PreemptMode=CANCEL ends a job PREEMPTED, JobRequeue=0 one TIMEOUT, with no result: submitit's wait took
+    PREEMPTED for unfinished. `wait` returns on the final state, the end is told, a new job is asked (`again`)."""
+    _fake_commands(tmp_path, monkeypatch, squeue="exit 0", sacct=f"echo {ended}")
+    slurm, job = SlurmLauncher(), submitit.SlurmJob(tmp_path, "88")
+    slurm.wait(job, LaunchSpec("slurm"), "train")
+    assert slurm.end_state(job) == (ended, runs_again)
+    assert slurm.again(job, "train") is None

@@ -5,6 +5,7 @@ tests/unit/data/slurm/*.txt were recorded on the local cluster by tests/unit/dat
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,25 @@ def test_a_cancel_is_tried_again_while_slurmctld_does_not_answer_and_fails_namin
         slurm_states.CancelFailed, match=r"slurm job 90 could not be cancelled .*controller.*`scancel 90`"
     ):
         slurm_states.cancel("90")
+
+
+@pytest.mark.spawns
+def test_slurm_state_asks_again_with_backoff_while_slurmctld_does_not_answer(tmp_path, monkeypatch, capsys):
+    """squeue and sacct both fail twice (slurmctld restarting): not UNKNOWN (on which a live job would be given up),
+    but asked again, saying so, until squeue answers."""
+    count, away = tmp_path / "count", 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1'
+    fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 2 ] && {{ {away}; }}; echo RUNNING',
+        sacct='echo "sacct: error: Problem talking to the database" >&2; exit 1',
+    )
+    monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
+    assert slurm_states.slurm_state("42") == "RUNNING"
+    said = capsys.readouterr().out
+    assert said.count("slurmctld does not answer (slurm_load_jobs error: Unable to contact slurm controller)") == 2
+
+
+def test_polls_back_off_from_2_s_doubling_to_a_minute():
+    assert list(itertools.islice(slurm_states.backoff(), 7)) == [2, 4, 8, 16, 32, 60, 60]
+    assert list(itertools.islice(slurm_states.backoff(most_s=30), 6)) == [2, 4, 8, 16, 30, 30]

@@ -4,14 +4,15 @@ so that the queue is waited in once; given back once every measurement is writte
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
 import time
 from pathlib import Path
 
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.partition import partition_limits, sbatch_args
-from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, cancel, held, settled_state, slurm_state
+from tula_hpc.cluster.pending import PendingForever, PendingWatch
+from tula_hpc.cluster.shared_files import exclusive_lock
+from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, backoff, cancel, settled_state, slurm_state
 from tula_hpc.core.atomic_files import StageInputError, read_json, write_json
 
 ALLOCATION_POLL_S = 2
@@ -36,35 +37,43 @@ def holder_command(spec: LaunchSpec, name: str, nodes: int) -> list[str]:
 def hold_allocation(spec: LaunchSpec) -> str:
     """The id of the measuring phase's allocation, running: the one recorded if it is still active and large
     enough, else a new one (a record left by one that ended, by time limit, preemption or a lost node, is
-    replaced); waits while it is queued. One stage at a time decides (a lock beside the record)."""
+    replaced); waits while it is queued. One stage at a time decides (a lock file beside the record)."""
     folder = Path(spec.allocation.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    record_path = folder / "allocation.json"
-    with open(folder / "allocation.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        recorded = read_json(record_path) if record_path.exists() else None
-        if recorded and (
-            settled_state(recorded["job_id"]) not in ACTIVE_SLURM_STATES or recorded["nodes"] < spec.nodes
-        ):
-            cancel(recorded["job_id"])
-            recorded = None
-        if recorded is None:
-            name = f"{folder.parent.name}-allocation"
-            limits = partition_limits(spec.slurm.partition)
-            nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
-            done = subprocess.run(holder_command(spec, name, nodes), capture_output=True, text=True)
-            if done.returncode != 0:
-                raise AllocationFailed(f"{name}: sbatch refused the allocation: {done.stderr.strip()}")
-            recorded = {"job_id": done.stdout.strip().split(";")[0], "nodes": nodes, "asked": time.time()}
-            write_json(record_path, recorded)
-            print(f"[tula-hpc] asked Slurm for the measuring allocation {recorded['job_id']} ({nodes} nodes)")
-    while (state := slurm_state(recorded["job_id"])) != "RUNNING":
+    with exclusive_lock(folder / "allocation.lock"):
+        job_id = _recorded_or_new(spec, folder)
+    pending, pauses = PendingWatch(job_id, "the measuring allocation"), backoff()
+    while (state := slurm_state(job_id)) != "RUNNING":
         if state not in ACTIVE_SLURM_STATES:
-            raise AllocationFailed(f"the measuring allocation {recorded['job_id']} ended {state} before it started")
-        if held(recorded["job_id"]):  # requeued held after a lost node (see SlurmLauncher.again): a new one
-            cancel(recorded["job_id"])
-            return hold_allocation(spec)
-        time.sleep(ALLOCATION_POLL_S)
+            raise AllocationFailed(f"the measuring allocation {job_id} ended {state} before it started")
+        try:
+            if state == "PENDING" and pending.requeue_held():  # after a lost node (see SlurmLauncher.again)
+                cancel(job_id)
+                return hold_allocation(spec)
+        except PendingForever as err:
+            raise AllocationFailed(str(err)) from None
+        time.sleep(next(pauses))
+    return job_id
+
+
+def _recorded_or_new(spec: LaunchSpec, folder: Path) -> str:
+    """The recorded allocation while Slurm holds it and it is large enough (a smaller one is cancelled), else a
+    new one, recorded. slurm_state waits out a controller away: an allocation is never given up on missing word."""
+    record_path = folder / "allocation.json"
+    recorded = read_json(record_path) if record_path.exists() else None
+    if recorded and settled_state(recorded["job_id"]) in ACTIVE_SLURM_STATES:
+        if recorded["nodes"] >= spec.nodes:
+            return recorded["job_id"]
+        cancel(recorded["job_id"])
+    name = f"{folder.parent.name}-allocation"
+    limits = partition_limits(spec.slurm.partition)
+    nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
+    done = subprocess.run(holder_command(spec, name, nodes), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AllocationFailed(f"{name}: sbatch refused the allocation: {done.stderr.strip()}")
+    recorded = {"job_id": done.stdout.strip().split(";")[0], "nodes": nodes, "asked": time.time()}
+    write_json(record_path, recorded)
+    print(f"[tula-hpc] asked Slurm for the measuring allocation {recorded['job_id']} ({nodes} nodes)", flush=True)
     return recorded["job_id"]
 
 

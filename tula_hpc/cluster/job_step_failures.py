@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tula_hpc.cluster.devices import is_out_of_memory
+from tula_hpc.cluster.shared_files import appeared
 from tula_hpc.core.atomic_files import read_json, write_json
 
 FAILED_RANK_EXIT = 3  # a rank ended the job step on purpose (see end_job_step)
@@ -49,9 +50,11 @@ def out_of_memory_ends_job_step(failure_dir: str | None, in_effect: Callable[[],
         raise
 
 
-def out_of_memory_record(folder: str | Path) -> dict | None:
+def out_of_memory_record(folder: str | Path, within_s: float = 0) -> dict | None:
     """The record of a rank that ended the job step out of memory, with how long before the stage knew
-    (`noticed_after_s`); None if none did (the job failed otherwise)."""
+    (`noticed_after_s`); None if none did (the job failed otherwise). A record written on another node may take
+    up to `within_s` to show on a shared file system (resources.slurm.file_system_lag_s)."""
+    appeared(Path(folder), lambda: any(Path(folder).glob("rank*.json")), within_s)
     record = next((r for r in failure_records(folder) if r["outcome"] == "out_of_memory"), None)
     if record is not None:
         record["noticed_after_s"] = round(time.time() - record.pop("recorded_at"), 1)

@@ -22,8 +22,6 @@ from tula_hpc.cluster.launchers import interface, job_record
 from tula_hpc.cluster.launchers.interface import JobFailed
 from tula_hpc.cluster.launchers.registry import launcher_for
 
-ALLOCATION_REPLACEMENTS = 2  # times a stage's work may run again after its job ended under it
-
 __getattr__ = moved_names(__name__)  # what this module held before the launchers went apart (issue 55)
 
 
@@ -43,8 +41,9 @@ class Worker:
 
 
 def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path, name: str) -> Any:
-    """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result. A step whose
-    shared allocation ended under it (time limit, preemption, a lost node) runs again in a new one."""
+    """Run `fn(**kwargs)` on every rank of a fresh (or re-attached) job; return rank 0's result. Work whose job
+    ended under it (preempted, its time limit, a lost node) runs again, resuming from its checkpoint, at most
+    resources.max_requeues times."""
     launcher = launcher_for(spec)
     task = interface.DistributedTask(fn, kwargs, spec.cpus_per_task, environment=spec.environment)
     stage_dir = Path(stage_dir)
@@ -54,16 +53,21 @@ def run(fn: Callable[..., Any], kwargs: dict, spec: LaunchSpec, stage_dir: Path,
         launcher, job = attached
     else:
         job = job_record.submit(launcher, task, spec, stage_dir, name)
-    for replacements in range(ALLOCATION_REPLACEMENTS + 1):
+    runs = spec.max_requeues + 1
+    for run_number in range(1, runs + 1):
         launcher.wait(job, spec, name)
         try:
             results = launcher.results(job)
             break
         except (FailedJobError, UncompletedJobError) as err:
             state, runs_again = launcher.end_state(job)
-            if not runs_again or replacements == ALLOCATION_REPLACEMENTS:
+            if not runs_again or run_number == runs:
                 raise interface.failed(job, spec, name, state, str(err).splitlines()[0] if str(err) else "") from None
-            print(f"[tula-hpc] {launcher.name} job {job.job_id} ended {state} under {name}: it runs again", flush=True)
+            print(
+                f"[tula-hpc] {launcher.name} job {job.job_id} ended {state} under {name}: it runs again "
+                f"(run {run_number + 1} of at most {runs})",
+                flush=True,
+            )
             job = launcher.again(job, name) or job_record.submit(launcher, task, spec, stage_dir, name)
     _echo_rank0_output(job)
     return results[0]
@@ -78,7 +82,7 @@ def run_or_out_of_memory(
     try:
         return run(fn, {**kwargs, "failure_dir": str(failure_dir)}, spec, stage_dir, name), None
     except JobFailed:
-        record = out_of_memory_record(failure_dir)
+        record = out_of_memory_record(failure_dir, within_s=launcher_for(spec).file_system_lag_s(spec))
         if record is None:
             raise
         return None, record

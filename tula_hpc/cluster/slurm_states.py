@@ -1,10 +1,11 @@
-"""What Slurm says of a job and of its steps (squeue while it holds them, accounting once they ended), and
-cancelling one so that it is cancelled."""
+"""What Slurm says of a job and of its steps (squeue while it holds them, accounting once they ended), asked again
+while slurmctld does not answer, and cancelling one so that it is cancelled."""
 
 from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ACTIVE_SLURM_STATES = {
@@ -21,6 +22,12 @@ ACTIVE_SLURM_STATES = {
     "STAGE_OUT",
 }
 FAILURE_CAUSES = ("OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "DEADLINE", "CANCELLED")
+# Ends that come from under the work, not from it: preempted (PreemptMode=CANCEL), its time limit reached where the
+# job was not requeued (JobRequeue=0), a lost node or one that failed to boot. The work runs again in a new job,
+# resuming from its checkpoint. (DEADLINE is not among them: a new job would meet the same --deadline.)
+ENDED_UNDER_THE_WORK = ("PREEMPTED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL")
+NOT_IN_QUEUE = "Invalid job id"  # squeue's error for a job it has forgotten, from a controller that answers
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 2.0, 60.0
 CANCEL_PATIENCE_S, CANCEL_POLL_S = 600, 5.0  # scancel tried again while slurmctld does not answer
 ACCOUNTING_LAG_S = 15  # sacct learns of a job's end a few seconds after squeue forgets it
 ACCOUNTING_POLL_S = 1
@@ -94,21 +101,50 @@ def step_state(job_id: str, step_name: str) -> str:
         time.sleep(ACCOUNTING_POLL_S)
 
 
-def slurm_state(job_id: str) -> str:
-    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN."""
-    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    state = parse_squeue_state(queued.stdout) if queued.returncode == 0 else None
-    if state is not None:
-        return state
+def backoff(most_s: float | None = None) -> Iterator[float]:
+    """Pauses between polls: BACKOFF_FIRST_S, doubling up to `most_s` (BACKOFF_MAX_S), for ever."""
+    pause, most_s = BACKOFF_FIRST_S, most_s or BACKOFF_MAX_S
+    while True:
+        yield min(pause, most_s)
+        pause = min(2 * pause, most_s)
+
+
+def _accounting_state(job_id: str) -> str | None:
+    """How accounting says the job ended, waiting ACCOUNTING_LAG_S for it to learn of the end; the state it lists
+    where it does not say an end; None where sacct fails or does not know the job."""
     deadline = time.time() + ACCOUNTING_LAG_S
     while True:
         acct = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+        if acct.returncode != 0:
+            return None
         state = parse_sacct_states(acct.stdout)
         if state is not None:
             return state
         if time.time() > deadline:
-            return next(iter(_sacct_states(acct.stdout)), "UNKNOWN")
+            return next(iter(_sacct_states(acct.stdout)), None)
         time.sleep(ACCOUNTING_POLL_S)
+
+
+def slurm_state(job_id: str) -> str:
+    """The job's state from squeue while Slurm holds it, else from accounting (sacct), else UNKNOWN where
+    slurmctld answered that it does not hold the job. While neither answers (slurmctld restarting), asked again
+    with backoff, saying so: nothing is decided on missing information."""
+    pauses = backoff()
+    while True:
+        queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+        state = parse_squeue_state(queued.stdout) if queued.returncode == 0 else None
+        if state is None:
+            state = _accounting_state(job_id)
+        if state is not None:
+            return state
+        if queued.returncode == 0 or NOT_IN_QUEUE.lower() in queued.stderr.lower():
+            return "UNKNOWN"
+        error, pause = (queued.stderr.strip().splitlines() or ["no answer"])[-1], next(pauses)
+        print(
+            f"[tula-hpc] slurmctld does not answer ({error}): job {job_id}'s state asked again in {pause:.0f} s",
+            flush=True,
+        )
+        time.sleep(pause)
 
 
 def settled_state(job_id: str) -> str:
@@ -147,10 +183,3 @@ def controller_answers() -> bool:
         return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def held(job_id: str) -> bool:
-    """Whether the pending job is held (squeue's reason: launch failed requeued held, JobHeldUser, JobHeldAdmin):
-    it will not run until someone releases it."""
-    reason = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True, text=True).stdout
-    return "held" in reason.lower()

@@ -137,6 +137,7 @@ class SlurmSettings:
     setup: tuple[str, ...] | None = optional()
     environment: dict | None = optional()
     extra_args: tuple[str, ...] | None = optional()
+    file_system_lag_s: float | None = optional()  # None: cluster.shared_files.FILE_SYSTEM_LAG_S
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,10 @@ class Launcher:
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         """Return once the job's results can be read (submitit's own wait follows)."""
 
+    def file_system_lag_s(self, spec: LaunchSpec) -> float:
+        """How long a file a finished job wrote may take to show here: none on this machine's own disk."""
+        return 0.0
+
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
         """How a job without results ended, and whether it ended under the work (which then runs again: `again`)
         rather than by it (the stage fails)."""

@@ -12,18 +12,22 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
 import submitit
-from submitit.core.utils import FailedJobError, pickle_load
 
 from tula_hpc.cluster.allocation import ALLOCATION_POLL_S, hold_allocation
 from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.interface import DistributedTask, Launcher, ended_well, pid_alive
 from tula_hpc.cluster.launchers.slurm import SlurmLauncher
 from tula_hpc.cluster.slurm_options import as_arguments, resource_options, with_setup
-from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, settled_state, step_running, step_state
+from tula_hpc.cluster.slurm_states import (
+    ACTIVE_SLURM_STATES,
+    ENDED_UNDER_THE_WORK,
+    settled_state,
+    step_running,
+    step_state,
+)
 
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
 STEP_END_GRACE_S = 20  # a step whose results are written is done this long after, whether srun has ended or not
@@ -108,42 +112,36 @@ class SharedAllocationLauncher(SlurmLauncher):
     def wait(self, job: submitit.Job, spec: LaunchSpec, name: str) -> None:
         """Until the step has ended, or every rank's result has been written for STEP_END_GRACE_S: srun, which ends
         with the step, first tells slurmctld so, and while slurmctld is away (restarted) it retries for a minute or
-        more after its return. Normally the step's end is waited for: its accounting then says COMPLETED."""
+        more after its return. Normally the step's end is waited for: its accounting then says COMPLETED. A step
+        that ended well has its results waited for on a shared file system (resources.slurm.file_system_lag_s)."""
         written_at = None
         while True:
             if job.process is not None:  # our srun
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    job.process.wait(timeout=STEP_POLL_S)
+                    if job.process.wait(timeout=STEP_POLL_S) == 0:
+                        self.results_appeared(job, spec)
                     return
             elif job.srun_alive() or step_running(job.job_id, job.step_name):  # a re-attached step's
                 time.sleep(ALLOCATION_POLL_S)
             else:
+                self.results_appeared(job, spec)
                 return
             if all(job.task(rank).paths.result_pickle.exists() for rank in range(job.num_tasks)):
                 written_at = written_at or time.time()
                 if time.time() - written_at > STEP_END_GRACE_S:
                     return
 
-    def results(self, job: submitit.Job) -> list[Any]:
-        """Read from the result files at once: the allocation, which submitit would wait for, runs on."""
-        outcomes = []
-        for rank in range(job.num_tasks):
-            path = job.task(rank).paths.result_pickle
-            outcome = pickle_load(path) if path.exists() else ("error", f"rank {rank} left no result")
-            if outcome[0] != "success":
-                raise FailedJobError(str(outcome[1]))
-            outcomes.append(outcome[1])
-        return outcomes
-
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
         """While the allocation runs, the step ended by itself (OUT_OF_MEMORY, FAILED, its own TIMEOUT). Else the
         allocation ended under it (time limit, preemption, a lost node) or went back to the queue (REQUEUED:
         preempted, scontrol requeue): the measurement goes again, once it or a new one runs. An allocation someone
-        cancelled fails the stage."""
+        cancelled, or that failed, fails the stage."""
         state = settled_state(str(job.job_id))
         if state == "RUNNING":
             return step_state(str(job.job_id), job.step_name), False
-        return ("REQUEUED" if state in ACTIVE_SLURM_STATES else state), state != "CANCELLED"
+        if state in ACTIVE_SLURM_STATES:
+            return "REQUEUED", True
+        return state, state in ENDED_UNDER_THE_WORK
 
 
 def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list[str]:
