@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -201,6 +202,20 @@ def test_a_completed_jobs_results_are_waited_for_on_a_shared_file_system(tmp_pat
     threading.Timer(0.3, cloudpickle_dump, [("success", 5), job.paths.result_pickle]).start()
     SlurmLauncher().wait(job, LaunchSpec("slurm", slurm=SlurmSettings(file_system_lag_s=10)), "train")
     assert job.paths.result_pickle.exists() and SlurmLauncher().results(job) == [5]
+
+
+@pytest.mark.spawns
+def test_a_running_jobs_written_results_end_the_wait_between_looks_at_its_state(tmp_path, monkeypatch):
+    """Looks at a running job's state back off to 30 s: the results, looked for between them as submitit's own wait
+    does, end the wait once written, not up to 30 s later."""
+    _fake_commands(tmp_path, monkeypatch, squeue="echo RUNNING", sacct="echo RUNNING")
+    monkeypatch.setattr(shared_files, "FILE_POLL_S", 0.01)
+    monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 30)
+    job = submitit.SlurmJob(tmp_path, "88")
+    threading.Timer(0.3, cloudpickle_dump, [("success", 5), job.paths.result_pickle]).start()
+    started = time.monotonic()
+    SlurmLauncher().wait(job, LaunchSpec("slurm"), "train")
+    assert time.monotonic() - started < 10 and SlurmLauncher().results(job) == [5]
 
 
 @pytest.mark.parametrize(

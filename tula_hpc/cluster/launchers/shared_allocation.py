@@ -119,12 +119,12 @@ class SharedAllocationLauncher(SlurmLauncher):
             if job.process is not None:  # our srun
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     if job.process.wait(timeout=STEP_POLL_S) == 0:
-                        self.results_appeared(job, spec)
+                        self.results_written(job, within_s=self.file_system_lag_s(spec))
                     return
             elif job.srun_alive() or step_running(job.job_id, job.step_name):  # a re-attached step's
                 time.sleep(ALLOCATION_POLL_S)
             else:
-                self.results_appeared(job, spec)
+                self.results_written(job, within_s=self.file_system_lag_s(spec))
                 return
             if all(job.task(rank).paths.result_pickle.exists() for rank in range(job.num_tasks)):
                 written_at = written_at or time.time()

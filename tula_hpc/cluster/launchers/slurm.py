@@ -75,18 +75,22 @@ class SlurmLauncher(Launcher):
                     return
             except PendingForever as err:
                 raise JobFailed(str(err)) from None
-            time.sleep(next(pauses))
+            if state == "RUNNING" and self.results_written(job, within_s=next(pauses)):
+                return  # as submitit's own wait: the results are there, the job's end need not be waited for
+            if state != "RUNNING":
+                time.sleep(next(pauses))
         if state == "COMPLETED":
-            self.results_appeared(job, spec)
+            self.results_written(job, within_s=self.file_system_lag_s(spec))
 
     def file_system_lag_s(self, spec: LaunchSpec) -> float:
         lag = spec.slurm.file_system_lag_s
         return FILE_SYSTEM_LAG_S if lag is None else lag
 
-    def results_appeared(self, job: submitit.Job, spec: LaunchSpec) -> bool:
-        """Whether every rank's result file shows within resources.slurm.file_system_lag_s."""
+    def results_written(self, job: submitit.Job, within_s: float) -> bool:
+        """Whether every rank's result file shows within `within_s` (looked for while the job runs, between looks
+        at its state, and for resources.slurm.file_system_lag_s once it completed)."""
         paths = [job.task(rank).paths.result_pickle for rank in range(job.num_tasks)]
-        return appeared(paths[0].parent, lambda: all(path.exists() for path in paths), self.file_system_lag_s(spec))
+        return appeared(paths[0].parent, lambda: all(path.exists() for path in paths), within_s)
 
     def results(self, job: submitit.Job) -> list[Any]:
         """Read from the result files (`wait` waited for them): submitit would wait for the job itself again."""
