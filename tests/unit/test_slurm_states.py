@@ -140,6 +140,20 @@ def test_slurm_state_asks_again_with_backoff_while_slurmctld_does_not_answer(tmp
     assert said.count("slurmctld does not answer (slurm_load_jobs error: Unable to contact slurm controller)") == 2
 
 
+@pytest.mark.spawns
+def test_a_step_is_not_taken_for_ended_while_slurmctld_does_not_answer(tmp_path, monkeypatch, capsys):
+    """A re-attached measurement's wait ends when its step is no longer listed: a failed squeue is not that."""
+    count, away = tmp_path / "count", 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1'
+    fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue=f'echo x >>{count}; [ "$(wc -l <{count})" -le 2 ] && {{ {away}; }}; echo profile-n1',
+    )
+    monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
+    assert slurm_states.step_running("42", "profile-n1")
+    assert capsys.readouterr().out.count("allocation 42's steps asked again") == 2
+
+
 def test_polls_back_off_from_2_s_doubling_to_a_minute():
     assert list(itertools.islice(slurm_states.backoff(), 7)) == [2, 4, 8, 16, 32, 60, 60]
     assert list(itertools.islice(slurm_states.backoff(most_s=30), 6)) == [2, 4, 8, 16, 30, 30]

@@ -83,9 +83,15 @@ def submitted_from(name: str, folder: str) -> str | None:
 
 
 def step_running(job_id: str, step_name: str) -> bool:
-    """Whether allocation `job_id` runs a step named `step_name` (`squeue --steps` lists the running ones)."""
-    listed = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%j"], capture_output=True, text=True)
-    return step_name in listed.stdout.split()
+    """Whether allocation `job_id` runs a step named `step_name` (`squeue --steps` lists the running ones). While
+    slurmctld does not answer, asked again with backoff: a step is not taken for ended on missing information."""
+    pauses = backoff()
+    while True:
+        listed = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%j"], capture_output=True, text=True)
+        if listed.returncode == 0 or NOT_IN_QUEUE.lower() in listed.stderr.lower():
+            return step_name in listed.stdout.split()
+        _say_controller_away(listed.stderr, f"allocation {job_id}'s steps", pause := next(pauses))
+        time.sleep(pause)
 
 
 def step_state(job_id: str, step_name: str) -> str:
@@ -139,12 +145,13 @@ def slurm_state(job_id: str) -> str:
             return state
         if queued.returncode == 0 or NOT_IN_QUEUE.lower() in queued.stderr.lower():
             return "UNKNOWN"
-        error, pause = (queued.stderr.strip().splitlines() or ["no answer"])[-1], next(pauses)
-        print(
-            f"[tula-hpc] slurmctld does not answer ({error}): job {job_id}'s state asked again in {pause:.0f} s",
-            flush=True,
-        )
+        _say_controller_away(queued.stderr, f"job {job_id}'s state", pause := next(pauses))
         time.sleep(pause)
+
+
+def _say_controller_away(stderr: str, asked: str, pause: float) -> None:
+    error = (stderr.strip().splitlines() or ["no answer"])[-1]
+    print(f"[tula-hpc] slurmctld does not answer ({error}): {asked} asked again in {pause:.0f} s", flush=True)
 
 
 def settled_state(job_id: str) -> str:
