@@ -38,9 +38,9 @@ SMOKE = {
     "adaptive_fmnist": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
-# Slurm benches: tests/slurm/test_bench_smoke_slurm.py and test_chaos_bench.py (they need the cluster). A script
-# added without a smallest-case option goes in NO_SMOKE_CASE_YET with the reason, until it has one.
-NEEDS_SLURM = {"chaos", "queue_wait", "slurm_overhead"}
+# Slurm benches: tests/slurm/test_bench_smoke_slurm.py, test_chaos_bench.py and test_sites.py (they need the
+# cluster). A script added without a smallest-case option goes in NO_SMOKE_CASE_YET with the reason, until it has one.
+NEEDS_SLURM = {"chaos", "chaos_sites", "queue_wait", "slurm_overhead"}
 NO_SMOKE_CASE_YET: dict[str, str] = {}
 
 
