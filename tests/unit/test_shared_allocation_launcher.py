@@ -75,16 +75,22 @@ def test_a_step_runs_submitits_runner_in_the_allocation_and_its_result_is_read_a
 
 
 @pytest.mark.parametrize(
-    ("allocation", "expected"),
-    [("RUNNING", ("OUT_OF_MEMORY", False)), ("PENDING", ("REQUEUED", True)), ("", ("TIMEOUT", True))],
+    ("allocation", "ended", "expected"),
+    [
+        ("RUNNING", "RUNNING", ("OUT_OF_MEMORY", False)),
+        ("PENDING", "PENDING", ("REQUEUED", True)),
+        ("", "TIMEOUT", ("TIMEOUT", True)),
+        ("", "FAILED", ("FAILED", True)),  # the holder's batch node lost: the holder does no work that could fail
+        ("", "CANCELLED", ("CANCELLED", False)),
+    ],
 )
 @pytest.mark.spawns
 def test_a_failed_step_is_told_from_the_allocation_ending_or_going_back_to_the_queue(
-    tmp_path, monkeypatch, allocation, expected
+    tmp_path, monkeypatch, allocation, ended, expected
 ):
     """The step's own end while the allocation runs (the stage fails); REQUEUED while it is queued again and the
-    allocation's end (accounting says TIMEOUT) once Slurm has let it go (the measurement goes again)."""
-    sacct = f'case "$*" in *JobName*) printf "{SACCT_STEPS}";; *) echo TIMEOUT;; esac'
+    allocation's end once Slurm has let it go: the measurement goes again unless someone cancelled the allocation."""
+    sacct = f'case "$*" in *JobName*) printf "{SACCT_STEPS}";; *) echo {ended};; esac'
     _fake_commands(tmp_path, monkeypatch, squeue=f"echo {allocation}", sacct=sacct)
     monkeypatch.setattr(slurm_states, "ACCOUNTING_LAG_S", 0.05)
     step = StepJob(tmp_path, "77", step_name="job-profile-N1-B32")

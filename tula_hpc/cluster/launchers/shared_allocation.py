@@ -21,13 +21,7 @@ from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.interface import DistributedTask, Launcher, ended_well, pid_alive
 from tula_hpc.cluster.launchers.slurm import SlurmLauncher
 from tula_hpc.cluster.slurm_options import as_arguments, resource_options, with_setup
-from tula_hpc.cluster.slurm_states import (
-    ACTIVE_SLURM_STATES,
-    ENDED_UNDER_THE_WORK,
-    settled_state,
-    step_running,
-    step_state,
-)
+from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, settled_state, step_running, step_state
 
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
 STEP_END_GRACE_S = 20  # a step whose results are written is done this long after, whether srun has ended or not
@@ -134,14 +128,15 @@ class SharedAllocationLauncher(SlurmLauncher):
     def end_state(self, job: submitit.Job) -> tuple[str, bool]:
         """While the allocation runs, the step ended by itself (OUT_OF_MEMORY, FAILED, its own TIMEOUT). Else the
         allocation ended under it (time limit, preemption, a lost node) or went back to the queue (REQUEUED:
-        preempted, scontrol requeue): the measurement goes again, once it or a new one runs. An allocation someone
-        cancelled, or that failed, fails the stage."""
+        preempted, scontrol requeue): the measurement goes again, once it or a new one runs. The holder does no
+        work of its own (it sleeps), so whatever ended it, FAILED included (a lost batch node), ended it under the
+        measurement; only an allocation someone cancelled fails the stage."""
         state = settled_state(str(job.job_id))
         if state == "RUNNING":
             return step_state(str(job.job_id), job.step_name), False
         if state in ACTIVE_SLURM_STATES:
             return "REQUEUED", True
-        return state, state in ENDED_UNDER_THE_WORK
+        return state, state != "CANCELLED"
 
 
 def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list[str]:
