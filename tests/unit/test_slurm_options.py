@@ -80,6 +80,7 @@ def test_the_site_options_ask_requeue_and_name_what_was_given():
     assert site_options(slurm) == {"requeue": True, "partition": "big", "reservation": "maint", "wckey": "proj7"}
 
 
+@pytest.mark.spawns
 def test_setup_lines_run_before_the_command_in_its_shell_and_the_command_stays_last():
     command = ["printenv", "SETUP_SAYS"]
     wrapped = with_setup(["export SETUP_SAYS=ready", "true"], command)
