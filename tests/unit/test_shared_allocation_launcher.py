@@ -7,6 +7,7 @@ No cluster: fake `sbatch`, `squeue`, `sacct` and `srun` on PATH stand in for Slu
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import subprocess
 from pathlib import Path
@@ -148,3 +149,13 @@ def test_a_step_whose_results_are_written_is_done_after_a_grace_though_slurm_sti
     cloudpickle_dump(("success", 5), tmp_path / "77_0_result.pkl")
     SharedAllocationLauncher().wait(step, LaunchSpec("slurm"), "profile")
     assert SharedAllocationLauncher().results(step) == [5]
+
+
+@pytest.mark.spawns
+def test_a_step_whose_allocation_runs_again_since_it_began_ended_under_it(tmp_path, monkeypatch):
+    """A lost node requeues the allocation; the step's srun ends only once the node's step is cleaned up, and the
+    allocation may run again by then: RUNNING, yet the step ended under it and the measurement goes again."""
+    _fake_commands(tmp_path, monkeypatch, squeue='case "$*" in *%S*) echo 2026-11-28T07:53:42;; *) echo RUNNING;; esac')
+    began_before = datetime.datetime(2026, 11, 28, 7, 53, 10).timestamp()
+    step = StepJob(tmp_path, "77", srun=(1, began_before), step_name="job-profile-N1-B32")
+    assert SharedAllocationLauncher().end_state(step) == ("REQUEUED", True)

@@ -5,6 +5,7 @@ tests/unit/data/slurm/*.txt were recorded on the local cluster by tests/unit/dat
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from pathlib import Path
 
@@ -157,3 +158,9 @@ def test_a_step_is_not_taken_for_ended_while_slurmctld_does_not_answer(tmp_path,
 def test_polls_back_off_from_2_s_doubling_to_a_minute():
     assert list(itertools.islice(slurm_states.backoff(), 7)) == [2, 4, 8, 16, 32, 60, 60]
     assert list(itertools.islice(slurm_states.backoff(most_s=30), 6)) == [2, 4, 8, 16, 30, 30]
+
+
+def test_a_start_time_reads_as_squeue_prints_it_and_none_before_one():
+    started = datetime.datetime(2026, 11, 28, 7, 53, 42).timestamp()
+    assert slurm_states.parse_start_time("2026-11-28T07:53:42\n") == started
+    assert slurm_states.parse_start_time("N/A") is None and slurm_states.parse_start_time("") is None

@@ -3,6 +3,7 @@ while slurmctld does not answer, and cancelling one so that it is cancelled."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import time
 from collections.abc import Iterator
@@ -92,6 +93,20 @@ def step_running(job_id: str, step_name: str) -> bool:
             return step_name in listed.stdout.split()
         _say_controller_away(listed.stderr, f"allocation {job_id}'s steps", pause := next(pauses))
         time.sleep(pause)
+
+
+def parse_start_time(text: str) -> float | None:
+    """Epoch seconds of `squeue -o %S`'s start (local time, e.g. 2026-11-28T07:53:42); None for N/A or nothing."""
+    try:
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def run_started(job_id: str) -> float | None:
+    """When the job's current run started (a requeued job's latest start), while Slurm holds it."""
+    listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%S"], capture_output=True, text=True)
+    return parse_start_time(listed.stdout) if listed.returncode == 0 else None
 
 
 def step_state(job_id: str, step_name: str) -> str:

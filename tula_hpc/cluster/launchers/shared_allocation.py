@@ -21,7 +21,7 @@ from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.interface import DistributedTask, Launcher, ended_well, pid_alive
 from tula_hpc.cluster.launchers.slurm import SlurmLauncher
 from tula_hpc.cluster.slurm_options import as_arguments, resource_options, with_setup
-from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, settled_state, step_running, step_state
+from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, run_started, settled_state, step_running, step_state
 
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
 STEP_END_GRACE_S = 20  # a step whose results are written is done this long after, whether srun has ended or not
@@ -130,9 +130,11 @@ class SharedAllocationLauncher(SlurmLauncher):
         allocation ended under it (time limit, preemption, a lost node) or went back to the queue (REQUEUED:
         preempted, scontrol requeue): the measurement goes again, once it or a new one runs. The holder does no
         work of its own (it sleeps), so whatever ended it, FAILED included (a lost batch node), ended it under the
-        measurement; only an allocation someone cancelled fails the stage."""
+        measurement; only an allocation someone cancelled fails the stage. An allocation that runs again since the
+        step began was requeued under it (its srun ends only once the lost node's step is cleaned up, and the
+        allocation may have started again by then)."""
         state = settled_state(str(job.job_id))
-        if state == "RUNNING":
+        if state == "RUNNING" and not _requeued_since(job):
             return step_state(str(job.job_id), job.step_name), False
         if state in ACTIVE_SLURM_STATES:
             return "REQUEUED", True
@@ -148,6 +150,12 @@ def step_command(spec: LaunchSpec, holder: str, folder: Path, name: str) -> list
     cmd += [f"--time={spec.time_min}", "--exact", "--kill-on-bad-exit=1", "--unbuffered"]
     cmd += [f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"]
     return cmd + with_setup(spec.slurm.setup, [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
+
+
+def _requeued_since(job: StepJob) -> bool:
+    """Whether the allocation's current run began after the step's srun did (known for a step started here)."""
+    began = run_started(str(job.job_id))
+    return job.srun is not None and began is not None and began > job.srun[1]
 
 
 def _srun_of(folder: Path) -> tuple[int, float] | None:
