@@ -145,12 +145,14 @@ def unreadable(workdir: Path, name: str) -> list[str]:
 
 
 def outcome(workdir: Path, name: str) -> dict:
-    """What the finished run chose and trained: the configuration, the weights, training's restarts."""
+    """What the finished run chose and trained: the configuration, the weights, training's restarts, and how far
+    the measured training time was from the predicted one (the evaluate stage's time_rel_error)."""
     results = workdir / "results" / name
     chosen = json.loads((results / "selection.json").read_text())["chosen"]
     summary = json.loads((results / "train" / "summary.json").read_text())
     return {
         "chosen": {"nodes": chosen["nodes"], "batch": chosen["batch"]},
+        "time_rel_error": json.loads((results / "eval.json").read_text())["time_rel_error"],
         "weights": torch.load(results / "train" / "model.pt", map_location="cpu", weights_only=False)["model"],
         "restarts_at_steps": summary["restarts_at_steps"],
         "resumed_from_epoch": summary.get("resumed_from_epoch"),
@@ -274,6 +276,7 @@ def undisturbed(root: Path, job: str, runs: int, bench: Bench) -> dict:
         "weights": first["weights"],
         "runs_bit_equal": all(same_weights(d["weights"], first["weights"]) for d in alike) if alike else None,
         "steps_repeated": [d["steps_repeated"] for d in done],
+        "time_rel_errors": [d["time_rel_error"] for d in done],  # a profile's prediction of training, undisturbed
         "windows_s": windows[walls.index(min(walls))],  # the faster run: a cold first run is slower
     }
 
