@@ -4,7 +4,6 @@ final, and run again in a new job where it ended under the work (preempted, its 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +74,8 @@ class SlurmLauncher(Launcher):
                     return
             except PendingForever as err:
                 raise JobFailed(str(err)) from None
-            if state == "RUNNING" and self.results_written(job, within_s=next(pauses)):
-                return  # as submitit's own wait: the results are there, the job's end need not be waited for
-            if state != "RUNNING":
-                time.sleep(next(pauses))
+            if self.results_written(job, within_s=next(pauses)):  # looked for between looks at the state (a job
+                return  # seen pending may have run since), as submitit's own wait does: its end need not be waited for
         if state == "COMPLETED":
             self.results_written(job, within_s=self.file_system_lag_s(spec))
 
