@@ -159,3 +159,17 @@ def test_a_step_whose_allocation_runs_again_since_it_began_ended_under_it(tmp_pa
     began_before = datetime.datetime(2026, 11, 28, 7, 53, 10).timestamp()
     step = StepJob(tmp_path, "77", srun=(1, began_before), step_name="job-profile-N1-B32")
     assert SharedAllocationLauncher().end_state(step) == ("REQUEUED", True)
+
+
+@pytest.mark.spawns
+def test_a_step_whose_allocation_is_being_preempted_ended_under_it(tmp_path, monkeypatch):
+    """PreemptMode=CANCEL: the allocation runs on for its GraceTime, its steps signalled at once; a step that ended
+    then ended under the allocation, which ends PREEMPTED: the measurement goes again (in a new allocation)."""
+    _fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue="echo RUNNING",
+        scontrol="echo JobId=77 PreemptTime=2026-11-28T08:55:40 SuspendTime=None",
+    )
+    step = StepJob(tmp_path, "77", step_name="job-profile-N1-B32")
+    assert SharedAllocationLauncher().end_state(step) == ("PREEMPTED", True)

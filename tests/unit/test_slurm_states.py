@@ -164,3 +164,9 @@ def test_a_start_time_reads_as_squeue_prints_it_and_none_before_one():
     started = datetime.datetime(2026, 11, 28, 7, 53, 42).timestamp()
     assert slurm_states.parse_start_time("2026-11-28T07:53:42\n") == started
     assert slurm_states.parse_start_time("N/A") is None and slurm_states.parse_start_time("") is None
+
+
+def test_the_preempt_time_says_whether_slurm_chose_the_job_for_preemption():
+    shown = "JobId=7 JobName=x PreemptEligibleTime=2026-11-28T08:55:05 PreemptTime=2026-11-28T08:55:40 SuspendTime=None"
+    assert slurm_states.parse_preempt_time(shown) == "2026-11-28T08:55:40"
+    assert slurm_states.parse_preempt_time(shown.replace("PreemptTime=2026-11-28T08:55:40", "PreemptTime=None")) is None

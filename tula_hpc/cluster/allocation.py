@@ -12,7 +12,14 @@ from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.partition import partition_limits, sbatch_args
 from tula_hpc.cluster.pending import PendingForever, PendingWatch
 from tula_hpc.cluster.shared_files import exclusive_lock
-from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, backoff, cancel, settled_state, slurm_state
+from tula_hpc.cluster.slurm_states import (
+    ACTIVE_SLURM_STATES,
+    backoff,
+    being_preempted,
+    cancel,
+    settled_state,
+    slurm_state,
+)
 from tula_hpc.core.atomic_files import StageInputError, read_json, write_json
 
 ALLOCATION_POLL_S = 2
@@ -62,9 +69,9 @@ def _recorded_or_new(spec: LaunchSpec, folder: Path) -> str:
     record_path = folder / "allocation.json"
     recorded = read_json(record_path) if record_path.exists() else None
     if recorded and settled_state(recorded["job_id"]) in ACTIVE_SLURM_STATES:
-        if recorded["nodes"] >= spec.nodes:
+        if recorded["nodes"] >= spec.nodes and not being_preempted(recorded["job_id"]):
             return recorded["job_id"]
-        cancel(recorded["job_id"])
+        cancel(recorded["job_id"])  # too small, or ending PREEMPTED after its grace time: a step there would die
     name = f"{folder.parent.name}-allocation"
     limits = partition_limits(spec.slurm.partition)
     nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))

@@ -4,6 +4,7 @@ while slurmctld does not answer, and cancelling one so that it is cancelled."""
 from __future__ import annotations
 
 import datetime
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -101,6 +102,19 @@ def parse_start_time(text: str) -> float | None:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         return None
+
+
+def parse_preempt_time(text: str) -> str | None:
+    """`scontrol show job -o ID`'s PreemptTime: when Slurm chose the job for preemption (None: it has not)."""
+    found = re.search(r"\bPreemptTime=(\S+)", text)
+    return found.group(1) if found and found.group(1) not in ("None", "Unknown") else None
+
+
+def being_preempted(job_id: str) -> bool:
+    """Whether Slurm chose the running job for preemption: under PreemptMode=CANCEL it runs on for the partition's
+    GraceTime, its steps already signalled, and then ends PREEMPTED."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    return shown.returncode == 0 and parse_preempt_time(shown.stdout) is not None
 
 
 def run_started(job_id: str) -> float | None:

@@ -21,7 +21,14 @@ from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.cluster.launchers.interface import DistributedTask, Launcher, ended_well, pid_alive
 from tula_hpc.cluster.launchers.slurm import SlurmLauncher
 from tula_hpc.cluster.slurm_options import as_arguments, resource_options, with_setup
-from tula_hpc.cluster.slurm_states import ACTIVE_SLURM_STATES, run_started, settled_state, step_running, step_state
+from tula_hpc.cluster.slurm_states import (
+    ACTIVE_SLURM_STATES,
+    being_preempted,
+    run_started,
+    settled_state,
+    step_running,
+    step_state,
+)
 
 STEP_POLL_S = 0.5  # how often a step's result files are looked for while its srun runs
 STEP_END_GRACE_S = 20  # a step whose results are written is done this long after, whether srun has ended or not
@@ -134,6 +141,8 @@ class SharedAllocationLauncher(SlurmLauncher):
         step began was requeued under it (its srun ends only once the lost node's step is cleaned up, and the
         allocation may have started again by then)."""
         state = settled_state(str(job.job_id))
+        if state == "RUNNING" and being_preempted(str(job.job_id)):
+            return "PREEMPTED", True  # in its grace time: the step was signalled, the allocation ends PREEMPTED
         if state == "RUNNING" and not _requeued_since(job):
             return step_state(str(job.job_id), job.step_name), False
         if state in ACTIVE_SLURM_STATES:
