@@ -228,8 +228,23 @@ def test_a_job_that_ended_under_the_work_runs_again_in_a_new_job_and_one_cancell
 ):
     """PreemptMode=CANCEL ends a job PREEMPTED, JobRequeue=0 one TIMEOUT, with no result: submitit's wait took
     PREEMPTED for unfinished. `wait` returns on the final state, the end is told, a new job is asked (`again`)."""
-    _fake_commands(tmp_path, monkeypatch, squeue="exit 0", sacct=f"echo {ended}")
+    scontrol = "echo JobId=88 PreemptTime=None"
+    _fake_commands(tmp_path, monkeypatch, squeue="exit 0", sacct=f"echo {ended}", scontrol=scontrol)
     slurm, job = SlurmLauncher(), submitit.SlurmJob(tmp_path, "88")
     slurm.wait(job, LaunchSpec("slurm"), "train")
     assert slurm.end_state(job) == (ended, runs_again)
     assert slurm.again(job, "train") is None
+
+
+@pytest.mark.spawns
+def test_a_job_whose_ranks_left_in_its_preemption_grace_time_ran_again(tmp_path, monkeypatch):
+    """Under PreemptMode=CANCEL the ranks get SIGTERM at once, save and leave; the job then ends FAILED before its
+    GraceTime is over, never PREEMPTED. Slurm's PreemptTime says it was preempted: the work runs again."""
+    _fake_commands(
+        tmp_path,
+        monkeypatch,
+        squeue="exit 0",
+        sacct="echo FAILED",
+        scontrol="echo JobId=88 PreemptTime=2026-11-28T08:55:40 SuspendTime=None",
+    )
+    assert SlurmLauncher().end_state(submitit.SlurmJob(tmp_path, "88")) == ("PREEMPTED", True)

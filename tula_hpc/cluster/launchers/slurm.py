@@ -19,6 +19,7 @@ from tula_hpc.cluster.slurm_states import (
     ACTIVE_SLURM_STATES,
     ENDED_UNDER_THE_WORK,
     backoff,
+    being_preempted,
     cancel,
     settled_state,
     slurm_state,
@@ -107,6 +108,8 @@ class SlurmLauncher(Launcher):
         state = settled_state(str(job.job_id))
         if state in ACTIVE_SLURM_STATES:
             return "REQUEUED", True
+        if state not in ENDED_UNDER_THE_WORK and being_preempted(str(job.job_id)):
+            return "PREEMPTED", True  # its ranks saved and left in the grace time: Slurm says FAILED, yet preempted
         return state, state in ENDED_UNDER_THE_WORK
 
     def again(self, job: submitit.Job, name: str) -> submitit.Job | None:
