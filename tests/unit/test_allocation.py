@@ -108,3 +108,28 @@ def test_an_allocation_held_by_an_administrator_is_waited_on_with_backoff_and_ne
     assert allocation.hold_allocation(shared_spec(tmp_path)) == "77"
     assert "scancel" not in log.read_text() and pauses == [2, 4, 8, 16]
     assert capsys.readouterr().out.count("pends: JobHeldAdmin") == 1
+
+
+@pytest.mark.spawns
+def test_an_allocation_being_preempted_is_waited_out_never_cancelled_and_replaced(tmp_path, monkeypatch):
+    """PreemptMode=CANCEL: the recorded allocation runs on for its GraceTime. A new step there would die; cancelled,
+    it would end CANCELLED, which the stages of its other steps take for a person's cancel. So it is waited out
+    (it ends PREEMPTED) and a new one asked for."""
+    count, preempted = tmp_path / "count", "JobId=77 PreemptTime=2026-11-28T08:55:40"
+    gone = f'echo x >>{count}; [ "$(wc -l <{count})" -le 3 ] && echo RUNNING; exit 0'
+    log = _fake_commands(
+        tmp_path,
+        monkeypatch,
+        sbatch="echo 78",
+        squeue=f'case "$*" in *" 78 "*|*"-j 78"*) echo RUNNING;; *) {gone};; esac',
+        sacct="echo PREEMPTED",
+        scancel="exit 0",
+        scontrol=f'case "$*" in *"show job"*) echo "{preempted}";; *) echo \'{PARTITION}\';; esac',
+    )
+    monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
+    spec = shared_spec(tmp_path)
+    folder = Path(spec.allocation.folder)
+    folder.mkdir(parents=True)
+    (folder / "allocation.json").write_text(json.dumps({"job_id": "77", "nodes": 2, "asked": 0}))
+    assert allocation.hold_allocation(spec) == "78"
+    assert not any(line.startswith("scancel") for line in log.read_text().splitlines())

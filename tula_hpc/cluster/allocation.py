@@ -69,9 +69,12 @@ def _recorded_or_new(spec: LaunchSpec, folder: Path) -> str:
     record_path = folder / "allocation.json"
     recorded = read_json(record_path) if record_path.exists() else None
     if recorded and settled_state(recorded["job_id"]) in ACTIVE_SLURM_STATES:
-        if recorded["nodes"] >= spec.nodes and not being_preempted(recorded["job_id"]):
+        if being_preempted(recorded["job_id"]):
+            _wait_for_its_end(recorded["job_id"])  # PREEMPTED after its grace time, as the steps in it must see it
+        elif recorded["nodes"] >= spec.nodes:
             return recorded["job_id"]
-        cancel(recorded["job_id"])  # too small, or ending PREEMPTED after its grace time: a step there would die
+        else:
+            cancel(recorded["job_id"])
     name = f"{folder.parent.name}-allocation"
     limits = partition_limits(spec.slurm.partition)
     nodes = max(spec.nodes, min(spec.allocation.nodes, limits.nodes, limits.max_nodes or limits.nodes))
@@ -82,6 +85,15 @@ def _recorded_or_new(spec: LaunchSpec, folder: Path) -> str:
     write_json(record_path, recorded)
     print(f"[tula-hpc] asked Slurm for the measuring allocation {recorded['job_id']} ({nodes} nodes)", flush=True)
     return recorded["job_id"]
+
+
+def _wait_for_its_end(job_id: str) -> None:
+    """Until an allocation Slurm chose for preemption has ended (its GraceTime): cancelled instead, it would end
+    CANCELLED, which the stages whose steps ran in it take for a person's cancel, and fail."""
+    print(f"[tula-hpc] the measuring allocation {job_id} is being preempted: a new one once it ends", flush=True)
+    pauses = backoff(most_s=10)
+    while slurm_state(job_id) in ACTIVE_SLURM_STATES:
+        time.sleep(next(pauses))
 
 
 def release_allocation(work_dir: Path) -> bool:
