@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import fake_commands as _fake_commands
 from tests.unit.test_shared_allocation_launcher import PARTITION, shared_spec
 from tula_hpc.cluster import allocation, slurm_states
+from tula_hpc.cluster.launch_spec import LaunchSpec
 from tula_hpc.core.job import SlurmSettings
 
 
@@ -60,6 +61,15 @@ def test_the_allocation_is_asked_for_once_and_replaced_when_it_ended(tmp_path, m
     assert log.read_text().splitlines()[-1] == "scancel 78"
 
 
+def _spec_with_recorded_allocation(tmp_path: Path, job_id: str) -> LaunchSpec:
+    """A measurement's spec whose folder already records a 2-node allocation `job_id`, as an earlier stage left it."""
+    spec = shared_spec(tmp_path)
+    folder = Path(spec.allocation.folder)
+    folder.mkdir(parents=True)
+    (folder / "allocation.json").write_text(json.dumps({"job_id": job_id, "nodes": 2, "asked": 0}))
+    return spec
+
+
 @pytest.mark.spawns
 def test_a_recorded_allocation_is_kept_while_slurmctld_does_not_answer(tmp_path, monkeypatch):
     """slurmctld restarts: squeue and sacct fail. The allocation is not cancelled on missing information, nor a
@@ -75,10 +85,7 @@ def test_a_recorded_allocation_is_kept_while_slurmctld_does_not_answer(tmp_path,
         scontrol=f"echo '{PARTITION}'",
     )
     monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
-    spec = shared_spec(tmp_path)
-    folder = Path(spec.allocation.folder)
-    folder.mkdir(parents=True)
-    (folder / "allocation.json").write_text(json.dumps({"job_id": "77", "nodes": 2, "asked": 0}))
+    spec = _spec_with_recorded_allocation(tmp_path, "77")
     assert allocation.hold_allocation(spec) == "77"
     assert not any(line.startswith(("scancel", "sbatch")) for line in log.read_text().splitlines())
 
@@ -127,9 +134,6 @@ def test_an_allocation_being_preempted_is_waited_out_never_cancelled_and_replace
         scontrol=f'case "$*" in *"show job"*) echo "{preempted}";; *) echo \'{PARTITION}\';; esac',
     )
     monkeypatch.setattr(slurm_states, "BACKOFF_FIRST_S", 0.01)
-    spec = shared_spec(tmp_path)
-    folder = Path(spec.allocation.folder)
-    folder.mkdir(parents=True)
-    (folder / "allocation.json").write_text(json.dumps({"job_id": "77", "nodes": 2, "asked": 0}))
+    spec = _spec_with_recorded_allocation(tmp_path, "77")
     assert allocation.hold_allocation(spec) == "78"
     assert not any(line.startswith("scancel") for line in log.read_text().splitlines())
