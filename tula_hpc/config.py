@@ -156,15 +156,17 @@ def _check_semantics(job: Job) -> None:
     if data.val_fraction + data.test_fraction >= 1:
         fail("data", "val_fraction + test_fraction must be below 1")
     model = job.model
-    if ":" in model.name or model.kwargs:
-        # Built once for the data set's shape and run on two images on the meta device. torch (seconds to import)
-        # only here: the built-ins without kwargs are known to build, at MIN_IMAGE_SIZE and above.
+    if model.name not in MIN_IMAGE_SIZE or model.kwargs or job.task.name != "image_classification":
+        # Built once for the data set's shape and run on two of the task's samples on the meta device. torch
+        # (seconds to import) only here: the built-in image classifiers without kwargs are known to build, at
+        # MIN_IMAGE_SIZE and above.
         from tula_hpc.training.datasets import data_shape
         from tula_hpc.training.models import ModelError, check_model
+        from tula_hpc.training.tasks import TaskError, job_task
 
         try:
-            check_model(model.name, *data_shape(data), data.image_size, model.kwargs)
-        except ModelError as err:
+            check_model(model.name, data_shape(data), model.kwargs, task=job_task(job))
+        except (ModelError, TaskError) as err:
             fail(err.field, str(err))
     elif data.image_size < MIN_IMAGE_SIZE[model.name]:
         fail(

@@ -74,7 +74,7 @@ def measure_model(name: str, train_cfg: TrainSettings, rounds: int, steps: int, 
     rounds, steps = rounds * repeats, steps * repeats
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 1, size, size), torch.randint(0, 10, (BATCH,))
-    base = build_model(name, 10, 1, size)
+    base = build_model(name, {"num_classes": 10, "in_channels": 1, "image_size": size})
     plain = copy.deepcopy(base)
     contenders = {"plain": (plain, strategy_for(plain, train_cfg, EPOCHS["digits (1257 images)"]))}
     for granularity in GRANULARITIES:

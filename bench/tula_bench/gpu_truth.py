@@ -59,12 +59,11 @@ SMOKE_WARMUP_STEPS = 2
 
 
 def index_cap(job: Job, splits) -> int:
-    """tula_hpc.training.models.index_cap of the job's model for its data (`splits`' classes and channels)."""
+    """tula_hpc.training.models.index_cap of the job's model for its data (`splits`' shape)."""
     from tula_hpc.training import models
+    from tula_hpc.training.tasks import job_task
 
-    return models.index_cap(
-        job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs
-    )
+    return models.index_cap(job.model.name, splits.shape, job.model.kwargs, job_task(job))
 
 
 def case_job(name: str, case: dict, device: str, memory_gb) -> Job:

@@ -111,7 +111,7 @@ def _overhead_rank(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
     cfg = bench_job(train={"strategy": "lbt"}).train
-    plain_model = build_model("resnet18", 10, 3, 32, {})
+    plain_model = build_model("resnet18", {"num_classes": 10, "in_channels": 3, "image_size": 32})
     measured_model = copy.deepcopy(plain_model)
     nets = {"plain": DistributedDataParallel(plain_model), "measured": DistributedDataParallel(measured_model)}
     strategies = {

@@ -53,7 +53,7 @@ def paced_tiny_cnn(num_classes: int, in_channels: int, image_size: int, seconds_
     Epochs then take about as long on any machine, so a time-limit test needs as many allocations anywhere;
     the weights and the arithmetic are tiny_cnn's.
     """
-    model = build_model("tiny_cnn", num_classes, in_channels, image_size)
+    model = build_model("tiny_cnn", {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size})
     model.register_forward_pre_hook(lambda module, args: time.sleep(seconds_per_step) if module.training else None)
     return model
 

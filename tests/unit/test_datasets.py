@@ -38,7 +38,7 @@ def test_imagefolder_caltech_layout_is_split_from_real_files(tmp_path):
             Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
     cfg = replace(DIGITS, name="imagefolder", root=str(tmp_path), image_size=8)
     splits = load_splits(cfg, seed=0)
-    assert (splits.num_classes, splits.in_channels) == (3, 3)
+    assert (splits.shape["num_classes"], splits.shape["in_channels"]) == (3, 3)
     assert len(splits.train) + len(splits.val) + len(splits.test) == 30
     x, y = splits.train[0]
     assert x.shape == (3, 8, 8)
@@ -80,7 +80,7 @@ def test_fashion_mnist_reads_debians_files_and_caches_under_work_only(tmp_path, 
     before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in FASHION_MNIST_FOLDER.iterdir())
     splits = load_splits(replace(FASHION, root=None), seed=0)  # null: Debian's folder
     assert (len(splits.train), len(splits.val), len(splits.test)) == (54_000, 6_000, 10_000)
-    assert (splits.num_classes, splits.in_channels) == (10, 1)
+    assert (splits.shape["num_classes"], splits.shape["in_channels"]) == (10, 1)
     (cache,) = (tmp_path / "work" / "data").iterdir()
     assert cache.name.startswith("fashion_mnist-")
     assert sorted(p.name for p in (cache / "FashionMNIST" / "raw").iterdir()) == sorted(
@@ -271,14 +271,18 @@ USER = replace(DIGITS, image_size=8)
 
 def test_a_data_set_callable_gets_the_arguments_it_names_and_is_split_for_validation():
     splits = load_splits(replace(USER, name="tests.unit.user_datasets:counted", kwargs={"channels": 3}), seed=0)
-    assert (splits.num_classes, splits.in_channels) == (3, 3)
+    assert (splits.shape["num_classes"], splits.shape["in_channels"]) == (3, 3)
     assert (len(splits.train), len(splits.val), len(splits.test)) == (45, 5, 12)
     assert splits.train[0][0].shape == (3, 8, 8)
     named = load_splits(replace(USER, name="tests.unit.user_datasets:with_classes", image_size=6), seed=0)
-    assert (named.num_classes, named.in_channels, len(named.test)) == (4, 1, 8)
+    assert (named.shape["num_classes"], named.shape["in_channels"], len(named.test)) == (4, 1, 8)
     bare = load_splits(replace(USER, name="tests.unit.user_datasets:without_arguments"), seed=0)
-    assert (bare.num_classes, len(bare.train) + len(bare.val)) == (3, 30)
-    assert data_shape(replace(USER, name="tests.unit.user_datasets:with_classes")) == (4, 1)
+    assert (bare.shape["num_classes"], len(bare.train) + len(bare.val)) == (3, 30)
+    assert data_shape(replace(USER, name="tests.unit.user_datasets:with_classes")) == {
+        "num_classes": 4,
+        "in_channels": 1,
+        "image_size": USER.image_size,
+    }
 
 
 BAD_CALLABLES = [

@@ -89,7 +89,9 @@ def test_all_verdicts_name_their_section():
 def test_the_index_cap_keeps_every_activation_below_2_to_the_31_elements():
     job = default_job(model={"name": "tiny_cnn"}, data={"image_size": 32})
     # tiny_cnn's largest output is its second convolution's, 64 x 32 x 32 per image.
-    assert gpu_truth.index_cap(job, SimpleNamespace(num_classes=10, in_channels=1)) == (2**31 - 1) // (64 * 32 * 32)
+    assert gpu_truth.index_cap(job, SimpleNamespace(shape={"num_classes": 10, "in_channels": 1, "image_size": 32})) == (
+        2**31 - 1
+    ) // (64 * 32 * 32)
 
 
 def _profile(round_: int, batch: int, scale: float = 1.0, interference: float = 0.0) -> dict:

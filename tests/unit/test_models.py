@@ -8,7 +8,10 @@ from tests.conftest import default_job
 from tula_hpc.config import MIN_IMAGE_SIZE
 from tula_hpc.training.evaluation import load_trained_model
 from tula_hpc.training.models import SMALL_IMAGE, ModelError, build_model, check_model, index_cap
+from tula_hpc.training.tasks import ImageClassification
 from tula_hpc.training.trainer import train_worker
+
+IMAGES = ImageClassification()
 
 FACTORIES = "tests.unit.factories"
 # torchvision's notice that googlenet's and inception's default initialisation will change: not ours to act on.
@@ -23,7 +26,7 @@ def _classify(model: nn.Module, in_channels: int, size: int) -> torch.Tensor:
 @pytest.mark.parametrize("name", sorted(MIN_IMAGE_SIZE))
 def test_every_builtin_model_classifies_its_smallest_images(name):
     size = max(MIN_IMAGE_SIZE[name], 8)
-    model = build_model(name, num_classes=7, in_channels=1, image_size=size)
+    model = build_model(name, {"num_classes": 7, "in_channels": 1, "image_size": size})
     assert _classify(model, 1, size).shape == (2, 7)
 
 
@@ -37,10 +40,12 @@ def test_every_builtin_model_classifies_its_smallest_images(name):
     ],
 )
 def test_a_factory_gets_the_data_shape_its_signature_names_and_model_kwargs(factory, kwargs, received):
-    model = build_model(f"{FACTORIES}:{factory}", num_classes=3, in_channels=2, image_size=6, kwargs=kwargs)
+    model = build_model(f"{FACTORIES}:{factory}", {"num_classes": 3, "in_channels": 2, "image_size": 6}, kwargs=kwargs)
     assert model.received == received
     assert _classify(model, 2, 6).shape == (2, 3)
-    check_model(f"{FACTORIES}:{factory}", num_classes=3, in_channels=2, image_size=6, kwargs=kwargs)
+    check_model(
+        f"{FACTORIES}:{factory}", {"num_classes": 3, "in_channels": 2, "image_size": 6}, kwargs=kwargs, task=IMAGES
+    )
 
 
 @pytest.mark.parametrize(
@@ -53,14 +58,16 @@ def test_a_factory_gets_the_data_shape_its_signature_names_and_model_kwargs(fact
 )
 def test_a_factory_that_cannot_be_called_as_configured_is_refused_before_it_runs(factory, kwargs, field, fragments):
     with pytest.raises(ModelError) as err:
-        build_model(f"{FACTORIES}:{factory}", num_classes=3, in_channels=2, image_size=6, kwargs=kwargs)
+        build_model(f"{FACTORIES}:{factory}", {"num_classes": 3, "in_channels": 2, "image_size": 6}, kwargs=kwargs)
     assert err.value.field == field
     assert all(fragment in str(err.value) for fragment in fragments), str(err.value)
 
 
 @pytest.mark.parametrize("in_channels", [1, 3])
 def test_torchvision_resnet34_by_import_path_gets_a_cifar_stem_for_small_images(in_channels):
-    model = build_model("torchvision.models:resnet34", num_classes=10, in_channels=in_channels, image_size=28)
+    model = build_model(
+        "torchvision.models:resnet34", {"num_classes": 10, "in_channels": in_channels, "image_size": 28}
+    )
     assert (model.conv1.in_channels, model.conv1.kernel_size, model.conv1.stride) == (in_channels, (3, 3), (1, 1))
     assert isinstance(model.maxpool, nn.Identity)
     assert _classify(model, in_channels, 28).shape == (2, 10)
@@ -68,7 +75,7 @@ def test_torchvision_resnet34_by_import_path_gets_a_cifar_stem_for_small_images(
 
 def test_above_small_images_the_imagenet_stem_stays_and_only_takes_the_data_channels():
     size = SMALL_IMAGE + 32
-    model = build_model("torchvision.models:resnet18", num_classes=4, in_channels=1, image_size=size)
+    model = build_model("torchvision.models:resnet18", {"num_classes": 4, "in_channels": 1, "image_size": size})
     assert (model.conv1.in_channels, model.conv1.kernel_size, model.conv1.stride) == (1, (7, 7), (2, 2))
     assert isinstance(model.maxpool, nn.MaxPool2d)
     assert _classify(model, 1, size).shape == (2, 4)
@@ -79,33 +86,45 @@ def test_above_small_images_the_imagenet_stem_stays_and_only_takes_the_data_chan
 @pytest.mark.parametrize("size", [14, 28, 32])
 def test_torchvision_families_classify_small_images_of_one_or_three_channels(family, in_channels, size):
     name = f"torchvision.models:{family}"
-    check_model(name, num_classes=10, in_channels=in_channels, image_size=size)
-    assert _classify(build_model(name, 10, in_channels, size), in_channels, size).shape == (2, 10)
+    check_model(name, {"num_classes": 10, "in_channels": in_channels, "image_size": size}, task=IMAGES)
+    assert _classify(
+        build_model(name, {"num_classes": 10, "in_channels": in_channels, "image_size": size}), in_channels, size
+    ).shape == (2, 10)
 
 
 @pytest.mark.filterwarnings(INIT_NOTICE)
 def test_torchvision_builders_pass_model_kwargs_to_their_network():
     name = "torchvision.models:googlenet"
-    with pytest.raises(ModelError, match="returns GoogLeNetOutputs") as err:
-        check_model(name, num_classes=10, in_channels=3, image_size=32)  # auxiliary heads in training mode
-    assert err.value.field == "model.name"
-    check_model(name, num_classes=10, in_channels=3, image_size=32, kwargs={"aux_logits": False})
+    # In training mode googlenet returns its logits and its auxiliary heads' (a tuple): the first are the logits.
+    check_model(name, {"num_classes": 10, "in_channels": 3, "image_size": 32}, task=IMAGES)
+    check_model(
+        name, {"num_classes": 10, "in_channels": 3, "image_size": 32}, kwargs={"aux_logits": False}, task=IMAGES
+    )
     with pytest.raises(ModelError, match="unexpected keyword argument 'depth'") as err:
-        check_model("torchvision.models:resnet34", num_classes=10, in_channels=3, image_size=32, kwargs={"depth": 3})
+        check_model(
+            "torchvision.models:resnet34",
+            {"num_classes": 10, "in_channels": 3, "image_size": 32},
+            kwargs={"depth": 3},
+            task=IMAGES,
+        )
     assert err.value.field == "model.kwargs"
 
 
 @pytest.mark.filterwarnings(INIT_NOTICE)
 @pytest.mark.parametrize("family, size", [("vgg11", 28), ("inception_v3", 32), ("vit_b_16", 32)])
 def test_torchvision_networks_too_deep_for_the_image_size_are_refused_naming_it(family, size):
-    with pytest.raises(ModelError, match=f"cannot classify {size}x{size} images") as err:
-        check_model(f"torchvision.models:{family}", num_classes=10, in_channels=3, image_size=size)
+    with pytest.raises(ModelError, match=f"cannot run on {size}x{size} images") as err:
+        check_model(
+            f"torchvision.models:{family}", {"num_classes": 10, "in_channels": 3, "image_size": size}, task=IMAGES
+        )
     assert err.value.field == "data.image_size"
 
 
 def test_a_factory_that_needs_tensor_values_is_checked_on_the_cpu():
-    check_model(f"{FACTORIES}:value_dependent", num_classes=3, in_channels=1, image_size=8)
-    check_model("torchvision.models:regnet_y_400mf", num_classes=10, in_channels=1, image_size=28)
+    check_model(f"{FACTORIES}:value_dependent", {"num_classes": 3, "in_channels": 1, "image_size": 8}, task=IMAGES)
+    check_model(
+        "torchvision.models:regnet_y_400mf", {"num_classes": 10, "in_channels": 1, "image_size": 28}, task=IMAGES
+    )
 
 
 def test_evaluation_rebuilds_the_trained_network_with_its_model_kwargs(tmp_path):
@@ -147,6 +166,6 @@ class TupleInside(nn.Module):
 def test_the_index_cap_is_the_largest_batch_whose_activations_stay_below_2_to_the_31(
     name, in_channels, image_size, per_image
 ):
-    cap = index_cap(name, num_classes=10, in_channels=in_channels, image_size=image_size)
+    cap = index_cap(name, {"num_classes": 10, "in_channels": in_channels, "image_size": image_size}, None, IMAGES)
     assert cap == (2**31 - 1) // per_image
     assert cap * per_image < 2**31 <= (cap + 1) * per_image

@@ -26,10 +26,10 @@ def test_synthetic_splits_follow_the_fractions_of_its_size():
         assert (len(splits.val), len(splits.test)) == (round(val * 1000), round(test * 1000))
         parts = [set(part.indices.tolist()) for part in (splits.train, splits.val, splits.test)]
         assert sum(map(len, parts)) == 1000 and set.union(*parts) == set(range(1000))
-        assert (splits.num_classes, splits.in_channels) == (7, 3)
+        assert (splits.shape["num_classes"], splits.shape["in_channels"]) == (7, 3)
     defaults = load_splits(_synthetic_data()[0], seed)  # SYNTHETIC_DEFAULTS: CIFAR-10's training set
     assert (len(defaults.train), len(defaults.val), len(defaults.test)) == (35_000, 5_000, 10_000)
-    assert (defaults.num_classes, defaults.in_channels) == (10, 3)
+    assert (defaults.shape["num_classes"], defaults.shape["in_channels"]) == (10, 3)
 
 
 def test_synthetic_images_have_the_shape_asked_for_and_labels_among_the_classes():
@@ -100,4 +100,4 @@ def test_the_shape_of_synthetic_data_comes_from_its_settings_without_building_im
 
     monkeypatch.setattr(datasets, "SyntheticImages", refuse)
     monkeypatch.setitem(datasets.DATA_SETS, "synthetic", refuse)
-    assert [data_shape(job) for job in jobs] == [(4, 1), (10, 3)]
+    assert [(data_shape(job)["num_classes"], data_shape(job)["in_channels"]) for job in jobs] == [(4, 1), (10, 3)]

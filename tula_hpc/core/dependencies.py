@@ -3,6 +3,7 @@ params), and the fingerprint that tells a reusable profile or checkpoint from on
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
 
 # What a training step is made of, apart from how many there are and the learning-rate schedule.
 STEP_SETTINGS = (
+    "task",
     "model",
     "data",
     "train.seed",
@@ -71,22 +73,54 @@ STAGE_SETTINGS = {
     + ("search.adaptive", "search.confirm", "train.epochs", "train.lr_base_batch", "objective", "resources.slurm"),
     "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
     "select": ("objective",),
-    "train": ("model", "data", "train", "resources.on_oom", "resources.cuda_alloc_conf"),
-    "evaluate": ("model", "data", "train.seed", "objective", "resources.gpus_per_node"),
+    "train": ("task", "model", "data", "train", "resources.on_oom", "resources.cuda_alloc_conf"),
+    "evaluate": ("task", "model", "data", "train.seed", "objective", "resources.gpus_per_node"),
     "report": (),
 }
 
 
+# Settings that came after results existed, at the value every earlier job ran with: a job that leaves them there
+# keeps its rule params and fingerprints, so its results and checkpoints in flight stay reusable (a test checks
+# each value against the schema's default).
+LATER_SETTINGS = {
+    "task": {"name": "image_classification", "kwargs": {}},
+    "data.seq_len": None,
+}
+
+
+def _without_later_defaults(settings: dict) -> dict:
+    """The settings less those of LATER_SETTINGS left at their earlier value."""
+    settings = copy.deepcopy(settings)
+    for name, earlier in LATER_SETTINGS.items():
+        *parents, key = name.split(".")
+        section = settings
+        for parent in parents:
+            section = section.get(parent) if isinstance(section, dict) else None
+        if isinstance(section, dict) and key in section and section[key] == earlier:
+            del section[key]
+    return settings
+
+
 def stage_settings(settings: dict, stage: str) -> dict[str, Any]:
     """The settings `stage` depends on (STAGE_SETTINGS), keyed by their dotted names, from a job's settings as plain
-    data (a rule's config, or Job.as_dict())."""
+    data (a rule's config, or Job.as_dict()); a later setting at its earlier value is left out (LATER_SETTINGS)."""
+    settings = _without_later_defaults(settings)
     picked = {}
     for name in STAGE_SETTINGS[stage]:
+        if name in LATER_SETTINGS and _missing(settings, name):
+            continue
         value: Any = settings
         for key in name.split("."):
             value = value.get(key) if isinstance(value, dict) else None
         picked[name] = value
     return picked
+
+
+def _missing(settings: dict, name: str) -> bool:
+    *parents, key = name.split(".")
+    for parent in parents:
+        settings = settings.get(parent, {})
+    return key not in settings
 
 
 def fingerprint(job: Job, stage: str) -> str:

@@ -20,6 +20,12 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class TaskSettings:
+    name: str
+    kwargs: dict
+
+
+@dataclass(frozen=True)
 class DataSettings:
     name: str
     root: str | None
@@ -29,6 +35,7 @@ class DataSettings:
     val_fraction: float
     test_fraction: float
     num_workers: int | str
+    seq_len: int | None
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,7 @@ class Job:
 
     name: str
     launcher: str
+    task: TaskSettings
     model: ModelSettings
     data: DataSettings
     train: TrainSettings

@@ -75,6 +75,7 @@ def probe_worker(job: Job) -> dict:
     """Probes, then the trials (never above a batch that failed)."""
     from tula_hpc.training.datasets import load_splits
     from tula_hpc.training.models import index_cap
+    from tula_hpc.training.tasks import job_task
 
     splits, device = load_splits(job.data, job.train.seed), probe_device(job)
     cap, budget, ring = len(splits.train), budget_bytes(job, device), collective_buffer_bytes(job, device)
@@ -93,8 +94,6 @@ def probe_worker(job: Job) -> dict:
         "collective_buffer_bytes": ring,
         "device_memory_bytes": budget,
         "device": device.type,
-        "index_cap": index_cap(
-            job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs
-        ),
+        "index_cap": index_cap(job.model.name, splits.shape, job.model.kwargs, job_task(job)),
         "dataset": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
     }

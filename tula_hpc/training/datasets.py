@@ -36,11 +36,12 @@ CACHE_DIR = Path("work") / "data"
 
 @dataclass
 class Splits:
+    """A data set's three parts and its shape: the keyword arguments its model is built with (`data_shape`)."""
+
     train: Dataset
     val: Dataset
     test: Dataset
-    num_classes: int
-    in_channels: int
+    shape: dict
 
 
 def _split_indices(n: int, fractions: list[float], seed: int) -> list[np.ndarray]:
@@ -141,8 +142,7 @@ def _tensor_splits(train, test, cfg: DataSettings, seed: int, *, num_classes: in
         part(train, train_indices, augment),
         part(train, val_indices, False),
         part(test, np.arange(len(test[1])), False),
-        num_classes,
-        in_channels=train[0].shape[1],
+        image_shape(num_classes, train[0].shape[1], cfg),
     )
 
 
@@ -174,7 +174,7 @@ def _digits(cfg: DataSettings, seed: int) -> Splits:
         images = torch.nn.functional.interpolate(images, size=cfg.image_size, mode="bilinear", align_corners=False)
     full = TensorDataset(images, labels)
     train, val, test = _split_indices(len(full), [cfg.val_fraction, cfg.test_fraction], seed)
-    return Splits(Subset(full, train), Subset(full, val), Subset(full, test), num_classes=10, in_channels=1)
+    return Splits(Subset(full, train), Subset(full, val), Subset(full, test), image_shape(10, 1, cfg))
 
 
 SYNTHETIC_DEFAULTS = {"channels": 3, "classes": 10, "size": 50_000}
@@ -191,8 +191,7 @@ def _synthetic(cfg: DataSettings, seed: int) -> Splits:
     shape = {"channels": settings["channels"], "image_size": cfg.image_size, "classes": settings["classes"]}
     return Splits(
         *(SyntheticImages(part, seed=seed, **shape) for part in (train, val, test)),
-        num_classes=settings["classes"],
-        in_channels=settings["channels"],
+        image_shape(settings["classes"], settings["channels"], cfg),
     )
 
 
@@ -322,8 +321,7 @@ def _imagefolder(cfg: DataSettings, seed: int) -> Splits:
         part(train_full, train, cfg.augment == "standard"),
         part(train_full, val, False),
         part(test_full, test, False),
-        len(train_full.classes),
-        3,
+        image_shape(len(train_full.classes), 3, cfg),
     )
 
 
@@ -338,7 +336,9 @@ def _user(cfg: DataSettings, seed: int) -> Splits:
     """A `package.module:callable` data set (see data_check.user_data_sets), used as given: no augmentation."""
     train, test, num_classes, in_channels = user_data_sets(cfg)
     train_indices, val_indices = _split_indices(len(train), [cfg.val_fraction], seed)
-    return Splits(Subset(train, train_indices), Subset(train, val_indices), test, num_classes, in_channels)
+    return Splits(
+        Subset(train, train_indices), Subset(train, val_indices), test, image_shape(num_classes, in_channels, cfg)
+    )
 
 
 # The registry of data.name: each built-in data set's builder; any other name is a user's `package.module:callable`
@@ -362,22 +362,33 @@ def made_on_device(data: DataSettings) -> bool:
     return data.name == "synthetic"
 
 
-# (num_classes, in_channels) of the built-in data sets of a fixed shape.
+# (num_classes, in_channels) of the built-in image data sets of a fixed shape.
 DATA_SHAPES = {"digits": (10, 1), "fashion_mnist": (10, 1), "cifar10": (10, 3), "cifar100": (100, 3)}
 
 
-def data_shape(data: DataSettings) -> tuple[int, int]:
-    """(num_classes, in_channels) of a data set without loading its images: what validation builds the model for.
+def image_shape(num_classes: int, in_channels: int, data: DataSettings) -> dict:
+    """An image data set's shape: what its classifier is built with."""
+    return {"num_classes": num_classes, "in_channels": in_channels, "image_size": data.image_size}
+
+
+def data_shape(data: DataSettings) -> dict:
+    """A data set's shape without loading its samples: the keyword arguments its model is built with (an image
+    classifier's num_classes, in_channels and image_size), what validation builds the model for.
 
     An imagefolder's classes are its class folders (as torchvision's ImageFolder counts them), its images RGB."""
     name = data.name
     if name == "imagefolder":
         root = Path(data.root)
         folder = root / "train" if (root / "train").is_dir() and (root / "val").is_dir() else root
-        return sum(entry.is_dir() for entry in folder.iterdir()), 3
+        return image_shape(sum(entry.is_dir() for entry in folder.iterdir()), 3, data)
     if name in DATA_SHAPES:
-        return DATA_SHAPES[name]
+        return image_shape(*DATA_SHAPES[name], data)
     if name == "synthetic":
         settings = synthetic_settings(data)
-        return settings["classes"], settings["channels"]
-    return user_data_sets(data)[2:]
+        return image_shape(settings["classes"], settings["channels"], data)
+    return image_shape(*user_data_sets(data)[2:], data)
+
+
+def token_unit(data: DataSettings) -> str:
+    """What one token of the data set is, in a report's words ("bits per character")."""
+    return "token"

@@ -89,9 +89,8 @@ def score(model: nn.Module, splits, ctx, dataset, seed: int = 0, **loader) -> di
 def load_trained_model(model_path: str | Path) -> nn.Module:
     """The network train/model.pt holds, built as training built it, on the CPU."""
     saved = torch.load(model_path, map_location="cpu", weights_only=False)
-    model = build_model(
-        saved["model_name"], saved["num_classes"], saved["in_channels"], saved["image_size"], saved["model_kwargs"]
-    )
+    shape = saved.get("shape") or {key: saved[key] for key in ("num_classes", "in_channels", "image_size")}
+    model = build_model(saved["model_name"], shape, saved["model_kwargs"])
     model.load_state_dict(saved["model"])
     return model
 

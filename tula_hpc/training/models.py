@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 SMALL_IMAGE = 64  # at or below this side, torchvision's ImageNet stems downsample too early
-SHAPE_ARGUMENTS = ("num_classes", "in_channels", "image_size")
 
 
 class ModelError(ValueError):
@@ -192,11 +191,10 @@ def _from_torchvision(factory: Callable) -> bool:
     return (getattr(factory, "__module__", None) or "").startswith("torchvision.models")
 
 
-def _arguments(
-    factory: Callable, name: str, num_classes: int, in_channels: int, image_size: int, kwargs: dict | None = None
-) -> dict[str, Any]:
-    """The keyword arguments `factory` is called with: those of num_classes, in_channels and image_size its
-    signature names (a torchvision builder: num_classes), then `kwargs` (the job's model.kwargs).
+def _arguments(factory: Callable, name: str, shape: dict, kwargs: dict | None = None) -> dict[str, Any]:
+    """The keyword arguments `factory` is called with: those of the data's `shape` (datasets.data_shape: an image
+    classifier's num_classes, in_channels and image_size, a language model's vocab_size and seq_len) its signature
+    names (a torchvision builder: num_classes), then `kwargs` (the job's model.kwargs).
 
     ModelError when a kwargs key repeats one of those or is not accepted (model.kwargs), or a required parameter
     is left without a value (model.name).
@@ -208,9 +206,10 @@ def _arguments(
         raise ModelError("model.name", f"'{name}': cannot read its signature ({err})") from None
     by_keyword = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
-    shape = dict(zip(SHAPE_ARGUMENTS, (num_classes, in_channels, image_size)))
     given = (
-        {"num_classes": num_classes} if _from_torchvision(factory) else {k: shape[k] for k in by_keyword if k in shape}
+        {"num_classes": shape["num_classes"]}
+        if _from_torchvision(factory)
+        else {k: shape[k] for k in by_keyword if k in shape}
     )
     if repeated := sorted(set(kwargs) & set(given)):
         raise ModelError(
@@ -224,28 +223,27 @@ def _arguments(
         if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in arguments:
             raise ModelError(
                 "model.name",
-                f"'{name}' requires argument '{p.name}', which tula-hpc cannot give: it passes num_classes, "
-                "in_channels and image_size where the signature names them; give others in model.kwargs",
+                f"'{name}' requires argument '{p.name}', which tula-hpc cannot give: it passes {', '.join(shape)} "
+                "where the signature names them; give others in model.kwargs",
             )
     return arguments
 
 
-def build_model(
-    name: str, num_classes: int, in_channels: int, image_size: int, kwargs: dict | None = None
-) -> nn.Module:
-    """The network `name` (a built-in or package.module:callable) for the data's shape, with `kwargs` (model.kwargs)
-    passed on; a torchvision network gets its stem adapted (adapt_stem)."""
+def build_model(name: str, shape: dict, kwargs: dict | None = None) -> nn.Module:
+    """The network `name` (a built-in or package.module:callable) for the data's `shape`, with `kwargs`
+    (model.kwargs) passed on; a torchvision network gets its stem adapted (adapt_stem)."""
     factory = _load_factory(name)
-    model = factory(**_arguments(factory, name, num_classes, in_channels, image_size, kwargs))
+    model = factory(**_arguments(factory, name, shape, kwargs))
     if not isinstance(model, nn.Module):
         raise ModelError("model.name", f"'{name}' returned {type(model).__name__}, not a torch.nn.Module")
-    return adapt_stem(model, in_channels, image_size) if _from_torchvision(factory) else model
+    return adapt_stem(model, shape["in_channels"], shape["image_size"]) if _from_torchvision(factory) else model
 
 
-def _classify_two(name: str, num_classes: int, in_channels: int, image_size: int, kwargs: dict | None) -> Any:
-    """The output of the model for two images, built and run on the current default device."""
+def _run_on_two(name: str, shape: dict, kwargs: dict | None, task) -> Any:
+    """The output of the model for two of the task's example samples, built and run on the current default
+    device."""
     try:
-        model = build_model(name, num_classes, in_channels, image_size, kwargs)
+        model = build_model(name, shape, kwargs)
     except ModelError:
         raise
     except Exception as err:
@@ -255,36 +253,39 @@ def _classify_two(name: str, num_classes: int, in_channels: int, image_size: int
         raise ModelError(
             "model.kwargs" if refused else "model.name", f"'{name}' raised {type(err).__name__}: {err}"
         ) from None
+    batch = task.example_batch(shape, 2, torch.get_default_device())
     try:
         with torch.no_grad():
-            return model(torch.zeros(2, in_channels, image_size, image_size))
+            return task.forward(model, batch), batch
     except Exception as err:
+        field = "data.image_size" if "image_size" in shape else "data.seq_len"
         raise ModelError(
-            "data.image_size",
-            f"'{name}' cannot classify {image_size}x{image_size} images of {in_channels} channel(s) "
-            f"({type(err).__name__}: {err}); choose another image size or model",
+            field,
+            f"'{name}' cannot run on {task.describe(shape)} ({type(err).__name__}: {err}); choose another "
+            f"{field.split('.')[1]} or model",
         ) from None
 
 
-def check_model(name: str, num_classes: int, in_channels: int, image_size: int, kwargs: dict | None = None) -> None:
-    """Build the model and run it on two images, or raise ModelError naming the setting to change.
+def check_model(name: str, shape: dict, kwargs: dict | None = None, *, task) -> None:
+    """Build the model and run it on two of the task's example samples, or raise ModelError naming the setting to
+    change; the task checks the output's shape and its loss's answer (tasks.check_loss).
 
     Shapes only, on the meta device (no memory, no arithmetic: resnet50 in a quarter of a second). A network that
     needs values while it is built or run (torchvision's regnet computes its widths with tensors; meta tensors
     have none) is tried again on the CPU, and what fails there is reported.
     """
+    from tula_hpc.training.tasks import TaskError, check_loss
+
     try:
         with torch.device("meta"):
-            output = _classify_two(name, num_classes, in_channels, image_size, kwargs)
+            output, batch = _run_on_two(name, shape, kwargs, task)
     except ModelError:
-        output = _classify_two(name, num_classes, in_channels, image_size, kwargs)
-    if not isinstance(output, torch.Tensor) or output.shape != (2, num_classes):
-        got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-        raise ModelError(
-            "model.name",
-            f"'{name}' returns {got} for 2 images in training mode; expected logits of shape (2, {num_classes}), "
-            "num_classes from the data set",
-        )
+        output, batch = _run_on_two(name, shape, kwargs, task)
+    try:
+        task.check_output(output, shape, 2)
+        check_loss(task, output, batch)
+    except TaskError as err:
+        raise ModelError(err.field, f"'{name}' {err}" if err.field == "model.name" else str(err)) from None
 
 
 def _tensors(output: Any):
@@ -296,11 +297,12 @@ def _tensors(output: Any):
             yield from _tensors(item)
 
 
-def index_cap(name: str, num_classes: int, in_channels: int, image_size: int, kwargs: dict | None = None) -> int:
+def index_cap(name: str, shape: dict, kwargs: dict | None, task) -> int:
     """The largest batch at which no module's output holds 2^31 elements or more: beyond it CUDA kernels split the
     batch or index in 64 bits, which a probe's small batch does not show.
 
-    Read from a forward pass on two images on the meta device (shapes only), every module's output per image.
+    Read from a forward pass on two of the task's example samples on the meta device (shapes only), every module's
+    output per sample.
     """
     largest = 0
 
@@ -309,8 +311,8 @@ def index_cap(name: str, num_classes: int, in_channels: int, image_size: int, kw
         largest = max([largest, *(tensor.numel() // 2 for tensor in _tensors(output))])
 
     with torch.device("meta"), torch.no_grad():
-        model = build_model(name, num_classes, in_channels, image_size, kwargs).eval()
+        model = build_model(name, shape, kwargs).eval()
         for module in model.modules():
             module.register_forward_hook(see)
-        model(torch.empty(2, in_channels, image_size, image_size))
+        task.forward(model, task.example_batch(shape, 2, "meta"))
     return (2**31 - 1) // largest

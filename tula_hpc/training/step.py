@@ -72,7 +72,7 @@ def build_for_job(job: Job, ctx: Context):
     rank starts identical."""
     seed_everything(job.train.seed)
     splits = load_splits(job.data, job.train.seed)
-    model = build_model(job.model.name, splits.num_classes, splits.in_channels, job.data.image_size, job.model.kwargs)
+    model = build_model(job.model.name, splits.shape, job.model.kwargs)
     layout = torch.channels_last if job.train.channels_last else torch.preserve_format
     return splits, model.to(ctx.device, memory_format=layout)
 

@@ -431,9 +431,7 @@ def _save_model(path: Path, model: nn.Module, job: Job, splits) -> None:
                 "model": model.state_dict(),
                 "model_name": job.model.name,
                 "model_kwargs": job.model.kwargs,
-                "num_classes": splits.num_classes,
-                "in_channels": splits.in_channels,
-                "image_size": job.data.image_size,
+                "shape": splits.shape,
             },
             tmp,
         )
