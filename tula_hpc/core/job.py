@@ -29,6 +29,7 @@ class DataSettings:
     val_fraction: float
     test_fraction: float
     num_workers: int | str
+    seq_len: int | None
 
 
 @dataclass(frozen=True)
