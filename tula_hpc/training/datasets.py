@@ -24,7 +24,8 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from tula_hpc.core.job import DataSettings
 from tula_hpc.training.data_check import FASHION_MNIST_HINT, DataError, fashion_mnist_files, user_data_sets
-from tula_hpc.training.synthetic import SyntheticImages
+from tula_hpc.training.synthetic import SyntheticImages, SyntheticTokens
+from tula_hpc.training.text import text_shape, text_splits
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 FASHION_MNIST_MEAN_STD = ((0.2860,), (0.3530,))
@@ -188,6 +189,9 @@ def synthetic_settings(cfg: DataSettings) -> dict:
 def _synthetic(cfg: DataSettings, seed: int) -> Splits:
     settings = synthetic_settings(cfg)
     train, val, test = _split_indices(settings["size"], [cfg.val_fraction, cfg.test_fraction], seed)
+    if "vocab" in settings:
+        tokens = {"vocab": settings["vocab"], "seq_len": cfg.seq_len, "seed": seed}
+        return Splits(*(SyntheticTokens(part, **tokens) for part in (train, val, test)), text_shape(cfg))
     shape = {"channels": settings["channels"], "image_size": cfg.image_size, "classes": settings["classes"]}
     return Splits(
         *(SyntheticImages(part, seed=seed, **shape) for part in (train, val, test)),
@@ -332,6 +336,10 @@ def _rgb_loader(path: str):
         return Image.open(handle).convert("RGB")
 
 
+def _text(cfg: DataSettings, seed: int) -> Splits:
+    return Splits(*text_splits(cfg, seed))
+
+
 def _user(cfg: DataSettings, seed: int) -> Splits:
     """A `package.module:callable` data set (see data_check.user_data_sets), used as given: no augmentation."""
     train, test, num_classes, in_channels = user_data_sets(cfg)
@@ -350,6 +358,8 @@ DATA_SETS = {
     "cifar100": _cifar,
     "imagefolder": _imagefolder,
     "synthetic": _synthetic,
+    "shakespeare": _text,
+    "tokens": _text,
 }
 
 
@@ -377,6 +387,8 @@ def data_shape(data: DataSettings) -> dict:
 
     An imagefolder's classes are its class folders (as torchvision's ImageFolder counts them), its images RGB."""
     name = data.name
+    if name in ("shakespeare", "tokens") or name == "synthetic" and "vocab" in data.kwargs:
+        return text_shape(data)
     if name == "imagefolder":
         root = Path(data.root)
         folder = root / "train" if (root / "train").is_dir() and (root / "val").is_dir() else root
@@ -387,8 +399,3 @@ def data_shape(data: DataSettings) -> dict:
         settings = synthetic_settings(data)
         return image_shape(settings["classes"], settings["channels"], data)
     return image_shape(*user_data_sets(data)[2:], data)
-
-
-def token_unit(data: DataSettings) -> str:
-    """What one token of the data set is, in a report's words ("bits per character")."""
-    return "token"

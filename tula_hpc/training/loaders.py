@@ -13,6 +13,7 @@ from torch.utils.data.distributed import DistributedSampler
 from tula_hpc.core.job import Job
 from tula_hpc.training.datasets import Samples, made_on_device
 from tula_hpc.training.synthetic import SyntheticBatch
+from tula_hpc.training.text import TokenWindows
 
 
 def collate(samples):
@@ -55,7 +56,7 @@ def start_epoch(loader: DataLoader, epoch: int, samples_done: int = 0) -> None:
     """
     loader.sampler.start_epoch(epoch, samples_done)
     loader.generator.manual_seed(loader.sampler.seed * 100_003 + epoch)
-    if isinstance(loader.dataset, Samples):
+    if isinstance(loader.dataset, (Samples, TokenWindows)):
         loader.dataset.set_epoch(epoch)
 
 

@@ -22,15 +22,21 @@ class SyntheticBatch:
 
     images: np.ndarray
     seed: int
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     classes: int
+    vocab: int = 0  # token windows of shape (seq_len,) with ids below vocab, rather than images
 
     def on(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """The images and labels, made on `device` from the seed and every image's index in order (not the first
-        alone: batches sharing a first image must not share their pixels)."""
+        """The images and labels (or token windows and their next tokens), made on `device` from the seed and every
+        sample's index in order (not the first alone: batches sharing a first image must not share their pixels)."""
         words = np.concatenate([np.array([self.seed % 2**64], dtype=np.uint64), self.images.astype(np.uint64)])
         key = int.from_bytes(hashlib.blake2b(words.tobytes(), digest_size=8).digest(), "little") >> 1
         generator = torch.Generator(device).manual_seed(key)
+        if self.vocab:
+            tokens = torch.randint(
+                self.vocab, (len(self.images), self.shape[0] + 1), generator=generator, device=device
+            )
+            return tokens[:, :-1], tokens[:, 1:]
         x = torch.randn((len(self.images), *self.shape), generator=generator, device=device)
         labels = torch.from_numpy(self.images % self.classes)
         if torch.device(device).type == "cpu":
@@ -46,6 +52,8 @@ class SyntheticImages(Dataset):
     do not depend on pixel values. A loader reads a batch at a time (`__getitems__`) as a SyntheticBatch, made on
     the rank's device by `on_device`; an image's label is its index modulo the classes."""
 
+    vocab = 0
+
     def __init__(self, indices, *, channels: int, image_size: int, classes: int, seed: int):
         self.indices, self.seed = np.asarray(indices), seed
         self.shape, self.classes = (channels, image_size, image_size), classes
@@ -59,8 +67,21 @@ class SyntheticImages(Dataset):
 
     def __getitems__(self, positions: list[int]) -> SyntheticBatch:
         images = self.indices[np.asarray(positions, dtype=np.int64)]
-        return SyntheticBatch(images, self.seed, self.shape, self.classes)
+        return SyntheticBatch(images, self.seed, self.shape, self.classes, self.vocab)
 
     def batch(self, positions, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """The images and labels at `positions`, made on `device`."""
         return self.__getitems__(positions).on(device)
+
+
+class SyntheticTokens(SyntheticImages):
+    """Token windows of seq_len ids below `vocab` and their next tokens, made as SyntheticImages' images are: a
+    dry run of a language model at its real context length."""
+
+    def __init__(self, indices, *, vocab: int, seq_len: int, seed: int):
+        self.indices, self.seed = np.asarray(indices), seed
+        self.shape, self.classes, self.vocab = (seq_len,), vocab, vocab
+
+    def __getitem__(self, i: int):
+        x, y = self.batch([i])
+        return x[0], y[0]

@@ -341,7 +341,7 @@ def build_task(name: str, kwargs: dict | None = None, **data_facts) -> Task:
 
 def job_task(job: Job) -> Task:
     """The job's task, told what its data set says of its tokens."""
-    from tula_hpc.training.datasets import token_unit
+    from tula_hpc.training.text import token_unit
 
     name = job.task.name
     facts = {"token_unit": token_unit(job.data)} if name == "causal_lm" else {}
