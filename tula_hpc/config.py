@@ -24,8 +24,8 @@ from tula_hpc.training.data_check import DataError, check_data
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
 
-# Smallest input side each built-in network accepts (its downsampling would reach zero below it): the built-ins
-# without model.kwargs are checked by this table, without importing torch; any other model is built and run.
+# Smallest input side each built-in image network accepts (its downsampling would reach zero below it): those
+# without model.kwargs are checked by this table, without importing torch; any other model (gpt too) is built and run.
 MIN_IMAGE_SIZE = {
     "tiny_cnn": 2,
     "bn_cnn": 4,
@@ -156,9 +156,9 @@ def _check_semantics(job: Job) -> None:
     if data.val_fraction + data.test_fraction >= 1:
         fail("data", "val_fraction + test_fraction must be below 1")
     model = job.model
-    if ":" in model.name or model.kwargs:
+    if ":" in model.name or model.kwargs or model.name not in MIN_IMAGE_SIZE:
         # Built once for the data set's shape and run on two images on the meta device. torch (seconds to import)
-        # only here: the built-ins without kwargs are known to build, at MIN_IMAGE_SIZE and above.
+        # only here: the built-in image models without kwargs are known to build, at MIN_IMAGE_SIZE and above.
         from tula_hpc.training.datasets import data_shape
         from tula_hpc.training.models import ModelError, check_model
 

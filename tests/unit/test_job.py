@@ -13,6 +13,7 @@ import yaml
 from tests.conftest import default_job
 from tula_hpc.config import SCHEMA_PATH
 from tula_hpc.core.job import Job
+from tula_hpc.core.plain_data import dataclass_of
 
 # Set by config.job_settings beside the schema's job fields.
 JOB_ONLY_FIELDS = {"name", "launcher"}
@@ -32,11 +33,11 @@ def mismatches(schema: dict, kind: type, where: str) -> list[str]:
     for name in sorted(named & fields):
         sub, hint = schema["properties"][name], hints[name]
         if "properties" in sub:
-            if dataclasses.is_dataclass(hint):
-                found += mismatches(sub, hint, f"{where}.{name}")
+            if nested := dataclass_of(hint):
+                found += mismatches(sub, nested, f"{where}.{name}")
             else:
                 found.append(f"{where}.{name}: an object with properties in the schema, {hint} here")
-        elif dataclasses.is_dataclass(hint):
+        elif dataclass_of(hint):
             found.append(f"{where}.{name}: free-form in the schema, a dataclass here")
     return found
 

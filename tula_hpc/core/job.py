@@ -54,6 +54,13 @@ class PoloSettings:
 
 
 @dataclass(frozen=True)
+class LrScheduleSettings:
+    kind: str
+    warmup_steps: int
+    min_lr_ratio: float
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     epochs: int
     optimizer: str
@@ -72,6 +79,11 @@ class TrainSettings:
     lars: LarsSettings
     polo: PoloSettings
     batch_schedule: str = "fixed"
+    # Added with AdamW: left out when not set (None), so that a job without them keeps its fingerprints.
+    betas: tuple[float, float] | None = optional()  # None: optimizers.ADAMW_BETAS
+    eps: float | None = optional()  # None: optimizers.ADAMW_EPS
+    grad_clip: float | None = optional()  # None: no clipping
+    lr_schedule: LrScheduleSettings | None = optional()  # None: multistep
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ def _is_tuple(hint: Any) -> bool:
     return typing.get_origin(hint) is tuple or any(typing.get_origin(arg) is tuple for arg in typing.get_args(hint))
 
 
+def dataclass_of(hint: Any) -> type | None:
+    """The dataclass a hint names, itself or in an optional field's `Kind | None`."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    kinds = [arg for arg in typing.get_args(hint) if dataclasses.is_dataclass(arg)]
+    return kinds[0] if kinds else None
+
+
 def from_plain(kind: type[T], data: dict, where: str) -> T:
     """The dataclass `kind` from `data`, nested dataclasses and tuples by the hints; a missing or unknown key is a
     KeyError naming it (`where`: the dotted place of `data`, for the message)."""
@@ -39,8 +47,8 @@ def from_plain(kind: type[T], data: dict, where: str) -> T:
                 raise KeyError(f"{where}: field '{spec.name}' is missing")
             continue
         value, hint = data[spec.name], hints[spec.name]
-        if dataclasses.is_dataclass(hint):
-            value = from_plain(hint, value, f"{where}.{spec.name}" if where else spec.name)
+        if (nested := dataclass_of(hint)) and value is not None:
+            value = from_plain(nested, value, f"{where}.{spec.name}" if where else spec.name)
         elif isinstance(value, list) and _is_tuple(hint):
             value = tuple(value)
         else:
