@@ -49,7 +49,7 @@ def test_lars_step_follows_the_formula():
 def test_the_recipe_chooses_the_optimiser_and_lars_adapts_weight_tensors_only(strategy, ags_base, optimizer):
     train_cfg = default_job(train={"strategy": strategy, "momentum": 0.8, "ags": {"base": ags_base}}).train
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-    built = build_optimizer(list(model.parameters()), train_cfg, lr=0.3)
+    built = build_optimizer(model, train_cfg, lr=0.3)
     assert type(built) is optimizer
     assert all(group["lr"] == 0.3 and group["momentum"] == 0.8 for group in built.param_groups)
     if optimizer is LARS:

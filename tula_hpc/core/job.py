@@ -216,9 +216,9 @@ class Job:
         return Job.from_dict(deep_update(self.as_dict(), sections))
 
 
-# The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up, and that scale the rate linearly.
+# The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up; how each scales its rate is
+# training/lr_schedule.py's RATE_RULES.
 WARMUP_RECIPES = frozenset({"lrs", "lars", "polo"})
-LR_SCALING_RECIPES = frozenset({"lrs", "lars"})
 
 
 def recipe(train: TrainSettings) -> str:
