@@ -81,6 +81,7 @@ class Strategy:
         self.optimizer = optimizer
         self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
         self.precision = precision
+        self.grad_clip = train_cfg.grad_clip  # the global norm apply_update clips the unscaled gradient to
         # The gradient noise scale, measured by DDP's all-reduce (noise_scale.py); None on one rank and for
         # polo, whose local steps all-reduce no gradients.
         self.noise_scale: NoiseScaleHook | None = None
