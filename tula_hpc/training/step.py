@@ -132,7 +132,8 @@ def apply_update(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Te
     The gradient is unscaled first (fp16), so the hooks (AGS's factors) and the optimiser (AGS's Delta) see
     true values, then clipped to train.grad_clip's global norm. A non-finite fp16 gradient skips the hooks and the
     optimiser, as GradScaler.step does: AGS neither counts the step nor takes a Delta or factors from it (a due
-    update waits for the next step), and the scaler lowers its scale. The learning-rate schedule still advances (`Strategy.after_step`).
+    update waits for the next step), and the scaler lowers its scale. The learning-rate schedule still advances
+    (`Strategy.after_step`).
     """
     precision = strategy.precision
     if precision.unscale(strategy.optimizer):
