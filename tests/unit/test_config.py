@@ -113,6 +113,38 @@ BAD_CASES = [
         ["resources.slurm.mem_per_gpu_gb"],
     ),
     ("a wckey of two words", lambda j: j["resources"].update(slurm={"wckey": "a b"}), ["resources.slurm.wckey"]),
+    *(
+        (
+            f"{strategy} under adamw",
+            lambda j, strategy=strategy: j["train"].update(optimizer="adamw", strategy=strategy),
+            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs"],
+        )
+        for strategy, why in [
+            ("ags", "cancels in m/sqrt(v)"),
+            ("static", "issue 58"),
+            ("lars", "LARS"),
+            ("polo", "local steps"),
+            ("adascale", "gain"),
+        ]
+    ),
+    (
+        "a goodput objective under adamw",
+        lambda j: (j["train"].update(optimizer="adamw", strategy="lrs"), j["objective"].update(minimize="goodput")),
+        ["field 'objective.minimize'", "'goodput' under adamw", "noise scale", "allowed: time, cost, knee"],
+    ),
+    (
+        "an adaptive batch under adamw",
+        lambda j: j["train"].update(optimizer="adamw", strategy="lbt", batch_schedule="adaptive"),
+        ["field 'train.batch_schedule'", "adaptive under adamw", "noise scale", "allowed: fixed"],
+    ),
+    ("one beta", lambda j: j["train"].update(optimizer="adamw", betas=[0.9]), ["train.betas"]),
+    ("a beta of 1", lambda j: j["train"].update(optimizer="adamw", betas=[0.9, 1.0]), ["train.betas.1"]),
+    ("no clipping norm", lambda j: j["train"].update(grad_clip=0), ["train.grad_clip"]),
+    (
+        "an unknown schedule",
+        lambda j: j["train"].update(lr_schedule={"kind": "linear"}),
+        ["train.lr_schedule.kind", "multistep, cosine"],
+    ),
 ]
 
 
@@ -126,6 +158,21 @@ def test_bad_input_names_job_field_and_allowed(label, mutate, expected):
     assert "job 'digits-cnn'" in message or "'extras'" in message
     for fragment in expected:
         assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+def test_adamw_with_lrs_and_a_cosine_schedule_is_valid_and_fills_only_the_schedule_defaults():
+    config = job_config()
+    train = config["jobs"]["digits-cnn"]["train"]
+    train.update(optimizer="adamw", strategy="lrs", grad_clip=1.0, lr_schedule={"kind": "cosine"})
+    job = job_settings(validate_config(config), "digits-cnn")
+    assert (job.train.betas, job.train.eps, job.train.grad_clip) == (None, None, 1.0)
+    assert (job.train.lr_schedule.warmup_steps, job.train.lr_schedule.min_lr_ratio) == (0, 0.1)
+
+
+def test_a_job_without_the_adamw_settings_keeps_its_fingerprints():
+    """betas, eps, grad_clip and lr_schedule are left out of the settings when unset: the train section's plain data,
+    and so every fingerprint, are what they were before they existed."""
+    assert not {"betas", "eps", "grad_clip", "lr_schedule"} & set(default_job().as_dict()["train"])
 
 
 def test_default_config_is_valid_and_filled_with_defaults():

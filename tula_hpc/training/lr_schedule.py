@@ -49,6 +49,11 @@ def refusal(strategy: str, optimizer: str) -> str | None:
     return None if rule in RULES else rule
 
 
+def strategies_under(optimizer: str) -> list[str]:
+    """The strategies that run under `optimizer`, for the message that refuses another."""
+    return [strategy for strategy in RATE_RULES if refusal(strategy, optimizer) is None]
+
+
 def peak_lr(train_cfg: TrainSettings, global_batch: int) -> float:
     """The learning rate after warm-up and before decay: scaled with the batch by the recipe's rule (RATE_RULES)."""
     rule = RATE_RULES[recipe(train_cfg)][train_cfg.optimizer]
