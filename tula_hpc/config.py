@@ -174,10 +174,11 @@ def _check_semantics(job: Job) -> None:
             f"{model.name} needs images of at least {MIN_IMAGE_SIZE[model.name]} pixels, got {data.image_size}",
         )
     train, epochs = job.train, job.train.epochs
+    multistep = train.lr_schedule is None or train.lr_schedule.kind == "multistep"  # the schedule that reads these
     late = [m for m in train.lr_milestones if m > epochs]
-    if late:
+    if late and multistep:
         fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
-    if recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
+    if multistep and recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
         fail(
             "train.warmup_epochs",
             f"strategy '{train.strategy}' ({recipe(train)}'s recipe) would warm up for {train.warmup_epochs} "
