@@ -19,13 +19,15 @@ from tula_hpc.cluster.slurm_options import SlurmOptionError, extra_options
 from tula_hpc.core.job import WARMUP_RECIPES, Job, recipe
 from tula_hpc.core.plain_data import deep_update, to_plain
 from tula_hpc.core.run_layout import ranks_per_host
+from tula_hpc.performance.choice import GOALS, GOODPUT_GOALS
 from tula_hpc.performance.sync_priors import FIT_DEFAULTS, SYNC_PRIORS, sync_device
 from tula_hpc.training.data_check import DataError, check_data
+from tula_hpc.training.lr_schedule import refusal, strategies_under
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
 
-# Smallest input side each built-in network accepts (its downsampling would reach zero below it): the built-ins
-# without model.kwargs are checked by this table, without importing torch; any other model is built and run.
+# Smallest input side each built-in image network accepts (its downsampling would reach zero below it): those
+# without model.kwargs are checked by this table, without importing torch; any other model (gpt too) is built and run.
 MIN_IMAGE_SIZE = {
     "tiny_cnn": 2,
     "bn_cnn": 4,
@@ -174,10 +176,11 @@ def _check_semantics(job: Job) -> None:
             f"{model.name} needs images of at least {MIN_IMAGE_SIZE[model.name]} pixels, got {data.image_size}",
         )
     train, epochs = job.train, job.train.epochs
+    multistep = train.lr_schedule.kind == "multistep"  # the schedule that reads these
     late = [m for m in train.lr_milestones if m > epochs]
-    if late:
+    if late and multistep:
         fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
-    if recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
+    if multistep and recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
         fail(
             "train.warmup_epochs",
             f"strategy '{train.strategy}' ({recipe(train)}'s recipe) would warm up for {train.warmup_epochs} "
@@ -204,7 +207,31 @@ def _check_semantics(job: Job) -> None:
     _check_gpus_per_node(job, fail)
     _check_gpu_job(job, fail)
     _check_slurm(job, fail)
+    _check_optimizer(job, fail)
     _check_batch_schedule(job, fail)
+
+
+def _check_optimizer(job: Job, fail) -> None:
+    """What an optimiser cannot run yet: under adamw, the strategies lr_schedule.RATE_RULES refuses, and the goodput
+    objectives and the adaptive batch, whose steps-to-progress and gain are SGD's (`fail`: _check_semantics')."""
+    train = job.train
+    if train.optimizer == "sgd":
+        return
+    if reason := refusal(train.strategy, train.optimizer):
+        allowed = ", ".join(strategies_under(train.optimizer))
+        fail("train.strategy", f"'{train.strategy}' under {train.optimizer}: {reason}; allowed: {allowed}")
+    noise_scale = f"SGD's gradient noise scale (McCandlish et al. 2018); it has no {train.optimizer} form yet"
+    if job.objective.minimize in GOODPUT_GOALS:
+        fail(
+            "objective.minimize",
+            f"'{job.objective.minimize}' under {train.optimizer}: its steps to the recipe's progress follow "
+            f"{noise_scale}; allowed: {', '.join(goal for goal in GOALS if goal not in GOODPUT_GOALS)}",
+        )
+    if train.batch_schedule == "adaptive":
+        fail(
+            "train.batch_schedule",
+            f"adaptive under {train.optimizer}: the batch it chooses follows {noise_scale}; allowed: fixed",
+        )
 
 
 # strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, performance/batch_schedule.py)

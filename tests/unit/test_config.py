@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import subprocess
@@ -12,8 +13,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, default_job, job_config
-from tula_hpc.config import ConfigError, job_settings, load_config, validate_config
-from tula_hpc.core.dependencies import STAGE_SETTINGS, fingerprint, stage_settings
+from tula_hpc.config import SCHEMA_PATH, ConfigError, job_settings, load_config, validate_config
+from tula_hpc.core.dependencies import LATER_SETTINGS, STAGE_SETTINGS, fingerprint, stage_settings
 from tula_hpc.performance.sync_priors import SYNC_PRIORS
 from tula_hpc.stages.runner import load_job
 from tula_hpc.training.data_check import FASHION_MNIST_FOLDER
@@ -113,6 +114,38 @@ BAD_CASES = [
         ["resources.slurm.mem_per_gpu_gb"],
     ),
     ("a wckey of two words", lambda j: j["resources"].update(slurm={"wckey": "a b"}), ["resources.slurm.wckey"]),
+    *(
+        (
+            f"{strategy} under adamw",
+            lambda j, strategy=strategy: j["train"].update(optimizer="adamw", strategy=strategy),
+            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs"],
+        )
+        for strategy, why in [
+            ("ags", "cancels in m/sqrt(v)"),
+            ("static", "no Adam form yet"),
+            ("lars", "LARS"),
+            ("polo", "local steps"),
+            ("adascale", "gain"),
+        ]
+    ),
+    (
+        "a goodput objective under adamw",
+        lambda j: (j["train"].update(optimizer="adamw", strategy="lrs"), j["objective"].update(minimize="goodput")),
+        ["field 'objective.minimize'", "'goodput' under adamw", "noise scale", "allowed: time, cost, knee"],
+    ),
+    (
+        "an adaptive batch under adamw",
+        lambda j: j["train"].update(optimizer="adamw", strategy="lbt", batch_schedule="adaptive"),
+        ["field 'train.batch_schedule'", "adaptive under adamw", "noise scale", "allowed: fixed"],
+    ),
+    ("one beta", lambda j: j["train"].update(optimizer="adamw", betas=[0.9]), ["train.betas"]),
+    ("a beta of 1", lambda j: j["train"].update(optimizer="adamw", betas=[0.9, 1.0]), ["train.betas.1"]),
+    ("no clipping norm", lambda j: j["train"].update(grad_clip=0), ["train.grad_clip"]),
+    (
+        "an unknown schedule",
+        lambda j: j["train"].update(lr_schedule={"kind": "linear"}),
+        ["train.lr_schedule.kind", "multistep, cosine"],
+    ),
 ]
 
 
@@ -126,6 +159,45 @@ def test_bad_input_names_job_field_and_allowed(label, mutate, expected):
     assert "job 'digits-cnn'" in message or "'extras'" in message
     for fragment in expected:
         assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+def test_adamw_with_lrs_and_a_cosine_schedule_is_valid_and_fills_only_the_schedule_defaults():
+    config = job_config()
+    train = config["jobs"]["digits-cnn"]["train"]
+    train.update(optimizer="adamw", strategy="lrs", grad_clip=1.0, lr_schedule={"kind": "cosine"})
+    job = job_settings(validate_config(config), "digits-cnn")
+    assert (job.train.betas, job.train.eps, job.train.grad_clip) == ((0.9, 0.95), 1e-8, 1.0)
+    assert (job.train.lr_schedule.warmup_steps, job.train.lr_schedule.min_lr_ratio) == (0, 0.1)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_SETTINGS))
+def test_a_job_that_sets_no_later_setting_keeps_the_fingerprints_it_had_before_they_existed(stage):
+    """What each stage depends on, for a job leaving every LATER_SETTINGS key at its earlier value, is what it was
+    before those keys existed: its settings with them deleted, as an earlier version's Job.as_dict() had them."""
+    settings = default_job().as_dict()
+    earlier = copy.deepcopy(settings)
+    for name in LATER_SETTINGS:
+        *parents, key = name.split(".")
+        section = earlier
+        for parent in parents:
+            section = section[parent]
+        del section[key]
+    assert stage_settings(settings, stage) == stage_settings(earlier, stage)
+    changed = default_job(train={"optimizer": "adamw", "strategy": "lbt", "betas": [0.8, 0.9]}).as_dict()
+    if stage in ("train", "profile", "probe_memory"):
+        assert stage_settings(changed, stage) != stage_settings(settings, stage)
+
+
+@pytest.mark.parametrize("name", sorted(LATER_SETTINGS))
+def test_the_earlier_value_of_a_later_setting_is_its_schema_default(name):
+    jobs = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["jobs"]["additionalProperties"]
+    schema = jobs
+    for key in name.split("."):
+        schema = schema["properties"][key]
+    default = copy.deepcopy(schema["default"])
+    for key, sub in schema.get("properties", {}).items():  # an object's defaults are its properties'
+        default.setdefault(key, sub["default"])
+    assert default == LATER_SETTINGS[name]
 
 
 def test_default_config_is_valid_and_filled_with_defaults():

@@ -1,6 +1,9 @@
-"""The learning rate: linear scaling with the batch, per-step warm-up, and the epoch milestones' decay."""
+"""The learning rate: linear and square-root scaling with the batch, per-step warm-up, the epoch milestones' decay and
+the cosine schedule in steps."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -27,3 +30,26 @@ def test_strategies_without_warm_up_keep_the_epoch_milestones(name):
     train = dict(strategy=name, lr=0.05, lr_milestones=[1, 2], lr_gamma=0.5)
     rates = _rates(train, global_batch=512, steps_per_epoch=3, steps=9)
     assert rates == pytest.approx([0.05] * 3 + [0.025] * 3 + [0.0125] * 3)
+
+
+def test_lrs_under_adamw_scales_by_the_square_root_of_the_batch_ratio_and_lbt_not_at_all():
+    adamw = dict(optimizer="adamw", lr=1e-3, lr_base_batch=64, warmup_epochs=0)
+    assert _rates({**adamw, "strategy": "lrs"}, global_batch=256, steps_per_epoch=2, steps=1) == pytest.approx([2e-3])
+    assert _rates({**adamw, "strategy": "lbt"}, global_batch=256, steps_per_epoch=2, steps=1) == pytest.approx([1e-3])
+
+
+def test_cosine_warms_up_in_steps_then_decays_to_the_floor_at_the_last_step():
+    schedule = {"kind": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}
+    train = dict(strategy="lbt", lr=1.0, epochs=3, lr_schedule=schedule)
+    rates = _rates(train, global_batch=128, steps_per_epoch=5, steps=16)  # 15 steps: warm 0-3, decay 4-14
+    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert rates[4] == pytest.approx(1.0)
+    assert rates[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 5 / 10)))  # half way: 0.55
+    assert rates[14] == pytest.approx(0.1) and rates[15] == pytest.approx(0.1)
+
+
+def test_cosine_ignores_the_epoch_warm_up_and_milestones():
+    schedule = {"kind": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.0}
+    train = dict(strategy="lrs", lr=0.1, lr_base_batch=128, epochs=2, warmup_epochs=1, lr_milestones=[1])
+    rates = _rates({**train, "lr_schedule": schedule}, global_batch=128, steps_per_epoch=3, steps=6)
+    assert rates == pytest.approx([0.1 * 0.5 * (1 + math.cos(math.pi * k / 5)) for k in range(6)])

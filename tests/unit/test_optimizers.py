@@ -1,4 +1,4 @@
-"""Optimisers: LARS against its formula, and which optimiser each recipe builds."""
+"""Optimisers: LARS against its formula, which optimiser each recipe builds, AdamW's decay groups, and clipping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tests.conftest import default_job
-from tula_hpc.training.optimizers import LARS, build_optimizer
+from tula_hpc.training.optimizers import LARS, build_optimizer, clip_gradients, decay_groups
 
 
 def test_lars_step_follows_the_formula():
@@ -49,10 +49,57 @@ def test_lars_step_follows_the_formula():
 def test_the_recipe_chooses_the_optimiser_and_lars_adapts_weight_tensors_only(strategy, ags_base, optimizer):
     train_cfg = default_job(train={"strategy": strategy, "momentum": 0.8, "ags": {"base": ags_base}}).train
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-    built = build_optimizer(list(model.parameters()), train_cfg, lr=0.3)
+    built = build_optimizer(model, train_cfg, lr=0.3)
     assert type(built) is optimizer
     assert all(group["lr"] == 0.3 and group["momentum"] == 0.8 for group in built.param_groups)
     if optimizer is LARS:
         weights, others = built.param_groups
         assert [p.ndim for p in weights["params"]] == [2] and weights["adapt"]
         assert [p.ndim for p in others["params"]] == [1, 1, 1] and not others["adapt"]
+
+
+class TiedLM(nn.Module):
+    """An embedding, a norm, a linear layer with a bias, and an output layer tied to the embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm, self.hidden = nn.Embedding(7, 4), nn.LayerNorm(4), nn.Linear(4, 4)
+        self.out = nn.Linear(4, 7, bias=False)
+        self.out.weight = self.embed.weight
+
+
+def test_adamw_decays_the_weight_matrices_only_and_takes_betas_and_eps():
+    train_cfg = default_job(
+        train={"optimizer": "adamw", "strategy": "lbt", "weight_decay": 0.1, "betas": [0.8, 0.9], "eps": 1e-6}
+    ).train
+    model = TiedLM()
+    built = build_optimizer(model, train_cfg, lr=3e-4)
+    assert type(built) is torch.optim.AdamW
+    decayed, others = built.param_groups
+    assert decayed["params"] == [model.hidden.weight] and decayed["weight_decay"] == 0.1
+    assert others["params"] == [model.embed.weight, model.norm.weight, model.norm.bias, model.hidden.bias]
+    assert others["weight_decay"] == 0.0
+    assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-6 and g["lr"] == 3e-4 for g in built.param_groups)
+
+
+def test_adamw_defaults_to_gpt3s_betas_and_torchs_eps():
+    train_cfg = default_job(train={"optimizer": "adamw", "strategy": "lbt"}).train
+    built = build_optimizer(TiedLM(), train_cfg, lr=1e-3)
+    assert all(g["betas"] == (0.9, 0.95) and g["eps"] == 1e-8 for g in built.param_groups)
+
+
+def test_a_tied_parameter_is_in_one_group_once():
+    groups = decay_groups(TiedLM(), 0.1)
+    listed = [id(p) for group in groups for p in group["params"]]
+    assert len(listed) == len(set(listed)) == len(list(TiedLM().parameters()))
+
+
+def test_clipping_scales_the_gradient_to_the_global_norm_and_none_leaves_it():
+    a, b = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])  # global norm 5
+    clip_gradients([a, b], None)
+    assert a.grad.tolist() == [3.0, 0.0] and b.grad.tolist() == [4.0]
+    clip_gradients([a, b], 1.0)
+    torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-5, rtol=1e-5)
+    clip_gradients([a, b], 10.0)  # below the limit: unchanged
+    torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-5, rtol=1e-5)

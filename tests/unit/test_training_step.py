@@ -29,6 +29,26 @@ def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
     torch.testing.assert_close(weights[0], weights[1])
 
 
+def test_the_step_clips_the_gradient_to_train_grad_clip():
+    """SGD at rate 1 without momentum or decay moves the weights by the (clipped) gradient: here of norm 5, clipped
+    to 1."""
+    train = {"strategy": "lbt", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "lr_milestones": []}
+    moves = []
+    for clip in (None, 1.0):
+        model = nn.Linear(2, 1, bias=False)
+        nn.init.zeros_(model.weight)
+        strategy = build_strategy(model, default_job(train={**train, "grad_clip": clip}).train, 1, 1)
+        x = torch.tensor([[3.0, 4.0]])
+
+        def loss_fn(output, target):
+            return -output.sum()  # gradient x: norm 5
+
+        training_step(model, strategy, loss_fn, x, torch.zeros(1))
+        moves.append(model.weight.detach().flatten())
+    torch.testing.assert_close(moves[0], torch.tensor([3.0, 4.0]))
+    torch.testing.assert_close(moves[1], torch.tensor([0.6, 0.8]))
+
+
 class _ParityModel(nn.Module):
     """Predicts class 0 for an even-valued image and class 1 for an odd one: which images are right is known."""
 

@@ -85,6 +85,10 @@ STAGE_SETTINGS = {
 LATER_SETTINGS = {
     "task": {"name": "image_classification", "kwargs": {}},
     "data.seq_len": None,
+    "train.betas": [0.9, 0.95],
+    "train.eps": 1e-8,
+    "train.grad_clip": None,
+    "train.lr_schedule": {"kind": "multistep", "warmup_steps": 0, "min_lr_ratio": 0.1},
 }
 
 
@@ -96,9 +100,14 @@ def _without_later_defaults(settings: dict) -> dict:
         section = settings
         for parent in parents:
             section = section.get(parent) if isinstance(section, dict) else None
-        if isinstance(section, dict) and key in section and section[key] == earlier:
+        if isinstance(section, dict) and key in section and _plain(section[key]) == earlier:
             del section[key]
     return settings
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON holds it (a tuple as a list)."""
+    return json.loads(json.dumps(value))
 
 
 def stage_settings(settings: dict, stage: str) -> dict[str, Any]:

@@ -61,6 +61,13 @@ class PoloSettings:
 
 
 @dataclass(frozen=True)
+class LrScheduleSettings:
+    kind: str
+    warmup_steps: int
+    min_lr_ratio: float
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     epochs: int
     optimizer: str
@@ -78,6 +85,10 @@ class TrainSettings:
     ags: AgsSettings
     lars: LarsSettings
     polo: PoloSettings
+    betas: tuple[float, float]
+    eps: float
+    grad_clip: float | None
+    lr_schedule: LrScheduleSettings
     batch_schedule: str = "fixed"
 
 
@@ -212,9 +223,9 @@ class Job:
         return Job.from_dict(deep_update(self.as_dict(), sections))
 
 
-# The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up, and that scale the rate linearly.
+# The recipes (a baseline strategy's optimiser, peak rate and warm-up) that warm up; how each scales its rate is
+# training/lr_schedule.py's RATE_RULES.
 WARMUP_RECIPES = frozenset({"lrs", "lars", "polo"})
-LR_SCALING_RECIPES = frozenset({"lrs", "lars"})
 
 
 def recipe(train: TrainSettings) -> str:

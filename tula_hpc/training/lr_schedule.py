@@ -1,34 +1,81 @@
-"""Learning-rate maths, apart from the optimisers it drives: the peak rate (linear scaling with the global batch for
-the lrs and lars recipes, Goyal et al.) and the multiplier of it at every step (per-step linear warm-up, step decay at
-epoch milestones). A new scaling rule (square-root scaling for AdamW or LAMB) or schedule goes here.
+"""Learning-rate maths, apart from the optimisers it drives: the peak rate (how it follows the global batch, by
+strategy and optimiser: RATE_RULES) and the multiplier of it at every step (multistep: per-step linear warm-up, step
+decay at epoch milestones; cosine: linear warm-up in steps, cosine decay to a floor at the run's last step).
+A new scaling rule or schedule goes here. Torch-free: validation reads RATE_RULES without importing torch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tula_hpc.core.job import LR_SCALING_RECIPES, WARMUP_RECIPES, recipe
+from tula_hpc.core.job import WARMUP_RECIPES, recipe
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import TrainSettings
 
+# Why the strategies and objectives built on SGD's rate and noise scale wait for their Adam forms (issue 58).
+ADAM_FORMS_PENDING = (
+    "under Adam a factor on a tensor's gradient cancels in m/sqrt(v) once v has adapted and enlarges the step while "
+    "v lags, an uncontrolled change of rate rather than the paper's; it has no Adam form yet"
+)
+# How the peak rate follows the global batch B, by strategy and optimiser: "plain" (lr), "linear" (lr x B /
+# lr_base_batch, Goyal et al.), "sqrt" (lr x sqrt(B / lr_base_batch), Malladi et al. 2022: Adam's square-root rule;
+# betas and eps stay the recipe's), "recipe" (as the recipe of train.ags.base); any other text is why the pair is
+# refused at validation. The one table of what each strategy does under each optimiser.
+RATE_RULES = {
+    "lbt": {"sgd": "plain", "adamw": "plain"},
+    "lrs": {"sgd": "linear", "adamw": "sqrt"},
+    "lars": {"sgd": "linear", "adamw": "LARS is an optimiser of its own, SGD's layer-wise form"},
+    "polo": {
+        "sgd": "plain",
+        "adamw": "its local steps and model averages are SGD's; it has no Adam form yet",
+    },
+    "static": {"sgd": "recipe", "adamw": ADAM_FORMS_PENDING},
+    "ags": {"sgd": "recipe", "adamw": ADAM_FORMS_PENDING},
+    "adascale": {
+        "sgd": "plain",
+        "adamw": "its gain is SGD's (Johnson et al. 2020) and would change Adam's rate unchecked; its Adam form "
+        "is not written yet",
+    },
+}
+RULES = ("plain", "linear", "sqrt", "recipe")
+
+
+def refusal(strategy: str, optimizer: str) -> str | None:
+    """Why `strategy` cannot run under `optimizer` (RATE_RULES), or None when it can."""
+    rule = RATE_RULES[strategy][optimizer]
+    return None if rule in RULES else rule
+
+
+def strategies_under(optimizer: str) -> list[str]:
+    """The strategies that run under `optimizer`, for the message that refuses another."""
+    return [strategy for strategy in RATE_RULES if refusal(strategy, optimizer) is None]
+
 
 def peak_lr(train_cfg: TrainSettings, global_batch: int) -> float:
-    """The learning rate after warm-up and before decay: linearly scaled for lrs and lars (and AGS on them)."""
-    if recipe(train_cfg) in LR_SCALING_RECIPES:
+    """The learning rate after warm-up and before decay: scaled with the batch by the recipe's rule (RATE_RULES)."""
+    rule = RATE_RULES[recipe(train_cfg)][train_cfg.optimizer]
+    if rule == "linear":
         return train_cfg.lr * global_batch / train_cfg.lr_base_batch
+    if rule == "sqrt":
+        return train_cfg.lr * math.sqrt(global_batch / train_cfg.lr_base_batch)
     return train_cfg.lr
 
 
 def lr_factor(train_cfg: TrainSettings, steps_per_epoch: int) -> Callable[[int], float]:
-    """Multiplier of the peak rate at optimiser step k (0-based): linear warm-up, then step decay.
+    """Multiplier of the peak rate at optimiser step k (0-based), by train.lr_schedule's kind.
 
-    Warm-up ramps (k + 1) / (warmup_epochs x steps_per_epoch) to 1, per step as in Goyal et al.
-    (from peak / warm-up steps rather than their unscaled rate, so that it also applies to polo,
-    whose rate is not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as
-    MultiStepLR stepped once per epoch does.
+    multistep (the default): warm-up ramps (k + 1) / (warmup_epochs x steps_per_epoch) to 1, per step as in Goyal
+    et al. (from peak / warm-up steps rather than their unscaled rate, so that it also applies to polo, whose rate is
+    not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as MultiStepLR stepped once per
+    epoch does. cosine: see cosine_factor, over the run's train.epochs x steps_per_epoch steps.
     """
+    schedule = train_cfg.lr_schedule
+    if schedule.kind == "cosine":
+        total = train_cfg.epochs * steps_per_epoch
+        return cosine_factor(schedule.warmup_steps, total, schedule.min_lr_ratio)
     warm_steps = train_cfg.warmup_epochs * steps_per_epoch if recipe(train_cfg) in WARMUP_RECIPES else 0
     milestones, gamma = train_cfg.lr_milestones, train_cfg.lr_gamma
 
@@ -36,5 +83,19 @@ def lr_factor(train_cfg: TrainSettings, steps_per_epoch: int) -> Callable[[int],
         epoch = step // steps_per_epoch
         decay = gamma ** sum(epoch >= m for m in milestones)
         return decay * min(1.0, (step + 1) / warm_steps) if warm_steps else decay
+
+    return factor
+
+
+def cosine_factor(warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
+    """(k + 1) / warmup_steps over the first warmup_steps steps, then half a cosine from 1 down to min_ratio at step
+    total_steps - 1, the run's last (GPT-3's and nanoGPT's schedule); min_ratio after it, should the run go on."""
+    decay_steps = max(1, total_steps - 1 - warmup_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor

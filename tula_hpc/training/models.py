@@ -171,6 +171,7 @@ BUILTINS = {
     "mobilenet_v3_large": "torchvision.models:mobilenet_v3_large",
     "vgg11": f"{__name__}:vgg11",
     "alexnet": f"{__name__}:alexnet",
+    "gpt": "tula_hpc.training.gpt:gpt",
 }
 
 

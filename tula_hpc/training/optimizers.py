@@ -1,7 +1,7 @@
-"""The optimisers a strategy steps with, and the one place that builds them from a job: SGD, and LARS for the lars
-recipe (train.strategy lars, or train.ags.base lars). A new optimiser (AdamW, LAMB) is a class here, or torch's,
-chosen in `build_optimizer`; its rate rule (scaling, warm-up) is lr_schedule.py's, what a strategy does around it
-strategies.py's.
+"""The optimisers a strategy steps with, and the one place that builds them from a job: SGD, LARS for the lars
+recipe (train.strategy lars, or train.ags.base lars), and AdamW (train.optimizer adamw). A new optimiser (LAMB) is a
+class here, or torch's, chosen in `build_optimizer`; its rate rule (scaling, warm-up) is lr_schedule.py's, what a
+strategy does around it strategies.py's. Gradient clipping by global norm (train.grad_clip) is here too.
 """
 
 from __future__ import annotations
@@ -77,11 +77,31 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(params: list[nn.Parameter], train_cfg: TrainSettings, lr: float) -> torch.optim.Optimizer:
-    """The optimiser of train_cfg's recipe over `params` at peak rate `lr` (train.momentum, train.weight_decay).
+def decay_groups(net: nn.Module, weight_decay: float) -> list[dict]:
+    """`net`'s parameters in two groups: weight decay on the weights of two or more dimensions (linear and conv
+    weights), none on biases, normalisation layers and embeddings (nn.Embedding's, also where tied to an output
+    layer), as nanoGPT's configure_optimizers and minGPT's rule. A tied parameter is listed once."""
+    embeddings = {id(m.weight) for m in net.modules() if isinstance(m, nn.Embedding)}
+    decayed, others = [], []
+    for p in net.parameters():  # each tensor once, however many modules share it
+        (decayed if p.ndim >= 2 and id(p) not in embeddings else others).append(p)
+    return [{"params": decayed, "weight_decay": weight_decay}, {"params": others, "weight_decay": 0.0}]
+
+
+def build_optimizer(net: nn.Module, train_cfg: TrainSettings, lr: float) -> torch.optim.Optimizer:
+    """The optimiser of train_cfg's recipe over `net`'s parameters at peak rate `lr` (train.momentum,
+    train.weight_decay; under adamw train.betas, train.eps and decay_groups).
 
     LARS adapts the rate of weight tensors only: biases and normalisation layers (one dimension) take plain SGD steps.
     """
+    params = list(net.parameters())
+    if train_cfg.optimizer == "adamw":
+        return torch.optim.AdamW(
+            decay_groups(net, train_cfg.weight_decay),
+            lr=lr,
+            betas=tuple(train_cfg.betas),
+            eps=train_cfg.eps,
+        )
     sgd = dict(lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     if recipe(train_cfg) == "lars":
         layers = [p for p in params if p.ndim > 1]
@@ -92,3 +112,10 @@ def build_optimizer(params: list[nn.Parameter], train_cfg: TrainSettings, lr: fl
             trust_coefficient=train_cfg.lars.trust_coefficient,
         )
     return torch.optim.SGD(params, **sgd)
+
+
+def clip_gradients(params, max_norm: float | None) -> None:
+    """Clip the gradients of `params` to global L2 norm `max_norm` (train.grad_clip; None: leave them): after fp16's
+    unscale, so that the norm is the true gradient's."""
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)

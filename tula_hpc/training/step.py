@@ -23,6 +23,7 @@ from tula_hpc.cluster.distributed import Context, seed_everything
 from tula_hpc.training.datasets import load_splits
 from tula_hpc.training.loaders import make_eval_loader, on_device
 from tula_hpc.training.models import build_model
+from tula_hpc.training.optimizers import clip_gradients
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -129,12 +130,14 @@ def apply_update(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Te
     """The strategy's hooks around the optimiser step, on the accumulated (synchronised) gradient.
 
     The gradient is unscaled first (fp16), so the hooks (AGS's factors) and the optimiser (AGS's Delta) see
-    true values. A non-finite fp16 gradient skips the hooks and the optimiser, as GradScaler.step does: AGS
-    neither counts the step nor takes a Delta or factors from it (a due update waits for the next step), and
-    the scaler lowers its scale. The learning-rate schedule still advances (`Strategy.after_step`).
+    true values, then clipped to train.grad_clip's global norm. A non-finite fp16 gradient skips the hooks and the
+    optimiser, as GradScaler.step does: AGS neither counts the step nor takes a Delta or factors from it (a due
+    update waits for the next step), and the scaler lowers its scale. The learning-rate schedule still advances
+    (`Strategy.after_step`).
     """
     precision = strategy.precision
     if precision.unscale(strategy.optimizer):
+        clip_gradients(net.parameters(), strategy.grad_clip)
         strategy.before_step(net, loss_fn, x, y, reference_grads)
         strategy.optimizer.step()
     precision.update()

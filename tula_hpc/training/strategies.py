@@ -6,8 +6,9 @@ every epoch; nothing else in the loop knows which strategy runs. This module hol
 
 | strategy | optimiser                                          | peak learning rate          | warm-up |
 |----------|----------------------------------------------------|-----------------------------|---------|
-| lbt      | SGD (vanilla large-batch training)                 | lr                          | no      |
+| lbt      | SGD or AdamW (vanilla large-batch training)        | lr                          | no      |
 | lrs      | SGD (linear LR scaling, Goyal et al.)              | lr x B / lr_base_batch      | yes     |
+| lrs      | AdamW (square-root scaling, Malladi et al. 2022)   | lr x sqrt(B / lr_base_batch)| yes     |
 | lars     | LARS (optimizers.py)                               | lr x B / lr_base_batch      | yes     |
 | polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
 | static   | TulaOptimizer, step function U(s) of Eq. 8         | as train.ags.base           | as base |
@@ -20,6 +21,10 @@ epoch. All these methods apply LR warmup for 5 epochs." Vanilla LBT and the pape
 warm-up: AGS's gate already leaves the sensitive early steps unscaled. ``train.ags.base`` puts AGS (and
 static scaling) on top of another recipe: sgd (the paper's: lbt's optimiser and rate), lrs or lars (their
 optimiser, linearly scaled rate and warm-up; AGS rescales the gradient the optimiser then steps with).
+
+Under train.optimizer adamw only lbt and lrs run; the others wait for their Adam forms (lr_schedule.RATE_RULES says
+why, and validation refuses them). Warm-up above is the multistep schedule's; train.lr_schedule cosine warms up every
+strategy over its warmup_steps instead.
 
 adascale (Johnson et al., "AdaScale SGD", ICML 2020) is not a row of Table I: it trains the recipe of
 train.epochs at train.lr_base_batch (lbt's: SGD at lr, lr_milestones in those epochs), at a batch s times
@@ -76,6 +81,7 @@ class Strategy:
         self.optimizer = optimizer
         self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
         self.precision = precision
+        self.grad_clip = train_cfg.grad_clip  # the global norm apply_update clips the unscaled gradient to
         # The gradient noise scale, measured by DDP's all-reduce (noise_scale.py); None on one rank and for
         # polo, whose local steps all-reduce no gradients.
         self.noise_scale: NoiseScaleHook | None = None
@@ -282,7 +288,7 @@ def build_strategy(
     params = list(net.parameters())
     polo = name == "polo" and isinstance(net, DistributedDataParallel)
     precision = Precision(train_cfg.precision, params[0].device, train_cfg.channels_last, local_steps=polo)
-    optimizer = build_optimizer(params, train_cfg, peak_lr(train_cfg, global_batch))
+    optimizer = build_optimizer(net, train_cfg, peak_lr(train_cfg, global_batch))
     precision.attach_state(optimizer)
     samples = train_samples or steps_per_epoch * global_batch
     strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
