@@ -141,3 +141,18 @@ def test_the_real_corpus_holds_the_works_and_shares_the_code_says():
 def test_a_missing_archive_names_make_data(tmp_path):
     with pytest.raises(DataError, match="make data"):
         text.text_splits(data_settings("shakespeare", root=str(tmp_path)), seed=0)
+
+
+def test_train_characters_keeps_the_start_of_the_training_works_and_every_held_out_work():
+    real_archive()
+    whole = text.text_splits(data_settings("shakespeare", seq_len=64), seed=0)
+    share = text.text_splits(data_settings("shakespeare", seq_len=64, kwargs={"train_characters": 200_000}), seed=0)
+    assert len(share[0]) == (200_000 - 64) // 64 < len(whole[0])
+    assert (len(share[1]), len(share[2])) == (len(whole[1]), len(whole[2]))
+    assert np.array_equal(share[0].tokens, whole[0].tokens[:200_000])
+
+
+@pytest.mark.parametrize("kwargs", [{"train_characters": 8}, {"train_characters": "many"}, {"works": 3}])
+def test_shakespeare_refuses_other_kwargs_and_too_few_characters(kwargs):
+    with pytest.raises(DataError, match="field 'data.kwargs'"):
+        text.text_splits(data_settings("shakespeare", kwargs=kwargs), seed=0)

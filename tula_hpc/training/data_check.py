@@ -77,6 +77,7 @@ def check_data(data: DataSettings) -> None:
             _check_seq_len(data)
     elif name == "shakespeare":
         _check_seq_len(data)
+        shakespeare_training_characters(data)
         shakespeare_archive(data)
     elif name == "tokens":
         _check_seq_len(data)
@@ -121,6 +122,18 @@ def shakespeare_archive(data: DataSettings) -> Path:
     if digest != SHAKESPEARE_SHA256:
         _fail("root", f"'{found[0]}' has sha256 {digest}, expected {SHAKESPEARE_SHA256}; {SHAKESPEARE_HINT}")
     return found[0]
+
+
+def shakespeare_training_characters(data: DataSettings) -> int | None:
+    """data.kwargs train_characters of the shakespeare data set (None: every training work), checked: a quick run's
+    share of the training works, from their start; validation and test keep their whole works."""
+    for key in data.kwargs:
+        if key != "train_characters":
+            _fail("kwargs", f"the shakespeare data set takes train_characters, not '{key}'")
+    count = data.kwargs.get("train_characters")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count <= data.seq_len):
+        _fail("kwargs", f"train_characters must be a whole number above data.seq_len ({data.seq_len}), got {count!r}")
+    return count
 
 
 TOKEN_KEYS = ("vocab_size", "dtype")

@@ -17,7 +17,12 @@ import torch
 from torch.utils.data import Dataset
 
 from tula_hpc.core.job import DataSettings
-from tula_hpc.training.data_check import shakespeare_archive, token_files, token_settings
+from tula_hpc.training.data_check import (
+    shakespeare_archive,
+    shakespeare_training_characters,
+    token_files,
+    token_settings,
+)
 
 SHAKESPEARE_TEXTS = "shksprdata/texts/"
 SHAKESPEARE_SUFFIX = "_gut.txt"  # modern spelling; the First Folio's files end in _gut_f.txt
@@ -154,6 +159,7 @@ def text_splits(data: DataSettings, seed: int) -> tuple[TokenWindows, TokenWindo
     """(train, val, test, shape) of a text data set: training windows move each epoch, evaluation's do not."""
     if data.name == "shakespeare":
         streams, vocab_size = shakespeare_streams(shakespeare_works(shakespeare_archive(data)))
+        streams["train"] = streams["train"][: shakespeare_training_characters(data)]
     else:
         streams, vocab_size = token_streams(data)
     return (
