@@ -20,10 +20,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula_hpc.cluster.distributed import Context, seed_everything
+from tula_hpc.training import tasks
 from tula_hpc.training.datasets import load_splits
 from tula_hpc.training.loaders import make_eval_loader, on_device
 from tula_hpc.training.models import build_model
-from tula_hpc.training import tasks
 from tula_hpc.training.optimizers import clip_gradients
 from tula_hpc.training.precision import Precision
 from tula_hpc.training.tasks import Task

@@ -56,8 +56,8 @@ from tula_hpc.training.lr_schedule import lr_factor, peak_lr
 from tula_hpc.training.noise_scale import NoiseScaleHook
 from tula_hpc.training.optimizers import build_optimizer
 from tula_hpc.training.precision import Precision
-from tula_hpc.training.tasks import batch_size
 from tula_hpc.training.progress import adascale_gain, recipe_steps
+from tula_hpc.training.tasks import batch_size
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import TrainSettings
