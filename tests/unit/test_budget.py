@@ -216,6 +216,25 @@ def test_an_optimisers_state_is_counted_from_its_tensors():
     assert optimizer_state_bytes(momentum) == sum(p.nbytes for p in model.parameters())
 
 
+def test_adamws_two_moments_are_counted_twice_the_parameters_where_momentum_is_once():
+    """Read off optimizer.state after a step: AdamW's exp_avg and exp_avg_sq are two parameter-sized tensors (plus
+    its 4-byte step counter per tensor), SGD's momentum buffer one."""
+    params = {}
+    for name, build in {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.1),
+    }.items():
+        model = tiny_model()
+        optimizer = build(model.parameters())
+        model(torch.randn(4, 3, 8, 8)).sum().backward()
+        optimizer.step()
+        params[name] = list(model.parameters()), optimizer_state_bytes(optimizer)
+    weights, sgd = params["sgd"]
+    assert sgd == sum(p.nbytes for p in weights)
+    weights, adamw = params["adamw"]
+    assert adamw == 2 * sum(p.nbytes for p in weights) + 4 * len(weights)
+
+
 def test_autocasts_weight_copies_are_counted_apart_from_saved_activations():
     """CPU autocast to bf16 casts the conv's and the linear layer's weights, and saves the copies for backward."""
     model, loss_of = tiny_model(), ImageClassification().loss_of

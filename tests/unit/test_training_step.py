@@ -1,17 +1,21 @@
 """The training step every stage runs on any task's batch, and scoring that counts every sample once."""
 
 import copy
+import dataclasses
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import default_job, run_on_two_ranks
 from tula_hpc.cluster.distributed import Context
+from tula_hpc.training.precision import Precision
 from tula_hpc.training.preemption import REQUEUE_SIGNAL, StopRequests
 from tula_hpc.training.step import accumulate_gradients, build_for_job, evaluate_metrics, loop_step, training_step
 from tula_hpc.training.strategies import build_strategy
-from tula_hpc.training.tasks import ImageClassification
+from tula_hpc.training.tasks import IGNORE_INDEX, CausalLM, ImageClassification
 
 IMAGES = ImageClassification()  # cross-entropy on a pair batch (inputs, classes)
 
@@ -206,3 +210,108 @@ def test_the_loop_step_is_the_training_step_and_reports_a_stop_noted_before_it_b
     assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters()))
     stop.noted = REQUEUE_SIGNAL
     assert loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), IMAGES, (x, y), x.device, stop)[1]
+
+
+class _TinyLM(nn.Module):
+    """Embedding then a linear read-out: (batch, T) token ids to (batch, T, vocab) logits."""
+
+    def __init__(self, vocab: int = 11):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.out = nn.Embedding(vocab, 8), nn.Linear(8, vocab)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.out(torch.tanh(self.embed(input_ids)))
+
+
+class _Slicer:
+    """The parts of a strategy accumulate_gradients asks for, with a reference sub-batch at `reference`."""
+
+    def __init__(self, net: nn.Module, reference=None):
+        self.optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        self.precision = Precision("fp32", torch.device("cpu"))
+        self.reference = reference
+
+    def reference_indices(self, local_batch: int):
+        return self.reference
+
+
+def _gradient(net: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in net.parameters()])
+
+
+def _token_batch() -> list[torch.Tensor]:
+    """Windows whose targets are ignored in uneven places: 0, 1, 5 or all but one of a window's 6 tokens."""
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randint(0, 11, (7, 6), generator=gen), torch.randint(0, 11, (7, 6), generator=gen)
+    y[1, 2] = y[3, :5] = y[5, 1::2] = IGNORE_INDEX
+    return [x, y]
+
+
+@pytest.mark.parametrize(
+    "task, make_net, batch",
+    [
+        (CausalLM(), _TinyLM, _token_batch()),
+        (IMAGES, _conv_net, list(_images(7))),
+    ],
+)
+def test_micro_batches_and_a_reference_sub_batch_give_the_one_big_batchs_gradient(task, make_net, batch):
+    """Each slice's mean loss weighted by its count over the batch's: the sum is the whole batch's mean, exactly."""
+    net = make_net()
+    whole = _Slicer(net)
+    accumulate_gradients(net, whole, task, batch)
+    expected = _gradient(net)
+    for slices in (2, 3):
+        accumulate_gradients(net, _Slicer(net), task, batch, micro_batches=slices)
+        torch.testing.assert_close(_gradient(net), expected, rtol=1e-6, atol=1e-6)
+    reference = torch.tensor([5, 1, 3])
+    _, reference_grads = accumulate_gradients(net, _Slicer(net, reference), task, batch, micro_batches=2)
+    torch.testing.assert_close(_gradient(net), expected, rtol=1e-6, atol=1e-6)
+    # ... and the reference gradients are the mean-loss gradients of the sub-batch alone.
+    net.zero_grad()
+    task.loss_of(net, [t[reference] for t in batch])[0].backward()
+    torch.testing.assert_close(torch.cat([reference_grads[p].flatten() for p in net.parameters()]), _gradient(net))
+
+
+@dataclasses.dataclass
+class _Output:
+    """A stand-in for a Hugging Face model output: logits and the model's own loss (which the task does not use)."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class _HuggingFaceStyleLM(_TinyLM):
+    def forward(self, input_ids, attention_mask=None):
+        return _Output(super().forward(input_ids), loss=torch.tensor(123.0))
+
+
+def test_a_dict_batch_and_a_hugging_face_style_output_train_as_the_task_says():
+    """labels aligned with input_ids (shifted by the task), padding ignored: the loss is the next-token mean."""
+    ids = torch.randint(0, 11, (4, 6), generator=torch.Generator().manual_seed(4))
+    labels = ids.clone()
+    labels[2, 4:] = IGNORE_INDEX
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    net, task = _HuggingFaceStyleLM(), CausalLM()
+    strategy = build_strategy(net, default_job(train={"strategy": "lbt"}).train, 4, 1)
+    logits = _TinyLM.forward(net, ids)
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    expected = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = training_step(net, strategy, task, batch, micro_batches=2)
+    torch.testing.assert_close(loss, expected)
+    assert any(not torch.equal(p, q) for p, q in zip(net.parameters(), before))
+
+
+def test_evaluate_metrics_sums_every_batch_of_the_task():
+    """One rank, batches of 2 over 5 windows: the summed loss and accuracy equal the whole set's at once."""
+    x, y = _token_batch()
+    x, y = x[:5], y[:5]
+    net, task = _TinyLM(), CausalLM(token_unit="character")
+    dataset = torch.utils.data.TensorDataset(x, y)
+    scores = evaluate_metrics(net, dataset, Context(0, 1, 0, torch.device("cpu")), task, batch_size=2)
+    with torch.no_grad():
+        whole = task.metric_values({k: (float(s), float(c)) for k, (s, c) in task.metric_sums(net(x), [x, y]).items()})
+    assert scores.keys() == {"loss", "perplexity", "bits", "token_accuracy"}
+    assert scores == pytest.approx(whole, rel=1e-6)
+    assert scores["bits"] == pytest.approx(scores["loss"] / math.log(2))
