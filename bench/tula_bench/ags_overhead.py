@@ -32,7 +32,6 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from tula_bench.common import REPO, bench_parser, parse_bench_args, provenance
 from tula_hpc.config import job_settings, load_config
@@ -41,6 +40,9 @@ from tula_hpc.core.job import TrainSettings
 from tula_hpc.training.models import build_model
 from tula_hpc.training.step import training_step
 from tula_hpc.training.strategies import build_strategy
+from tula_hpc.training.tasks import ImageClassification
+
+IMAGES = ImageClassification()
 
 BATCH = 256
 SMALL = 32
@@ -91,14 +93,14 @@ def measure_model(name: str, train_cfg: TrainSettings, rounds: int, steps: int, 
 
             def run():  # closing an epoch makes the next step carry the reference sub-batch
                 strategy.end_epoch()
-                training_step(model, strategy, F.cross_entropy, x, y)
+                training_step(model, strategy, IMAGES, [x, y])
 
             return run
-        return lambda: training_step(model, strategy, F.cross_entropy, x, y)
+        return lambda: training_step(model, strategy, IMAGES, [x, y])
 
     def separate_update(granularity):
         model, strategy = contenders[granularity]
-        return lambda: strategy.optimizer.update_gradscale(model, F.cross_entropy, x, y)
+        return lambda: strategy.optimizer.update_gradscale(model, IMAGES.loss_of, [x, y])
 
     for key in contenders:  # factors in place, so that scaled steps multiply
         contenders[key][1].end_epoch()
@@ -151,7 +153,7 @@ def measure_epochs(
     def epoch(model, strategy):
         def run():
             for _ in range(steps):
-                training_step(model, strategy, F.cross_entropy, x, y)
+                training_step(model, strategy, IMAGES, [x, y])
             strategy.end_epoch()
 
         return run

@@ -40,12 +40,13 @@ def lightning_module(pl, job: Job, settings: dict, trials: list[dict]):
     job's budget as the stage's trials are; its hooks append each trial (a new run of the loop from its first batch)
     and count the steps it finished."""
     import torch
+    from torch.utils._pytree import tree_map
     from torch.utils.data import DataLoader
 
     from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
     from tula_hpc.profiling.memory_probes import build_probe_setup, probe_device, shaped_batch
 
-    splits, model, loss_fn = build_probe_setup(job)
+    splits, model, task = build_probe_setup(job)
     device = probe_device(job)
     device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)  # the truth's budget
     train = job.train
@@ -60,8 +61,9 @@ def lightning_module(pl, job: Job, settings: dict, trials: list[dict]):
             return DataLoader(_Sizes(self.batch_size), batch_size=None)
 
         def training_step(self, size, index):
-            x, y = shaped_batch(splits, int(size), self.device)
-            return loss_fn(self.net(x.contiguous(memory_format=layout)), y)
+            example = shaped_batch(splits, task, int(size), self.device)
+            inputs = tree_map(lambda t: t.contiguous(memory_format=layout) if t.ndim == 4 else t, example)
+            return task.loss_of(self.net, inputs)[0]
 
         def configure_optimizers(self):
             return torch.optim.SGD(

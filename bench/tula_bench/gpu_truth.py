@@ -92,16 +92,16 @@ def timed_steps(job: Job, batch: int, count: int) -> list[float]:
     from tula_hpc.training.step import accumulate_gradients, apply_update, clock_for
     from tula_hpc.training.strategies import build_strategy
 
-    splits, model, loss_fn = build_probe_setup(job)
+    splits, model, task = build_probe_setup(job)
     device = probe_device(job)
     clock = clock_for(device)
     strategy = build_strategy(model, job.train, batch, 1000)
-    x, y = shaped_batch(splits, batch, device)
+    example = shaped_batch(splits, task, batch, device)
     seconds = []
     for _ in range(count):
         started = time.perf_counter()
-        _, reference = accumulate_gradients(model, strategy, loss_fn, x, y)
-        apply_update(model, strategy, loss_fn, x, y, reference)
+        _, reference = accumulate_gradients(model, strategy, task, example)
+        apply_update(model, strategy, task, example, reference)
         clock.wait()
         seconds.append(time.perf_counter() - started)
     return seconds

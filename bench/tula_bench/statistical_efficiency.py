@@ -99,12 +99,12 @@ def _overhead_rank(rank: int, port: int, out: str) -> None:
 
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
     from tula_hpc.training.models import build_model
     from tula_hpc.training.step import training_step
     from tula_hpc.training.strategies import build_strategy
+    from tula_hpc.training.tasks import ImageClassification
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -128,7 +128,7 @@ def _overhead_rank(rank: int, port: int, out: str) -> None:
             dist.barrier()
             started = time.perf_counter()
             for _ in range(EPOCH_STEPS):
-                training_step(net, strategies[name], F.cross_entropy, x, y)
+                training_step(net, strategies[name], ImageClassification(), [x, y])
             times[name].append(time.perf_counter() - started)
     if rank == 0:
         write_json(Path(out), {name: values[1:] for name, values in times.items()})

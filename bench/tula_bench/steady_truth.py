@@ -31,7 +31,6 @@ SMOKE_BATCH = 4
 def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     """The peak over the steady steps of a short training run at per-device batch `batch`."""
     import torch
-    from torch import nn
     from torch.utils.data import DataLoader, RandomSampler
 
     from tula_hpc.cluster.devices import is_out_of_memory
@@ -41,6 +40,7 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     from tula_hpc.training.loaders import collate, on_device
     from tula_hpc.training.step import build_for_job, training_step
     from tula_hpc.training.strategies import build_strategy
+    from tula_hpc.training.tasks import job_task
 
     torch.set_num_threads(job.resources.cpus_per_task)
     use_gpu = job.resources.gpus_per_node > 0 and torch.cuda.is_available()
@@ -48,14 +48,14 @@ def steady_peak(job: Job, batch: int, budget: int | None) -> dict:
     splits, model = build_for_job(job, Context(0, 1, 0, device))
     device_memory.limit(device, budget or budget_bytes(job, device), model_bytes(model), job)
     strategy = build_strategy(model, job.train, batch, STEPS_PER_EPOCH)
-    loss_fn = nn.CrossEntropyLoss()
+    task = job_task(job)
     sampler = RandomSampler(splits.train, replacement=True, num_samples=batch * STEPS_PER_EPOCH)
     loader = DataLoader(splits.train, batch_size=batch, sampler=sampler, collate_fn=collate)
     steps = 0
     try:
         for _ in range(EPOCHS):
             for samples in loader:  # not `batch`: the result names the batch size
-                training_step(model, strategy, loss_fn, *on_device(samples, device))
+                training_step(model, strategy, task, on_device(samples, device))
                 steps += 1
                 if steps == 1:
                     device_memory.reset_peak(device)

@@ -40,7 +40,7 @@ def _job(tmp_path, **resources) -> Job:
 
 def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None:
     """A run of the same selection that died in its second epoch, with a budget it fitted in."""
-    evaluate, calls = trainer_module.evaluate_accuracy, []
+    evaluate, calls = trainer_module.evaluate_metrics, []
 
     def lose_the_node_in_epoch_2(*args, **kwargs):
         calls.append(1)
@@ -49,7 +49,7 @@ def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None
         return evaluate(*args, **kwargs)
 
     roomy = job.updated(resources={"device_memory_gb": 1})
-    monkeypatch.setattr(trainer_module, "evaluate_accuracy", lose_the_node_in_epoch_2)
+    monkeypatch.setattr(trainer_module, "evaluate_metrics", lose_the_node_in_epoch_2)
     with pytest.raises(RuntimeError, match="node lost"):
         train_worker(
             roomy,

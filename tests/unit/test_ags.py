@@ -15,6 +15,9 @@ from torch.optim.lr_scheduler import MultiStepLR
 
 from tests.conftest import run_on_two_ranks
 from tula_hpc.training.ags import TulaOptimizer
+from tula_hpc.training.tasks import ImageClassification
+
+LOSS_OF = ImageClassification().loss_of  # (mean cross-entropy, count) of a model on a pair batch
 
 
 def _mlp(dropout: float = 0.0) -> nn.Module:
@@ -67,7 +70,7 @@ def test_profiling_keeps_factors_in_bounds_and_leaves_training_state_alone(granu
     state = copy.deepcopy(model.state_dict())
     rng = torch.get_rng_state()
 
-    opt.update_gradscale(model, F.cross_entropy, x, y)
+    opt.update_gradscale(model, LOSS_OF, [x, y])
 
     scales = [opt.gradscale[p] for p in model.parameters()]
     flat = torch.cat([s.reshape(-1) for s in scales])
@@ -98,7 +101,7 @@ def test_factor_is_small_over_large_gradient(granularity):
     for p in model.parameters():
         p.grad.mul_(0.5)  # the large-batch gradient is half of the (whole-batch) sub-batch one
 
-    opt.update_gradscale(model, F.cross_entropy, x, y)
+    opt.update_gradscale(model, LOSS_OF, [x, y])
 
     for p in model.parameters():
         torch.testing.assert_close(opt.gradscale[p], torch.full_like(opt.gradscale[p], 2.0), rtol=1e-3, atol=0)
@@ -118,7 +121,7 @@ def test_sensitive_steps_leave_gradients_unchanged(granularity):
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     x, y = torch.randn(32, 5), torch.randint(0, 3, (32,))
     _backward(model, x, y)
-    opt.update_gradscale(model, F.cross_entropy, x, y)
+    opt.update_gradscale(model, LOSS_OF, [x, y])
     scales = [opt.gradscale[p] for p in model.parameters()]
     assert not all(torch.equal(s, torch.ones_like(s)) for s in scales)
 
@@ -152,7 +155,7 @@ def test_delta_zero_reproduces_wrapped_sgd_bit_for_bit():
             opt.zero_grad()
             _backward(model, x, y)
             if wrap and opt.needs_update():
-                opt.update_gradscale(model, F.cross_entropy, x, y)
+                opt.update_gradscale(model, LOSS_OF, [x, y])
             opt.step()
         if wrap:
             assert opt.pop_epoch_metrics()["gradscale_updates"] == 2
@@ -180,7 +183,7 @@ def _ddp_worker(rank: int, world: int, outdir: str) -> None:
         opt.zero_grad()
         _backward(model, x, y)
         if opt.needs_update():
-            opt.update_gradscale(model, F.cross_entropy, x, y)
+            opt.update_gradscale(model, LOSS_OF, [x, y])
         opt.step()
     torch.save(
         {
@@ -220,7 +223,7 @@ def _train(model, opt, sched, positions, steps_per_epoch=3):
         opt.zero_grad()
         _backward(model, x, y)
         if opt.needs_update():
-            opt.update_gradscale(model, F.cross_entropy, x, y)
+            opt.update_gradscale(model, LOSS_OF, [x, y])
         opt.step()
         if step == steps_per_epoch - 1:
             sched.step()
@@ -288,7 +291,7 @@ def test_update_cadence_and_epoch_metrics():
     for _ in range(5):
         due.append(every2.needs_update())
         if due[-1]:
-            every2.update_gradscale(model, F.cross_entropy, x, y)
+            every2.update_gradscale(model, LOSS_OF, [x, y])
         every2.step()
     assert due == [False, False, True, False, True]
 
@@ -296,7 +299,7 @@ def test_update_cadence_and_epoch_metrics():
     epochly.step()
     metrics = epochly.pop_epoch_metrics()
     assert epochly.needs_update()
-    epochly.update_gradscale(model, F.cross_entropy, x, y)
+    epochly.update_gradscale(model, LOSS_OF, [x, y])
     assert not epochly.needs_update()
 
     metrics = every2.pop_epoch_metrics()
@@ -313,7 +316,7 @@ def test_update_cadence_and_epoch_metrics():
     static = TulaOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), mode="static", static_scale=4.0)
     assert not static.needs_update()
     with pytest.raises(RuntimeError):
-        static.update_gradscale(model, F.cross_entropy, x, y)
+        static.update_gradscale(model, LOSS_OF, [x, y])
     assert static.pop_epoch_metrics()["scale_hist"] is None
 
 

@@ -24,6 +24,7 @@ from tula_hpc.memory.device_budget import (
     usable_bytes,
 )
 from tula_hpc.training.precision import Precision
+from tula_hpc.training.tasks import ImageClassification
 
 CUDA = torch.device("cuda", 0)
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -215,13 +216,32 @@ def test_an_optimisers_state_is_counted_from_its_tensors():
     assert optimizer_state_bytes(momentum) == sum(p.nbytes for p in model.parameters())
 
 
+def test_adamws_two_moments_are_counted_twice_the_parameters_where_momentum_is_once():
+    """Read off optimizer.state after a step: AdamW's exp_avg and exp_avg_sq are two parameter-sized tensors (plus
+    its 4-byte step counter per tensor), SGD's momentum buffer one."""
+    params = {}
+    for name, build in {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.1),
+    }.items():
+        model = tiny_model()
+        optimizer = build(model.parameters())
+        model(torch.randn(4, 3, 8, 8)).sum().backward()
+        optimizer.step()
+        params[name] = list(model.parameters()), optimizer_state_bytes(optimizer)
+    weights, sgd = params["sgd"]
+    assert sgd == sum(p.nbytes for p in weights)
+    weights, adamw = params["adamw"]
+    assert adamw == 2 * sum(p.nbytes for p in weights) + 4 * len(weights)
+
+
 def test_autocasts_weight_copies_are_counted_apart_from_saved_activations():
     """CPU autocast to bf16 casts the conv's and the linear layer's weights, and saves the copies for backward."""
-    model, loss_fn = tiny_model(), nn.CrossEntropyLoss()
+    model, loss_of = tiny_model(), ImageClassification().loss_of
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
     weight_copies = sum(p.numel() * 2 for p in model.parameters() if p.ndim > 1)  # bf16: 2 bytes an element
-    activations, copies = saved_tensor_bytes(model, loss_fn, x, y, Precision("bf16", torch.device("cpu")))
+    activations, copies = saved_tensor_bytes(model, loss_of, [x, y], Precision("bf16", torch.device("cpu")))
     assert copies == weight_copies
     # In bf16 the saved activations are the fp32 ones' conv and linear inputs at half the size, never a weight.
-    fp32_activations, no_copies = saved_tensor_bytes(model, loss_fn, x, y, Precision("fp32", torch.device("cpu")))
+    fp32_activations, no_copies = saved_tensor_bytes(model, loss_of, [x, y], Precision("fp32", torch.device("cpu")))
     assert no_copies == 0 and activations < fp32_activations < activations + copies

@@ -7,7 +7,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from tula_hpc.cluster.distributed import Context
-from tula_hpc.training.evaluation import PRECISE_BN_SAMPLES, recompute_batchnorm_statistics
+from tula_hpc.training.evaluation import PRECISE_BN_SAMPLES, recompute_batchnorm_statistics, scored
+from tula_hpc.training.tasks import CausalLM, ImageClassification
+
+IMAGES = ImageClassification()
 
 CPU = Context(0, 1, 0, torch.device("cpu"))
 
@@ -32,7 +35,7 @@ def drawn(n: int, seed: int) -> torch.Tensor:
 def test_precise_bn_replaces_stale_running_statistics_with_the_training_set_average():
     x, data = shifted_data(1000)
     model = stale_norm()
-    assert recompute_batchnorm_statistics(model, data, CPU, seed=3, batch_size=100)
+    assert recompute_batchnorm_statistics(model, data, CPU, IMAGES, seed=3, batch_size=100)
     assert torch.allclose(model[0].running_mean, x.mean(0), atol=1e-4)
     # Averaged per batch of 100: the unbiased variance within each batch, not over the whole set.
     per_batch = torch.stack([chunk.var(0) for chunk in x[drawn(1000, 3)].split(100)]).mean(0)
@@ -43,7 +46,7 @@ def test_precise_bn_replaces_stale_running_statistics_with_the_training_set_aver
 def test_precise_bn_passes_a_bounded_seeded_sample_of_a_large_set():
     x, data = shifted_data(3 * PRECISE_BN_SAMPLES)
     model = stale_norm()
-    recompute_batchnorm_statistics(model, data, CPU, seed=1, batch_size=512)
+    recompute_batchnorm_statistics(model, data, CPU, IMAGES, seed=1, batch_size=512)
     assert model[0].num_batches_tracked == PRECISE_BN_SAMPLES // 512
     assert torch.allclose(model[0].running_mean, x[drawn(len(x), 1)].mean(0), atol=1e-4)
     assert not torch.allclose(model[0].running_mean, x.mean(0), atol=1e-4)  # the sample, not the whole set
@@ -53,7 +56,9 @@ def _precise_bn_on_a_rank(rank: int, store_path: str, out: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     _, data = shifted_data(1000)
     model = stale_norm()
-    recompute_batchnorm_statistics(model, data, Context(rank, 2, rank, torch.device("cpu")), seed=3, batch_size=100)
+    recompute_batchnorm_statistics(
+        model, data, Context(rank, 2, rank, torch.device("cpu")), IMAGES, seed=3, batch_size=100
+    )
     torch.save(model[0].state_dict(), f"{out}.{rank}")
     dist.destroy_process_group()
 
@@ -77,5 +82,17 @@ def test_precise_bn_spread_over_two_ranks_averages_their_shares_into_the_same_st
 def test_a_model_without_batchnorm_is_left_alone():
     model = nn.Linear(3, 2)
     before = [p.clone() for p in model.parameters()]
-    assert not recompute_batchnorm_statistics(model, TensorDataset(torch.randn(10, 3)), CPU)
+    assert not recompute_batchnorm_statistics(model, TensorDataset(torch.randn(10, 3)), CPU, IMAGES)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_eval_json_keeps_the_image_keys_and_names_every_metric_in_the_tasks_words():
+    images = scored(IMAGES, {"accuracy": 0.9, "loss": 0.3}, {"accuracy": 0.8, "loss": 0.4})
+    assert images["test_accuracy"] == 0.9 and images["test_accuracy_as_trained"] == 0.8 and images["test_loss"] == 0.3
+    assert images["task"] == "image_classification" and images["headline"] == "accuracy"
+    assert images["metrics"]["accuracy"] == {"label": "top-1 accuracy", "unit": "", "higher_is_better": True}
+    text = CausalLM(token_unit="character")
+    values = {"loss": 1.5, "token_accuracy": 0.5, "perplexity": 4.48, "bits": 2.16}
+    lm = scored(text, values, values)
+    assert {f"test_{name}" for name in values} < lm.keys() and lm["test_loss_as_trained"] == 1.5
+    assert lm["metrics"]["bits"] == {"label": "bits per character", "unit": "bits", "higher_is_better": False}

@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -18,6 +17,9 @@ from tula_hpc.core.job import TrainSettings
 from tula_hpc.training.precision import Precision
 from tula_hpc.training.step import training_step
 from tula_hpc.training.strategies import build_strategy
+from tula_hpc.training.tasks import ImageClassification
+
+IMAGES = ImageClassification()  # cross-entropy on a pair batch (inputs, classes)
 
 
 def test_bf16_autocasts_the_forward_in_channels_last_and_fp32_leaves_all_as_it_is():
@@ -42,8 +44,8 @@ def test_the_fp16_loss_scale_survives_a_checkpoint(name):
 
     model, strategy = fresh()
     x, y = torch.randn(64, 4), torch.arange(64) % 3
-    training_step(model, strategy, F.cross_entropy, x.clone().fill_(math.inf), y)  # skipped: the scale halves
-    training_step(model, strategy, F.cross_entropy, x, y)  # taken: one towards growing it again
+    training_step(model, strategy, IMAGES, [x.clone().fill_(math.inf), y])  # skipped: the scale halves
+    training_step(model, strategy, IMAGES, [x, y])  # taken: one towards growing it again
     saved = strategy.precision.scaler.state_dict()
     assert (saved["scale"], saved["_growth_tracker"]) == (2.0**15, 1)
     buffer = io.BytesIO()
@@ -65,7 +67,7 @@ def _polo_fp16_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:
     if rank == 1:
         x[0, 0] = math.inf
     before = [p.detach().clone() for p in net.parameters()]
-    training_step(net, strategy, F.cross_entropy, x, y)
+    training_step(net, strategy, IMAGES, [x, y])
     result = {
         "unchanged": all(torch.equal(p, q) for p, q in zip(net.parameters(), before)),
         "scale": strategy.precision.loss_scale(),

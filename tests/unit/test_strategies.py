@@ -21,6 +21,19 @@ from tula_hpc.training.ags import TulaOptimizer
 from tula_hpc.training.optimizers import LARS
 from tula_hpc.training.step import training_step
 from tula_hpc.training.strategies import build_strategy
+from tula_hpc.training.tasks import ImageClassification
+
+IMAGES = ImageClassification()  # cross-entropy on a pair batch (inputs, classes)
+
+
+class _Regression(ImageClassification):
+    """Mean squared error on a pair batch (inputs, targets): a noisy regression for AdaScale's gain."""
+
+    def loss(self, output, batch):
+        return F.mse_loss(output, batch[1]), self.count(batch)
+
+
+REGRESSION = _Regression()
 
 
 def _lrs(strategy, steps: int) -> list[float]:
@@ -42,9 +55,9 @@ def test_ags_reads_the_reference_gradient_off_the_training_step_as_a_separate_pa
         strategy.end_epoch()  # an epoch-cadence update is due
     x, y = torch.randn(128, 6), torch.randint(0, 4, (128,))
 
-    loss = training_step(model, fused, F.cross_entropy, x, y)
+    loss = training_step(model, fused, IMAGES, [x, y])
     F.cross_entropy(separate(x), y).backward()
-    reference.optimizer.update_gradscale(separate, F.cross_entropy, x, y)
+    reference.optimizer.update_gradscale(separate, IMAGES.loss_of, [x, y])
 
     assert torch.allclose(loss, F.cross_entropy(separate(x), y))
     factors = [fused.optimizer.gradscale[p] for p in model.parameters()]
@@ -61,7 +74,7 @@ def test_fp16_ags_separate_reference_pass_runs_at_the_step_precision_and_is_unsc
     strategy.end_epoch()
     dtypes = []
     model[0].register_forward_hook(lambda module, inputs, out: dtypes.append(out.dtype))
-    training_step(model, strategy, F.cross_entropy, torch.randn(32, 6), torch.arange(32) % 4)
+    training_step(model, strategy, IMAGES, [torch.randn(32, 6), torch.arange(32) % 4])
     assert dtypes == [torch.float16, torch.float16]  # the step's forward, then the reference pass's
     factors = strategy.optimizer.gradscale
     assert strategy.optimizer.s_max == 2 and len(factors) == 4
@@ -96,7 +109,7 @@ def _polo_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:
                 x, y = torch.randn(16, 4, generator=gen), torch.randint(0, 3, (16,), generator=gen)
                 strategy.optimizer.zero_grad()
                 F.cross_entropy(net(x), y).backward()
-                strategy.before_step(net, F.cross_entropy, x, y)
+                strategy.before_step(net, IMAGES.loss_of, [x, y])
                 strategy.optimizer.step()
                 strategy.after_step()
                 in_sync.append(_same_on_both_ranks(net))
@@ -242,7 +255,7 @@ def test_adascale_on_one_rank_is_the_base_recipe_with_gain_one():
     assert strategy.target == 2 * 20 and strategy.epochs_left(2, 0) == 8
     rates = []
     while not strategy.finished():
-        strategy.before_step(net, None, None, None)
+        strategy.before_step(net, None, None)
         rates.append(strategy.optimizer.param_groups[0]["lr"])
         strategy.after_step()
     assert rates == [pytest.approx(0.1)] * 20 + [pytest.approx(0.01)] * 20
@@ -274,7 +287,7 @@ def _adascale_worker(rank: int, outdir: str) -> None:
     for _ in range(30):
         x = torch.randn(64, 8, generator=generator)
         y = x.sum(dim=1, keepdim=True) + 3 * torch.randn(64, 1, generator=generator)
-        training_step(net, strategy, F.mse_loss, x, y)
+        training_step(net, strategy, REGRESSION, [x, y])
         gains.append(strategy.gain)
     torch.save({"gains": gains, "progress": strategy.progress}, os.path.join(outdir, f"adascale{rank}.pt"))
 

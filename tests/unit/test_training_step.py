@@ -1,6 +1,8 @@
-"""The training step every stage runs, and scoring that counts every image once."""
+"""The training step every stage runs on any task's batch, and scoring that counts every sample once."""
 
 import copy
+import dataclasses
+import math
 
 import pytest
 import torch
@@ -9,9 +11,13 @@ from torch import nn
 
 from tests.conftest import default_job, run_on_two_ranks
 from tula_hpc.cluster.distributed import Context
+from tula_hpc.training.precision import Precision
 from tula_hpc.training.preemption import REQUEUE_SIGNAL, StopRequests
-from tula_hpc.training.step import accumulate_gradients, build_for_job, evaluate_accuracy, loop_step, training_step
+from tula_hpc.training.step import accumulate_gradients, build_for_job, evaluate_metrics, loop_step, training_step
 from tula_hpc.training.strategies import build_strategy
+from tula_hpc.training.tasks import IGNORE_INDEX, CausalLM, ImageClassification
+
+IMAGES = ImageClassification()  # cross-entropy on a pair batch (inputs, classes)
 
 
 def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
@@ -23,7 +29,7 @@ def test_accumulated_slices_take_the_same_step_as_the_whole_batch():
     for slices in (1, 4):
         model = copy.deepcopy(template)
         strategy = build_strategy(model, job.train, 50, 1)
-        losses.append(training_step(model, strategy, nn.CrossEntropyLoss(), x, y, slices))
+        losses.append(training_step(model, strategy, IMAGES, [x, y], slices))
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(losses[0], losses[1])
     torch.testing.assert_close(weights[0], weights[1])
@@ -39,14 +45,17 @@ def test_the_step_clips_the_gradient_to_train_grad_clip():
         nn.init.zeros_(model.weight)
         strategy = build_strategy(model, default_job(train={**train, "grad_clip": clip}).train, 1, 1)
         x = torch.tensor([[3.0, 4.0]])
-
-        def loss_fn(output, target):
-            return -output.sum()  # gradient x: norm 5
-
-        training_step(model, strategy, loss_fn, x, torch.zeros(1))
+        training_step(model, strategy, _Ascent(), [x, torch.zeros(1)])
         moves.append(model.weight.detach().flatten())
     torch.testing.assert_close(moves[0], torch.tensor([3.0, 4.0]))
     torch.testing.assert_close(moves[1], torch.tensor([0.6, 0.8]))
+
+
+class _Ascent(ImageClassification):
+    """Minus the output: the gradient is the input, x = (3, 4) of norm 5."""
+
+    def loss(self, output, batch):
+        return -output.sum(), self.count(batch)
 
 
 class _ParityModel(nn.Module):
@@ -61,7 +70,8 @@ def _score_five_images(rank: int, outdir: str) -> None:
     """Images 0..4 labelled 0: the even ones (0, 2, 4) are right, so the accuracy is exactly 3/5."""
     images = torch.arange(5, dtype=torch.float32).reshape(5, 1, 1, 1)
     dataset = torch.utils.data.TensorDataset(images, torch.zeros(5, dtype=torch.long))
-    accuracy = evaluate_accuracy(_ParityModel(), dataset, Context(rank, 2, rank, torch.device("cpu")), batch_size=2)
+    context = Context(rank, 2, rank, torch.device("cpu"))
+    accuracy = evaluate_metrics(_ParityModel(), dataset, context, IMAGES, batch_size=2)["accuracy"]
     torch.save(accuracy, f"{outdir}/rank{rank}.pt")
 
 
@@ -89,7 +99,7 @@ def test_a_bf16_step_autocasts_the_forward_and_keeps_the_loss_and_the_weights_fp
     outputs = []
     for layer in (model[0], model[3]):
         layer.register_forward_hook(lambda module, inputs, out: outputs.append(out.dtype))
-    loss = training_step(model, strategy, nn.CrossEntropyLoss(), *_images(16))
+    loss = training_step(model, strategy, IMAGES, _images(16))
     assert outputs == [torch.bfloat16, torch.bfloat16]
     assert loss.dtype == torch.float32
     assert all(p.dtype == p.grad.dtype == torch.float32 for p in model.parameters())
@@ -107,10 +117,10 @@ def _ags(model: nn.Module, precision: str):
     strategy.end_epoch()
     seen, hook = {}, strategy.before_step
 
-    def before_step(net, loss_fn, inputs, targets, reference_grads=None):
+    def before_step(net, loss_of, batch, reference_grads=None):
         seen["grad"] = [p.grad.clone() for p in net.parameters()]
         seen["reference"] = [reference_grads[p].clone() for p in net.parameters()]
-        hook(net, loss_fn, inputs, targets, reference_grads)
+        hook(net, loss_of, batch, reference_grads)
 
     strategy.before_step = before_step
     return strategy, seen
@@ -122,7 +132,7 @@ def test_fp16_ags_takes_its_factors_and_delta_from_unscaled_gradients():
     for precision in ("fp32", "fp16"):
         model = _mlp()
         strategy, seen = _ags(model, precision)
-        training_step(model, strategy, F.cross_entropy, x, y)
+        training_step(model, strategy, IMAGES, [x, y])
         runs[precision] = model, strategy, seen
     (model32, fp32, seen32), (model16, fp16, seen16) = runs["fp32"], runs["fp16"]
     assert fp16.optimizer.pop_epoch_metrics()["steps"] == 1  # the step was taken, not skipped
@@ -140,7 +150,7 @@ def test_fp16_ags_takes_its_factors_and_delta_from_unscaled_gradients():
     # ... and would have been the loss scale times too large without unscaling: what backward leaves in .grad.
     model = _mlp()
     strategy, _ = _ags(model, "fp16")
-    accumulate_gradients(model, strategy, F.cross_entropy, x, y)
+    accumulate_gradients(model, strategy, IMAGES, [x, y])
     scale = strategy.precision.loss_scale()
     assert scale >= 2**10
     for p, g32 in zip(model.parameters(), seen32["grad"]):
@@ -154,7 +164,7 @@ def test_an_fp16_step_with_a_non_finite_gradient_is_skipped_and_the_schedule_goe
     x, y = torch.randn(128, 6), torch.arange(128) % 4
     x[0, 0] = float("inf")
     scale = strategy.precision.loss_scale()
-    training_step(model, strategy, F.cross_entropy, x, y)
+    training_step(model, strategy, IMAGES, [x, y])
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before.parameters()))
     assert strategy.precision.loss_scale() == scale / 2
     # AGS neither counted the step nor took factors from it: the due update waits for the next step.
@@ -182,7 +192,7 @@ def test_channels_last_puts_the_weights_and_the_images_of_every_slice_in_that_fo
     model[0].register_forward_pre_hook(record)
     x, y = _images(64)
     assert not x.is_contiguous(memory_format=torch.channels_last)
-    training_step(model, strategy, nn.CrossEntropyLoss(), x, y)
+    training_step(model, strategy, IMAGES, [x, y])
     assert seen == [[True, True], [True, True]]
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
 
@@ -194,9 +204,114 @@ def test_the_loop_step_is_the_training_step_and_reports_a_stop_noted_before_it_b
     nets = [nn.Linear(4, 3) for _ in range(2)]
     nets[1].load_state_dict(nets[0].state_dict())
     stop = StopRequests(world_size=1)
-    plain = training_step(nets[0], build_strategy(nets[0], cfg, 16, 4), F.cross_entropy, x, y)
-    loss, stopping = loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), F.cross_entropy, (x, y), x.device, stop)
+    plain = training_step(nets[0], build_strategy(nets[0], cfg, 16, 4), IMAGES, [x, y])
+    loss, stopping = loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), IMAGES, (x, y), x.device, stop)
     assert torch.equal(loss, plain) and not stopping
     assert all(torch.equal(a, b) for a, b in zip(nets[0].parameters(), nets[1].parameters()))
     stop.noted = REQUEUE_SIGNAL
-    assert loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), F.cross_entropy, (x, y), x.device, stop)[1]
+    assert loop_step(nets[1], build_strategy(nets[1], cfg, 16, 4), IMAGES, (x, y), x.device, stop)[1]
+
+
+class _TinyLM(nn.Module):
+    """Embedding then a linear read-out: (batch, T) token ids to (batch, T, vocab) logits."""
+
+    def __init__(self, vocab: int = 11):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.out = nn.Embedding(vocab, 8), nn.Linear(8, vocab)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.out(torch.tanh(self.embed(input_ids)))
+
+
+class _Slicer:
+    """The parts of a strategy accumulate_gradients asks for, with a reference sub-batch at `reference`."""
+
+    def __init__(self, net: nn.Module, reference=None):
+        self.optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        self.precision = Precision("fp32", torch.device("cpu"))
+        self.reference = reference
+
+    def reference_indices(self, local_batch: int):
+        return self.reference
+
+
+def _gradient(net: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in net.parameters()])
+
+
+def _token_batch() -> list[torch.Tensor]:
+    """Windows whose targets are ignored in uneven places: 0, 1, 5 or all but one of a window's 6 tokens."""
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randint(0, 11, (7, 6), generator=gen), torch.randint(0, 11, (7, 6), generator=gen)
+    y[1, 2] = y[3, :5] = y[5, 1::2] = IGNORE_INDEX
+    return [x, y]
+
+
+@pytest.mark.parametrize(
+    "task, make_net, batch",
+    [
+        (CausalLM(), _TinyLM, _token_batch()),
+        (IMAGES, _conv_net, list(_images(7))),
+    ],
+)
+def test_micro_batches_and_a_reference_sub_batch_give_the_one_big_batchs_gradient(task, make_net, batch):
+    """Each slice's mean loss weighted by its count over the batch's: the sum is the whole batch's mean, exactly."""
+    net = make_net()
+    whole = _Slicer(net)
+    accumulate_gradients(net, whole, task, batch)
+    expected = _gradient(net)
+    for slices in (2, 3):
+        accumulate_gradients(net, _Slicer(net), task, batch, micro_batches=slices)
+        torch.testing.assert_close(_gradient(net), expected, rtol=1e-6, atol=1e-6)
+    reference = torch.tensor([5, 1, 3])
+    _, reference_grads = accumulate_gradients(net, _Slicer(net, reference), task, batch, micro_batches=2)
+    torch.testing.assert_close(_gradient(net), expected, rtol=1e-6, atol=1e-6)
+    # ... and the reference gradients are the mean-loss gradients of the sub-batch alone.
+    net.zero_grad()
+    task.loss_of(net, [t[reference] for t in batch])[0].backward()
+    torch.testing.assert_close(torch.cat([reference_grads[p].flatten() for p in net.parameters()]), _gradient(net))
+
+
+@dataclasses.dataclass
+class _Output:
+    """A stand-in for a Hugging Face model output: logits and the model's own loss (which the task does not use)."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class _HuggingFaceStyleLM(_TinyLM):
+    def forward(self, input_ids, attention_mask=None):
+        return _Output(super().forward(input_ids), loss=torch.tensor(123.0))
+
+
+def test_a_dict_batch_and_a_hugging_face_style_output_train_as_the_task_says():
+    """labels aligned with input_ids (shifted by the task), padding ignored: the loss is the next-token mean."""
+    ids = torch.randint(0, 11, (4, 6), generator=torch.Generator().manual_seed(4))
+    labels = ids.clone()
+    labels[2, 4:] = IGNORE_INDEX
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    net, task = _HuggingFaceStyleLM(), CausalLM()
+    strategy = build_strategy(net, default_job(train={"strategy": "lbt"}).train, 4, 1)
+    logits = _TinyLM.forward(net, ids)
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    expected = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = training_step(net, strategy, task, batch, micro_batches=2)
+    torch.testing.assert_close(loss, expected)
+    assert any(not torch.equal(p, q) for p, q in zip(net.parameters(), before))
+
+
+def test_evaluate_metrics_sums_every_batch_of_the_task():
+    """One rank, batches of 2 over 5 windows: the summed loss and accuracy equal the whole set's at once."""
+    x, y = _token_batch()
+    x, y = x[:5], y[:5]
+    net, task = _TinyLM(), CausalLM(token_unit="character")
+    dataset = torch.utils.data.TensorDataset(x, y)
+    scores = evaluate_metrics(net, dataset, Context(0, 1, 0, torch.device("cpu")), task, batch_size=2)
+    with torch.no_grad():
+        whole = task.metric_values({k: (float(s), float(c)) for k, (s, c) in task.metric_sums(net(x), [x, y]).items()})
+    assert scores.keys() == {"loss", "perplexity", "bits", "token_accuracy"}
+    assert scores == pytest.approx(whole, rel=1e-6)
+    assert scores["bits"] == pytest.approx(scores["loss"] / math.log(2))

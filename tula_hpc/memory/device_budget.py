@@ -318,12 +318,15 @@ def derived_from_parameters(tensor) -> bool:
     return node is not None and hasattr(node, "variable")  # autograd's AccumulateGrad of a parameter
 
 
-def saved_tensor_bytes(model, loss_fn, x, y, precision) -> tuple[int, int]:
+def saved_tensor_bytes(model, loss_of, batch, precision) -> tuple[int, int]:
     """Bytes of the tensors autograd saves for backward in a forward pass at the job's precision (parameters
-    and input excluded): (activations, autocast's copies of the weights)."""
+    and the batch excluded): (activations, autocast's copies of the weights). `loss_of(model, batch)` is the task's
+    (tasks.Task.loss_of); `batch` a pair or a dict of tensors."""
     import torch
+    from torch.utils._pytree import tree_flatten
 
-    skip = {storage_key(t) for t in [*model.parameters(), x]}
+    batch = precision.inputs(batch)
+    skip = {storage_key(t) for t in [*model.parameters(), *tree_flatten(batch)[0]]}
     saved: dict[int, int] = {}
     weight_copies: set[int] = set()
 
@@ -336,10 +339,8 @@ def saved_tensor_bytes(model, loss_fn, x, y, precision) -> tuple[int, int]:
         # that Python's gc cannot see, so the whole step would outlive this function (found in one-process probes).
         return tensor.detach()
 
-    x = precision.inputs(x)
-    skip.add(storage_key(x))
     with torch.autograd.graph.saved_tensors_hooks(see, lambda t: t), precision.autocast():
-        loss = loss_fn(model(x), y)
+        loss = loss_of(model, batch)
     del loss
     copies = sum(saved[key] for key in weight_copies)
     return sum(saved.values()) - copies, copies

@@ -40,32 +40,29 @@ def probe_device(job: Job):
 
 
 def build_probe_setup(job: Job):
-    """Data, model (on the device) and loss of the job, as training builds them: what a probe, a trial or a
+    """Data, model (on the device) and task of the job, as training builds them: what a probe, a trial or a
     benchmark's ground truth steps on."""
     import torch
-    from torch import nn
 
     from tula_hpc.cluster.distributed import Context
     from tula_hpc.training.step import build_for_job
+    from tula_hpc.training.tasks import job_task
 
     torch.set_num_threads(job.resources.cpus_per_task)
     splits, model = build_for_job(job, Context(0, 1, 0, probe_device(job)))
-    return splits, model, nn.CrossEntropyLoss()
+    return splits, model, job_task(job)
 
 
-def shaped_batch(splits, batch: int, device):
-    """`batch` random samples shaped and typed as the training set's (one real sample says how), made on the
-    device: a step's memory does not depend on pixel values, and a large trial must not decode that many images."""
+def shaped_batch(splits, task, batch: int, device):
+    """`batch` random samples of the data's shape (task.example_batch), made on the device from a generator seeded
+    with the batch: a step's memory does not depend on the values, and a large trial must not decode that many
+    images or windows."""
     import torch
 
-    x, y = (torch.as_tensor(t) for t in splits.train[0])
-    generator = torch.Generator(device).manual_seed(batch)
-    images = torch.randn((batch, *x.shape), generator=generator, device=device, dtype=x.dtype)
-    labels = torch.randint(0, splits.num_classes, (batch, *y.shape), generator=generator, device=device)
-    return [images, labels.to(y.dtype)]
+    return task.example_batch(splits.shape, batch, device, torch.Generator(device).manual_seed(batch))
 
 
-def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[str, int]]:
+def steady_steps(net, strategy, task, next_batch, device) -> dict[str, dict[str, int]]:
     """The device's peak in every part (PARTS) of the steps training repeats (STEPS, the first not counted),
     in each figure (PART_PEAKS): {figure: {part: bytes}}.
 
@@ -88,14 +85,14 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[s
         for kind in STEPS:
             if kind == "update":
                 strategy.end_epoch()
-            x, y = next_batch()
+            batch = next_batch()
             device_memory.reset_peak(device)
             cuts.clear()
-            loss, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y)
+            loss, reference_grads = accumulate_gradients(net, strategy, task, batch)
             cut("backward")
-            apply_update(net, strategy, loss_fn, x, y, reference_grads)
+            apply_update(net, strategy, task, batch, reference_grads)
             cut("update")
-            del x, y, loss, reference_grads
+            del batch, loss, reference_grads
             if kind != "first":
                 for figure in PART_PEAKS:
                     for phase in PHASES:
@@ -109,22 +106,25 @@ def steady_steps(net, strategy, loss_fn, next_batch, device) -> dict[str, dict[s
 def measure_probe(job: Job, batch: int) -> dict:
     """One probe: the peak of every part of the steady steps at `batch` under the device budget, and
     the measured terms of Eq. 3 (parameters, gradients, optimiser state, saved activations, the batch)."""
+    from torch.utils._pytree import tree_flatten
+
     from tula_hpc.training.loaders import prefetched_bytes
     from tula_hpc.training.strategies import build_strategy
 
-    splits, model, loss_fn = build_probe_setup(job)
+    splits, model, task = build_probe_setup(job)
     device = probe_device(job)
     device_memory.limit(device, budget_bytes(job, device), model_bytes(model), job)
     strategy = build_strategy(model, job.train, batch, 1)
-    peaks = steady_steps(model, strategy, loss_fn, lambda: shaped_batch(splits, batch, device), device)
+    peaks = steady_steps(model, strategy, task, lambda: shaped_batch(splits, task, batch, device), device)
     params = list(model.parameters())
     resident, param_bytes = model_bytes(model), sum(p.nbytes for p in params)
     grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
     optimizer_bytes = optimizer_state_bytes(strategy.optimizer)
     # What else the steps left on the device (cuBLAS's and cuDNN's workspaces), read before the next batch exists.
     workspace_bytes = device_memory.in_use(device) - resident - grad_bytes - optimizer_bytes
-    x, y = shaped_batch(splits, batch, device)
-    activation_bytes, autocast_weight_bytes = saved_tensor_bytes(model, loss_fn, x, y, strategy.precision)
+    example = shaped_batch(splits, task, batch, device)
+    activation_bytes, autocast_weight_bytes = saved_tensor_bytes(model, task.loss_of, example, strategy.precision)
+    example_bytes = sum(t.nbytes for t in tree_flatten(example)[0])
     outside, library = device_memory.outside_allocator_with(device, collectives=runs_on_several_devices(job))
     return {
         "batch": batch,
@@ -140,8 +140,8 @@ def measure_probe(job: Job, batch: int) -> dict:
         "workspace_bytes": workspace_bytes,
         "activation_bytes": activation_bytes,
         "autocast_weight_bytes": autocast_weight_bytes,
-        "batch_bytes": x.nbytes + y.nbytes,
-        "loader_prefetch_bytes": prefetched_bytes(job, x.nbytes + y.nbytes),
+        "batch_bytes": example_bytes,
+        "loader_prefetch_bytes": prefetched_bytes(job, example_bytes),
     }
 
 
@@ -152,7 +152,7 @@ def trial_step(job: Job, batch: int, budget: int, ddp: bool) -> dict:
     from tula_hpc.cluster.devices import join_one_rank_group
     from tula_hpc.training.strategies import build_strategy
 
-    splits, model, loss_fn = build_probe_setup(job)
+    splits, model, task = build_probe_setup(job)
     device = probe_device(job)
     device_memory.limit(device, budget, model_bytes(model), job)
     net = model
@@ -160,7 +160,7 @@ def trial_step(job: Job, batch: int, budget: int, ddp: bool) -> dict:
         join_one_rank_group(device)
         net = DDP(model)
     strategy = build_strategy(net, job.train, batch, 1)
-    peaks = steady_steps(net, strategy, loss_fn, lambda: shaped_batch(splits, batch, device), device)
+    peaks = steady_steps(net, strategy, task, lambda: shaped_batch(splits, task, batch, device), device)
     return {"batch": batch, "outcome": "fits", **{PEAK[f]: max(part_peaks.values()) for f, part_peaks in peaks.items()}}
 
 

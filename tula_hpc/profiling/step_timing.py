@@ -77,11 +77,12 @@ from tula_hpc.training.step import (
     apply_update,
     build_for_job,
     clock_for,
-    evaluate_accuracy,
+    evaluate_metrics,
     loop_step,
     wrap_ddp,
 )
 from tula_hpc.training.strategies import build_strategy
+from tula_hpc.training.tasks import job_task, select
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job, SearchSettings
@@ -279,7 +280,7 @@ class StepRunner:
             steps_per_epoch(len(self.splits.train), ctx.world_size, per_device_batch),
             len(self.splits.train),
         )
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.task = job_task(job)
         self.loader = _profile_loader(job, ctx, self.splits, per_device_batch)
         self.batches = _batches(self.loader)
         self.clock = clock_for(ctx.device)
@@ -290,9 +291,9 @@ class StepRunner:
         all-reduce after the backward."""
         ctx, clock, net = self.ctx, self.clock, self.net
         start = clock.mark()
-        x, y = on_device(next(self.batches), ctx.device)
+        batch = on_device(next(self.batches), ctx.device)
         loaded = clock.mark()
-        _, reference_grads = accumulate_gradients(net, self.strategy, self.loss_fn, x, y, sync=False)
+        _, reference_grads = accumulate_gradients(net, self.strategy, self.task, batch, sync=False)
         computed = sync_start = synced = clock.mark()
         if ctx.world_size > 1:
             clock.wait()  # the barrier is the host's: this rank's GPU must be done too
@@ -300,7 +301,7 @@ class StepRunner:
             sync_start = clock.mark()
             _all_reduce_gradients(self.model, ctx.world_size)
             synced = clock.mark()
-        apply_update(net, self.strategy, self.loss_fn, x, y, reference_grads)
+        apply_update(net, self.strategy, self.task, batch, reference_grads)
         return [(start, loaded), (loaded, computed), (sync_start, synced), (synced, clock.mark())]
 
     def full_step_span(self, batch=None) -> tuple:
@@ -308,7 +309,7 @@ class StepRunner:
         loader's next batch or on `batch`, as the clock's span to read later."""
         start = self.clock.mark()
         batch = next(self.batches) if batch is None else batch
-        loop_step(self.net, self.strategy, self.loss_fn, batch, self.ctx.device, self.stop)
+        loop_step(self.net, self.strategy, self.task, batch, self.ctx.device, self.stop)
         return start, self.clock.mark()
 
     def full_step(self, batch=None) -> float:
@@ -346,9 +347,9 @@ class StepRunner:
     def epoch_end(self, epoch: int) -> list[float]:
         """An epoch's end as training runs it: [the last, shorter step, the strategy's epoch end (outside the
         epoch's time), the loader's restart and the next epoch's first step (inside it)]."""
-        x, y = on_device(self._epochs_last_batch(epoch - 1), self.ctx.device)
+        batch = on_device(self._epochs_last_batch(epoch - 1), self.ctx.device)
         last = last_batch(len(self.splits.train), self.ctx.world_size, self.per_device_batch)
-        last_s = self.full_step((x[:last], y[:last]))
+        last_s = self.full_step(select(batch, torch.arange(last)))
         end_s = self._host_seconds(self.strategy.end_epoch)
         started = time.perf_counter()  # the device is done (end_s waited for it)
         self.batches = _batches(self.loader, epoch)
@@ -375,14 +376,23 @@ class StepRunner:
         return period
 
     def validation_s(self) -> float:
-        """Validation as training's epoch end runs it (`evaluate_accuracy` at its batch), on at most
+        """Validation as training's epoch end runs it (`evaluate_metrics` at its batch and precision), on at most
         VALIDATION_BATCHES batches per rank, scaled to the whole validation split."""
         val = self.splits.val
         share = Subset(val, range(min(len(val), VALIDATION_BATCHES * self.per_device_batch * self.ctx.world_size)))
         if not len(share):
             return 0.0
         options = loader_options(self.job, self.ctx.device)
-        score = functools.partial(evaluate_accuracy, self.net, share, self.ctx, self.per_device_batch, **options)
+        score = functools.partial(
+            evaluate_metrics,
+            self.net,
+            share,
+            self.ctx,
+            self.task,
+            self.per_device_batch,
+            self.strategy.precision,
+            **options,
+        )
         return self._host_seconds(score) * len(val) / len(share)
 
     def checkpoint_s(self, folder: str | None) -> float:

@@ -1,6 +1,6 @@
-"""Stage `evaluate`: test top-1 accuracy of the trained model (training/evaluation.py, on the job's devices: precise
-BN and as trained), and measured vs predicted training time (`COMPARED` says exactly what: the whole run's epochs,
-and the first epoch apart from the steady ones).
+"""Stage `evaluate`: the trained model's test metrics in the task's words (training/evaluation.py, on the job's devices
+at the trained per-device batch and precision: precise BN and as trained), and measured vs predicted training time
+(`COMPARED` says exactly what: the whole run's epochs, and the first epoch apart from the steady ones).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def evaluate(
     spec = launch.LaunchSpec.for_job(job, nodes=1, one_device=True)
     scores = launch.run(
         EVALUATE_WORKER,
-        dict(job=job, model_path=str(Path(model_path).resolve())),
+        dict(job=job, model_path=str(Path(model_path).resolve()), per_device_batch=summary.per_device_batch),
         spec,
         Path(work_dir) / "evaluate",
         name=f"{job.name}-evaluate",

@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tula_hpc.training.tasks import batch_size, select
+
 __all__ = ["TulaOptimizer"]
 
 
@@ -285,18 +287,17 @@ class TulaOptimizer(torch.optim.Optimizer):
     def update_gradscale(
         self,
         model: nn.Module,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
+        loss_of: Callable,
+        batch,
         loss_scale: float = 1.0,
     ) -> None:
         """Re-estimate the factors from a sub-batch of the current large batch.
 
-        Call after ``backward()`` on (``inputs``, ``targets``), this rank's
-        local share of the large batch, and before ``step()``, so both
-        gradients are taken at the same weights. ``loss_fn(model(x), y)``
-        must be a mean over samples (Eq. 7a), otherwise the ratio measures
-        batch size instead of noise.
+        Call after ``backward()`` on ``batch`` (a pair or a dict of tensors),
+        this rank's local share of the large batch, and before ``step()``, so
+        both gradients are taken at the same weights. ``loss_of(model, batch)``
+        (tasks.Task.loss_of) returns (mean loss, count): the loss must be a
+        mean (Eq. 7a), otherwise the ratio measures batch size instead of noise.
 
         The sub-batch gradient must not be synchronised: a DDP ``model`` is
         unwrapped and its plain module is differentiated with
@@ -317,11 +318,11 @@ class TulaOptimizer(torch.optim.Optimizer):
         divided by it, so the factors compare unscaled gradients with the
         (already unscaled) ``.grad``.
         """
-        self._check_update(inputs.shape[0])
+        self._check_update(batch_size(batch))
         params = self._profiled_params()
         module = model.module if isinstance(model, DistributedDataParallel) else model
-        idx = self.reference_indices(inputs.shape[0])
-        small = self._small_batch_grads(module, loss_fn, inputs, targets, idx, params, loss_scale)
+        idx = self.reference_indices(batch_size(batch))
+        small = self._small_batch_grads(module, loss_of, select(batch, idx), params, loss_scale)
         self._set_factors(small, params)
 
     def reference_indices(self, local_batch: int) -> torch.Tensor:
@@ -370,10 +371,8 @@ class TulaOptimizer(torch.optim.Optimizer):
     def _small_batch_grads(
         self,
         module: nn.Module,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        idx: torch.Tensor,
+        loss_of: Callable,
+        reference: Any,
         params: list[torch.Tensor],
         loss_scale: float,
     ) -> list[torch.Tensor]:
@@ -381,7 +380,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         saved = [b.detach().clone() for b in buffers]
         cuda = sorted({p.device.index for p in params if p.device.type == "cuda"})
         with torch.random.fork_rng(devices=cuda), torch.enable_grad():
-            loss = loss_fn(module(inputs[idx.to(inputs.device)]), targets[idx.to(targets.device)])
+            loss = loss_of(module, reference)[0]
             grads = torch.autograd.grad(loss * loss_scale, params, allow_unused=True)
         with torch.no_grad():
             for b, s in zip(buffers, saved):

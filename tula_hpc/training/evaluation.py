@@ -1,7 +1,8 @@
 """Scoring a trained model where the job's devices are (the evaluate stage's worker, launched by name so that the
-stage, on a login node, imports no torch).
+stage, on a login node, imports no torch): the task's metrics (tasks.Task) at the trained per-device batch under the
+training precision, with each metric's words, so that the report speaks the task's language without knowing its name.
 
-Accuracy is scored with BatchNorm statistics recomputed over training samples with the final weights
+A model with BatchNorm is scored with BatchNorm statistics recomputed over training samples with the final weights
 ("precise BN", Wu & Johnson 2021), and as trained. Running statistics are an exponential average over
 training steps (momentum 0.01 in torchvision's MobileNetV3): after the few dozen steps of a large-batch
 run they still describe early weights, and the as-trained score says little about the weights themselves.
@@ -9,6 +10,7 @@ run they still describe early weights, and the as-trained score says little abou
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +23,9 @@ from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
 from tula_hpc.training.datasets import load_splits
 from tula_hpc.training.loaders import loader_options, make_eval_loader, on_device
 from tula_hpc.training.models import build_model
-from tula_hpc.training.step import evaluate_accuracy
+from tula_hpc.training.precision import Precision
+from tula_hpc.training.step import evaluate_metrics
+from tula_hpc.training.tasks import Task, job_task
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -32,7 +36,7 @@ PRECISE_BN_SAMPLES = 8192
 
 
 def recompute_batchnorm_statistics(
-    model: nn.Module, dataset, ctx: Context, *, seed: int = 0, batch_size: int = 256, **loader
+    model: nn.Module, dataset, ctx: Context, task: Task, *, seed: int = 0, batch_size: int = 256, **loader
 ) -> bool:
     """Precise BN: every BatchNorm's statistics become the average over PRECISE_BN_SAMPLES training samples (a
     seeded draw; all of them in a smaller set) with the final weights, the draw spread over the ranks, each
@@ -54,7 +58,7 @@ def recompute_batchnorm_statistics(
     )
     with torch.no_grad():
         for batch in share:
-            model(on_device(batch, ctx.device)[0])
+            task.forward(model, on_device(batch, ctx.device))
     if ctx.world_size > 1:
         _average_over_ranks(norms)
     for norm, momentum in zip(norms, momenta):
@@ -76,13 +80,26 @@ def _average_over_ranks(norms: list[nn.Module]) -> None:
         norm.num_batches_tracked.fill_(int(total.item()))
 
 
-def score(model: nn.Module, splits, ctx, dataset, seed: int = 0, **loader) -> dict:
-    """Accuracy on `dataset` as trained, and after precise BN over the training split (the headline)."""
-    as_trained = evaluate_accuracy(model, dataset, ctx, **loader)
-    precise = recompute_batchnorm_statistics(model, splits.train, ctx, seed=seed, **loader)
+def score(model: nn.Module, splits, ctx, dataset, task: Task, batch_size: int, precision, seed: int = 0, **loader):
+    """The task's metrics on `dataset` after precise BN over the training split (the headline's), and as trained."""
+    measure = functools.partial(evaluate_metrics, model, dataset, ctx, task, batch_size, precision, **loader)
+    as_trained = measure()
+    precise = recompute_batchnorm_statistics(model, splits.train, ctx, task, seed=seed, **loader)
+    return (measure() if precise else as_trained), as_trained
+
+
+def scored(task: Task, metrics: dict[str, float], as_trained: dict[str, float]) -> dict:
+    """eval.json's scores: `test_<metric>` for every metric, the headline's `test_<headline>_as_trained`, and what
+    the report needs to print them in the task's words."""
     return {
-        "accuracy": evaluate_accuracy(model, dataset, ctx, **loader) if precise else as_trained,
-        "accuracy_as_trained": as_trained,
+        **{f"test_{name}": value for name, value in metrics.items()},
+        f"test_{task.headline}_as_trained": as_trained[task.headline],
+        "task": task.name,
+        "headline": task.headline,
+        "metrics": {
+            name: {"label": metric.label, "unit": metric.unit, "higher_is_better": metric.higher_is_better}
+            for name, metric in task.metrics.items()
+        },
     }
 
 
@@ -95,14 +112,16 @@ def load_trained_model(model_path: str | Path) -> nn.Module:
     return model
 
 
-def evaluate_worker(job: Job, model_path: str) -> dict:
+def evaluate_worker(job: Job, model_path: str, per_device_batch: int = 256) -> dict:
+    """The test set scored at the trained `per_device_batch` under the training precision (train.precision,
+    train.channels_last)."""
     ctx = init_distributed(job.resources.gpus_per_node > 0)
-    splits = load_splits(job.data, job.train.seed)
+    splits, task = load_splits(job.data, job.train.seed), job_task(job)
     model = load_trained_model(model_path).to(ctx.device)
-    scores = score(model, splits, ctx, splits.test, seed=job.train.seed, **loader_options(job, ctx.device))
+    precision = Precision(job.train.precision, ctx.device, job.train.channels_last)
+    options = loader_options(job, ctx.device)
+    metrics, as_trained = score(
+        model, splits, ctx, splits.test, task, per_device_batch, precision, seed=job.train.seed, **options
+    )
     shutdown()
-    return {
-        "test_accuracy": scores["accuracy"],
-        "test_accuracy_as_trained": scores["accuracy_as_trained"],
-        "test_samples": len(splits.test),
-    }
+    return {**scored(task, metrics, as_trained), "test_samples": len(splits.test)}

@@ -13,6 +13,7 @@ from torch.utils.data.distributed import DistributedSampler
 from tula_hpc.core.job import Job
 from tula_hpc.training.datasets import Samples, made_on_device
 from tula_hpc.training.synthetic import SyntheticBatch
+from tula_hpc.training.tasks import to_device
 from tula_hpc.training.text import TokenWindows
 
 
@@ -22,13 +23,12 @@ def collate(samples):
     return samples if isinstance(samples, SyntheticBatch) else default_collate(samples)
 
 
-def on_device(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A loader's (images, labels) on the rank's device: a synthetic batch made there, any other copied (without
-    waiting, from the pinned memory `loader_options` asks for on a GPU)."""
+def on_device(batch, device: torch.device):
+    """A loader's batch on the rank's device: a synthetic batch (images or tokens) made there by its `on(device)`,
+    any other (a pair or a dict of tensors) copied there (tasks.to_device)."""
     if isinstance(batch, SyntheticBatch):
         return batch.on(device)
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return to_device(batch, device)
 
 
 class EpochSampler(DistributedSampler):

@@ -132,7 +132,11 @@ class NoiseScaleHook:
 
     def end_step(self, local_batch: int, loss_scale=1.0) -> None:
         """Fold this step's bucket sums into the averages; `loss_scale` (a float or a device tensor, read without
-        synchronising) is the factor fp16 gradients carry."""
+        synchronising) is the factor fp16 gradients carry.
+
+        `local_batch` counts samples (images, windows), not what the loss averages (a causal LM's tokens): samples
+        are the independent draws the two-batch estimate assumes (a window's tokens are not), the count is known
+        without a host sync, and the noise scale is read against batches chosen in samples."""
         if not self._synced:
             return
         unscale = 1.0 / torch.as_tensor(loss_scale, dtype=torch.float64, device=self._small.device) ** 2

@@ -8,6 +8,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_map
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -31,9 +32,12 @@ class Precision:
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch of images in the model's memory format (a no-op when it already is)."""
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.ndim == 4 else x
+    def inputs(self, batch):
+        """A batch (a tensor, a pair or a dict of tensors) with its images in the model's memory format: a no-op
+        for other tensors and for images already in it."""
+        if not self.channels_last:
+            return batch
+        return tree_map(lambda t: t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 else t, batch)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()

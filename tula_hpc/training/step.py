@@ -20,10 +20,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tula_hpc.cluster.distributed import Context, seed_everything
+from tula_hpc.training import tasks
 from tula_hpc.training.datasets import load_splits
 from tula_hpc.training.loaders import make_eval_loader, on_device
 from tula_hpc.training.models import build_model
 from tula_hpc.training.optimizers import clip_gradients
+from tula_hpc.training.precision import Precision
+from tula_hpc.training.tasks import Task
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -85,15 +88,16 @@ def wrap_ddp(model: nn.Module, ctx: Context) -> nn.Module:
 
 
 def accumulate_gradients(
-    net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1, sync: bool = True
+    net: nn.Module, strategy, task: Task, batch, micro_batches: int = 1, sync: bool = True
 ) -> tuple[torch.Tensor, dict | None]:
     """Forward and backward of a step; returns the batch's mean loss and the reference sub-batch's gradients.
 
-    With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each loss
-    weighted by its share: the same step (up to BatchNorm's per-slice statistics) with the activations
-    of one slice, which is how training survives running out of memory without changing the global
-    batch. Under DDP only the last slice synchronises, and none with sync=False (the profiler then
-    all-reduces on its own clock). When the strategy asks for a reference sub-batch (AGS), it is
+    With micro_batches > 1 the gradient is accumulated over that many slices of the batch, each slice's mean
+    loss weighted by its count (what the task's loss averages: images, tokens that count) over the batch's: the
+    same gradient as the one big batch's (up to BatchNorm's per-slice statistics) with the activations of one
+    slice, which is how training survives running out of memory without changing the global batch. The counts
+    stay device tensors (no host sync). Under DDP only the last slice synchronises, and none with sync=False (the
+    profiler then all-reduces on its own clock). When the strategy asks for a reference sub-batch (AGS), it is
     accumulated first, and its own gradient is read off before the rest adds to it.
 
     The forward and loss run under the strategy's autocast; under fp16 the gradients are left multiplied
@@ -101,32 +105,32 @@ def accumulate_gradients(
     """
     precision = strategy.precision
     strategy.optimizer.zero_grad(set_to_none=True)
-    reference = strategy.reference_indices(len(y))
-    head, (x_main, y_main) = [], (x, y)
+    size = tasks.batch_size(batch)
+    reference = strategy.reference_indices(size)
+    head, rest = [], batch
     if reference is not None:
-        in_reference = torch.zeros(len(y), dtype=torch.bool, device=x.device)
-        in_reference[reference.to(x.device)] = True
-        head, (x_main, y_main) = [(x[in_reference], y[in_reference])], (x[~in_reference], y[~in_reference])
-    slices = head + [
-        (xs, ys) for xs, ys in zip(x_main.tensor_split(micro_batches), y_main.tensor_split(micro_batches)) if len(ys)
-    ]
+        in_reference = torch.zeros(size, dtype=torch.bool, device=reference.device)
+        in_reference[reference] = True
+        head, rest = [tasks.select(batch, in_reference)], tasks.select(batch, ~in_reference)
+    slices = head + tasks.split(rest, micro_batches)
+    total = task.count(batch).clamp(min=1) if len(slices) > 1 else None
     losses, reference_grads = [], None
-    for i, (xs, ys) in enumerate(slices):
+    for i, part in enumerate(slices):
         synchronise = sync and i == len(slices) - 1
         with contextlib.nullcontext() if synchronise or not isinstance(net, DDP) else net.no_sync():
             with precision.autocast():
-                loss = loss_fn(net(precision.inputs(xs)), ys)
-            if len(slices) > 1:
-                loss = loss * (len(ys) / len(y))
+                loss, count = task.loss_of(net, precision.inputs(part))
+            if total is not None:
+                loss = loss * (count / total)
             precision.backward(loss)
         losses.append(loss.detach())
         if reference is not None and i == 0:
-            share = len(y) / len(ys) / precision.loss_scale()
+            share = total / count.clamp(min=1) / precision.loss_scale()
             reference_grads = {p: p.grad * share for p in net.parameters() if p.grad is not None}
     return sum(losses[1:], losses[0]), reference_grads
 
 
-def apply_update(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, reference_grads) -> None:
+def apply_update(net: nn.Module, strategy, task: Task, batch, reference_grads) -> None:
     """The strategy's hooks around the optimiser step, on the accumulated (synchronised) gradient.
 
     The gradient is unscaled first (fp16), so the hooks (AGS's factors) and the optimiser (AGS's Delta) see
@@ -138,54 +142,54 @@ def apply_update(net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Te
     precision = strategy.precision
     if precision.unscale(strategy.optimizer):
         clip_gradients(net.parameters(), strategy.grad_clip)
-        strategy.before_step(net, loss_fn, x, y, reference_grads)
+        strategy.before_step(net, task.loss_of, batch, reference_grads)
         strategy.optimizer.step()
     precision.update()
     strategy.after_step()
 
 
-def training_step(
-    net: nn.Module, strategy, loss_fn, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1
-) -> torch.Tensor:
-    """One optimiser step on the batch (x, y); returns the batch's mean loss (see `accumulate_gradients`)."""
-    loss, reference_grads = accumulate_gradients(net, strategy, loss_fn, x, y, micro_batches)
+def training_step(net: nn.Module, strategy, task: Task, batch, micro_batches: int = 1) -> torch.Tensor:
+    """One optimiser step on `batch` (a pair or a dict of tensors on the device); returns its mean loss (see
+    `accumulate_gradients`). The noise scale counts samples: see `NoiseScaleHook.end_step`."""
+    loss, reference_grads = accumulate_gradients(net, strategy, task, batch, micro_batches)
     if strategy.noise_scale is not None:
-        strategy.noise_scale.end_step(len(y), strategy.precision.scale_on_device())
-    apply_update(net, strategy, loss_fn, x, y, reference_grads)
+        strategy.noise_scale.end_step(tasks.batch_size(batch), strategy.precision.scale_on_device())
+    apply_update(net, strategy, task, batch, reference_grads)
     return loss
 
 
 def loop_step(
-    net: nn.Module,
-    strategy,
-    loss_fn,
-    batch: tuple[torch.Tensor, torch.Tensor],
-    device: torch.device,
-    stop,
-    micro_batches=1,
+    net: nn.Module, strategy, task: Task, batch, device: torch.device, stop, micro_batches=1
 ) -> tuple[torch.Tensor, bool]:
     """The training loop's step, as training runs it and profiling times it: the stop-flag exchange
     (preemption.StopRequests, overlapped with the step and read after it), the batch's copy to the device and
     the optimiser step. Returns the batch's mean loss and whether a rank has been asked to stop."""
     stop.begin_step()
-    x, y = on_device(batch, device)
-    loss = training_step(net, strategy, loss_fn, x, y, micro_batches)
+    loss = training_step(net, strategy, task, on_device(batch, device), micro_batches)
     return loss, stop.agreed()
 
 
-def evaluate_accuracy(model: nn.Module, dataset, ctx: Context, batch_size: int = 256, **loader_options) -> float:
-    """Top-1 accuracy over the whole data set, each rank scoring its own images, every image once
+def evaluate_metrics(
+    model: nn.Module, dataset, ctx: Context, task: Task, batch_size: int = 256, precision=None, **loader_options
+) -> dict[str, float]:
+    """The task's metrics over the whole data set, each rank scoring its own samples, every sample once, their
+    sums and counts added over the ranks; under `precision` (the training's autocast and memory format) if given
     (`loader_options`: loaders.loader_options, the job's workers and pinning)."""
     loader = make_eval_loader(dataset, batch_size, rank=ctx.rank, world_size=ctx.world_size, **loader_options)
-    counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    precision = precision or Precision("fp32", ctx.device)
+    sums, names = None, []
     model.eval()
     with torch.no_grad():
         for batch in loader:
-            x, y = on_device(batch, ctx.device)
-            pred = model(x).argmax(1)
-            counts[0] += (pred == y).sum()
-            counts[1] += len(y)
+            batch = on_device(batch, ctx.device)
+            with precision.autocast():
+                parts = task.metric_sums(task.forward(model, precision.inputs(batch)), batch)
+            names = list(parts)
+            summed = torch.stack([torch.stack([total.double(), count.double()]) for total, count in parts.values()])
+            sums = summed if sums is None else sums + summed
     model.train()
+    if sums is None:
+        raise ValueError(f"no samples to score ({len(dataset)} in the data set)")
     if ctx.world_size > 1:
-        dist.all_reduce(counts)
-    return float(counts[0] / counts[1])
+        dist.all_reduce(sums)
+    return task.metric_values({name: (float(s), float(c)) for name, (s, c) in zip(names, sums.tolist())})

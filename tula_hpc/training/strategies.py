@@ -57,6 +57,7 @@ from tula_hpc.training.noise_scale import NoiseScaleHook
 from tula_hpc.training.optimizers import build_optimizer
 from tula_hpc.training.precision import Precision
 from tula_hpc.training.progress import adascale_gain, recipe_steps
+from tula_hpc.training.tasks import batch_size
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import TrainSettings
@@ -93,15 +94,14 @@ class Strategy:
     def before_step(
         self,
         net: nn.Module,
-        loss_fn: Callable,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
+        loss_of: Callable,
+        batch,
         reference_grads: dict[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Called after backward (the full, accumulated gradient) and before ``optimizer.step()``.
 
-        ``reference_grads`` map parameters to the mean-loss gradients of the sub-batch at
-        ``reference_indices``.
+        ``loss_of(net, batch)`` is the task's (mean loss, count) (tasks.Task.loss_of); ``reference_grads`` map
+        parameters to the mean-loss gradients of the sub-batch at ``reference_indices``.
         """
 
     def after_step(self) -> None:
@@ -157,15 +157,15 @@ class ScalingStrategy(Strategy):
             return self.optimizer.reference_indices(local_batch)
         return None
 
-    def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
+    def before_step(self, net, loss_of, batch, reference_grads=None) -> None:
         if reference_grads is not None:
             self.optimizer.update_gradscale_from(reference_grads)
-        elif self._update_due() and inputs.shape[0] == self.optimizer.small_batch_size:
+        elif self._update_due() and batch_size(batch) == self.optimizer.small_batch_size:
             # No rest to synchronise: a separate pass, computed as the step's own (precision, memory format).
             precision = self.precision
             with precision.autocast():
                 self.optimizer.update_gradscale(
-                    net, loss_fn, precision.inputs(inputs), targets, loss_scale=precision.loss_scale()
+                    net, loss_of, precision.inputs(batch), loss_scale=precision.loss_scale()
                 )
 
     def _update_due(self) -> bool:
@@ -222,7 +222,7 @@ class AdaScaleStrategy(Strategy):
         self.base_factor = lr_factor(dataclasses.replace(train_cfg, strategy="lbt"), base_steps)
         self.progress, self.gain = 0.0, 1.0
 
-    def before_step(self, net, loss_fn, inputs, targets, reference_grads=None) -> None:
+    def before_step(self, net, loss_of, batch, reference_grads=None) -> None:
         """The gain from the noise scale's averages (this step's gradients included): one read per step."""
         noise = self.noise_scale
         if noise is not None and noise.estimate.steps:

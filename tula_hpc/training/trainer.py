@@ -48,8 +48,9 @@ from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
 from tula_hpc.training.preemption import StopRequests
-from tula_hpc.training.step import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
+from tula_hpc.training.step import build_for_job, clock_for, evaluate_metrics, loop_step, wrap_ddp
 from tula_hpc.training.strategies import build_strategy
+from tula_hpc.training.tasks import job_task
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -157,7 +158,7 @@ class Trainer:
         self.stop_times = (StopTimes.read(checkpoint_path) if self.resumed_from else None) or StopTimes()
         self.first_save = True
         self.device_clock = clock_for(ctx.device)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.task = job_task(job)
         self.epochs = self.state.epoch + self.strategy.epochs_left(job.train.epochs, self.state.epoch)
 
     def use_batch(self, global_batch: int) -> None:
@@ -240,7 +241,7 @@ class Trainer:
         try:
             for batch in self.batches if steps_left else ():
                 loss, stopping = loop_step(
-                    self.net, self.strategy, self.loss_fn, batch, self.ctx.device, stop, self.accumulation
+                    self.net, self.strategy, self.task, batch, self.ctx.device, stop, self.accumulation
                 )
                 loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
                 state.step, batches_done = state.step + 1, batches_done + 1
@@ -280,14 +281,20 @@ class Trainer:
         state.train_time += epoch_time
         state.epoch, state.samples_done, state.open_epoch_steps = state.epoch + 1, 0, 0
         state.open_epoch_time = state.open_epoch_data_wait = state.open_epoch_loss_sum = 0.0
-        val_accuracy = evaluate_accuracy(
-            self.net, self.splits.val, self.ctx, batch_size=self.micro_batch, **self.loader_options
+        validation = evaluate_metrics(
+            self.net,
+            self.splits.val,
+            self.ctx,
+            self.task,
+            self.micro_batch,
+            self.strategy.precision,
+            **self.loader_options,
         )
         record = {
             "epoch": state.epoch,
             "step": state.step,
             "loss": loss,
-            "val_accuracy": val_accuracy,
+            **{f"val_{name}": value for name, value in validation.items()},
             "epoch_time_s": epoch_time,
             "data_wait_s": self.batches.waited,
             "lr": self.strategy.optimizer.param_groups[0]["lr"],
@@ -299,8 +306,10 @@ class Trainer:
         self.save()
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
+            headline = self.task.metrics[self.task.headline]
             print(
-                f"[train] epoch {state.epoch}/{self.epochs} loss {loss:.4f} val_acc {val_accuracy:.4f} "
+                f"[train] epoch {state.epoch}/{self.epochs} loss {loss:.4f} val {headline.label} "
+                f"{validation[self.task.headline]:.4f}{' ' + headline.unit if headline.unit else ''} "
                 f"time {epoch_time:.2f}s (data wait {self.batches.waited:.2f}s)",
                 flush=True,
             )
