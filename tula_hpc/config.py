@@ -150,31 +150,7 @@ def _check_semantics(job: Job) -> None:
             f"{objective.max_batch} is below search.batch.min ({batch.min}): no candidate "
             f"could meet it; allowed: at least {batch.min}",
         )
-    data = job.data
-    try:
-        check_data(data)
-    except DataError as err:
-        raise ConfigError(f"job '{job.name}': {err}") from None
-    if data.val_fraction + data.test_fraction >= 1:
-        fail("data", "val_fraction + test_fraction must be below 1")
-    model = job.model
-    if model.name not in MIN_IMAGE_SIZE or model.kwargs or job.task.name != "image_classification":
-        # Built once for the data set's shape and run on two of the task's samples on the meta device. torch
-        # (seconds to import) only here: the built-in image classifiers without kwargs are known to build, at
-        # MIN_IMAGE_SIZE and above.
-        from tula_hpc.training.datasets import data_shape
-        from tula_hpc.training.models import ModelError, check_model
-        from tula_hpc.training.tasks import TaskError, job_task
-
-        try:
-            check_model(model.name, data_shape(data), model.kwargs, task=job_task(job))
-        except (ModelError, TaskError) as err:
-            fail(err.field, str(err))
-    elif data.image_size < MIN_IMAGE_SIZE[model.name]:
-        fail(
-            "data.image_size",
-            f"{model.name} needs images of at least {MIN_IMAGE_SIZE[model.name]} pixels, got {data.image_size}",
-        )
+    _check_data_and_model(job, fail)
     train, epochs = job.train, job.train.epochs
     multistep = train.lr_schedule.kind == "multistep"  # the schedule that reads these
     late = [m for m in train.lr_milestones if m > epochs]
@@ -209,6 +185,36 @@ def _check_semantics(job: Job) -> None:
     _check_slurm(job, fail)
     _check_optimizer(job, fail)
     _check_batch_schedule(job, fail)
+
+
+def _check_data_and_model(job: Job, fail) -> None:
+    """The data set is there and well formed, and the model builds for its shape and fits the task (`fail`:
+    _check_semantics')."""
+    data = job.data
+    try:
+        check_data(data)
+    except DataError as err:
+        raise ConfigError(f"job '{job.name}': {err}") from None
+    if data.val_fraction + data.test_fraction >= 1:
+        fail("data", "val_fraction + test_fraction must be below 1")
+    model = job.model
+    if model.name not in MIN_IMAGE_SIZE or model.kwargs or job.task.name != "image_classification":
+        # Built once for the data set's shape and run on two of the task's samples on the meta device. torch
+        # (seconds to import) only here: the built-in image classifiers without kwargs are known to build, at
+        # MIN_IMAGE_SIZE and above.
+        from tula_hpc.training.datasets import data_shape
+        from tula_hpc.training.models import ModelError, check_model
+        from tula_hpc.training.tasks import TaskError, job_task
+
+        try:
+            check_model(model.name, data_shape(data), model.kwargs, task=job_task(job))
+        except (ModelError, TaskError) as err:
+            fail(err.field, str(err))
+    elif data.image_size < MIN_IMAGE_SIZE[model.name]:
+        fail(
+            "data.image_size",
+            f"{model.name} needs images of at least {MIN_IMAGE_SIZE[model.name]} pixels, got {data.image_size}",
+        )
 
 
 def _check_optimizer(job: Job, fail) -> None:
