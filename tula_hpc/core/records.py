@@ -136,3 +136,9 @@ class TrainSummary(StageRecord):
     attempts: list[dict] | None = optional()
     batch_schedule: str | None = optional()
     optimizer_steps: int | None = optional()
+    tokens: int | None = optional()
+
+    @property
+    def epoch_history(self) -> list[dict]:
+        """The epochs' records, without the validations train.val_every_steps adds between them."""
+        return [record for record in self.history if "epoch_time_s" in record]

@@ -21,6 +21,29 @@ def adascale_gain(gradient_sq, trace_at_base, scale):
     return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
 
 
+def run_epochs(train_cfg: TrainSettings, train_samples: int, global_batch: int, tokens_per_sample: int) -> float:
+    """The run's length in epochs, the last one possibly part-run: train.tokens over the tokens of an epoch
+    (tokens_per_sample x train_samples), train.steps of `global_batch` samples over the epoch's samples, else
+    train.epochs. The one place a run's length is read: the trainer stops there, the cosine schedule ends there, and
+    fit-model and select predict it."""
+    if train_cfg.tokens is not None:
+        return train_cfg.tokens / (tokens_per_sample * train_samples)
+    if train_cfg.steps is not None:
+        return train_cfg.steps * global_batch / train_samples
+    return float(train_cfg.epochs)
+
+
+def run_steps(
+    train_cfg: TrainSettings, train_samples: int, global_batch: int, tokens_per_sample: int, steps_per_epoch: int
+) -> int:
+    """The run's optimiser steps at `steps_per_epoch` (a rank's): train.steps as given, else `run_epochs`' epochs of
+    steps, the last part-run epoch rounded up to a whole step."""
+    if train_cfg.steps is not None:
+        return train_cfg.steps
+    epochs = run_epochs(train_cfg, train_samples, global_batch, tokens_per_sample)
+    return math.ceil(round(epochs * steps_per_epoch, 9))
+
+
 def recipe_steps(train_cfg: TrainSettings, train_samples: int) -> int:
     """The steps of the user's recipe, train.epochs at train.lr_base_batch: the progress AdaScale and the goodput
     objectives train to."""
