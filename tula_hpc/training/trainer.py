@@ -49,7 +49,7 @@ from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
 from tula_hpc.training.preemption import StopRequests
-from tula_hpc.training.progress import run_epochs
+from tula_hpc.training.progress import run_epochs, tokens_per_sample, whole_epochs
 from tula_hpc.training.step import build_for_job, clock_for, evaluate_accuracy, loop_step, wrap_ddp
 from tula_hpc.training.strategies import build_strategy
 from tula_hpc.training.validation import validation_due, validation_subset
@@ -139,7 +139,7 @@ class Trainer:
         self.ctx = ctx = init_distributed(job.resources.gpus_per_node > 0)
         self.splits, self.model = build_for_job(job, ctx)
         self.val_set = validation_subset(self.splits.val, job.train.val_samples, job.train.seed)
-        self.tokens_per_sample = job.data.seq_len or 1
+        self.tokens_per_sample = tokens_per_sample(job.data)
         device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(self.model), job)
         self.net = wrap_ddp(self.model, ctx)
         self.loader_options = loader_options(job, ctx.device)
@@ -180,7 +180,7 @@ class Trainer:
         self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
         samples, tokens = len(self.splits.train), self.tokens_per_sample
         self.length = run_epochs(self.job.train, samples, global_batch, tokens)  # its last epoch may be part-run
-        self.run_epochs = math.ceil(round(self.length, 9))
+        self.run_epochs = whole_epochs(self.length)
         self.strategy = build_strategy(
             self.net,
             self.job.train,
@@ -446,4 +446,3 @@ class Trainer:
             "peak_reserved_bytes": device_memory.peak(device, "reserved"),
             "outside_allocator_bytes": device_memory.outside_allocator(device),
         }
-
