@@ -141,7 +141,7 @@ class TrainSummary(StageRecord):
     @property
     def epoch_history(self) -> list[dict]:
         """The epochs' records, without the validations train.val_every_steps adds between them."""
-        return [record for record in self.history if "epoch_time_s" in record]
+        return [record for record in self.history if record.get("kind") != "validation"]
 
 
 def sequence_fields(job: Job, samples_per_s: float | None = None) -> dict:

@@ -322,7 +322,8 @@ class Trainer:
 
     def validate_mid_epoch(self) -> None:
         """train.val_every_steps: a record of its own (step, validation score) in the history and metrics.jsonl."""
-        record = {"step": self.state.step, "epoch": self.state.epoch, "val_accuracy": self.validate()}
+        record = {"kind": "validation", "step": self.state.step, "epoch": self.state.epoch}
+        record["val_accuracy"] = self.validate()
         self.state.history.append(record)
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
