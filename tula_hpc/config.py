@@ -151,17 +151,8 @@ def _check_semantics(job: Job) -> None:
             f"could meet it; allowed: at least {batch.min}",
         )
     _check_data_and_model(job, fail)
+    _check_run_length(job, fail)
     train, epochs = job.train, job.train.epochs
-    multistep = train.lr_schedule.kind == "multistep"  # the schedule that reads these
-    late = [m for m in train.lr_milestones if m > epochs]
-    if late and multistep:
-        fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
-    if multistep and recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
-        fail(
-            "train.warmup_epochs",
-            f"strategy '{train.strategy}' ({recipe(train)}'s recipe) would warm up for {train.warmup_epochs} "
-            f"of {epochs} epochs and never train at its full rate; allowed: below {epochs}",
-        )
     probes = list(job.resources.memory_probe_batches)
     if probes != sorted(set(probes)):
         fail("resources.memory_probe_batches", f"{probes} must be distinct batches in increasing order")
@@ -214,6 +205,27 @@ def _check_data_and_model(job: Job, fail) -> None:
         fail(
             "data.image_size",
             f"{model.name} needs images of at least {MIN_IMAGE_SIZE[model.name]} pixels, got {data.image_size}",
+        )
+
+
+def _check_run_length(job: Job, fail) -> None:
+    """How long the run is: one of train.tokens and train.steps at most (either replaces train.epochs), tokens
+    counted in data.seq_len windows, and the epochs' milestones and warm-up within train.epochs (`fail`:
+    _check_semantics')."""
+    train, epochs = job.train, job.train.epochs
+    if train.tokens is not None and train.steps is not None:
+        fail("train.tokens", "train.tokens and train.steps are both set; allowed: one of them, or neither")
+    if train.tokens is not None and job.data.seq_len is None:
+        fail("train.tokens", "counts data.seq_len tokens per sample, and data.seq_len is unset; allowed: train.steps")
+    multistep = train.lr_schedule.kind == "multistep"  # the schedule that reads these
+    late = [m for m in train.lr_milestones if m > epochs]
+    if late and multistep:
+        fail("train.lr_milestones", f"milestones {late} lie beyond the last epoch ({epochs})")
+    if multistep and recipe(train) in WARMUP_RECIPES and train.warmup_epochs >= epochs:
+        fail(
+            "train.warmup_epochs",
+            f"strategy '{train.strategy}' ({recipe(train)}'s recipe) would warm up for {train.warmup_epochs} "
+            f"of {epochs} epochs and never train at its full rate; allowed: below {epochs}",
         )
 
 

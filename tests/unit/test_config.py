@@ -31,6 +31,13 @@ BAD_CASES = [
     ("batch min above max", lambda j: j["search"]["batch"].update(min=512, max=64), ["search.batch", "512", "64"]),
     ("nodes min above max", lambda j: j["search"]["nodes"].update(min=4, max=2), ["search.nodes", "4", "2"]),
     ("zero epochs", lambda j: j["train"].update(epochs=0), ["train.epochs", "minimum"]),
+    (
+        "tokens and steps",
+        lambda j: j["train"].update(tokens=1000, steps=10),
+        ["train.tokens", "train.steps", "both set"],
+    ),
+    ("tokens without seq_len", lambda j: j["train"].update(tokens=1000), ["train.tokens", "data.seq_len"]),
+    ("zero steps", lambda j: j["train"].update(steps=0), ["train.steps", "minimum"]),
     ("negative epochs", lambda j: j["train"].update(epochs=-3), ["train.epochs", "-3"]),
     ("epochs as text", lambda j: j["train"].update(epochs="ten"), ["train.epochs", "'ten'", "integer"]),
     ("lr as text", lambda j: j["train"].update(lr="fast"), ["train.lr", "number"]),

@@ -14,7 +14,7 @@ from tula_hpc.training.lr_schedule import lr_factor, peak_lr
 def _rates(train: dict, global_batch: int, steps_per_epoch: int, steps: int) -> list[float]:
     """The rate at each of the first `steps` optimiser steps of a job with train settings `train`."""
     train_cfg = default_job(train=train).train
-    factor = lr_factor(train_cfg, steps_per_epoch)
+    factor = lr_factor(train_cfg, steps_per_epoch, train_cfg.epochs * steps_per_epoch)
     return [peak_lr(train_cfg, global_batch) * factor(step) for step in range(steps)]
 
 

@@ -1,8 +1,18 @@
 """progress.py: AdaScale's gain, the steps to the recipe's progress at a noise scale, the profiles' noise scale."""
 
+from dataclasses import replace
+
 import pytest
 
-from tula_hpc.training.progress import adascale_gain, measured_noise_scale, steps_to_progress
+from tests.conftest import default_job
+from tula_hpc.training.progress import (
+    adascale_gain,
+    measured_noise_scale,
+    run_epochs,
+    run_steps,
+    steps_to_progress,
+    whole_epochs,
+)
 
 
 def test_adascale_gain_runs_from_one_without_noise_to_the_scale_with_only_noise():
@@ -26,3 +36,27 @@ def test_the_profiles_noise_scale_is_the_median_of_those_that_measured_one():
     profiles = [{"noise_scale": None}, {}, *({"noise_scale": {"b_noise": b}} for b in (100.0, 300.0, 200.0, 900.0))]
     assert measured_noise_scale(profiles) == {"b_noise": 250.0, "profiles": 4, "range": [100.0, 900.0]}
     assert measured_noise_scale([{"noise_scale": None}]) is None
+
+
+TRAIN = default_job().train  # epochs, tokens and steps replaced below, past validation (tokens needs data.seq_len)
+
+
+def test_a_run_is_measured_in_tokens_steps_or_epochs():
+    def length(**train):
+        return run_epochs(replace(TRAIN, **train), 1000, 50, 64)
+
+    assert length(epochs=3) == 3.0
+    assert length(tokens=32_000) == pytest.approx(0.5)  # 32,000 tokens over 1,000 windows of 64
+    assert length(tokens=160_000) == pytest.approx(2.5)
+    assert length(steps=30) == pytest.approx(1.5)  # 30 steps of 50 samples over 1,000
+    assert [whole_epochs(e) for e in (0.5, 1.0, 2.5, 3.0000000001)] == [1, 1, 3, 3]
+
+
+def test_a_run_s_steps_are_train_steps_as_given_else_its_epochs_of_steps_rounded_up():
+    def steps(**train):
+        return run_steps(replace(TRAIN, **train), 1000, 50, 64, steps_per_epoch=20)
+
+    assert steps(steps=7) == 7
+    assert steps(epochs=3) == 60
+    assert steps(tokens=32_000) == 10
+    assert steps(tokens=33_000) == 11  # 10.3 steps: the part-step is a step

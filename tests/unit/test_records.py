@@ -62,3 +62,13 @@ def test_a_selection_by_hand_is_one_the_train_stage_reads(tmp_path):
     Selection.by_hand(job, chosen).write(tmp_path / "selection.json")
     read = Selection.read(tmp_path / "selection.json")
     assert read.chosen == chosen and read.job == job.name and read.predicted is None
+
+
+def test_a_text_job_s_records_name_seq_len_and_count_tokens_per_second_an_image_job_s_stay_as_they_were():
+    from tests.conftest import default_job
+    from tula_hpc.core.records import sequence_fields
+
+    assert sequence_fields(default_job(), 100.0) == {} == sequence_fields(default_job())
+    text = default_job().updated(data={"seq_len": 64})  # past validation: only the record's arithmetic matters here
+    assert sequence_fields(text, 100.0) == {"seq_len": 64, "tokens_per_s": 6400.0}
+    assert sequence_fields(text) == {"seq_len": 64}

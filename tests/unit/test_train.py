@@ -398,3 +398,22 @@ def test_the_stage_sizes_each_attempts_warning_from_the_saves_measured_so_far(tm
     assert first.stop_warning_s is None
     assert first_handoff.stop_warning_s == first.warning_before_limit_s == 90  # 30 minutes: 90 s
     assert second.stop_warning_s == second_handoff.stop_warning_s == second.warning_before_limit_s == 240
+
+
+def test_a_run_measured_in_steps_stops_mid_epoch_validating_every_few_steps_on_a_fixed_subset(tmp_path):
+    job = default_job(
+        train=dict(strategy="lbt", steps=5, val_every_steps=2, val_samples=40, lr_schedule={"kind": "cosine"})
+    )
+    summary, _ = _run_training(job, tmp_path, batch=32)
+    assert summary["optimizer_steps"] == 5 < summary["steps_per_epoch"]
+    assert summary["epochs"] == 1 and summary["tokens"] == 5 * 32  # an image is one unit
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 5] and "epoch_time_s" in records[-1]
+    assert [
+        r["step"]
+        for r in TrainSummary.from_dict(
+            {**summary, "wall_time_s": 0.0, "train_time_with_lost_work_s": 0.0}
+        ).epoch_history
+    ] == [5]
+    # the cosine schedule ends at the run's last step (its floor, lr x min_lr_ratio)
+    assert records[-1]["lr"] == pytest.approx(job.train.lr * job.train.lr_schedule.min_lr_ratio)

@@ -176,7 +176,8 @@ def train_time_limit_s(job: Job, candidate: dict, run_s: float, max_time_s: floa
     included: selection.predicted_run's job_time_s): the run plus twice its relative uncertainty, plus one epoch with
     its end (the checkpoint cadence: what a requeue repeats), all times 1 + resources.time_margin, plus STARTUP_S; at
     most the partition's MaxTime. A job that outlives it is requeued from its checkpoint."""
-    epoch_s = candidate["time_s"] / job.train.epochs + candidate.get("outside_epoch_s", 0.0)
+    epochs = candidate.get("run_epochs", job.train.epochs)  # a candidate predicted before runs had other lengths
+    epoch_s = candidate["time_s"] / epochs + candidate.get("outside_epoch_s", 0.0)
     spread = 1 + 2 * candidate.get("rel_uncertainty", 0.0)
     limit = (run_s * spread + epoch_s) * (1 + job.resources.time_margin) + STARTUP_S
     return limit if max_time_s is None else min(limit, max_time_s)

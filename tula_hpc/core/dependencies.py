@@ -43,6 +43,8 @@ FIT_SETTINGS = tuple(
         "interference_tolerance",
     )
 )
+# How long the run is, beside train.epochs: what the predicted time of a candidate follows.
+RUN_LENGTH_SETTINGS = ("train.tokens", "train.steps")
 # What each stage's output depends on, as "section" or "section.key[.key]": the rules' params (editing one
 # reruns that stage and what follows, editing anything else does not) and every fingerprint (a profile or
 # checkpoint made under other settings is not reused). Which launcher runs a stage is no dependency.
@@ -70,9 +72,12 @@ STAGE_SETTINGS = {
     "adapt": STEP_SETTINGS
     + MEASUREMENT_SETTINGS
     + FIT_SETTINGS
-    + ("search.adaptive", "search.confirm", "train.epochs", "train.lr_base_batch", "objective", "resources.slurm"),
-    "fit_model": FIT_SETTINGS + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm"),
-    "select": ("objective",),
+    + ("search.adaptive", "search.confirm", "train.epochs", "train.lr_base_batch", "objective", "resources.slurm")
+    + RUN_LENGTH_SETTINGS,
+    "fit_model": FIT_SETTINGS
+    + ("train.epochs", "objective", "resources.gpus_per_node", "resources.slurm")
+    + RUN_LENGTH_SETTINGS,
+    "select": ("objective",) + RUN_LENGTH_SETTINGS,
     "train": ("task", "model", "data", "train", "resources.on_oom", "resources.cuda_alloc_conf"),
     "evaluate": ("task", "model", "data", "train.seed", "objective", "resources.gpus_per_node"),
     "report": (),
@@ -89,6 +94,10 @@ LATER_SETTINGS = {
     "train.eps": 1e-8,
     "train.grad_clip": None,
     "train.lr_schedule": {"kind": "multistep", "warmup_steps": 0, "min_lr_ratio": 0.1},
+    "train.tokens": None,
+    "train.steps": None,
+    "train.val_every_steps": None,
+    "train.val_samples": None,
 }
 
 

@@ -90,6 +90,10 @@ class TrainSettings:
     grad_clip: float | None
     lr_schedule: LrScheduleSettings
     batch_schedule: str = "fixed"
+    tokens: int | None = None
+    steps: int | None = None
+    val_every_steps: int | None = None
+    val_samples: int | None = None
 
 
 @dataclass(frozen=True)

@@ -136,3 +136,20 @@ class TrainSummary(StageRecord):
     attempts: list[dict] | None = optional()
     batch_schedule: str | None = optional()
     optimizer_steps: int | None = optional()
+    tokens: int | None = optional()
+
+    @property
+    def epoch_history(self) -> list[dict]:
+        """The epochs' records, without the validations train.val_every_steps adds between them."""
+        return [record for record in self.history if record.get("kind") != "validation"]
+
+
+def sequence_fields(job: Job, samples_per_s: float | None = None) -> dict:
+    """What a record of a text job adds beside its batch: data.seq_len, and the tokens per second beside samples
+    (`samples_per_s`, a profile's). Nothing where data.seq_len is unset, so an image job's records stay as they were."""
+    seq_len = job.data.seq_len
+    if seq_len is None:
+        return {}
+    return (
+        {"seq_len": seq_len} if samples_per_s is None else {"seq_len": seq_len, "tokens_per_s": samples_per_s * seq_len}
+    )

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from tula_hpc.training.progress import whole_epochs
+
 
 def epoch_times(row: dict, epochs: int) -> list[float]:
     """The predicted epoch_time_s of each of `epochs` epochs of a candidate row (fit_model's): the first with W_1 and
@@ -14,6 +16,15 @@ def epoch_times(row: dict, epochs: int) -> list[float]:
     steady, start = row["epoch_s"], row.get("epoch_start_s", 0.0)
     times = [steady - start + row.get("warmup_first_s", 0.0), steady + row.get("warmup_second_s", 0.0)]
     return (times + [steady] * max(0, epochs - 2))[:epochs]
+
+
+def run_time(row: dict, epochs: float) -> float:
+    """The predicted time of a run of `epochs` (a fraction: its last epoch stopped part-way, by train.tokens or
+    train.steps): `epoch_times` of its whole epochs, the last one's steps cut to the fraction run (its start and
+    warm-up paid in full)."""
+    whole = whole_epochs(epochs)
+    steps_s = row["epoch_s"] - row.get("epoch_start_s", 0.0)
+    return sum(epoch_times(row, whole)) - (whole - epochs) * steps_s
 
 
 def restarts(epochs: float) -> int:

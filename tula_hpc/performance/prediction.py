@@ -1,9 +1,10 @@
 """T and cost of every candidate from a fitted performance model (Eq. 4a): what fit-model writes and what the search
 that confirms its decision (search.confirm_choice, in the adapt rule) predicts between its profiles; one home for both.
 
-T = E * (steps per epoch of B, the last one with the rest of the data) * t_step plus what the run spends once (the
-warm-up W) and once per epoch (c_epoch; run_overhead.py), the cost by the job's pricing (pricing.py); no step is
-shorter than the loader's workers take to make its batch (loader_rate.py).
+T = E (the run's length, progress.run_epochs: its last epoch may be part-run) * (steps per epoch of B, the last one
+with the rest of the data) * t_step plus what the run spends once (the warm-up W) and once per epoch (c_epoch;
+run_overhead.py), the cost by the job's pricing (pricing.py); no step is shorter than the loader's workers take to
+make its batch (loader_rate.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from tula_hpc.core.errors import StageError
 from tula_hpc.core.run_layout import candidate_devices, last_batch, steps_per_epoch
-from tula_hpc.performance.epochs import epoch_times, restarts
+from tula_hpc.performance.epochs import epoch_times, restarts, run_time
 from tula_hpc.performance.estimator import PerfModel
 from tula_hpc.performance.fitting import (
     candidate_row,
@@ -27,7 +28,14 @@ from tula_hpc.performance.fitting import (
 from tula_hpc.performance.loader_rate import LoaderRate, fit_loader_rate
 from tula_hpc.performance.pricing import charge_factor, costs
 from tula_hpc.performance.run_overhead import RunOverheads, fit_overheads, zero_terms
-from tula_hpc.training.progress import measured_noise_scale, recipe_steps, steps_to_progress
+from tula_hpc.training.progress import (
+    measured_noise_scale,
+    recipe_steps,
+    run_epochs,
+    steps_to_progress,
+    tokens_per_sample,
+    whole_epochs,
+)
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -49,7 +57,7 @@ def predict_candidates(
     shorter than its loader's pace (`loader`; none: no floor), the run's warm-up and epoch ends from `overheads`
     (none: steps only)."""
     measured = measured or {}
-    objective, epochs = job.objective, job.train.epochs
+    objective, tokens = job.objective, tokens_per_sample(job.data)
     partition = job.resources.slurm.partition
     if objective.pricing == "service_units" and charge_factor(objective, partition) is None:
         raise StageError(
@@ -77,7 +85,8 @@ def predict_candidates(
         per_epoch = steps_per_epoch(train_samples, ranks, c["per_device_batch"])
         once = {term: float(values[i]) for term, values in terms.items()}
         epoch = (per_epoch - 1) * step + float(last_step[i]) + once["epoch_start_s"]  # a steady epoch
-        total = sum(epoch_times({"epoch_s": epoch, **once}, epochs))
+        epochs = run_epochs(job.train, train_samples, c["batch"], tokens)  # train.steps: the batch's own
+        total = run_time({"epoch_s": epoch, **once}, epochs)
         price = costs(total, c["nodes"], ranks, c["per_device_batch"], objective, memory, partition)
         rows.append(
             {
@@ -95,8 +104,9 @@ def predict_candidates(
                 **once,
                 "warmup_s": once["warmup_first_s"] + once["warmup_second_s"],
                 "first_epoch_s": epoch_times({"epoch_s": epoch, **once}, 1)[0],
+                "run_epochs": epochs,
                 "time_s": total,
-                "job_time_s": total + epochs * once["outside_epoch_s"],
+                "job_time_s": total + whole_epochs(epochs) * once["outside_epoch_s"],
                 "rel_uncertainty": float(uncertainty[i]),
                 "time_s_range": [total * (1 - uncertainty[i]), total * (1 + uncertainty[i])],
                 "costs": price,

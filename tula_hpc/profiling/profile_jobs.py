@@ -14,6 +14,7 @@ from tula_hpc.cluster.allocation import release_allocation
 from tula_hpc.core.atomic_files import write_json
 from tula_hpc.core.dependencies import fingerprint
 from tula_hpc.core.errors import StageError
+from tula_hpc.core.records import sequence_fields
 from tula_hpc.core.run_layout import profile_name, ranks_per_host
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def profile_one(job: Job, candidate: dict, out: Path, work_dir: Path, max_per_de
         ranks_per_host=ranks_per_host(spec.launcher, nodes, spec.tasks_per_node),
         job_wall_s=time.perf_counter() - started,
         fingerprint=fingerprint(job, "profile"),
+        **sequence_fields(job, result.get("samples_per_s")),
     )
     write_json(out, result)
     return result

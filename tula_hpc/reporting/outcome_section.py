@@ -11,7 +11,7 @@ from tula_hpc.reporting.training_section import time_terms
 def _loading(selection: Selection, summary: TrainSummary) -> str:
     """Training's wait for its loader beside the profiles' data part: the profiles synchronise every step, so
     their loading cannot overlap the device's work, while training's can (on a GPU); the gap shows how much."""
-    waited = sum(r["data_wait_s"] for r in summary.history)
+    waited = sum(r["data_wait_s"] for r in summary.epoch_history)
     chosen = selection.chosen
     text = (
         f"Data loading: training waited {waited:.2f} s for its loader ({waited / summary.train_time_s:.1%} of "

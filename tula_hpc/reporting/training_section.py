@@ -35,7 +35,7 @@ def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:
 
     Writes `plot`; the section links to it relative to `report`.
     """
-    strategy, history = summary.strategy, summary.history
+    strategy, history = summary.strategy, summary.epoch_history
     epochs = [r for r in history if "ags" in r]
     hist = epochs[-1]["ags"]["scale_hist"] if epochs else None
     noise = [(r["epoch"], r["noise_scale"]["b_noise"]) for r in history if (r["noise_scale"] or {}).get("b_noise")]

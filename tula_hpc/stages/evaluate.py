@@ -57,7 +57,7 @@ def evaluate(
     )
     # The prediction is the time of the epochs that count; lost work is reported beside it, not compared.
     measured, predicted = summary.train_time_s, selection.predicted["time_s"]
-    epochs = [record["epoch_time_s"] for record in summary.history]
+    epochs = [record["epoch_time_s"] for record in summary.epoch_history]
     result = {
         "job": job.name,
         **scores,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tula_hpc._legacy_paths import moved_names
 from tula_hpc.cluster import launch
 from tula_hpc.core.atomic_files import write_json
+from tula_hpc.core.records import sequence_fields
 from tula_hpc.profiling.memory_summary import summarise
 from tula_hpc.stages.runner import stage_main
 
@@ -31,7 +32,7 @@ def probe_memory(job: Job, out: Path, work_dir: Path) -> dict:
     measured = launch.run(
         PROBE_WORKER, dict(job=job), spec, Path(work_dir) / "probe_memory", name=f"{job.name}-probe-memory"
     )
-    result = summarise(job, measured)
+    result = {**summarise(job, measured), **sequence_fields(job)}
     write_json(out, result)
     return result
 

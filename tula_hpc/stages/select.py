@@ -18,6 +18,7 @@ from tula_hpc.core.records import FitResult, Selection
 from tula_hpc.core.run_layout import node_shape
 from tula_hpc.performance.choice import CONSTRAINTS, GOODPUT_GOALS, InfeasibleError, select
 from tula_hpc.stages.runner import stage_main
+from tula_hpc.training.progress import whole_epochs
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -34,7 +35,7 @@ def predicted_run(job: Job, chosen: dict) -> dict:
         epochs = math.ceil(chosen["progress_epochs"])
     else:
         run = {"time_s": chosen["time_s"], "cost": chosen["cost"], "to": "epochs"}
-        epochs = job.train.epochs
+        epochs = whole_epochs(chosen.get("run_epochs", job.train.epochs))  # the last may be part-run
     outside = epochs * chosen.get("outside_epoch_s", 0.0)  # 0 in a record made before it was predicted
     run.update(epochs=epochs, outside_epochs_s=outside, job_time_s=run["time_s"] + outside)
     if "wait_s" in chosen:  # objective.queue estimate: the scheduler's estimate at selection time

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from tula_hpc.cluster.distributed import Context, init_distributed, shutdown
+from tula_hpc.core.atomic_files import atomic_path
 from tula_hpc.training.datasets import load_splits
 from tula_hpc.training.loaders import loader_options, make_eval_loader, on_device
 from tula_hpc.training.models import build_model
@@ -101,6 +102,20 @@ def scored(task: Task, metrics: dict[str, float], as_trained: dict[str, float]) 
             for name, metric in task.metrics.items()
         },
     }
+
+
+def save_trained_model(path: Path, model: nn.Module, job: Job, splits) -> None:
+    """The final model with what `load_trained_model` needs to rebuild it."""
+    with atomic_path(path) as tmp:
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "model_name": job.model.name,
+                "model_kwargs": job.model.kwargs,
+                "shape": splits.shape,
+            },
+            tmp,
+        )
 
 
 def load_trained_model(model_path: str | Path) -> nn.Module:

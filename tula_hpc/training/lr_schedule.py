@@ -64,18 +64,17 @@ def peak_lr(train_cfg: TrainSettings, global_batch: int) -> float:
     return train_cfg.lr
 
 
-def lr_factor(train_cfg: TrainSettings, steps_per_epoch: int) -> Callable[[int], float]:
+def lr_factor(train_cfg: TrainSettings, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
     """Multiplier of the peak rate at optimiser step k (0-based), by train.lr_schedule's kind.
 
     multistep (the default): warm-up ramps (k + 1) / (warmup_epochs x steps_per_epoch) to 1, per step as in Goyal
     et al. (from peak / warm-up steps rather than their unscaled rate, so that it also applies to polo, whose rate is
     not scaled). Decay multiplies by lr_gamma at each of lr_milestones (epochs), as MultiStepLR stepped once per
-    epoch does. cosine: see cosine_factor, over the run's train.epochs x steps_per_epoch steps.
+    epoch does. cosine: see cosine_factor, over the run's `total_steps` (progress.run_steps).
     """
     schedule = train_cfg.lr_schedule
     if schedule.kind == "cosine":
-        total = train_cfg.epochs * steps_per_epoch
-        return cosine_factor(schedule.warmup_steps, total, schedule.min_lr_ratio)
+        return cosine_factor(schedule.warmup_steps, total_steps, schedule.min_lr_ratio)
     warm_steps = train_cfg.warmup_epochs * steps_per_epoch if recipe(train_cfg) in WARMUP_RECIPES else 0
     milestones, gamma = train_cfg.lr_milestones, train_cfg.lr_gamma
 

@@ -10,7 +10,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tula_hpc.core.job import TrainSettings
+    from tula_hpc.core.job import DataSettings, TrainSettings
 
 
 def adascale_gain(gradient_sq, trace_at_base, scale):
@@ -19,6 +19,39 @@ def adascale_gain(gradient_sq, trace_at_base, scale):
     batch; r runs from 1 (no noise: a larger batch buys nothing) to s (all noise: s base steps at once). Equal to
     McCandlish's (1 + B_noise / B_base) / (1 + B_noise / B)."""
     return (trace_at_base + gradient_sq) / (trace_at_base / scale + gradient_sq)
+
+
+def tokens_per_sample(data: DataSettings) -> int:
+    """What train.tokens counts per sample: data.seq_len tokens (a task's units_per_sample), 1 where it is unset."""
+    return data.seq_len or 1
+
+
+def run_epochs(train_cfg: TrainSettings, train_samples: int, global_batch: int, tokens_per_sample: int) -> float:
+    """The run's length in epochs, the last one possibly part-run: train.tokens over the tokens of an epoch
+    (tokens_per_sample x train_samples), train.steps of `global_batch` samples over the epoch's samples, else
+    train.epochs. The one place a run's length is read: the trainer stops there, the cosine schedule ends there, and
+    fit-model and select predict it."""
+    if train_cfg.tokens is not None:
+        return train_cfg.tokens / (tokens_per_sample * train_samples)
+    if train_cfg.steps is not None:
+        return train_cfg.steps * global_batch / train_samples
+    return float(train_cfg.epochs)
+
+
+def whole_epochs(epochs: float) -> int:
+    """The epochs a run of `epochs` starts: its last one part-run (rounded off first: 3.0000000001 is 3)."""
+    return max(1, math.ceil(round(epochs, 9)))
+
+
+def run_steps(
+    train_cfg: TrainSettings, train_samples: int, global_batch: int, tokens_per_sample: int, steps_per_epoch: int
+) -> int:
+    """The run's optimiser steps at `steps_per_epoch` (a rank's): train.steps as given, else `run_epochs`' epochs of
+    steps, the last part-run epoch rounded up to a whole step."""
+    if train_cfg.steps is not None:
+        return train_cfg.steps
+    epochs = run_epochs(train_cfg, train_samples, global_batch, tokens_per_sample)
+    return whole_epochs(epochs * steps_per_epoch)
 
 
 def recipe_steps(train_cfg: TrainSettings, train_samples: int) -> int:

@@ -56,7 +56,7 @@ from tula_hpc.training.lr_schedule import lr_factor, peak_lr
 from tula_hpc.training.noise_scale import NoiseScaleHook
 from tula_hpc.training.optimizers import build_optimizer
 from tula_hpc.training.precision import Precision
-from tula_hpc.training.progress import adascale_gain, recipe_steps
+from tula_hpc.training.progress import adascale_gain, recipe_steps, run_steps
 from tula_hpc.training.tasks import batch_size
 
 if TYPE_CHECKING:
@@ -80,7 +80,9 @@ class Strategy:
     ) -> None:
         self.name = name
         self.optimizer = optimizer
-        self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch))
+        self.train_cfg, self.steps_per_epoch = train_cfg, steps_per_epoch
+        self.scheduler = LambdaLR(optimizer, lr_factor(train_cfg, steps_per_epoch, train_cfg.epochs * steps_per_epoch))
+        self.stop_step: int | None = None  # a run measured in tokens or steps ends at it (`run_for`)
         self.precision = precision
         self.grad_clip = train_cfg.grad_clip  # the global norm apply_update clips the unscaled gradient to
         # The gradient noise scale, measured by DDP's all-reduce (noise_scale.py); None on one rank and for
@@ -129,9 +131,19 @@ class Strategy:
         """Called after an epoch's last step, before evaluation and checkpoint; returns metrics to record."""
         return {}
 
+    def run_for(self, total_steps: int) -> None:
+        """The run's length in optimiser steps (progress.run_steps): the cosine schedule decays to its last step, and
+        under train.tokens or train.steps `finished` says when it is reached, mid-epoch. Every schedule's factor at
+        step 0 is the same whatever the length, so the rate already set stands."""
+        factor = lr_factor(self.train_cfg, self.steps_per_epoch, total_steps)
+        self.scheduler.lr_lambdas = [factor] * len(self.scheduler.lr_lambdas)
+        measured = self.train_cfg.tokens is not None or self.train_cfg.steps is not None
+        self.stop_step = total_steps if measured else None
+
     def finished(self) -> bool:
-        """Whether training is done before its epochs are (a strategy that decides how long it trains)."""
-        return False
+        """Whether training is done before its epochs are: a run measured in tokens or steps at its last step, or a
+        strategy that decides how long it trains."""
+        return self.stop_step is not None and self.scheduler.last_epoch >= self.stop_step
 
     def epochs_left(self, epochs: int, done: int) -> int:
         """The most epochs the run may still take after `done` of train.epochs."""
@@ -219,7 +231,7 @@ class AdaScaleStrategy(Strategy):
         self.target, self.steps_at_batch = recipe_steps(train_cfg, train_samples), steps_per_epoch
         base_steps = self.target // train_cfg.epochs  # steps per epoch at the base batch
         super().__init__(name, optimizer, dataclasses.replace(train_cfg, warmup_epochs=0), base_steps, precision)
-        self.base_factor = lr_factor(dataclasses.replace(train_cfg, strategy="lbt"), base_steps)
+        self.base_factor = lr_factor(dataclasses.replace(train_cfg, strategy="lbt"), base_steps, self.target)
         self.progress, self.gain = 0.0, 1.0
 
     def before_step(self, net, loss_of, batch, reference_grads=None) -> None:
@@ -275,6 +287,7 @@ def build_strategy(
     steps_per_epoch: int,
     train_samples: int | None = None,
     noise_scale: NoiseScaleHook | None = None,
+    tokens_per_sample: int = 1,
 ) -> Strategy:
     """The strategy named by train_cfg.strategy for `net` (DDP-wrapped when there are several ranks).
 
@@ -282,7 +295,8 @@ def build_strategy(
     recipe's steps over them. `steps_per_epoch` counts optimiser steps per epoch on each rank; the schedule and polo's
     averaging period are laid out in steps. The step's precision (train.precision, train.channels_last)
     runs on the device of `net`'s parameters. `noise_scale`: the hook an earlier strategy of the same run attached
-    (a DDP model takes one comm hook), kept with what it has measured when the batch changes.
+    (a DDP model takes one comm hook), kept with what it has measured when the batch changes. `tokens_per_sample`
+    measures train.tokens (data.seq_len; 1 for images).
     """
     name = train_cfg.strategy
     params = list(net.parameters())
@@ -292,6 +306,7 @@ def build_strategy(
     precision.attach_state(optimizer)
     samples = train_samples or steps_per_epoch * global_batch
     strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
+    strategy.run_for(run_steps(train_cfg, samples, global_batch, tokens_per_sample, steps_per_epoch))
     if noise_scale is not None:
         strategy.noise_scale = noise_scale
     elif _world_size(net) > 1 and not polo:

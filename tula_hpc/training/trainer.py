@@ -34,23 +34,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from tula_hpc.cluster.distributed import init_distributed, mean_over_ranks, shutdown
 from tula_hpc.cluster.job_step_failures import out_of_memory_ends_job_step
-from tula_hpc.core.atomic_files import append_jsonl, atomic_path, write_jsonl
+from tula_hpc.core.atomic_files import append_jsonl, write_jsonl
 from tula_hpc.core.dependencies import stage_settings
 from tula_hpc.core.run_layout import steps_per_epoch as epoch_steps
 from tula_hpc.memory.device_budget import budget_bytes, device_memory, model_bytes
 from tula_hpc.training.attempts import StopTimes
 from tula_hpc.training.checkpoint import CHECKPOINT_FORMAT, Checkpointer, TrainState, own_rng_state, restore_rng
+from tula_hpc.training.evaluation import save_trained_model
 from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
 from tula_hpc.training.preemption import StopRequests
-from tula_hpc.training.step import build_for_job, clock_for, evaluate_metrics, loop_step, wrap_ddp
+from tula_hpc.training.progress import run_epochs, tokens_per_sample, whole_epochs
+from tula_hpc.training.step import build_for_job, clock_for, loop_step, wrap_ddp
 from tula_hpc.training.strategies import build_strategy
 from tula_hpc.training.tasks import job_task
+from tula_hpc.training.validation import Validation, validation_due, validation_subset
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
@@ -136,6 +138,7 @@ class Trainer:
         self.checkpoint_path, self.metrics_path = checkpoint_path, metrics_path
         self.ctx = ctx = init_distributed(job.resources.gpus_per_node > 0)
         self.splits, self.model = build_for_job(job, ctx)
+        self.tokens_per_sample = tokens_per_sample(job.data)
         device_memory.limit(ctx.device, budget_bytes(job, ctx.device), model_bytes(self.model), job)
         self.net = wrap_ddp(self.model, ctx)
         self.loader_options = loader_options(job, ctx.device)
@@ -159,7 +162,9 @@ class Trainer:
         self.first_save = True
         self.device_clock = clock_for(ctx.device)
         self.task = job_task(job)
-        self.epochs = self.state.epoch + self.strategy.epochs_left(job.train.epochs, self.state.epoch)
+        validation_set = validation_subset(self.splits.val, job.train.val_samples, job.train.seed)
+        self.validation = Validation(self.net, validation_set, ctx, self.task, self.loader_options)
+        self.epochs = self.state.epoch + self.strategy.epochs_left(self.run_epochs, self.state.epoch)
 
     def use_batch(self, global_batch: int) -> None:
         """Train at `global_batch` from here: its per-device batch and slices, steps per epoch, loader, and the
@@ -174,19 +179,23 @@ class Trainer:
             self.accumulation = accumulation_for(self.per_device, self.micro_cap)
         self.micro_batch = math.ceil(self.per_device / self.accumulation)
         self.steps_per_epoch = epoch_steps(len(self.splits.train), ctx.world_size, self.per_device)
+        samples, tokens = len(self.splits.train), self.tokens_per_sample
+        self.length = run_epochs(self.job.train, samples, global_batch, tokens)  # its last epoch may be part-run
+        self.run_epochs = whole_epochs(self.length)
         self.strategy = build_strategy(
             self.net,
             self.job.train,
             global_batch,
             self.steps_per_epoch,
-            len(self.splits.train),
+            samples,
             noise_scale=previous.noise_scale if previous is not None else None,
+            tokens_per_sample=tokens,
         )
         if previous is not None:
             self.state.step = self.state.epoch * self.steps_per_epoch
             self.strategy.resume(previous.optimizer.state_dict(), self.state.step)
             self.strategy.load_state_dict(previous.state_dict())
-            self.epochs = self.state.epoch + self.strategy.epochs_left(self.job.train.epochs, self.state.epoch)
+            self.epochs = self.state.epoch + self.strategy.epochs_left(self.run_epochs, self.state.epoch)
         self.loader = make_loader(
             self.splits.train,
             self.per_device,
@@ -218,7 +227,7 @@ class Trainer:
                 self.end_epoch(*self.run_epoch(stop))
         if not ctx.is_main:
             return None
-        _save_model(model_path, self.model, self.job, self.splits)
+        save_trained_model(model_path, self.model, self.job, self.splits)
         return self.summary()
 
     def run_epoch(self, stop) -> tuple[torch.Tensor, float]:
@@ -248,7 +257,9 @@ class Trainer:
                 state.optimizer_steps += 1
                 self.trace.add(state.step)
                 saving = stopping or (self.checkpoint_due(state.step) and batches_done < self.steps_per_epoch)
-                if saving:
+                epoch_over = batches_done >= self.steps_per_epoch or self.strategy.finished()
+                validating = validation_due(self.job.train.val_every_steps, state.step, epoch_over)
+                if saving or validating:
                     self.device_clock.wait()
                 now = time.perf_counter()
                 clock.add(now - started, force=saving)
@@ -256,7 +267,9 @@ class Trainer:
                     self.save_open_epoch(batches_done * per_device, clock.spent - spent_before, loss_sum, steps)
                     if stopping:
                         stop.leave(self.ctx.rank)
-                started = time.perf_counter()  # a save's time is not the loop's
+                if validating:
+                    self.validate_mid_epoch()
+                started = time.perf_counter()  # a save's or a validation's time is not the loop's
                 if self.strategy.finished():  # its progress is made mid-epoch: the epoch ends here
                     break
             self.device_clock.wait()
@@ -281,15 +294,7 @@ class Trainer:
         state.train_time += epoch_time
         state.epoch, state.samples_done, state.open_epoch_steps = state.epoch + 1, 0, 0
         state.open_epoch_time = state.open_epoch_data_wait = state.open_epoch_loss_sum = 0.0
-        validation = evaluate_metrics(
-            self.net,
-            self.splits.val,
-            self.ctx,
-            self.task,
-            self.micro_batch,
-            self.strategy.precision,
-            **self.loader_options,
-        )
+        validation = self.validation.scores(self.micro_batch, self.strategy.precision)
         record = {
             "epoch": state.epoch,
             "step": state.step,
@@ -306,13 +311,21 @@ class Trainer:
         self.save()
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
-            headline = self.task.metrics[self.task.headline]
             print(
-                f"[train] epoch {state.epoch}/{self.epochs} loss {loss:.4f} val {headline.label} "
-                f"{validation[self.task.headline]:.4f}{' ' + headline.unit if headline.unit else ''} "
+                f"[train] epoch {state.epoch}/{self.epochs} loss {loss:.4f} {self.validation.headline(validation)} "
                 f"time {epoch_time:.2f}s (data wait {self.batches.waited:.2f}s)",
                 flush=True,
             )
+
+    def validate_mid_epoch(self) -> None:
+        """train.val_every_steps: a record of its own (step, validation scores) in the history and metrics.jsonl."""
+        scores = self.validation.scores(self.micro_batch, self.strategy.precision)
+        record = {"kind": "validation", "step": self.state.step, "epoch": self.state.epoch}
+        record |= {f"val_{name}": value for name, value in scores.items()}
+        self.state.history.append(record)
+        if self.ctx.is_main:
+            append_jsonl(self.metrics_path, record)
+            print(f"[train] step {self.state.step} {self.validation.headline(scores)}", flush=True)
 
     def next_batch(self, noise: dict | None) -> dict:
         """train.batch_schedule adaptive at an epoch's end: the batch the epoch ran at, the one the schedule chooses
@@ -418,6 +431,8 @@ class Trainer:
             "steps_per_epoch": self.steps_per_epoch,
             "strategy": self.strategy.name,
             "train_samples": len(self.splits.train),
+            # data.seq_len per sample (an image's 1) over the epochs trained, the last one's up to the run's length
+            "tokens": round(min(self.length, state.epoch) * len(self.splits.train)) * self.tokens_per_sample,
             "train_time_s": state.train_time,
             "resumed_from_epoch": None if self.resumed_from is None else self.resumed_from[0],
             "resumed_from_step": None if self.resumed_from is None else self.resumed_from[1],
@@ -430,17 +445,3 @@ class Trainer:
             "peak_reserved_bytes": device_memory.peak(device, "reserved"),
             "outside_allocator_bytes": device_memory.outside_allocator(device),
         }
-
-
-def _save_model(path: Path, model: nn.Module, job: Job, splits) -> None:
-    """The final model with what evaluation needs to rebuild it."""
-    with atomic_path(path) as tmp:
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "model_name": job.model.name,
-                "model_kwargs": job.model.kwargs,
-                "shape": splits.shape,
-            },
-            tmp,
-        )
