@@ -19,6 +19,13 @@ MODELS = {
     "resnet18": {"data": DIGITS, "kwargs": {}},
     "bn_cnn": {"data": FASHION_MNIST, "kwargs": {"width": 16}},
     "cifar_resnet": {"data": FASHION_MNIST, "kwargs": {"width": 8, "blocks": 1}},
+    # The language model: made on the device like every synthetic set, so it runs wherever torch does; a
+    # step's time does not depend on which tokens it reads. Other sections as the job sets them (`sections`).
+    "gpt": {
+        "data": {"name": "synthetic", "seq_len": 64, "kwargs": {"vocab": 256}},
+        "kwargs": {"layers": 2, "heads": 4, "width": 64},
+        "sections": {"train": {"optimizer": "adamw", "strategy": "lbt"}, "task": {"name": "causal_lm"}},
+    },
 }
 NODES = (1, 2)
 PER_DEVICE = (8, 512)
@@ -42,6 +49,7 @@ def bench_jobs(launcher: str) -> dict[str, Job]:
             },
             objective={"pricing": "node_hour"},
             resources={"time_min": 60},  # the whole pool is one job
+            **spec.get("sections", {}),
         )
         for model, spec in MODELS.items()
     }

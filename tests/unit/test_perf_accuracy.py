@@ -238,3 +238,28 @@ def test_the_smoke_grid_holds_three_small_batches_at_each_node_count():
 def test_smoke_measures_anew_on_the_local_launcher_only(other):
     with pytest.raises(SystemExit):
         bench.main(["--smoke", *other])
+
+
+def test_each_model_is_judged_on_its_own_figures_against_its_own_noise_floor():
+    """A job that misses a target is named, not hidden in the pool (where the others' errors would outvote it)."""
+    missed = {f"partial/{rule}": 0.5 for rule in bench.RULES}
+    raw = {"a": raw_model("a", {}), "b": raw_model("b", {}), "gpt": raw_model("gpt", missed, count=1, noise=0.2)}
+    analysis = bench.analyse(raw)
+    assert analysis["targets"]["partial_median"]["met"]
+    assert analysis["models"]["a"]["targets"]["partial_median"] == {"figure": 0.5, "target": 1.2, "met": True}
+    gpt = analysis["models"]["gpt"]["targets"]
+    assert gpt["partial_median"] == {"figure": pytest.approx(2.5), "target": 1.2, "met": False}
+    assert gpt["time_regret"]["met"]
+
+
+def test_the_gpt_job_is_the_built_in_gpt_under_adamw_on_token_windows_and_in_the_smoke_run():
+    job = bench.bench_jobs("local")["gpt"]
+    assert (job.model.name, job.model.kwargs["layers"], job.model.kwargs["width"]) == ("gpt", 2, 64)
+    assert (job.data.seq_len, job.train.optimizer, job.train.strategy, job.task.name) == (
+        64,
+        "adamw",
+        "lbt",
+        "causal_lm",
+    )
+    assert bench.bench_jobs("local")["tiny_cnn"].task.name == "image_classification"  # the others keep their task
+    assert "gpt" in bench.SMOKE["models"]
