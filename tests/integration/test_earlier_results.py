@@ -18,6 +18,7 @@ from tula_hpc.core.dependencies import stage_settings
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BEFORE = "4286ac3"  # main before issue 57: no task, seq_len, adamw, run length or validation settings
+SHORTER = {"train": {"epochs": 1, "lr_milestones": []}, "search": {"nodes": {"min": 1, "max": 1}, "confirm": 0}}
 
 
 @pytest.fixture
@@ -31,7 +32,9 @@ def earlier_checkout(tmp_path):
 
 def test_results_of_the_code_before_have_nothing_to_do_under_this_checkout(earlier_checkout, tmp_path):
     config = tiny_job_config()
-    config["jobs"]["digits-cnn"]["train"].update(epochs=2, lr_milestones=[1])
+    job_config = config["jobs"]["digits-cnn"]
+    job_config["train"].update(SHORTER["train"])  # as few stage jobs as a whole DAG takes: one node, one epoch
+    job_config["search"].update(SHORTER["search"])
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / "jobs.yaml").write_text(yaml.safe_dump(config))
@@ -49,6 +52,6 @@ def test_results_of_the_code_before_have_nothing_to_do_under_this_checkout(earli
     assert now.returncode == 0, now.stdout[-3000:] + now.stderr[-3000:]
     assert "Nothing to be done" in now.stdout + now.stderr, now.stdout[-3000:]
     checkpoint = torch.load(workdir / "work" / "digits-cnn" / "train" / "checkpoint.pt", weights_only=False)
-    job = default_job(train={"epochs": 2, "lr_milestones": [1]})
+    job = default_job(**SHORTER)
     saved = {k: v for k, v in checkpoint["run"].items() if k not in ("selected_batch", "format")}
     assert saved == stage_settings(job.as_dict(), "train")
