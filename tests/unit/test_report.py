@@ -78,3 +78,50 @@ def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_n
     assert "**2 node(s) x 2 GPU(s), global batch 128** (32 per device)" in report
     assert "| runner-up N | GPUs/node | B |" in report and "| 1 | 1 | 64 |" in report
     assert "| 2 | 2 | 128 | 32 |" in report and "| 2 | 1 | 128 | 64 |" in report  # every candidate, shapes apart
+
+
+def _render(tmp_path, inputs: dict) -> str:
+    args = ["--config", str(REPO / "config" / "jobs.yaml"), "--job", "digits-cnn"]
+    for name, content in inputs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(content))
+        args += [f"--{name}", str(tmp_path / f"{name}.json")]
+    for flag, name in {"--out": "report.md", **PLOTS}.items():
+        args += [flag, str(tmp_path / name)]
+    assert main(args) == 0
+    return (tmp_path / "report.md").read_text()
+
+
+def test_an_image_eval_json_naming_its_task_gives_the_report_an_old_eval_json_gave(tmp_path):
+    from tula_hpc.training.evaluation import scored
+    from tula_hpc.training.tasks import ImageClassification
+
+    named = {**INPUTS["eval"], **scored(ImageClassification(), {"accuracy": 0.9, "loss": 0.3}, {"accuracy": 0.9})}
+    (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
+    assert _render(tmp_path / "old", INPUTS) == _render(tmp_path / "new", {**INPUTS, "eval": named})
+
+
+def test_a_causal_lm_report_speaks_of_loss_per_character_perplexity_bits_and_tokens_per_second(tmp_path):
+    from tula_hpc.training.evaluation import scored
+    from tula_hpc.training.tasks import CausalLM
+
+    values = {"loss": 1.5, "perplexity": 4.4817, "bits": 2.164, "token_accuracy": 0.5}
+    evaluation = {**INPUTS["eval"], **scored(CausalLM(token_unit="character"), values, {"loss": 1.6})}
+    profiled = [{**p, "samples_per_s": 100.0, "tokens_per_s": 6400.0} for p in INPUTS["perfmodel"]["profiled"]]
+    history = [
+        {k: v for k, v in r.items() if k != "val_accuracy"} | {"val_loss": 2.0 / r["epoch"]}
+        for r in INPUTS["summary"]["history"]
+    ]
+    mid = {"kind": "validation", "step": 5, "epoch": 0, "val_loss": 2.5}
+    history = [mid, *[{**r, "step": 10 * r["epoch"]} for r in history]]
+    inputs = {
+        **INPUTS,
+        "eval": evaluation,
+        "perfmodel": {**INPUTS["perfmodel"], "profiled": profiled, "seq_len": 64},
+        "summary": {**INPUTS["summary"], "history": history},
+    }
+    report = _render(tmp_path, inputs)
+    assert "Test loss **1.5 nats per character**\non 360 windows" in report
+    assert "as trained\n1.6 nats per character); perplexity 4.482 per character" in report
+    assert "bits per character 2.164 bits; next-token accuracy 50.00%." in report
+    assert "top-1" not in report and "images" not in report
+    assert "| samples/s | tokens/s |" in report and "| 100.0 | 6400 |" in report

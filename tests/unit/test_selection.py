@@ -42,3 +42,12 @@ def test_a_later_start_is_passed_over_exactly_when_its_wait_outweighs_its_saving
     assert with_queue_waits(dataclasses.replace(job, launcher="local"), grid) == grid
     run = predicted_run(job, {**grid[1], "wait_s": 41.0})
     assert run["result_time_s"] == pytest.approx(101.0) and run["wait_s"] == 41.0
+
+
+def test_a_text_job_s_selection_names_its_seq_len_an_image_job_s_stays_as_it_was(tmp_path):
+    path = tmp_path / "perfmodel.json"
+    path.write_text(json.dumps(perfmodel(GRID)))
+    run_select(default_job(), path, tmp_path / "image.json")
+    run_select(default_job().updated(data={"seq_len": 64}), path, tmp_path / "text.json")
+    assert "seq_len" not in json.loads((tmp_path / "image.json").read_text())
+    assert json.loads((tmp_path / "text.json").read_text())["seq_len"] == 64

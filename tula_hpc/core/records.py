@@ -61,6 +61,7 @@ class FitResult(StageRecord):
     candidates: list[dict]
     run_overheads: dict | None = optional()  # run_overhead.RunOverheads.coefficients(); None: recorded before
     loader_rate: dict | None = optional()  # loader_rate.LoaderRate.coefficients(); None: recorded before
+    seq_len: int | None = optional()  # data.seq_len (sequence_fields); None: an image job's, or recorded before
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Selection(StageRecord):
     predicted: dict | None = optional()
     tie: dict | None = optional()  # choice.decide's tie record where configurations tied with the best
     unpredicted: list[dict] | None = optional()  # candidates left out of the choice: figures NaN or infinite
+    seq_len: int | None = optional()  # data.seq_len (sequence_fields); None: an image job's, or recorded before
 
     @classmethod
     def by_hand(cls, job: Job, chosen: dict) -> Selection:

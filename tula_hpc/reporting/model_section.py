@@ -68,6 +68,13 @@ def _compute_kinks(params: dict) -> str:
     return f"\n  times measured compute over that line at each profiled batch, interpolated (kinks): {where}"
 
 
+def _throughput_columns(profiled: list[dict]) -> list[tuple[str, str, str]]:
+    """A text job's profiles measured tokens per second beside samples (fit_model's rows); an image job's none."""
+    if not all("tokens_per_s" in p for p in profiled):
+        return []
+    return [("samples/s", "samples_per_s", ".1f"), ("tokens/s", "tokens_per_s", ".0f")]
+
+
 def _fitted_model(plan: dict, perfmodel: FitResult) -> str:
     p, identified = perfmodel.params, perfmodel.identified
     unidentified = [name for name, ok in identified.items() if not ok]
@@ -110,6 +117,7 @@ measurement with weight {
                 ("predicted step (s)", "predicted_step_s", ".5f"),
                 ("step IQR/median", "step_iqr_over_median", ".1%"),
                 ("interference", "interference", ".0%"),
+                *_throughput_columns(perfmodel.profiled),
             ],
         )
     }"""

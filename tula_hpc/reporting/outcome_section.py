@@ -1,10 +1,11 @@
-"""The report's outcome section: predicted against measured time and cost, the test accuracy, restarts and
-relaunches after running out of memory, and training's loading and device memory against what the profiles and the
-memory model said."""
+"""The report's outcome section: predicted against measured time and cost, the test scores in the task's words,
+restarts and relaunches after running out of memory, and training's loading and device memory against what the
+profiles and the memory model said."""
 
 from __future__ import annotations
 
 from tula_hpc.core.records import Selection, TrainSummary
+from tula_hpc.reporting.task_words import TaskWords
 from tula_hpc.reporting.training_section import time_terms
 
 
@@ -76,6 +77,19 @@ def _attempts(summary: TrainSummary) -> str:
     return f"Training ran out of memory and was relaunched from its checkpoint{known}: {tried}.\n"
 
 
+def _test_scores(evaluation: dict) -> str:
+    """The headline test score in the task's words (TaskWords), as trained beside it, then the task's other scores."""
+    words = TaskWords.of(evaluation)
+    headline = words.headline
+    score = evaluation[f"test_{headline}"]
+    as_trained = evaluation.get(f"test_{headline}_as_trained", score)
+    return (
+        f"Test {words.label(headline)} **{words.value(headline, score)}**\non {evaluation['test_samples']} "
+        f"{words.sample_noun}s (BatchNorm statistics recomputed on the training set; as trained\n"
+        f"{words.value(headline, as_trained)}){words.test_scores(evaluation)}"
+    )
+
+
 def outcome_section(
     links: dict[str, str], memory: dict, selection: Selection, summary: TrainSummary, evaluation: dict
 ) -> str:
@@ -93,10 +107,7 @@ def outcome_section(
 Relative time error {evaluation["time_rel_error"]:+.1%}. {
         time_terms(selection.chosen, selection.predicted or {}, evaluation)
     }
-Test top-1 accuracy **{evaluation["test_accuracy"]:.2%}**
-on {evaluation["test_samples"]} images (BatchNorm statistics recomputed on the training set; as trained
-{evaluation.get("test_accuracy_as_trained", evaluation["test_accuracy"]):.2%}). Training wall time {
-        summary.wall_time_s:.1f} s over {summary.epochs} epochs
+{_test_scores(evaluation)}. Training wall time {summary.wall_time_s:.1f} s over {summary.epochs} epochs
 ({summary.steps} steps){_restarts(restarts, summary.steps_per_epoch)}.
 {_attempts(summary)}
 {_loading(selection, summary)} {_device_memory(memory, summary)}

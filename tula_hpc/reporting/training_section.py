@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tula_hpc.core.records import TrainSummary
 from tula_hpc.reporting.figures import link, plt, save_png
+from tula_hpc.reporting.task_words import TaskWords
 
 
 def _versus(evaluation: dict, part: str) -> str:
@@ -30,8 +31,28 @@ def time_terms(chosen: dict, predicted: dict, evaluation: dict) -> str:
     )
 
 
-def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:
-    """The training curves; for ags/static also Fig. 7's view: scaled steps per epoch and the factor density.
+def _plot_curves(curves, summary: TrainSummary, words: TaskWords) -> None:
+    """The headline's validation score (as trained) and the training loss: per epoch, or per step where
+    train.val_every_steps validated between epochs (records of kind validation)."""
+    metric, history = words.headline, summary.epoch_history
+    by_step = len(history) < len(summary.history)
+    x = "step" if by_step else "epoch"
+    validated = [r for r in summary.history if f"val_{metric}" in r] if by_step else history
+    name = metric.replace("_", " ")
+    curves.plot(
+        [r[x] for r in validated], [r[f"val_{metric}"] for r in validated], marker=".", label=f"validation {name}"
+    )
+    curves.set(xlabel=x, ylabel=f"validation {name} (as trained)", title=f"training (`{summary.strategy}`)")
+    if words.is_share(metric):
+        curves.set(ylim=(0, 1.02))
+    loss_axis = curves.twinx()
+    loss_axis.plot([r[x] for r in history], [r["loss"] for r in history], color="grey", linestyle="--", label="loss")
+    loss_axis.set(ylabel="training loss")
+
+
+def strategy_section(summary: TrainSummary, plot: Path, report: Path, words: TaskWords | None = None) -> str:
+    """The training curves in the task's words (`words`, eval.json's; None: an image job's); for ags/static also
+    Fig. 7's view: scaled steps per epoch and the factor density.
 
     Writes `plot`; the section links to it relative to `report`.
     """
@@ -41,18 +62,7 @@ def strategy_section(summary: TrainSummary, plot: Path, report: Path) -> str:
     noise = [(r["epoch"], r["noise_scale"]["b_noise"]) for r in history if (r["noise_scale"] or {}).get("b_noise")]
     panels = 1 + bool(epochs) + bool(hist) + bool(noise)
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)
-    curves = axes[0][0]
-    curves.plot(
-        [r["epoch"] for r in history], [r["val_accuracy"] for r in history], marker=".", label="validation accuracy"
-    )
-    curves.set(
-        xlabel="epoch", ylabel="validation accuracy (as trained)", ylim=(0, 1.02), title=f"training (`{strategy}`)"
-    )
-    loss_axis = curves.twinx()
-    loss_axis.plot(
-        [r["epoch"] for r in history], [r["loss"] for r in history], color="grey", linestyle="--", label="loss"
-    )
-    loss_axis.set(ylabel="training loss")
+    _plot_curves(axes[0][0], summary, words or TaskWords.of({}))
     if epochs:
         axes[0][1].plot([r["epoch"] for r in epochs], [r["ags"]["scaled_fraction"] for r in epochs], marker=".")
         axes[0][1].set(

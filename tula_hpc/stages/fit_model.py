@@ -13,7 +13,7 @@ import numpy as np
 from tula_hpc.cluster.allocation import release_allocation
 from tula_hpc.core.atomic_files import read_json
 from tula_hpc.core.errors import StageError
-from tula_hpc.core.records import FitResult
+from tula_hpc.core.records import FitResult, sequence_fields
 from tula_hpc.core.run_layout import node_shape
 from tula_hpc.performance.fitting import model_params, profile_row
 from tula_hpc.performance.loader_rate import fit_loader_rate
@@ -25,6 +25,14 @@ from tula_hpc.training.progress import measured_noise_scale
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
+
+
+def _throughput(profile: dict) -> dict:
+    """A text job's profile rate in samples and tokens per second (records.sequence_fields); nothing for an image
+    job's, so its perfmodel.json stays as it was."""
+    if "tokens_per_s" not in profile:
+        return {}
+    return {"samples_per_s": profile["samples_per_s"], "tokens_per_s": profile["tokens_per_s"]}
 
 
 def _profiled(profiles: list[dict], predicted) -> list[dict]:
@@ -39,6 +47,7 @@ def _profiled(profiles: list[dict], predicted) -> list[dict]:
             "predicted_step_s": float(s),
             "step_iqr_over_median": p["iqr_over_median"]["step_s"],
             "interference": p.get("interference"),
+            **_throughput(p),
         }
         for p, s in zip(profiles, predicted)
     ]
@@ -116,6 +125,7 @@ def fit_model(
         candidates=candidates,
         run_overheads=overheads.coefficients(),
         loader_rate=loader.coefficients(),
+        **sequence_fields(job),
     )
     result.write(out)
     return result

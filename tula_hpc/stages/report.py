@@ -21,6 +21,7 @@ from tula_hpc.reporting.memory_section import memory_section
 from tula_hpc.reporting.model_section import model_section
 from tula_hpc.reporting.outcome_section import outcome_section
 from tula_hpc.reporting.plots import plot_cost_surface, plot_predicted_vs_measured, plot_time_vs_batch
+from tula_hpc.reporting.task_words import TaskWords
 from tula_hpc.reporting.training_section import strategy_section
 from tula_hpc.stages.runner import stage_main
 
@@ -58,7 +59,7 @@ def report(job: Job, inputs: dict[str, Path], out: Path, plots: dict[str, Path])
     plot_time_vs_batch(perfmodel, selection, plots["time"])
     plot_cost_surface(perfmodel, selection, plots["cost"])
     plot_predicted_vs_measured(perfmodel, summary, selection, plots["accuracy"])
-    scaling = strategy_section(summary, plots["training"], out)
+    scaling = strategy_section(summary, plots["training"], out, TaskWords.of(evaluation))
     links = {key: link(path, out) for key, path in plots.items()}
     write_text(out, render(job.name, links, memory, plan, perfmodel, selection, summary, evaluation) + scaling)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tula_hpc.cluster.partition import queue_waits
-from tula_hpc.core.records import FitResult, Selection
+from tula_hpc.core.records import FitResult, Selection, sequence_fields
 from tula_hpc.core.run_layout import node_shape
 from tula_hpc.performance.choice import CONSTRAINTS, GOODPUT_GOALS, InfeasibleError, select
 from tula_hpc.stages.runner import stage_main
@@ -61,7 +61,9 @@ def run_select(job: Job, perfmodel_path: Path, out: Path) -> Selection:
     except InfeasibleError as err:
         fields = "/".join(f"objective.{key}" for key in CONSTRAINTS if getattr(job.objective, key) is not None)
         raise InfeasibleError(f"job '{job.name}': fields '{fields}': {err}") from None
-    selection = Selection(job=job.name, **choice, predicted=predicted_run(job, choice["chosen"]))
+    selection = Selection(
+        job=job.name, **choice, predicted=predicted_run(job, choice["chosen"]), **sequence_fields(job)
+    )
     for left_out in selection.unpredicted or []:
         print(
             f"[select] left {node_shape(left_out, 'N={}')} B={left_out['batch']} out of the choice: its "

@@ -97,6 +97,10 @@ def scored(task: Task, metrics: dict[str, float], as_trained: dict[str, float]) 
         f"test_{task.headline}_as_trained": as_trained[task.headline],
         "task": task.name,
         "headline": task.headline,
+        "sample_noun": task.sample_noun,
+        "beside_headline": [name for name in task.metrics if name != task.headline]
+        if task.beside_headline is None
+        else list(task.beside_headline),
         "metrics": {
             name: {"label": metric.label, "unit": metric.unit, "higher_is_better": metric.higher_is_better}
             for name, metric in task.metrics.items()

@@ -98,6 +98,7 @@ class Task:
     metrics: dict[str, Metric]
     headline: str
     sample_noun: str  # one sample, in the report's words: "image", "window"
+    beside_headline: tuple[str, ...] | None = None  # metrics the report prints after the headline; None: all others
 
     def check_sample(self, sample, shape: dict) -> None:
         """Raise TaskError unless `sample` (one item of a data set) fits this task and the data's shape."""
@@ -152,6 +153,7 @@ class ImageClassification(Task):
     metrics = {"accuracy": Metric("top-1 accuracy", True), "loss": Metric("loss", False, "nats per image")}
     headline = "accuracy"
     sample_noun = "image"
+    beside_headline = ()  # the test loss stays in eval.json; the report reads as it always has
 
     def check_sample(self, sample, shape: dict) -> None:
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
@@ -227,7 +229,7 @@ class CausalLM(Task):
         self.token_unit = token_unit
         self.metrics = {
             "loss": Metric("loss", False, f"nats per {token_unit}"),
-            "perplexity": Metric("perplexity", False),
+            "perplexity": Metric("perplexity", False, f"per {token_unit}"),
             "bits": Metric(f"bits per {token_unit}", False, "bits"),
             "token_accuracy": Metric("next-token accuracy", True),
         }
