@@ -13,6 +13,7 @@ import tula_hpc.stages.train as train_module
 import tula_hpc.training.loop_accounting as loop_accounting
 import tula_hpc.training.step as training_module
 import tula_hpc.training.trainer as trainer_module
+import tula_hpc.training.validation as validation_module
 from tests.conftest import default_job
 from tests.unit.report_inputs import INPUTS
 from tula_hpc.core.job import Job
@@ -108,7 +109,7 @@ def test_interrupted_training_resumes_to_the_same_weights(name, tmp_path, monkey
 
     # the third epoch's validation crashes: its steps ran before the crash, and again
     summary, resumed, steps = _crashed_then_resumed(
-        job, tmp_path / "split", monkeypatch, trainer_module, "evaluate_metrics", 3
+        job, tmp_path / "split", monkeypatch, validation_module, "evaluate_metrics", 3
     )
 
     assert summary["resumed_from_epoch"] == 2
@@ -148,7 +149,7 @@ def test_a_resume_across_a_change_of_batch_gives_the_uninterrupted_weights(name,
     assert whole["optimizer_steps"] <= sum(per_epoch[b] for b in ran) and whole["global_batch"] == 512
     assert whole["steps_per_epoch"] == per_epoch[512]
     summary, resumed, _ = _crashed_then_resumed(
-        job, tmp_path / "split", monkeypatch, trainer_module, "evaluate_metrics", 3, schedule=ScriptedSchedule(MOVES)
+        job, tmp_path / "split", monkeypatch, validation_module, "evaluate_metrics", 3, schedule=ScriptedSchedule(MOVES)
     )
     assert summary["resumed_from_epoch"] == 2 and summary["global_batch"] == 512
     assert summary["optimizer_steps"] == whole["optimizer_steps"]
@@ -341,8 +342,9 @@ def test_a_stop_on_an_epochs_last_step_saves_before_validating_and_the_resumed_r
     job = default_job(train=dict(strategy="lrs", epochs=2, warmup_epochs=1, lr_milestones=[]))
     whole, uninterrupted = _run_training(job, tmp_path / "whole", batch=128)
 
-    validations, evaluate = [], trainer_module.evaluate_metrics
-    monkeypatch.setattr(trainer_module, "evaluate_metrics", lambda *a, **k: validations.append(1) or evaluate(*a, **k))
+    validations, evaluate = [], validation_module.evaluate_metrics
+    counted = lambda *a, **k: validations.append(1) or evaluate(*a, **k)  # noqa: E731
+    monkeypatch.setattr(validation_module, "evaluate_metrics", counted)
     _requeue_signal_during_step(monkeypatch, 9)
     trace = tmp_path / "steps.trace"
     monkeypatch.setenv(STEP_TRACE_ENV, str(trace))
