@@ -341,9 +341,10 @@ def image_shape(num_classes: int, in_channels: int | None, data: DataSettings) -
 def _channels(spec: str, train: Any) -> int | None:
     """The channels of the first training image (None if it is no image: the task's sample check says why)."""
     try:
-        image = train[0][0]
+        sample = train[0]
     except Exception as err:  # the user's code: whatever it raises is theirs to read
         _fail("name", f"'{spec}': training sample 0 raised {type(err).__name__}: {err}")
+    image = sample[0] if isinstance(sample, (tuple, list)) and sample else None
     return image.shape[0] if getattr(image, "ndim", 0) == 3 else None
 
 
