@@ -21,7 +21,7 @@ from tula_hpc.core.plain_data import deep_update, to_plain
 from tula_hpc.core.run_layout import ranks_per_host
 from tula_hpc.performance.choice import GOALS, GOODPUT_GOALS
 from tula_hpc.performance.sync_priors import FIT_DEFAULTS, SYNC_PRIORS, sync_device
-from tula_hpc.training.data_check import DataError, check_data
+from tula_hpc.training.data_check import IMAGE_SHAPE_KEYS, DataError, builtin_shape_keys, check_data
 from tula_hpc.training.lr_schedule import refusal, strategies_under
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "jobs.schema.yaml"
@@ -189,18 +189,24 @@ def _check_data_and_model(job: Job, fail) -> None:
     if data.val_fraction + data.test_fraction >= 1:
         fail("data", "val_fraction + test_fraction must be below 1")
     model = job.model
-    if model.name not in MIN_IMAGE_SIZE or model.kwargs or job.task.name != "image_classification":
-        # Built once for the data set's shape and run on two of the task's samples on the meta device. torch
-        # (seconds to import) only here: the built-in image classifiers without kwargs are known to build, at
-        # MIN_IMAGE_SIZE and above.
-        from tula_hpc.training.datasets import data_shape
+    known = builtin_shape_keys(data) == IMAGE_SHAPE_KEYS and job.task.name == "image_classification"
+    if model.name not in MIN_IMAGE_SIZE or model.kwargs or not known:
+        # The task checked against the data's shape and a user's samples, and the model built once for that shape
+        # and run on two of the task's samples on the meta device. torch (seconds to import) only here: the built-in
+        # image classifiers without kwargs are known to build on built-in images, at MIN_IMAGE_SIZE and above.
+        from tula_hpc.training.datasets import check_samples, data_shape
         from tula_hpc.training.models import ModelError, check_model
         from tula_hpc.training.tasks import TaskError, job_task
 
         try:
-            check_model(model.name, data_shape(data), model.kwargs, task=job_task(job))
+            task, shape = job_task(job), data_shape(data)
+            task.check_shape(shape, data.name)
+            check_samples(data, task)
+            check_model(model.name, shape, model.kwargs, task=task)
         except (ModelError, TaskError) as err:
             fail(err.field, str(err))
+        except DataError as err:
+            raise ConfigError(f"job '{job.name}': {err}") from None
     elif data.image_size < MIN_IMAGE_SIZE[model.name]:
         fail(
             "data.image_size",

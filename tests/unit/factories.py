@@ -69,3 +69,25 @@ def ignores_classes(in_channels):
 
 
 NOT_CALLABLE = 42
+
+
+class TinyLM(nn.Module):
+    """Token ids (B, T) -> logits (B, T, vocab_size), reading at most `context` positions; `config` stands for a
+    Hugging Face model's (where n_positions says the context) when `in_config`."""
+
+    def __init__(self, vocab_size: int, context: int, in_config: bool = False):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab_size, 8), nn.Embedding(context, 8)
+        self.head = nn.Linear(8, vocab_size)
+        if in_config:
+            self.config = type("Config", (), {"n_positions": context})()
+        else:
+            self.block_size = context
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device)))
+
+
+def short_context(vocab_size, context: int = 4, in_config: bool = False):
+    """A language model whose context (block_size, or its config's n_positions) is `context`, whatever data.seq_len."""
+    return TinyLM(vocab_size, context, in_config)

@@ -18,6 +18,7 @@ from tula_hpc.core.dependencies import LATER_SETTINGS, STAGE_SETTINGS, fingerpri
 from tula_hpc.performance.sync_priors import SYNC_PRIORS
 from tula_hpc.stages.runner import load_job
 from tula_hpc.training.data_check import FASHION_MNIST_FOLDER
+from tula_hpc.training.tasks import CausalLM, ImageClassification
 
 BAD_CASES = [
     ("unknown model", lambda j: j["model"].update(name="resnet1000"), ["model.name", "resnet18"]),
@@ -764,3 +765,76 @@ def test_every_example_job_file_validates_as_snakemake_merges_it_into_the_jobs_f
         assert config["targets"] == list(yaml.safe_load(example.read_text())["jobs"])
         for name in config["targets"]:
             assert job_settings(config, name).name == name
+
+
+# --- the task against the data: its shape keys, a user's token windows, the model's context ------------------------
+
+GPT = {"name": "gpt", "kwargs": {"layers": 1, "heads": 2, "width": 16}}
+TOKEN_WINDOWS = {"name": "tests.unit.user_datasets:token_pairs", "seq_len": 8}
+
+
+def text_job(**sections) -> dict:
+    """A causal_lm job (a small GPT under adamw) with `sections` changed key by key."""
+    train = {"optimizer": "adamw", "strategy": "lbt", "lr_schedule": {"kind": "cosine", "warmup_steps": 1}}
+    return job_config(
+        **({"task": {"name": "causal_lm"}, "model": GPT, "data": TOKEN_WINDOWS, "train": train} | sections)
+    )
+
+
+def job_refusal(config: dict) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_callable_of_token_windows_validates_for_causal_lm():
+    for data in (TOKEN_WINDOWS, {**TOKEN_WINDOWS, "name": "tests.unit.user_datasets:token_dicts"}):
+        job = job_settings(validate_config(text_job(data=data)), "digits-cnn")
+        assert (job.task.name, job.data.seq_len) == ("causal_lm", 8)
+
+
+TASK_AGAINST_DATA = [
+    ("causal_lm on images", text_job(data={"name": "digits"}), "num_classes, in_channels, image_size", CausalLM),
+    (
+        "image_classification on text",
+        job_config(data={"name": "synthetic", "kwargs": {"vocab": 50}, "seq_len": 16}),
+        "vocab_size, seq_len",
+        ImageClassification,
+    ),
+    (
+        "image_classification on a callable of token windows",
+        job_config(data=TOKEN_WINDOWS),
+        "vocab_size, seq_len",
+        ImageClassification,
+    ),
+]
+
+
+@pytest.mark.parametrize("label, config, given, task", TASK_AGAINST_DATA, ids=[c[0] for c in TASK_AGAINST_DATA])
+def test_a_task_whose_shape_keys_the_data_lacks_is_refused(label, config, given, task):
+    message = job_refusal(config)
+    assert message.startswith("job 'digits-cnn': field 'task.name': data set '"), message
+    assert f"(its shape: {given}); allowed: {task.name} reads {task.reads}" in message, message
+
+
+def test_causal_lm_names_the_data_sets_it_reads():
+    assert CausalLM.reads == (
+        "text data sets: shakespeare, tokens, synthetic with data.kwargs vocab, or a callable returning token windows"
+    )
+
+
+def test_token_windows_that_do_not_fit_causal_lm_are_refused_at_validation():
+    outside = job_refusal(text_job(data={**TOKEN_WINDOWS, "name": "tests.unit.user_datasets:token_outside"}))
+    assert outside.startswith("job 'digits-cnn': field 'data.kwargs.vocab_size': ") and "token id 11" in outside
+    short = job_refusal(text_job(data={**TOKEN_WINDOWS, "kwargs": {"seq_len": 6}}))
+    assert short.startswith("job 'digits-cnn': field 'data.seq_len': ") and "holds 6 tokens" in short
+
+
+def test_data_seq_len_beyond_a_user_models_context_is_refused():
+    model = {"name": f"{FACTORIES}:short_context", "kwargs": {"context": 4}}
+    message = job_refusal(text_job(model=model))
+    assert message.startswith("job 'digits-cnn': field 'data.seq_len': 8 tokens exceed the context of "), message
+    assert "allowed: at most 4" in message
+    validate_config(text_job(model={**model, "kwargs": {"context": 8}}))

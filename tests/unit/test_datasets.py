@@ -15,8 +15,16 @@ from PIL import Image
 
 from tests.conftest import default_job
 from tula_hpc.training.data_check import FASHION_MNIST_FILES, FASHION_MNIST_FOLDER, DataError, check_data
-from tula_hpc.training.datasets import TensorImages, data_shape, digits_arrays, fashion_mnist_cache, load_splits
+from tula_hpc.training.datasets import (
+    TensorImages,
+    check_samples,
+    data_shape,
+    digits_arrays,
+    fashion_mnist_cache,
+    load_splits,
+)
 from tula_hpc.training.loaders import make_loader, start_epoch
+from tula_hpc.training.tasks import ImageClassification
 
 DIGITS = default_job().data
 
@@ -286,13 +294,8 @@ def test_a_data_set_callable_gets_the_arguments_it_names_and_is_split_for_valida
 
 
 BAD_CALLABLES = [
-    ("flat_images", "data.name", ["training sample 0", "float32 tensor (channels, height, width)"]),
-    ("wrong_size", "data.image_size", ["9x9", "data.image_size is 8"]),
-    ("byte_images", "data.name", ["torch.uint8", "float32"]),
-    ("label_outside", "data.name", ["training sample 19", "label 3", "3 classes"]),
     ("target_outside", "data.name", ["training labels [9]", "4 classes"]),
-    ("float_labels", "data.name", ["the label is", "an int"]),
-    ("no_class_count", "data.name", ["no num_classes", "(train, test, num_classes)"]),
+    ("no_class_count", "data.name", ["no shape", "(train, test, num_classes)", '{"vocab_size": V}']),
     ("one_set", "data.name", ["returned a TensorDataset", "(train, test)"]),
     ("a_dict", "data.name", ["returned a dict", "(train, test)"]),
     ("fails", "data.name", ["raised FileNotFoundError", "/data/mine/train.npz"]),
@@ -310,3 +313,30 @@ def test_a_bad_data_set_callable_is_named_with_the_field(function, field, expect
         message = str(err.value)
         for fragment in [f"field '{field}'", f"user_datasets:{function}", *expected]:
             assert fragment in message, f"{function}: {fragment!r} missing from {message!r}"
+
+
+BAD_IMAGES = [
+    ("flat_images", "data.name", ["training sample 0", "float32 tensor (channels, height, width)"]),
+    ("wrong_size", "data.image_size", ["training sample 0", "9x9", "data.image_size is 8"]),
+    ("byte_images", "data.name", ["torch.uint8", "float32"]),
+    ("label_outside", "data.name", ["training sample 19", "label 3", "3 classes"]),
+    ("float_labels", "data.name", ["the label is", "an int"]),
+    ("mixed_channels", "data.name", ["test sample 0", "3 channel(s)", "the first training image 1"]),
+]
+
+
+@pytest.mark.parametrize("function, field, expected", BAD_IMAGES, ids=[c[0] for c in BAD_IMAGES])
+def test_a_callables_samples_are_checked_by_the_task(function, field, expected):
+    """The samples are the task's to judge (five of each set: the first, the last, some between)."""
+    cfg = replace(USER, name=f"tests.unit.user_datasets:{function}")
+    check_data(cfg)
+    with pytest.raises(DataError) as err:
+        check_samples(cfg, ImageClassification())
+    message = str(err.value)
+    for fragment in [f"field '{field}'", f"user_datasets:{function}", *expected]:
+        assert fragment in message, f"{function}: {fragment!r} missing from {message!r}"
+
+
+def test_good_samples_and_built_in_sets_pass_the_sample_check():
+    check_samples(replace(USER, name="tests.unit.user_datasets:counted"), ImageClassification())
+    check_samples(DIGITS, ImageClassification())  # built in: nothing loaded

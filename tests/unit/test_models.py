@@ -7,8 +7,8 @@ from torch import nn
 from tests.conftest import default_job
 from tula_hpc.config import MIN_IMAGE_SIZE
 from tula_hpc.training.evaluation import load_trained_model
-from tula_hpc.training.models import SMALL_IMAGE, ModelError, build_model, check_model, index_cap
-from tula_hpc.training.tasks import ImageClassification
+from tula_hpc.training.models import SMALL_IMAGE, ModelError, build_model, check_model, index_cap, model_context
+from tula_hpc.training.tasks import CausalLM, ImageClassification
 from tula_hpc.training.trainer import train_worker
 
 IMAGES = ImageClassification()
@@ -169,3 +169,17 @@ def test_the_index_cap_is_the_largest_batch_whose_activations_stay_below_2_to_th
     cap = index_cap(name, {"num_classes": 10, "in_channels": in_channels, "image_size": image_size}, None, IMAGES)
     assert cap == (2**31 - 1) // per_image
     assert cap * per_image < 2**31 <= (cap + 1) * per_image
+
+
+@pytest.mark.parametrize("in_config", [False, True], ids=["block_size", "config.n_positions"])
+def test_data_seq_len_beyond_a_models_context_is_refused(in_config):
+    """On the meta device an embedding read past its end goes unnoticed: the context the model states is checked."""
+    name, kwargs = f"{FACTORIES}:short_context", {"context": 4, "in_config": in_config}
+    check_model(name, {"vocab_size": 11, "seq_len": 4}, kwargs, task=CausalLM())
+    with pytest.raises(ModelError) as err:
+        check_model(name, {"vocab_size": 11, "seq_len": 8}, kwargs, task=CausalLM())
+    attribute = "n_positions" if in_config else "block_size"
+    assert err.value.field == "data.seq_len"
+    assert str(err.value) == f"8 tokens exceed the context of '{name}' ({attribute} 4); allowed: at most 4"
+    assert model_context(build_model(name, {"vocab_size": 11}, kwargs)) == (attribute, 4)
+    assert model_context(build_model(f"{FACTORIES}:classes_and_channels", {"num_classes": 3, "in_channels": 1})) is None

@@ -92,3 +92,50 @@ def fails(image_size: int):
 
 
 not_callable = 42
+
+
+def mixed_channels(image_size: int):
+    """The test set's images have 3 channels, the training set's 1."""
+    return _tensors(20, image_size), _tensors(5, image_size, channels=3), 3
+
+
+# --- token windows, for causal_lm: data.seq_len 8 and a vocabulary of 11 ids -------------------------------------
+
+
+class Windows(Dataset):
+    """Windows of `seq_len` tokens of a counting sequence modulo `vocab`: pairs (x, y), y shifted by one token, or
+    Hugging Face's dicts {input_ids, labels} (labels aligned with input_ids)."""
+
+    def __init__(self, n: int, seq_len: int, vocab: int, as_dict: bool = False, top: int | None = None):
+        self.tokens = (torch.arange(n + seq_len + 1) % vocab).long()
+        self.n, self.seq_len, self.as_dict, self.top = n, seq_len, as_dict, top
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        window = self.tokens[i : i + self.seq_len + 1].clone()
+        if self.top is not None and i == self.n - 1:
+            window[0] = self.top  # the last sample holds an id outside the vocabulary
+        if self.as_dict:
+            return {"input_ids": window[:-1], "labels": window[:-1].clone()}
+        return window[:-1], window[1:]
+
+
+def token_pairs(seq_len: int = 8, vocab: int = 11):
+    """Good: (x, y) int64 windows and the vocabulary's size."""
+    return Windows(40, seq_len, vocab), Windows(10, seq_len, vocab), {"vocab_size": vocab}
+
+
+def token_dicts(seq_len: int = 8, vocab: int = 11):
+    """Good: Hugging Face style dicts {input_ids, labels}."""
+    return Windows(40, seq_len, vocab, as_dict=True), Windows(10, seq_len, vocab, as_dict=True), {"vocab_size": vocab}
+
+
+def token_outside(seq_len: int = 8, vocab: int = 11):
+    """The last training window holds id 11, outside the 11 ids."""
+    return Windows(40, seq_len, vocab, top=vocab), Windows(10, seq_len, vocab), {"vocab_size": vocab}
+
+
+def token_shape_not_counted():
+    return Windows(40, 8, 11), Windows(10, 8, 11), {"vocab_size": 0}

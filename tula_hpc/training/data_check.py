@@ -56,6 +56,12 @@ TOKEN_DTYPES = ("uint16", "uint32")
 TOKEN_IDS_CHECKED = 1 << 16  # ids of each token file compared with the vocabulary, evenly spaced
 
 
+# The keys of a data set's shape (datasets.data_shape: what its model is built with), by kind of data.
+IMAGE_SHAPE_KEYS = ("num_classes", "in_channels", "image_size")
+TEXT_SHAPE_KEYS = ("vocab_size", "seq_len")
+TEXT_DATA_SETS = ("shakespeare", "tokens")  # and synthetic with a vocab
+
+
 class DataError(RuntimeError):
     """The data set is missing or malformed; the message begins with the field to change."""
 
@@ -90,6 +96,15 @@ def check_data(data: DataSettings) -> None:
             _fail("root", f"folder '{root}' does not exist")
         if name == "imagefolder" and not any(entry.is_dir() for entry in root.iterdir()):
             _fail("root", f"'{root}' has no class folders (root/<class>/... or root/train/<class>/...)")
+
+
+def builtin_shape_keys(data: DataSettings) -> tuple[str, ...] | None:
+    """The keys of a built-in data set's shape, known without torch or its files; None for a user's callable, whose
+    answer tells (user_data_sets)."""
+    if ":" in data.name:
+        return None
+    text = data.name in TEXT_DATA_SETS or data.name == "synthetic" and "vocab" in data.kwargs
+    return TEXT_SHAPE_KEYS if text else IMAGE_SHAPE_KEYS
 
 
 SYNTHETIC_KEYS = ("channels", "classes", "size", "vocab")
@@ -242,14 +257,14 @@ def _idx_gz(path: Path, magic: int, shape: tuple) -> tuple[int, int]:
     return count, size
 
 
-def user_data_sets(data: DataSettings) -> tuple[Any, Any, int, int]:
-    """(train, test, num_classes, in_channels) of a `package.module:callable` data set, its answer checked.
+def user_data_sets(data: DataSettings) -> tuple[Any, Any, dict]:
+    """(train, test, shape) of a `package.module:callable` data set, its answer checked.
 
     The callable gets `root` and `image_size` if its signature names them, and data.kwargs; it returns (train,
-    test) or (train, test, num_classes), each set indexable, sample i an (image, label) pair: a float32 tensor
-    (C, image_size, image_size) and an int (or 0-dim int64 tensor) in [0, num_classes). Without num_classes, the
-    training set's `.classes` (torchvision's convention) or `.targets` tells it. A few samples of each set are
-    checked (all labels where `.targets` lists them).
+    test) or (train, test, shape), each set indexable. shape is an int for images, their num_classes (without it,
+    the training set's `.classes`, torchvision's convention, or `.targets` tells it; in_channels is the first
+    training image's), or a dict: {"vocab_size": V} for token windows of data.seq_len tokens. Every label a set's
+    `.targets` lists is checked here; a few samples of each set are the job's task's to check (datasets.check_samples).
 
     Remembered for the last `data` section asked about: validation asks twice (check_data, then the model's
     check), and a stage validates its config before it loads the data, so the callable runs once per process."""
@@ -257,7 +272,7 @@ def user_data_sets(data: DataSettings) -> tuple[Any, Any, int, int]:
 
 
 @functools.lru_cache(maxsize=1)
-def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
+def _user_data_sets(data_json: str) -> tuple[Any, Any, dict]:
     data = from_plain(DataSettings, json.loads(data_json), "data")
     spec = data.name
     module_name, attr = spec.split(":")
@@ -277,27 +292,60 @@ def _user_data_sets(data_json: str) -> tuple[Any, Any, int, int]:
     except Exception as err:  # the user's code: whatever it raises is theirs to read
         _fail("name", f"'{spec}' raised {type(err).__name__}: {err}")
     if not isinstance(answer, tuple) or len(answer) not in (2, 3):
-        _fail("name", f"'{spec}' returned {_kind(answer)}; expected (train, test) or (train, test, num_classes)")
+        _fail("name", f"'{spec}' returned {_kind(answer)}; expected (train, test) or (train, test, shape)")
     train, test = answer[:2]
     for part, dataset in (("training", train), ("test", test)):
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             _fail("name", f"'{spec}' returned {_kind(dataset)} as its {part} set; expected a torch Dataset")
         if len(dataset) == 0:
             _fail("name", f"'{spec}' returned an empty {part} set")
-    num_classes = answer[2] if len(answer) == 3 else _classes(spec, train)
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
-        _fail("name", f"'{spec}' returned num_classes {num_classes!r}; expected a positive int")
-    channels = {
-        _check_samples(spec, part, dataset, num_classes, data.image_size)
-        for part, dataset in (("training", train), ("test", test))
-    }
-    if len(channels) > 1:
-        _fail("name", f"'{spec}': its training and test images have {sorted(channels)} channels")
-    return train, test, num_classes, channels.pop()
+    shape = _user_shape(spec, data, train, answer[2] if len(answer) == 3 else _classes(spec, train))
+    if "num_classes" in shape:
+        for part, dataset in (("training", train), ("test", test)):
+            _check_targets(spec, part, dataset, shape["num_classes"])
+    return train, test, shape
 
 
 def _kind(value: Any) -> str:
     return f"a {type(value).__name__}" if not isinstance(value, tuple) else f"a tuple of {len(value)}"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _user_shape(spec: str, data: DataSettings, train: Any, described: Any) -> dict:
+    """The data's shape from what a callable returned: an int (images: num_classes) or a dict of whole numbers (text:
+    vocab_size, seq_len being data.seq_len)."""
+    if _whole(described):
+        return image_shape(described, _channels(spec, train), data)
+    if not isinstance(described, dict) or not all(isinstance(k, str) and _whole(v) for k, v in described.items()):
+        _fail(
+            "name",
+            f"'{spec}' returned shape {described!r}; expected num_classes (a positive int) for images or a dict of "
+            'positive ints, {"vocab_size": V} for token windows of data.seq_len tokens',
+        )
+    if "vocab_size" not in described:
+        return dict(described)
+    _check_seq_len(data)
+    if described.get("seq_len", data.seq_len) != data.seq_len:
+        _fail("seq_len", f"'{spec}' returned windows of {described['seq_len']} tokens, data.seq_len is {data.seq_len}")
+    return described | {"seq_len": data.seq_len}
+
+
+def image_shape(num_classes: int, in_channels: int | None, data: DataSettings) -> dict:
+    """An image data set's shape: what its classifier is built with."""
+    return {"num_classes": num_classes, "in_channels": in_channels, "image_size": data.image_size}
+
+
+def _channels(spec: str, train: Any) -> int | None:
+    """The channels of the first training image (None if it is no image: the task's sample check says why)."""
+    try:
+        sample = train[0]
+    except Exception as err:  # the user's code: whatever it raises is theirs to read
+        _fail("name", f"'{spec}': training sample 0 raised {type(err).__name__}: {err}")
+    image = sample[0] if isinstance(sample, (tuple, list)) and sample else None
+    return image.shape[0] if getattr(image, "ndim", 0) == 3 else None
 
 
 def _classes(spec: str, train: Any) -> int:
@@ -309,45 +357,15 @@ def _classes(spec: str, train: Any) -> int:
         return int(torch.as_tensor(train.targets).max()) + 1
     _fail(
         "name",
-        f"'{spec}' returned no num_classes and its training set has no .classes or .targets; "
-        "return (train, test, num_classes)",
+        f"'{spec}' returned no shape and its training set has no .classes or .targets; return (train, test, "
+        'num_classes) for images, (train, test, {"vocab_size": V}) for token windows',
     )
 
 
-def _check_samples(spec: str, part: str, dataset: Any, num_classes: int, image_size: int) -> int:
-    """The channels of `dataset`'s images, after checking SAMPLES_CHECKED samples and every listed target."""
+def _check_targets(spec: str, part: str, dataset: Any, num_classes: int) -> None:
+    """Every label a set's `.targets` lists (torchvision's convention) lies among the classes."""
     import torch
 
-    def bad(field: str, i: int, what: str) -> NoReturn:
-        _fail(field, f"'{spec}': {part} sample {i}: {what}")
-
-    n = len(dataset)
-    channels = set()
-    for i in sorted({round(k * (n - 1) / (SAMPLES_CHECKED - 1)) for k in range(SAMPLES_CHECKED)}):
-        try:
-            sample = dataset[i]
-        except Exception as err:  # the user's code, as above
-            bad("name", i, f"raised {type(err).__name__}: {err}")
-        if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-            bad("name", i, f"is {_kind(sample)}; expected a pair (image, label)")
-        image, label = sample
-        if not isinstance(image, torch.Tensor) or image.dtype != torch.float32 or image.dim() != 3:
-            what = (
-                f"a {image.dtype} tensor of shape {tuple(image.shape)}"
-                if isinstance(image, torch.Tensor)
-                else _kind(image)
-            )
-            bad("name", i, f"the image is {what}; expected a float32 tensor (channels, height, width)")
-        if tuple(image.shape[1:]) != (image_size, image_size):
-            bad("image_size", i, f"the image is {image.shape[1]}x{image.shape[2]}, data.image_size is {image_size}")
-        channels.add(image.shape[0])
-        is_int = isinstance(label, int) and not isinstance(label, bool)
-        if not (is_int or isinstance(label, torch.Tensor) and label.dtype == torch.int64 and label.dim() == 0):
-            bad("name", i, f"the label is {label!r}; expected an int or a 0-dim int64 tensor")
-        if not 0 <= int(label) < num_classes:
-            bad("name", i, f"label {int(label)} lies outside the {num_classes} classes 0..{num_classes - 1}")
-    if len(channels) > 1:
-        _fail("name", f"'{spec}': its {part} images have {sorted(channels)} channels")
     if hasattr(dataset, "targets"):
         targets = torch.as_tensor(dataset.targets)
         outside = targets[(targets < 0) | (targets >= num_classes)].unique()
@@ -357,4 +375,3 @@ def _check_samples(spec: str, part: str, dataset: Any, num_classes: int, image_s
                 f"'{spec}': {part} labels {outside[:5].tolist()} lie outside the {num_classes} classes "
                 f"0..{num_classes - 1}",
             )
-    return channels.pop()

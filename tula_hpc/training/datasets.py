@@ -23,8 +23,18 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from tula_hpc.core.job import DataSettings
-from tula_hpc.training.data_check import FASHION_MNIST_HINT, DataError, fashion_mnist_files, user_data_sets
+from tula_hpc.training.data_check import (
+    FASHION_MNIST_HINT,
+    SAMPLES_CHECKED,
+    TEXT_SHAPE_KEYS,
+    DataError,
+    builtin_shape_keys,
+    fashion_mnist_files,
+    image_shape,
+    user_data_sets,
+)
 from tula_hpc.training.synthetic import SyntheticImages, SyntheticTokens
+from tula_hpc.training.tasks import Task, TaskError
 from tula_hpc.training.text import text_shape, text_splits
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
@@ -342,11 +352,29 @@ def _text(cfg: DataSettings, seed: int) -> Splits:
 
 def _user(cfg: DataSettings, seed: int) -> Splits:
     """A `package.module:callable` data set (see data_check.user_data_sets), used as given: no augmentation."""
-    train, test, num_classes, in_channels = user_data_sets(cfg)
+    train, test, shape = user_data_sets(cfg)
     train_indices, val_indices = _split_indices(len(train), [cfg.val_fraction], seed)
-    return Splits(
-        Subset(train, train_indices), Subset(train, val_indices), test, image_shape(num_classes, in_channels, cfg)
-    )
+    return Splits(Subset(train, train_indices), Subset(train, val_indices), test, shape)
+
+
+def check_samples(data: DataSettings, task: Task) -> None:
+    """Raise DataError unless SAMPLES_CHECKED samples of each set of a user's data set (the first, the last and some
+    between) fit the job's task: what validation checks before anything is submitted. Built-in sets fit by design."""
+    if builtin_shape_keys(data) is not None:
+        return
+    train, test, shape = user_data_sets(data)
+    for part, dataset in (("training", train), ("test", test)):
+        n = len(dataset)
+        for i in sorted({round(k * (n - 1) / (SAMPLES_CHECKED - 1)) for k in range(SAMPLES_CHECKED)}):
+            where = f"'{data.name}': {part} sample {i}"
+            try:
+                sample = dataset[i]
+            except Exception as err:  # the user's code: whatever it raises is theirs to read
+                raise DataError(f"field 'data.name': {where}: raised {type(err).__name__}: {err}") from None
+            try:
+                task.check_sample(sample, shape)
+            except TaskError as err:
+                raise DataError(f"field '{err.field}': {where}: {err}") from None
 
 
 # The registry of data.name: each built-in data set's builder; any other name is a user's `package.module:callable`
@@ -376,18 +404,16 @@ def made_on_device(data: DataSettings) -> bool:
 DATA_SHAPES = {"digits": (10, 1), "fashion_mnist": (10, 1), "cifar10": (10, 3), "cifar100": (100, 3)}
 
 
-def image_shape(num_classes: int, in_channels: int, data: DataSettings) -> dict:
-    """An image data set's shape: what its classifier is built with."""
-    return {"num_classes": num_classes, "in_channels": in_channels, "image_size": data.image_size}
-
-
 def data_shape(data: DataSettings) -> dict:
     """A data set's shape without loading its samples: the keyword arguments its model is built with (an image
-    classifier's num_classes, in_channels and image_size), what validation builds the model for.
+    classifier's num_classes, in_channels and image_size; a language model's vocab_size and seq_len), what
+    validation builds the model for. A user's callable says it with its sets (data_check.user_data_sets).
 
     An imagefolder's classes are its class folders (as torchvision's ImageFolder counts them), its images RGB."""
-    name = data.name
-    if name in ("shakespeare", "tokens") or name == "synthetic" and "vocab" in data.kwargs:
+    name, keys = data.name, builtin_shape_keys(data)
+    if keys is None:
+        return user_data_sets(data)[2]
+    if keys == TEXT_SHAPE_KEYS:
         return text_shape(data)
     if name == "imagefolder":
         root = Path(data.root)
@@ -395,7 +421,5 @@ def data_shape(data: DataSettings) -> dict:
         return image_shape(sum(entry.is_dir() for entry in folder.iterdir()), 3, data)
     if name in DATA_SHAPES:
         return image_shape(*DATA_SHAPES[name], data)
-    if name == "synthetic":
-        settings = synthetic_settings(data)
-        return image_shape(settings["classes"], settings["channels"], data)
-    return image_shape(*user_data_sets(data)[2:], data)
+    settings = synthetic_settings(data)
+    return image_shape(settings["classes"], settings["channels"], data)

@@ -254,6 +254,7 @@ def _run_on_two(name: str, shape: dict, kwargs: dict | None, task) -> Any:
         raise ModelError(
             "model.kwargs" if refused else "model.name", f"'{name}' raised {type(err).__name__}: {err}"
         ) from None
+    _check_context(name, model, shape)
     batch = task.example_batch(shape, 2, torch.get_default_device())
     try:
         with torch.no_grad():
@@ -265,6 +266,33 @@ def _run_on_two(name: str, shape: dict, kwargs: dict | None, task) -> Any:
             f"'{name}' cannot run on {task.describe(shape)} ({type(err).__name__}: {err}); choose another "
             f"{field.split('.')[1]} or model",
         ) from None
+
+
+# Where a model says the longest sequence it reads: nanoGPT's block_size, Hugging Face's n_positions (GPT-2) or
+# max_position_embeddings, on the model or its `config`.
+CONTEXT_ATTRIBUTES = ("seq_len", "block_size", "n_positions", "max_position_embeddings")
+
+
+def model_context(model: nn.Module) -> tuple[str, int] | None:
+    """(attribute, value) of the first of CONTEXT_ATTRIBUTES the model or its config holds as an int, else None."""
+    for holder in (model, getattr(model, "config", None)):
+        for attribute in CONTEXT_ATTRIBUTES:
+            value = getattr(holder, attribute, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return attribute, value
+    return None
+
+
+def _check_context(name: str, model: nn.Module, shape: dict) -> None:
+    """data.seq_len within the model's context where it says it: beyond it, positions it never learned (or, on the
+    meta device, an embedding read past its end that nothing notices)."""
+    context = model_context(model)
+    if "seq_len" in shape and context and shape["seq_len"] > context[1]:
+        raise ModelError(
+            "data.seq_len",
+            f"{shape['seq_len']} tokens exceed the context of '{name}' ({context[0]} {context[1]}); allowed: at most "
+            f"{context[1]}",
+        )
 
 
 def check_model(name: str, shape: dict, kwargs: dict | None = None, *, task) -> None:

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
+from tula_hpc.training.data_check import IMAGE_SHAPE_KEYS, TEXT_SHAPE_KEYS
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -99,6 +101,18 @@ class Task:
     headline: str
     sample_noun: str  # one sample, in the report's words: "image", "window"
     beside_headline: tuple[str, ...] | None = None  # metrics the report prints after the headline; None: all others
+    shape_keys: tuple[str, ...] = ()  # what the task reads of the data's shape: a data set without them cannot serve
+    reads = "data sets of any shape"  # the data sets that give shape_keys, in words, for the refusal that lacks them
+
+    def check_shape(self, shape: dict, data_name: str) -> None:
+        """Raise TaskError unless the data's shape holds the keys this task reads."""
+        missing = [key for key in self.shape_keys if key not in shape]
+        if missing:
+            raise TaskError(
+                "task.name",
+                f"data set '{data_name}' gives no {', '.join(missing)} (its shape: {', '.join(shape) or 'none'}); "
+                f"allowed: {self.name} reads {self.reads}",
+            )
 
     def check_sample(self, sample, shape: dict) -> None:
         """Raise TaskError unless `sample` (one item of a data set) fits this task and the data's shape."""
@@ -154,6 +168,11 @@ class ImageClassification(Task):
     headline = "accuracy"
     sample_noun = "image"
     beside_headline = ()  # the test loss stays in eval.json; the report reads as it always has
+    shape_keys = IMAGE_SHAPE_KEYS
+    reads = (
+        "image data sets: digits, fashion_mnist, cifar10, cifar100, imagefolder, synthetic without data.kwargs vocab, "
+        "or a callable returning (image, label) pairs"
+    )
 
     def check_sample(self, sample, shape: dict) -> None:
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
@@ -162,6 +181,11 @@ class ImageClassification(Task):
         if not isinstance(image, torch.Tensor) or image.dtype != torch.float32 or image.dim() != 3:
             what = f"a {image.dtype} tensor of shape {tuple(image.shape)}" if torch.is_tensor(image) else _kind(image)
             raise TaskError("data.name", f"the image is {what}; expected a float32 tensor (channels, height, width)")
+        channels = shape.get("in_channels")
+        if channels is not None and image.shape[0] != channels:
+            raise TaskError(
+                "data.name", f"the image has {image.shape[0]} channel(s), the first training image {channels}"
+            )
         size = shape.get("image_size")
         if size is not None and tuple(image.shape[1:]) != (size, size):
             raise TaskError(
@@ -224,6 +248,10 @@ class CausalLM(Task):
     name = "causal_lm"
     headline = "loss"
     sample_noun = "window"
+    shape_keys = TEXT_SHAPE_KEYS
+    reads = (
+        "text data sets: shakespeare, tokens, synthetic with data.kwargs vocab, or a callable returning token windows"
+    )
 
     def __init__(self, token_unit: str = "token"):
         self.token_unit = token_unit
