@@ -67,14 +67,7 @@ def test_the_report_shows_the_chosen_node_shape_and_tells_shapes_with_the_same_n
         "perfmodel": {**INPUTS["perfmodel"], "candidates": shaped},
         "selection": {**INPUTS["selection"], "chosen": chosen, "runners_up": shaped[:1]},
     }
-    args = ["--config", str(REPO / "config" / "jobs.yaml"), "--job", "digits-cnn"]
-    for name, content in inputs.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(content))
-        args += [f"--{name}", str(tmp_path / f"{name}.json")]
-    for flag, name in {"--out": "report.md", **PLOTS}.items():
-        args += [flag, str(tmp_path / name)]
-    assert main(args) == 0
-    report = (tmp_path / "report.md").read_text()
+    report = _render(tmp_path, inputs)
     assert "**2 node(s) x 2 GPU(s), global batch 128** (32 per device)" in report
     assert "| runner-up N | GPUs/node | B |" in report and "| 1 | 1 | 64 |" in report
     assert "| 2 | 2 | 128 | 32 |" in report and "| 2 | 1 | 128 | 64 |" in report  # every candidate, shapes apart
