@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-import tula_hpc.training.trainer as trainer_module
+import tula_hpc.training.validation as validation_module
 from tests.conftest import REPO, tiny_job_config
 from tests.integration.workers import NEVER_NOTICES_S, train_beside_a_rank_that_never_notices
 from tula_hpc.cluster import launch
@@ -40,7 +40,7 @@ def _job(tmp_path, **resources) -> Job:
 
 def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None:
     """A run of the same selection that died in its second epoch, with a budget it fitted in."""
-    evaluate, calls = trainer_module.evaluate_metrics, []
+    evaluate, calls = validation_module.evaluate_metrics, []
 
     def lose_the_node_in_epoch_2(*args, **kwargs):
         calls.append(1)
@@ -49,7 +49,7 @@ def _checkpoint_at_epoch_1(job: Job, batch: int, stage_dir, monkeypatch) -> None
         return evaluate(*args, **kwargs)
 
     roomy = job.updated(resources={"device_memory_gb": 1})
-    monkeypatch.setattr(trainer_module, "evaluate_metrics", lose_the_node_in_epoch_2)
+    monkeypatch.setattr(validation_module, "evaluate_metrics", lose_the_node_in_epoch_2)
     with pytest.raises(RuntimeError, match="node lost"):
         train_worker(
             roomy,
