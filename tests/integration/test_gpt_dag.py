@@ -34,8 +34,15 @@ GPT_JOB = {
         "val_every_steps": 40,
         "val_samples": 128,
     },
-    "search": {"nodes": {"min": 1, "max": 2}, "batch": {"min": 32, "max": 64}, "warmup_steps": 2, "steps": 4},
-    "resources": {"device_memory_gb": 1, "memory_probe_batches": [16, 32, 64]},
+    # The partial search's four corners, no confirming profiles, the probes in one process: a quick DAG.
+    "search": {
+        "nodes": {"min": 1, "max": 2},
+        "batch": {"min": 32, "max": 64},
+        "warmup_steps": 2,
+        "steps": 4,
+        "confirm": 0,
+    },
+    "resources": {"device_memory_gb": 1, "memory_probe_batches": [16, 32, 64], "memory_probes_in": "one_process"},
     "objective": {"minimize": "time"},
 }
 
