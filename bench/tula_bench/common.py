@@ -266,10 +266,13 @@ def trained_scores(job: Job, model_path: Path) -> dict:
     from tula_hpc.cluster.distributed import Context
     from tula_hpc.training.datasets import load_splits
     from tula_hpc.training.evaluation import evaluate_worker, load_trained_model, score
+    from tula_hpc.training.precision import Precision
+    from tula_hpc.training.tasks import job_task
 
-    model = load_trained_model(model_path)
+    model, device = load_trained_model(model_path), torch.device("cpu")
     splits = load_splits(job.data, job.train.seed)
-    val = score(model, splits, Context(0, 1, 0, torch.device("cpu")), splits.val, seed=job.train.seed)
+    precision = Precision(job.train.precision, device, job.train.channels_last)
+    val, _ = score(model, splits, Context(0, 1, 0, device), splits.val, job_task(job), 256, precision, job.train.seed)
     return {**evaluate_worker(job, str(model_path)), "val_accuracy_precise_bn": val["accuracy"]}
 
 
