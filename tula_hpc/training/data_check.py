@@ -292,11 +292,11 @@ def _user_data_sets(data_json: str) -> tuple[Any, Any, dict]:
     except Exception as err:  # the user's code: whatever it raises is theirs to read
         _fail("name", f"'{spec}' raised {type(err).__name__}: {err}")
     if not isinstance(answer, tuple) or len(answer) not in (2, 3):
-        _fail("name", f"'{spec}' returned {_kind(answer)}; expected (train, test) or (train, test, shape)")
+        _fail("name", f"'{spec}' returned {kind_of(answer)}; expected (train, test) or (train, test, shape)")
     train, test = answer[:2]
     for part, dataset in (("training", train), ("test", test)):
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            _fail("name", f"'{spec}' returned {_kind(dataset)} as its {part} set; expected a torch Dataset")
+            _fail("name", f"'{spec}' returned {kind_of(dataset)} as its {part} set; expected a torch Dataset")
         if len(dataset) == 0:
             _fail("name", f"'{spec}' returned an empty {part} set")
     shape = _user_shape(spec, data, train, answer[2] if len(answer) == 3 else _classes(spec, train))
@@ -306,8 +306,13 @@ def _user_data_sets(data_json: str) -> tuple[Any, Any, dict]:
     return train, test, shape
 
 
-def _kind(value: Any) -> str:
-    return f"a {type(value).__name__}" if not isinstance(value, tuple) else f"a tuple of {len(value)}"
+def kind_of(value: Any) -> str:
+    """A value in a message's words: "a tuple of 3", "a torch.int64 tensor of shape (64,)", "a dict"."""
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    if hasattr(value, "dtype") and hasattr(value, "shape"):  # a tensor, without importing torch
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def _whole(value: Any) -> bool:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
-from tula_hpc.training.data_check import IMAGE_SHAPE_KEYS, TEXT_SHAPE_KEYS
+from tula_hpc.training.data_check import IMAGE_SHAPE_KEYS, TEXT_SHAPE_KEYS, kind_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -143,10 +143,6 @@ class Task:
         """Raise TaskError unless a model's output for `size` example samples fits this task."""
         raise NotImplementedError
 
-    def units_per_sample(self, shape: dict) -> int:
-        """What throughput counts per sample beside samples: 1 for an image, seq_len tokens for a window."""
-        return 1
-
     def describe(self, shape: dict) -> str:
         """The data's samples in words, for messages: "32x32 images of 3 channel(s)"."""
         raise NotImplementedError
@@ -176,11 +172,12 @@ class ImageClassification(Task):
 
     def check_sample(self, sample, shape: dict) -> None:
         if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-            raise TaskError("data.name", f"is {_kind(sample)}; expected a pair (image, label)")
+            raise TaskError("data.name", f"is {kind_of(sample)}; expected a pair (image, label)")
         image, label = sample
         if not isinstance(image, torch.Tensor) or image.dtype != torch.float32 or image.dim() != 3:
-            what = f"a {image.dtype} tensor of shape {tuple(image.shape)}" if torch.is_tensor(image) else _kind(image)
-            raise TaskError("data.name", f"the image is {what}; expected a float32 tensor (channels, height, width)")
+            raise TaskError(
+                "data.name", f"the image is {kind_of(image)}; expected a float32 tensor (channels, height, width)"
+            )
         channels = shape.get("in_channels")
         if channels is not None and image.shape[0] != channels:
             raise TaskError(
@@ -268,11 +265,12 @@ class CausalLM(Task):
             raise TaskError("data.name", f"is a dict of {sorted(sample)}; expected input_ids (and labels)")
         parts = [tokens] if isinstance(sample, dict) else list(sample) if isinstance(sample, (tuple, list)) else []
         if isinstance(sample, (tuple, list)) and len(sample) != 2 or not parts:
-            raise TaskError("data.name", f"is {_kind(sample)}; expected a pair (tokens, next tokens) or a dict")
+            raise TaskError("data.name", f"is {kind_of(sample)}; expected a pair (tokens, next tokens) or a dict")
         for part in parts:
             if not torch.is_tensor(part) or part.dtype not in (torch.int64, torch.int32) or part.dim() != 1:
-                what = f"a {part.dtype} tensor of shape {tuple(part.shape)}" if torch.is_tensor(part) else _kind(part)
-                raise TaskError("data.name", f"the tokens are {what}; expected a 1-D int64 tensor of token ids")
+                raise TaskError(
+                    "data.name", f"the tokens are {kind_of(part)}; expected a 1-D int64 tensor of token ids"
+                )
             if len(part) != shape["seq_len"]:
                 raise TaskError(
                     "data.seq_len", f"a sample holds {len(part)} tokens, data.seq_len is {shape['seq_len']}"
@@ -334,15 +332,8 @@ class CausalLM(Task):
                 f"shape {expected}, vocab_size from the data set",
             )
 
-    def units_per_sample(self, shape: dict) -> int:
-        return shape["seq_len"]
-
     def describe(self, shape: dict) -> str:
         return f"windows of {shape['seq_len']} tokens of a {shape['vocab_size']}-id vocabulary"
-
-
-def _kind(value: Any) -> str:
-    return f"a tuple of {len(value)}" if isinstance(value, tuple) else f"a {type(value).__name__}"
 
 
 BUILTIN_TASKS = {"image_classification": ImageClassification, "causal_lm": CausalLM}
@@ -385,7 +376,7 @@ def check_loss(task: Task, output, batch) -> None:
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(torch.is_tensor(part) for part in answer)):
         raise TaskError(
             "task.name",
-            f"task '{task.name}': its loss returned {_kind(answer)}; expected (mean loss, count of what it averages)",
+            f"task '{task.name}': its loss returned {kind_of(answer)}; expected (mean loss, count of what it averages)",
         )
     if any(part.dim() != 0 for part in answer):
         raise TaskError("task.name", f"task '{task.name}': its loss and count must be scalars")
