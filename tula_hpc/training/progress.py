@@ -22,7 +22,7 @@ def adascale_gain(gradient_sq, trace_at_base, scale):
 
 
 def tokens_per_sample(data: DataSettings) -> int:
-    """What train.tokens counts per sample: data.seq_len tokens (a task's units_per_sample), 1 where it is unset."""
+    """What train.tokens counts per sample: data.seq_len tokens, 1 where it is unset (images)."""
     return data.seq_len or 1
 
 
