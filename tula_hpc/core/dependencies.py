@@ -105,13 +105,19 @@ def _without_later_defaults(settings: dict) -> dict:
     """The settings less those of LATER_SETTINGS left at their earlier value."""
     settings = copy.deepcopy(settings)
     for name, earlier in LATER_SETTINGS.items():
-        *parents, key = name.split(".")
-        section = settings
-        for parent in parents:
-            section = section.get(parent) if isinstance(section, dict) else None
-        if isinstance(section, dict) and key in section and _plain(section[key]) == earlier:
+        section, key = _section_of(settings, name)
+        if section is not None and key in section and _plain(section[key]) == earlier:
             del section[key]
     return settings
+
+
+def _section_of(settings: dict, name: str) -> tuple[dict | None, str]:
+    """The mapping that holds the dotted setting `name` (None where a section on the way is missing), and its key."""
+    *parents, key = name.split(".")
+    section: Any = settings
+    for parent in parents:
+        section = section.get(parent) if isinstance(section, dict) else None
+    return (section if isinstance(section, dict) else None), key
 
 
 def _plain(value: Any) -> Any:
@@ -135,10 +141,8 @@ def stage_settings(settings: dict, stage: str) -> dict[str, Any]:
 
 
 def _missing(settings: dict, name: str) -> bool:
-    *parents, key = name.split(".")
-    for parent in parents:
-        settings = settings.get(parent, {})
-    return key not in settings
+    section, key = _section_of(settings, name)
+    return section is None or key not in section
 
 
 def fingerprint(job: Job, stage: str) -> str:
