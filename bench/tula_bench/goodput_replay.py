@@ -30,13 +30,23 @@ Modelling choices (the replay's, not measurements):
   within a row the gain is constant, so the iterations to a progress are linear between rows;
 - the metric at progress p is the curve's (of the batch run at p) linear between its rows; a schedule that changes
   batch reads the new batch's curve at the progress it has made (no memory of the batches it ran before);
-- the target is the recipe curve's final metric minus TARGET_DROP (0.01); a schedule reaches it at the first
-  progress where its metric reaches it, and takes the steps (fractional at that last stretch) to get there; one that
-  runs off the end of its curve (the recipe's epochs of progress) without reaching it is a failure;
+- the metric's direction is trace.yaml's `metric_better`: `higher` (accuracy; the default where absent) or `lower`
+  (loss, perplexity, word error rate); anything else stops the replay naming the file and the field;
+- the target is relative (issue 58): within RELATIVE_TOLERANCE (1 %) of the recipe curve's final metric, toward
+  worse: x 0.99 where higher is better, x 1.01 where lower is (of |final|, so a negative metric stays on the worse
+  side). Issue 42's target, the final metric minus TARGET_DROP (0.01) toward worse, is kept for comparison under
+  `old_target`: one point of an accuracy in [0, 1], but 0.01 point of a metric in points;
+- a schedule reaches a target at the first progress where its metric is at or beyond it (at or above where higher is
+  better, at or below where lower is), and takes the steps (fractional at that last stretch) to get there; one that
+  runs off the end of its curve (the recipe's epochs of progress) without reaching it is a failure. A curve says
+  nothing before its first row (one B0 epoch of progress), so a curve already at the target there (a flat one) reaches
+  it at that row: the steps to its first row are counted, never none;
 - time is the sum over its steps of the trace's step at (N, g, B / (N g)): step times only (no data loading, no
   warm-up, no epoch end, no cost of changing batch), every step of an epoch a whole one.
-Figures, over models and node shapes: the medians of adaptive / recipe time, adaptive / best fixed and static /
-best fixed (a failure counts as infinitely slow), and the adaptive schedule's failures. The Fashion-MNIST keys
+Figures, over models and node shapes, under the relative target (the summary's, the cases' and by_model's top-level
+keys, which the verdicts judge) and again under the old one (each one's `old_target`): the medians of adaptive /
+recipe time, adaptive / best fixed and static / best fixed (a failure counts as infinitely slow), and the adaptive
+schedule's failures. The Fashion-MNIST keys
 (issue 42, part 3: the schedule in training) are bench/adaptive_fmnist.py's figures, read from its result file
 (null where it has not run).
 
@@ -60,7 +70,9 @@ from tula_hpc.core.run_layout import steps_per_epoch
 from tula_hpc.performance.batch_schedule import goodput_choice
 
 TRACES = REPO / "bench" / "data" / "pollux"
-TARGET_DROP = 0.01  # issue 42: the recipe curve's final metric minus 1 point
+RELATIVE_TOLERANCE = 0.01  # issue 58: the target lies within 1 % of the recipe curve's final metric
+TARGET_DROP = 0.01  # issue 42's target, kept for comparison: the recipe curve's final metric minus 0.01
+METRIC_BETTER = {"higher": 1, "lower": -1}  # trace.yaml's metric_better: the sign that makes a larger score better
 TARGETS = {  # issue 42's targets, each a maximum
     "adaptive_time_over_recipe": 0.6,
     "adaptive_time_over_best_fixed": 1.10,
@@ -69,6 +81,12 @@ TARGETS = {  # issue 42's targets, each a maximum
 FMNIST = ("fmnist_adaptive_accuracy_minus_reference", "fmnist_adaptive_steps_over_reference")
 FMNIST_RESULT = REPO / "bench" / "results" / "adaptive_fmnist.json"  # bench/adaptive_fmnist.py's (issue 42 part 3)
 STATS = ("progress", "metric", "grad_sqr", "grad_var")
+RATIOS = (  # a case's time ratios; the summary and the verdicts take the first three's medians
+    "adaptive_time_over_recipe",
+    "adaptive_time_over_best_fixed",
+    "static_time_over_best_fixed",
+    "recipe_time_over_best_fixed",
+)
 
 
 def curve_at(curves: dict[int, list[dict]], batch: float) -> list[dict]:
@@ -84,20 +102,39 @@ def curve_at(curves: dict[int, list[dict]], batch: float) -> list[dict]:
     return [{k: (1 - w) * a[k] + w * b[k] for k in STATS} for a, b in zip(curves[low], curves[high])]
 
 
+def metric_sign(folder: Path, meta: dict) -> int:
+    """+1 where a higher metric is better, -1 where lower is: trace.yaml's `metric_better` (higher where absent)."""
+    better = meta.get("metric_better", "higher")
+    if better not in tuple(METRIC_BETTER):
+        raise SystemExit(f"{folder / 'trace.yaml'}: metric_better must be one of {list(METRIC_BETTER)}, not {better!r}")
+    return METRIC_BETTER[better]
+
+
+def targets(final: float, sign: int) -> dict[str, float]:
+    """The relative target and issue 42's old one, each a little worse than the recipe's `final` metric (`sign` +1
+    where higher is better, -1 where lower is)."""
+    return {"target": final - sign * RELATIVE_TOLERANCE * abs(final), "old_target": final - sign * TARGET_DROP}
+
+
 @dataclasses.dataclass
 class Course:
     """One batch's run on its curve: iterations to a progress, progress after some steps, the metric's first reach
-    of a target, and the noise scale the run has measured at a progress."""
+    of a target, and the noise scale the run has measured at a progress. `sign` is metric_sign's: +1 where a higher
+    metric is better, -1 where lower is."""
 
     batch: float
     base: int
     rows: list[dict]
+    sign: int = 1
 
     def __post_init__(self) -> None:
         self.progress = np.array([0.0] + [r["progress"] for r in self.rows])
+        if np.any(np.diff(self.progress) <= 0):
+            raise ValueError(f"batch {self.batch}'s curve: progress must rise row by row from above 0")
         done = predicted_iterations(self.rows, self.rows, self.batch / self.base)
         self.iterations = np.array([0.0, *done])
         self.end = float(self.progress[-1])
+        self.score = self.sign * np.array([r["metric"] for r in self.rows])  # larger is better, whichever the metric
 
     def iterations_at(self, progress: float) -> float:
         return float(np.interp(progress, self.progress, self.iterations))
@@ -106,22 +143,24 @@ class Course:
         """The progress after `steps` more steps from `progress` (at most the curve's end)."""
         return float(np.interp(self.iterations_at(progress) + steps, self.iterations, self.progress))
 
-    def metric_at(self, progress: float) -> float:
-        return float(np.interp(progress, self.progress[1:], [r["metric"] for r in self.rows]))
-
     def first_reach(self, start: float, stop: float, target: float) -> float | None:
-        """The first progress in [start, stop] where the metric (linear between rows) reaches `target`, or None."""
-        if self.metric_at(start) >= target:
+        """The first progress in [start, stop] where the metric (linear between rows) is at or beyond `target`, or
+        None; never before the first row, the earliest the curve records."""
+        xs, goal = self.progress[1:], self.sign * target
+        start = max(start, xs[0])
+        if start > stop:
+            return None
+        if np.interp(start, xs, self.score) >= goal:
             return start
-        xs, ys = self.progress[1:], [r["metric"] for r in self.rows]
-        for i in range(len(xs) - 1):
-            a, b = xs[i], xs[i + 1]
+        for a, b, y in zip(xs, xs[1:], self.score[1:]):
             if b <= start:
                 continue
             if a >= stop:
                 break
-            if ys[i + 1] >= target:
-                x = max(a + (target - ys[i]) / (ys[i + 1] - ys[i]) * (b - a), start)
+            if y >= goal:  # the score at `a` (or at start) is below the goal, so the rise y - below is positive
+                a = max(a, start)
+                below = np.interp(a, xs, self.score)
+                x = a + (goal - below) / (y - below) * (b - a)
                 return float(x) if x <= stop else None
         return None
 
@@ -201,17 +240,16 @@ def _ratio(a: dict, b: dict | None) -> float | None:
     return a["time_s"] / b["time_s"] if a["reached"] and b and b["reached"] else None
 
 
-def replay_shape(trace: dict, curves: dict, nodes: int, g: int) -> dict:
-    """Every schedule at one node shape (see the module's docstring)."""
+def replay_shape(trace: dict, curves: dict, nodes: int, g: int, sign: int = 1) -> dict:
+    """Every schedule at one node shape, to the relative target and to the old one (see the module's docstring)."""
     meta, base = trace["meta"], min(curves)
     recipe, train_samples = int(meta["recipe_batch"]), int(meta["train_samples"])
     job, rows, steps = shape_candidates(trace, nodes, g, curves)
-    target = curves[recipe][-1]["metric"] - TARGET_DROP
     courses: dict[float, Course] = {}
 
     def course_of(batch: float) -> Course:
         if batch not in courses:
-            courses[batch] = Course(batch, base, curve_at(curves, batch))
+            courses[batch] = Course(batch, base, curve_at(curves, batch), sign)
         return courses[batch]
 
     ranks = nodes * g
@@ -221,58 +259,66 @@ def replay_shape(trace: dict, curves: dict, nodes: int, g: int) -> dict:
         "step_s": traced_step(steps, nodes, g, recipe / ranks),
         "steps_per_epoch": steps_per_epoch(train_samples, ranks, recipe / ranks),
     }
-
-    def fixed(row: dict) -> dict:
-        return simulate(lambda progress, previous: row, course_of, target)
-
-    def brief(row: dict, run: dict) -> dict:
-        return {"batch": row["batch"], "per_device_batch": row["per_device_batch"], "step_s": row["step_s"], **run}
-
     b_noise_start = course_of(recipe).b_noise_at(0.0)
     static_row = goodput_choice(job, rows, train_samples, b_noise_start)
-    decisions = []
 
-    def adaptive(progress: float, previous: dict | None) -> dict:
-        measured = course_of((previous or recipe_row)["batch"]).b_noise_at(progress)
-        chosen = goodput_choice(job, rows, train_samples, measured)
-        decisions.append({"progress": progress, "b_noise": measured, "batch": chosen["batch"]})
-        return chosen
+    def race(target: float) -> dict:
+        """Every schedule run to `target`, and their time ratios."""
 
-    runs = {"recipe": brief(recipe_row, fixed(recipe_row))}
-    runs["fixed"] = [brief(row, fixed(row)) for row in rows]
-    runs["static"] = brief(static_row, fixed(static_row))
-    runs["adaptive"] = simulate(adaptive, course_of, target)
-    reached = [r for r in [runs["recipe"], *runs["fixed"]] if r["reached"]]
-    best = min(reached, key=lambda r: r["time_s"]) if reached else None
-    for change in runs["adaptive"]["changes"]:
-        change["b_noise"] = next(d["b_noise"] for d in decisions if d["progress"] == change["progress"])
+        def fixed(row: dict) -> dict:
+            run = simulate(lambda progress, previous: row, course_of, target)
+            return {"batch": row["batch"], "per_device_batch": row["per_device_batch"], "step_s": row["step_s"], **run}
+
+        decisions = []
+
+        def adaptive(progress: float, previous: dict | None) -> dict:
+            measured = course_of((previous or recipe_row)["batch"]).b_noise_at(progress)
+            chosen = goodput_choice(job, rows, train_samples, measured)
+            decisions.append({"progress": progress, "b_noise": measured, "batch": chosen["batch"]})
+            return chosen
+
+        runs = {"recipe": fixed(recipe_row), "fixed": [fixed(row) for row in rows], "static": fixed(static_row)}
+        runs["adaptive"] = simulate(adaptive, course_of, target)
+        reached = [r for r in [runs["recipe"], *runs["fixed"]] if r["reached"]]
+        best = min(reached, key=lambda r: r["time_s"]) if reached else None
+        for change in runs["adaptive"]["changes"]:
+            change["b_noise"] = next(d["b_noise"] for d in decisions if d["progress"] == change["progress"])
+        return {
+            "target": target,
+            "recipe": runs["recipe"],
+            "best_fixed": None
+            if best is None
+            else {k: best[k] for k in ("batch", "per_device_batch", "time_s", "steps")},
+            "static": runs["static"],
+            "adaptive": runs["adaptive"],
+            "adaptive_time_over_recipe": _ratio(runs["adaptive"], runs["recipe"]),
+            "adaptive_time_over_best_fixed": _ratio(runs["adaptive"], best),
+            "static_time_over_best_fixed": _ratio(runs["static"], best),
+            "recipe_time_over_best_fixed": _ratio(runs["recipe"], best),
+            "fixed": [
+                {k: r[k] for k in ("batch", "per_device_batch", "step_s", "reached", "time_s", "steps")}
+                for r in runs["fixed"]
+            ],
+        }
+
+    goals = targets(curves[recipe][-1]["metric"], sign)
     return {
         "model": trace["name"],
         "nodes": nodes,
         "gpus_per_node": g,
-        "target": target,
+        "metric_better": next(k for k, v in METRIC_BETTER.items() if v == sign),
         "b_noise_start": b_noise_start,
-        "recipe": runs["recipe"],
-        "best_fixed": None if best is None else {k: best[k] for k in ("batch", "per_device_batch", "time_s", "steps")},
-        "static": runs["static"],
-        "adaptive": runs["adaptive"],
-        "adaptive_time_over_recipe": _ratio(runs["adaptive"], runs["recipe"]),
-        "adaptive_time_over_best_fixed": _ratio(runs["adaptive"], best),
-        "static_time_over_best_fixed": _ratio(runs["static"], best),
-        "recipe_time_over_best_fixed": _ratio(runs["recipe"], best),
-        "fixed": [
-            {k: r[k] for k in ("batch", "per_device_batch", "step_s", "reached", "time_s", "steps")}
-            for r in runs["fixed"]
-        ],
+        **race(goals["target"]),
+        "old_target": race(goals["old_target"]),
     }
 
 
 def replay_model(folder: Path) -> list[dict]:
     trace, curves = read_trace(folder), read_curves(folder)
-    recipe = int(trace["meta"]["recipe_batch"])
+    recipe, sign = int(trace["meta"]["recipe_batch"]), metric_sign(folder, trace["meta"])
     if recipe not in curves:
         raise SystemExit(f"{folder}: no validation-{recipe}.csv for the recipe batch")
-    return [replay_shape(trace, curves, n, g) for n, g in recipe_shapes(trace["points"], recipe)]
+    return [replay_shape(trace, curves, n, g, sign) for n, g in recipe_shapes(trace["points"], recipe)]
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -295,43 +341,52 @@ def fashion_mnist(path: Path) -> dict:
     }
 
 
+def _figures(sections: list[dict]) -> dict:
+    """One target's figures over cases (each case's section for that target): the ratios' medians and the runs that
+    never reached it, per schedule (best_fixed: where no fixed batch did)."""
+    failures = {kind: sum(not s[kind]["reached"] for s in sections) for kind in ("adaptive", "static", "recipe")}
+    return {
+        "medians": {key: _median([s[key] for s in sections]) for key in RATIOS},
+        "failures": failures | {"best_fixed": sum(s["best_fixed"] is None for s in sections)},
+    }
+
+
+def _headline(figures: dict) -> dict:
+    return {key: figures["medians"][key] for key in RATIOS[:3]} | {"failures": figures["failures"]["adaptive"]}
+
+
 def run(traces: Path, fmnist_result: Path = FMNIST_RESULT) -> dict:
     folders = sorted({p.parent for p in traces.glob("*/validation-*.csv")})
     if not folders:
         raise SystemExit(f"{traces}: no <model>/validation-<batch>.csv curves to replay")
     cases = [case for folder in folders for case in replay_model(folder)]
-    failures = {kind: sum(not case[kind]["reached"] for case in cases) for kind in ("adaptive", "static", "recipe")} | {
-        "best_fixed": sum(case["best_fixed"] is None for case in cases)
-    }
-    summary = {
-        "adaptive_time_over_recipe": _median([c["adaptive_time_over_recipe"] for c in cases]),
-        "adaptive_time_over_best_fixed": _median([c["adaptive_time_over_best_fixed"] for c in cases]),
-        "static_time_over_best_fixed": _median([c["static_time_over_best_fixed"] for c in cases]),
-        "failures": failures["adaptive"],
-    }
+    relative, old = _figures(cases), _figures([c["old_target"] for c in cases])
+    summary = _headline(relative) | {"old_target": _headline(old)}
     fmnist = fashion_mnist(fmnist_result)
     summary.update(fmnist["figures"])
+    by_model = {}
+    for name in dict.fromkeys(c["model"] for c in cases):
+        mine = [c for c in cases if c["model"] == name]
+        by_model[name] = _figures(mine)["medians"] | {
+            "shapes": len(mine),
+            "metric_better": mine[0]["metric_better"],
+            "old_target": _figures([c["old_target"] for c in mine])["medians"],
+        }
     return {
         "summary": summary,
         "verdicts": {key: verdict(summary[key], target) for key, target in TARGETS.items()},
         "fashion_mnist": fmnist,
-        "failures_by_schedule": failures,
-        "by_model": {
-            name: {
-                key: _median([c[key] for c in cases if c["model"] == name])
-                for key in (
-                    "adaptive_time_over_recipe",
-                    "adaptive_time_over_best_fixed",
-                    "static_time_over_best_fixed",
-                    "recipe_time_over_best_fixed",
-                )
-            }
-            | {"shapes": sum(c["model"] == name for c in cases)}
-            for name in dict.fromkeys(c["model"] for c in cases)
-        },
+        "failures_by_schedule": relative["failures"],
+        "old_target_failures_by_schedule": old["failures"],
+        "by_model": by_model,
         "cases": cases,
         "provenance": provenance(),
-        "settings": {"traces": str(traces), "target_drop": TARGET_DROP, "targets": TARGETS},
+        "settings": {
+            "traces": str(traces),
+            "relative_tolerance": RELATIVE_TOLERANCE,
+            "old_target_drop": TARGET_DROP,
+            "targets": TARGETS,
+        },
     }
 
 
@@ -341,18 +396,23 @@ def _x(value: float | None) -> str:
 
 def report(result: dict) -> None:
     for c in result["cases"]:
-        adaptive = c["adaptive"]
-        path = " -> ".join(str(round(change["batch"])) for change in adaptive["changes"])
+        path = " -> ".join(str(round(change["batch"])) for change in c["adaptive"]["changes"])
+        old = c["old_target"]
         print(
-            f"  {c['model']:9s} N={c['nodes']:2d} g={c['gpus_per_node']}: recipe {c['recipe']['time_s'] or 0:9.0f} s, "
+            f"  {c['model']:9s} N={c['nodes']:2d} g={c['gpus_per_node']}: target {c['target']:.4g} "
+            f"({c['metric_better']} is better), recipe {c['recipe']['time_s'] or 0:9.0f} s, "
             f"best fixed B={c['best_fixed'] and c['best_fixed']['batch']}, static B={c['static']['batch']} "
             f"{_x(c['static_time_over_best_fixed'])} of best, adaptive {_x(c['adaptive_time_over_best_fixed'])} of "
-            f"best, {_x(c['adaptive_time_over_recipe'])} of recipe (batches {path})"
+            f"best, {_x(c['adaptive_time_over_recipe'])} of recipe (batches {path}); old target {old['target']:.4g}: "
+            f"adaptive {_x(old['adaptive_time_over_best_fixed'])} of best, {_x(old['adaptive_time_over_recipe'])} "
+            "of recipe"
         )
     for key, v in result["verdicts"].items():
         print(f"{key}: {v['figure']} (target <= {v['target']}): {'met' if v['met'] else 'NOT met'}")
     print(f"static_time_over_best_fixed: {result['summary']['static_time_over_best_fixed']} (baseline, no target)")
     print(f"failures by schedule: {result['failures_by_schedule']}")
+    print(f"under the old target (final metric - {TARGET_DROP}, for comparison): {result['summary']['old_target']}")
+    print(f"failures by schedule, old target: {result['old_target_failures_by_schedule']}")
     fmnist = result["fashion_mnist"]
     for key in FMNIST:
         print(f"{key}: {result['summary'][key]} (from {fmnist['source'] or 'nothing: run bench/adaptive_fmnist.py'})")
