@@ -14,23 +14,27 @@ RECIPE, SAMPLES, ROWS = 64, 6400, 10  # one row of progress: SAMPLES / RECIPE = 
 BATCHES = (64, 128, 256)
 
 
-def write_traces(root: Path, steps: dict[int, float], variance, final: dict[int, float] | None = None) -> Path:
+def rising(batch: int, k: int) -> float:
+    return k / ROWS
+
+
+def write_traces(root: Path, steps: dict[int, float], variance, metric=rising, better: str | None = None) -> Path:
     """One model: N=1 x g=1 at per-device batches `steps` (b -> step time), a 2-node shape whose per-device batches
-    are too large for the recipe, and a curve per batch: progress 100 k, metric k / ROWS (times final[B]), |G|^2 = 1
-    and variance `variance(k)` at row k."""
+    are too large for the recipe, and a curve per batch: progress 100 k, metric `metric(batch, k)`, |G|^2 = 1 and
+    variance `variance(k)` at row k; trace.yaml's metric_better `better` (none where None)."""
     folder = root / "synthetic"
     folder.mkdir(parents=True)
-    (folder / "trace.yaml").write_text(
+    meta = (
         f"parameters: 1000\nbytes_per_parameter: 4\ntrain_samples: {SAMPLES}\nepochs: {ROWS}\nrecipe_batch: {RECIPE}\n"
     )
+    (folder / "trace.yaml").write_text(meta + ("" if better is None else f"metric_better: {better}\n"))
     rows = ["placement,local_bsz,step_time,sync_time"]
     rows += [f"1,{b},{t},0.0" for b, t in steps.items()]
     rows += [f"11,{b},{t},0.0" for b, t in steps.items() if b > RECIPE // 2]  # recipe / 2 ranks = 32: not traced
     (folder / "placements.csv").write_text("\n".join(rows) + "\n")
     for batch in BATCHES:
-        top = (final or {}).get(batch, 1.0)
         lines = ["progress,iteration,metric,grad_sqr,grad_var"]
-        lines += [f"{100.0 * k},{100 * k},{top * k / ROWS},1.0,{variance(k)}" for k in range(1, ROWS + 1)]
+        lines += [f"{100.0 * k},{100 * k},{metric(batch, k)},1.0,{variance(k)}" for k in range(1, ROWS + 1)]
         (folder / f"validation-{batch}.csv").write_text("\n".join(lines) + "\n")
     return root
 
@@ -80,7 +84,11 @@ def test_adaptive_follows_the_noise_the_static_choice_misses(tmp_path):
 def test_a_curve_short_of_the_target_fails(tmp_path):
     """The largest batch's curve stops at 0.95 (below the 0.99 target): fixed at it fails, the best fixed batch is
     the next, and the adaptive schedule, which the noise sends there, fails too and is counted."""
-    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0, final={256: 0.95})
+
+    def short(batch: int, k: int) -> float:
+        return (0.95 if batch == 256 else 1.0) * k / ROWS
+
+    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0, short)
     (case,) = bench.replay_model(root / "synthetic")
     fixed = {r["batch"]: r for r in case["fixed"]}
     assert not fixed[256]["reached"] and fixed[256]["time_s"] is None
@@ -90,6 +98,94 @@ def test_a_curve_short_of_the_target_fails(tmp_path):
     assert result["summary"]["failures"] == 1
     assert result["summary"]["adaptive_time_over_recipe"] is None  # the median of one failure: infinitely slow
     assert not result["verdicts"]["failures"]["met"]
+
+
+def test_falling_loss_reaches_its_relative_target_in_closed_form(tmp_path):
+    """A loss 1 + 1/k at row k (progress 100 k) at every batch, lower better, B_noise = 3 B0, steps free of their
+    batch: the recipe ends at 1.1, the target 1.1 x 1.01 = 1.111 lies between rows 9 (1.1111...) and 10 (1.1) at
+    progress 901, the old one (1.1 + 0.01) at 910; never at the first row (a loss of 2) as a sign error would have
+    it. Each batch takes 901 / gain steps of 0.1 s."""
+    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0, lambda batch, k: 1 + 1 / k, "lower")
+    (case,) = bench.replay_model(root / "synthetic")
+    assert case["metric_better"] == "lower"
+    assert case["target"] == pytest.approx(1.111)
+    assert case["recipe"]["progress"] == pytest.approx(901.0)
+    assert case["recipe"]["steps"] == pytest.approx(901.0)
+    expected = {b: 901 / gain(3.0, b / RECIPE) * 0.1 for b in BATCHES}
+    assert {r["batch"]: r["time_s"] for r in case["fixed"]} == pytest.approx(expected)
+    assert case["adaptive"]["time_s"] == pytest.approx(expected[256])
+    assert case["adaptive_time_over_recipe"] == pytest.approx(expected[256] / 90.1)
+    old = case["old_target"]
+    assert old["target"] == pytest.approx(1.11)
+    assert old["recipe"]["time_s"] == pytest.approx(91.0)
+    assert old["adaptive_time_over_recipe"] == pytest.approx(910 / gain(3.0, 4) * 0.1 / 91.0)
+
+
+def test_falling_loss_that_levels_off_above_the_target_fails(tmp_path):
+    """The largest batch's loss levels off 0.1 higher (its best, 1.2, is above the 1.111 target): fixed at it
+    fails, the best fixed batch is the next, and the adaptive schedule, sent there by the noise, fails too."""
+
+    def loss(batch: int, k: int) -> float:
+        return (1.1 if batch == 256 else 1.0) + 1 / k
+
+    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0, loss, "lower")
+    (case,) = bench.replay_model(root / "synthetic")
+    fixed = {r["batch"]: r for r in case["fixed"]}
+    assert not fixed[256]["reached"] and fixed[128]["reached"]
+    assert case["best_fixed"]["batch"] == 128
+    assert not case["adaptive"]["reached"] and case["adaptive_time_over_best_fixed"] is None
+
+
+@pytest.mark.parametrize(("better", "level"), [(None, 0.5), ("higher", 0.5), ("lower", 0.5), ("lower", 0.0)])
+def test_a_flat_curve_reaches_its_target_at_its_first_row(tmp_path, better, level):
+    """A curve already at its target at its first row (flat; a word error rate of 0 too) reaches it there: the
+    steps to that row (100 / gain) are counted, under both targets, and every ratio is a number."""
+    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0, lambda batch, k: level, better)
+    (case,) = bench.replay_model(root / "synthetic")
+    for section in (case, case["old_target"]):
+        assert section["recipe"]["progress"] == pytest.approx(100.0)
+        assert section["recipe"]["time_s"] == pytest.approx(10.0)
+        assert {r["batch"]: r["steps"] for r in section["fixed"]} == pytest.approx(
+            {b: 100 / gain(3.0, b / RECIPE) for b in BATCHES}
+        )
+        assert section["adaptive_time_over_recipe"] == pytest.approx(1 / gain(3.0, 4))
+
+
+@pytest.mark.parametrize("value", ["worse", "Lower", "[lower]", "1"])
+def test_metric_better_other_than_higher_or_lower_names_the_file_and_field(tmp_path, value):
+    root = write_traces(tmp_path, dict.fromkeys(BATCHES, 0.1), lambda k: 3.0, better=value)
+    with pytest.raises(SystemExit, match=r"synthetic/trace\.yaml: metric_better must be one of \['higher', 'lower'\]"):
+        bench.replay_model(root / "synthetic")
+
+
+def test_metric_better_defaults_to_higher(tmp_path):
+    assert bench.metric_sign(tmp_path, {}) == bench.metric_sign(tmp_path, {"metric_better": "higher"}) == 1
+    assert bench.metric_sign(tmp_path, {"metric_better": "lower"}) == -1
+
+
+def test_targets_lie_on_the_worse_side_of_the_final_metric():
+    assert bench.targets(0.9, 1) == pytest.approx({"target": 0.891, "old_target": 0.89})
+    assert bench.targets(2.0, -1) == pytest.approx({"target": 2.02, "old_target": 2.01})
+    assert bench.targets(-2.0, 1) == pytest.approx({"target": -2.02, "old_target": -2.01})  # a log-likelihood
+    assert bench.targets(0.0, -1) == {"target": 0.0, "old_target": 0.01}
+
+
+def test_first_reach_interpolates_after_a_dip_and_never_before_the_first_row():
+    """Metric 0.5, 0.2, 0.9 at progress 100, 200, 300 (higher better): 0.8 is first reached at 200 + 0.6 / 0.7 x
+    100 (the dip's 0.2 to 0.9), 0.4 at the first row (100), not at 0; nothing before the first row."""
+    rows = [
+        {"progress": 100.0 * k, "metric": m, "grad_sqr": 1.0, "grad_var": 0.0}
+        for k, m in ((1, 0.5), (2, 0.2), (3, 0.9))
+    ]
+    course = bench.Course(64, 64, rows)
+    assert course.first_reach(150.0, 300.0, 0.8) == pytest.approx(200 + 0.6 / 0.7 * 100)
+    assert course.first_reach(150.0, 250.0, 0.8) is None
+    assert course.first_reach(0.0, 300.0, 0.4) == pytest.approx(100.0)
+    assert course.first_reach(0.0, 50.0, 0.4) is None
+    lower = bench.Course(64, 64, rows, sign=-1)
+    assert lower.first_reach(0.0, 300.0, 0.3) == pytest.approx(100 + 2 / 3 * 100)  # 0.5 down to 0.2 crosses 0.3
+    with pytest.raises(ValueError, match="progress must rise"):
+        bench.Course(64, 64, [rows[1], rows[0]])
 
 
 def test_curve_between_traced_batches_is_log_interpolated(tmp_path):
