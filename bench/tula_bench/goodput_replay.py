@@ -44,11 +44,11 @@ Modelling choices (the replay's, not measurements):
 - time is the sum over its steps of the trace's step at (N, g, B / (N g)): step times only (no data loading, no
   warm-up, no epoch end, no cost of changing batch), every step of an epoch a whole one.
 Figures, over models and node shapes, under the relative target (the summary's, the cases' and by_model's top-level
-keys, which the verdicts judge) and again under the old one (each one's `old_target`): the medians of adaptive /
-recipe time, adaptive / best fixed and static / best fixed (a failure counts as infinitely slow), and the adaptive
-schedule's failures. The Fashion-MNIST keys
-(issue 42, part 3: the schedule in training) are bench/adaptive_fmnist.py's figures, read from its result file
-(null where it has not run).
+keys, which the verdicts judge, and failures_by_schedule) and again under the old one (each one's `old_target`, and
+old_target_failures_by_schedule): the medians of adaptive / recipe time, adaptive / best fixed and static / best fixed
+(a failure counts as infinitely slow), and the adaptive schedule's failures. The Fashion-MNIST keys (issue 42, part 3:
+the schedule in training) are bench/adaptive_fmnist.py's figures, read from its result file (null where it has not
+run).
 
 Run:  .venv/bin/python bench/goodput_replay.py [--traces DIR] [--out FILE]   (seconds; CPU only, no torch work)
 """
@@ -352,6 +352,7 @@ def _figures(sections: list[dict]) -> dict:
 
 
 def _headline(figures: dict) -> dict:
+    """The summary's keys, as issue 42 named them: three ratios' medians and the adaptive schedule's failures."""
     return {key: figures["medians"][key] for key in RATIOS[:3]} | {"failures": figures["failures"]["adaptive"]}
 
 
