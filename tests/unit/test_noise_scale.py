@@ -82,7 +82,7 @@ def _adam_with_known_v(v: torch.Tensor, steps: int = 3, eps: float = 1e-8) -> tu
 
 def test_the_preconditioned_noise_scale_is_tr_p_sigma_p_over_p_g_squared():
     """Per-sample gradients of mean G and diagonal covariance, preconditioned by Adam's 1 / (sqrt(v_hat) + eps) with a
-    known v: the two-batch estimates on |P g|^2 recover tr(P Sigma P) / |P G|^2 (here a fifth of the plain noise scale:
+    known v: the two-batch estimates on |P g|^2 recover tr(P Sigma P) / |P G|^2 (here a tenth of the plain noise scale:
     the preconditioner damps the noisy coordinates), within 10 %."""
     rng = np.random.default_rng(1)
     dims, ranks, local_batch = 50, 4, 8
