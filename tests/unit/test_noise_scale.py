@@ -4,7 +4,6 @@ covariance (the DDP comm hook itself runs in tests/integration/test_noise_scale_
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from tula_hpc.training.noise_scale import AdamPreconditioner, NoiseScale, NoiseScaleHook, describe, two_batch_estimates
 
@@ -119,14 +118,6 @@ class _Bucket:
 
     def gradients(self) -> list[torch.Tensor]:
         return list(self._flat.split([p.numel() for p in self._params]))
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A gloo group of this process alone: its all-reduce returns the buffer as it is."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_the_hook_measures_the_preconditioned_norms_skips_steps_without_v_and_counts_tokens(one_rank_group):
