@@ -335,10 +335,10 @@ def test_polo_wraps_adamw_and_steps(one_rank_group):
     train = dict(
         optimizer="adamw", strategy="polo", epochs=3, warmup_epochs=1, lr_milestones=[], polo={"sync_epochs": 1}
     )
-    strategy = build_strategy(net, default_job(train=train).train, global_batch=16, steps_per_epoch=2)
+    strategy = build_strategy(net, default_job(train=train).train, global_batch=16, steps_per_epoch=4)
     assert type(strategy.optimizer.optim) is torch.optim.AdamW and strategy.noise_scale is None
     before = net.module.weight.detach().clone()
-    for _ in range(4):
+    for _ in range(6):
         x = torch.randn(16, 8)
         training_step(net, strategy, REGRESSION, [x, x.sum(dim=1, keepdim=True)])
-    assert strategy.optimizer.averager.step == 4 and not torch.equal(before, net.module.weight)
+    assert strategy.optimizer.averager.step == 6 and not torch.equal(before, net.module.weight)
