@@ -333,7 +333,12 @@ def test_polo_wraps_adamw_and_steps(one_rank_group):
     torch.manual_seed(0)
     net = DistributedDataParallel(nn.Linear(8, 1))
     train = dict(
-        optimizer="adamw", strategy="polo", epochs=3, warmup_epochs=1, lr_milestones=[], polo={"sync_epochs": 1}
+        optimizer="adamw",
+        strategy="polo",
+        epochs=3,
+        warmup_epochs=1,
+        lr_milestones=[],
+        polo={"sync_epochs": 1, "averages_per_epoch": 2},
     )
     strategy = build_strategy(net, default_job(train=train).train, global_batch=16, steps_per_epoch=4)
     assert type(strategy.optimizer.optim) is torch.optim.AdamW and strategy.noise_scale is None
