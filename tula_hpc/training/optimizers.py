@@ -52,10 +52,7 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         for group in self.param_groups:
             decay = group["weight_decay"]
             for p in group["params"]:
@@ -94,10 +91,7 @@ class LAMB(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -120,6 +114,14 @@ class LAMB(torch.optim.Optimizer):
                     update.mul_(ratio)
                 p.add_(update, alpha=-group["lr"])
         return loss
+
+
+def _loss_of(closure: Callable[[], Any] | None) -> Any:
+    """The closure's loss, evaluated with gradients on before a step, as torch's optimisers do; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 def decay_groups(net: nn.Module, weight_decay: float) -> list[dict]:
