@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -73,6 +74,14 @@ def _joined(rank: int, port: int, worker, args: tuple) -> None:
 # Two-rank runs fork from one server process that imported torch once for the session (a spawned rank imports it
 # anew: seconds per rank); each rank is still a fresh process, forked before torch started a thread.
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "tests.conftest"])
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo group of this process alone (its all-reduce leaves a tensor as it is), for code that talks to ranks."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 def run_on_two_ranks(worker, *args) -> None:

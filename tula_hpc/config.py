@@ -19,7 +19,6 @@ from tula_hpc.cluster.slurm_options import SlurmOptionError, extra_options
 from tula_hpc.core.job import WARMUP_RECIPES, Job, recipe
 from tula_hpc.core.plain_data import deep_update, to_plain
 from tula_hpc.core.run_layout import ranks_per_host
-from tula_hpc.performance.choice import GOALS, GOODPUT_GOALS
 from tula_hpc.performance.sync_priors import FIT_DEFAULTS, SYNC_PRIORS, sync_device
 from tula_hpc.training.data_check import IMAGE_SHAPE_KEYS, DataError, builtin_shape_keys, check_data
 from tula_hpc.training.lr_schedule import refusal, strategies_under
@@ -236,26 +235,13 @@ def _check_run_length(job: Job, fail) -> None:
 
 
 def _check_optimizer(job: Job, fail) -> None:
-    """What an optimiser cannot run yet: under adamw, the strategies lr_schedule.RATE_RULES refuses, and the goodput
-    objectives and the adaptive batch, whose steps-to-progress and gain are SGD's (`fail`: _check_semantics')."""
+    """The strategies lr_schedule.RATE_RULES refuses under the job's optimiser (`fail`: _check_semantics'). The goodput
+    objectives and the adaptive batch run under either: under adamw their noise scale is the preconditioned
+    gradient's (training/noise_scale.py)."""
     train = job.train
-    if train.optimizer == "sgd":
-        return
     if reason := refusal(train.strategy, train.optimizer):
         allowed = ", ".join(strategies_under(train.optimizer))
         fail("train.strategy", f"'{train.strategy}' under {train.optimizer}: {reason}; allowed: {allowed}")
-    noise_scale = f"SGD's gradient noise scale (McCandlish et al. 2018); it has no {train.optimizer} form yet"
-    if job.objective.minimize in GOODPUT_GOALS:
-        fail(
-            "objective.minimize",
-            f"'{job.objective.minimize}' under {train.optimizer}: its steps to the recipe's progress follow "
-            f"{noise_scale}; allowed: {', '.join(goal for goal in GOALS if goal not in GOODPUT_GOALS)}",
-        )
-    if train.batch_schedule == "adaptive":
-        fail(
-            "train.batch_schedule",
-            f"adaptive under {train.optimizer}: the batch it chooses follows {noise_scale}; allowed: fixed",
-        )
 
 
 # strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, performance/batch_schedule.py)

@@ -126,25 +126,9 @@ BAD_CASES = [
         (
             f"{strategy} under adamw",
             lambda j, strategy=strategy: j["train"].update(optimizer="adamw", strategy=strategy),
-            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs"],
+            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs, lars, polo, adascale"],
         )
-        for strategy, why in [
-            ("ags", "cancels in m/sqrt(v)"),
-            ("static", "no Adam form yet"),
-            ("lars", "LARS"),
-            ("polo", "local steps"),
-            ("adascale", "gain"),
-        ]
-    ),
-    (
-        "a goodput objective under adamw",
-        lambda j: (j["train"].update(optimizer="adamw", strategy="lrs"), j["objective"].update(minimize="goodput")),
-        ["field 'objective.minimize'", "'goodput' under adamw", "noise scale", "allowed: time, cost, knee"],
-    ),
-    (
-        "an adaptive batch under adamw",
-        lambda j: j["train"].update(optimizer="adamw", strategy="lbt", batch_schedule="adaptive"),
-        ["field 'train.batch_schedule'", "adaptive under adamw", "noise scale", "allowed: fixed"],
+        for strategy, why in [("ags", "cancels in m/sqrt(v)"), ("static", "no Adam form yet")]
     ),
     ("one beta", lambda j: j["train"].update(optimizer="adamw", betas=[0.9]), ["train.betas"]),
     ("a beta of 1", lambda j: j["train"].update(optimizer="adamw", betas=[0.9, 1.0]), ["train.betas.1"]),
@@ -167,6 +151,23 @@ def test_bad_input_names_job_field_and_allowed(label, mutate, expected):
     assert "job 'digits-cnn'" in message or "'extras'" in message
     for fragment in expected:
         assert fragment in message, f"{label}: {fragment!r} missing from {message!r}"
+
+
+@pytest.mark.parametrize(
+    "train,objective",
+    [
+        ({"strategy": "lars"}, {}),
+        ({"strategy": "polo"}, {}),
+        ({"strategy": "adascale"}, {"minimize": "goodput"}),
+        ({"strategy": "lbt", "batch_schedule": "adaptive"}, {"minimize": "goodput_cost"}),
+    ],
+)
+def test_the_adam_forms_lamb_polo_adascale_and_the_noise_scales_users_are_valid_under_adamw(train, objective):
+    """lars (LAMB), polo and adascale (AdaptDL's form) run under adamw, and so do the goodput objectives and the
+    adaptive batch, on the noise scale of the preconditioned gradient."""
+    config = job_config(train={"optimizer": "adamw", "warmup_epochs": 1, **train}, objective=objective)
+    job = job_settings(validate_config(config), "digits-cnn")
+    assert (job.train.optimizer, job.train.strategy) == ("adamw", train["strategy"])
 
 
 def test_adamw_with_lrs_and_a_cosine_schedule_is_valid_and_fills_only_the_schedule_defaults():

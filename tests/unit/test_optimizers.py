@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 from tests.conftest import default_job
-from tula_hpc.training.optimizers import LARS, build_optimizer, clip_gradients, decay_groups
+from tula_hpc.training.optimizers import LAMB, LARS, build_optimizer, clip_gradients, decay_groups
 
 
 def test_lars_step_follows_the_formula():
@@ -103,3 +105,53 @@ def test_clipping_scales_the_gradient_to_the_global_norm_and_none_leaves_it():
     torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-5, rtol=1e-5)
     clip_gradients([a, b], 10.0)  # below the limit: unchanged
     torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-5, rtol=1e-5)
+
+
+def test_lamb_steps_by_the_trust_ratio_of_adams_update():
+    """One step: m_hat / sqrt(v_hat) is sign(g) = (1, 1), u = (1, 1) + 0.1 w = (1.3, 1.4), w -= lr |w| / |u| u with
+    |w| = 5; the second step from moments by hand; a zero weight keeps the ratio 1."""
+    lr, decay, (beta1, beta2) = 0.5, 0.1, (0.9, 0.99)
+    w, zero = torch.tensor([[3.0, 4.0]]), torch.zeros(2, 2)
+    opt = LAMB([w, zero], lr=lr, betas=(beta1, beta2), eps=0.0, weight_decay=decay)
+    g, g2 = torch.tensor([[0.6, 0.8]]), torch.tensor([[0.3, -0.4]])
+    w.grad, zero.grad = g.clone(), torch.ones(2, 2)
+    opt.step()
+    update = torch.tensor([[1.3, 1.4]])
+    after_one = torch.tensor([[3.0, 4.0]]) - lr * 5 / update.norm() * update
+    torch.testing.assert_close(w, after_one)
+    torch.testing.assert_close(zero, torch.full((2, 2), -lr))  # u = (1, ...), |w| = 0: ratio 1
+
+    w.grad = g2.clone()
+    opt.step()
+    m_hat = (beta1 * (1 - beta1) * g + (1 - beta1) * g2) / (1 - beta1**2)
+    v_hat = (beta2 * (1 - beta2) * g**2 + (1 - beta2) * g2**2) / (1 - beta2**2)
+    update = m_hat / v_hat.sqrt() + decay * after_one
+    torch.testing.assert_close(w, after_one - lr * after_one.norm() / update.norm() * update)
+
+
+def test_lambs_unadapted_groups_step_as_adamw():
+    """Biases, norms and embeddings (adapt=False) take torch's AdamW steps, decoupled decay included."""
+    torch.manual_seed(0)
+    start = torch.randn(3, 4)
+    lamb_w, adamw_w = start.clone().requires_grad_(), start.clone().requires_grad_()
+    settings = dict(lr=0.01, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
+    lamb = LAMB([{"params": [lamb_w], "adapt": False}], **settings)
+    adamw = torch.optim.AdamW([adamw_w], **settings)
+    for _ in range(3):
+        grad = torch.randn(3, 4)
+        lamb_w.grad, adamw_w.grad = grad.clone(), grad.clone()
+        lamb.step()
+        adamw.step()
+        torch.testing.assert_close(lamb_w, adamw_w)
+
+
+@pytest.mark.parametrize("strategy,ags_base", [("lars", "sgd"), ("ags", "lars")])
+def test_the_lars_recipe_under_adamw_is_lamb_over_adamws_decay_groups(strategy, ags_base):
+    train_cfg = default_job(train={"optimizer": "adamw", "strategy": "lbt", "weight_decay": 0.1}).train
+    train_cfg = dataclasses.replace(train_cfg, strategy=strategy, ags=dataclasses.replace(train_cfg.ags, base=ags_base))
+    model = TiedLM()
+    built = build_optimizer(model, train_cfg, lr=1e-3)
+    assert type(built) is LAMB
+    weights, others = built.param_groups
+    assert weights["params"] == [model.hidden.weight] and weights["adapt"] and weights["weight_decay"] == 0.1
+    assert len(others["params"]) == 4 and not others["adapt"] and others["weight_decay"] == 0.0

@@ -18,6 +18,7 @@ from tests.conftest import REPO, default_job, run_on_two_ranks
 from tula_hpc.config import ConfigError, load_config, validate_config
 from tula_hpc.core.job import TrainSettings
 from tula_hpc.training.ags import TulaOptimizer
+from tula_hpc.training.noise_scale import NoiseScaleHook
 from tula_hpc.training.optimizers import LARS
 from tula_hpc.training.step import training_step
 from tula_hpc.training.strategies import build_strategy
@@ -299,3 +300,50 @@ def test_adascale_gain_is_measured_and_agreed_on_two_ranks(tmp_path):
     assert first == second
     assert all(1.0 <= g <= 4.0 for g in first["gains"]) and max(first["gains"]) > 1.0
     assert first["progress"] == pytest.approx(sum(first["gains"]))
+
+
+@pytest.mark.parametrize("optimizer,rate_gain", [("sgd", 2.0), ("adamw", math.sqrt(2.0))])
+def test_adascales_rate_follows_the_gain_by_the_optimisers_power_and_progress_the_full_gain(
+    one_rank_group, optimizer, rate_gain
+):
+    """|G|^2 = 4, tr(Sigma) = 256 at base batch 32 (sigma^2 = 8), 4x the base batch: gain (8 + 4) / (8 / 4 + 4) = 2.
+    The rate is lr x 2 under SGD, lr x sqrt(2) under Adam (AdaptDL's AdamScale); the progress 2 either way."""
+    net = nn.Linear(4, 2)
+    strategy = build_strategy(net, _adascale_cfg(optimizer=optimizer), global_batch=128, steps_per_epoch=5)
+    strategy.noise_scale = NoiseScaleHook(2)
+    strategy.noise_scale.estimate.update(4.0 + 256.0 / 8, 4.0 + 256.0 / 64, 8, 64)
+    strategy.before_step(net, None, None)
+    assert strategy.gain == pytest.approx(2.0)
+    assert strategy.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * rate_gain)
+    strategy.after_step()
+    assert strategy.progress == pytest.approx(2.0)
+
+
+def test_the_noise_scale_hook_is_handed_the_current_optimisers_preconditioner():
+    """A strategy built at a new batch gives the run's hook its own optimiser's v (Adam) or none (SGD)."""
+    hook = NoiseScaleHook(2)
+    adam = build_strategy(nn.Linear(4, 2), _adascale_cfg(optimizer="adamw"), 128, 5, noise_scale=hook)
+    assert adam.noise_scale is hook and hook.preconditioner.optimizer is adam.optimizer
+    sgd = build_strategy(nn.Linear(4, 2), _adascale_cfg(), 128, 5, noise_scale=hook)
+    assert sgd.noise_scale is hook and hook.preconditioner is None
+
+
+def test_polo_wraps_adamw_and_steps(one_rank_group):
+    """polo under adamw: PostLocalSGDOptimizer around AdamW over DDP, synchronous then local, the parameters moving."""
+    torch.manual_seed(0)
+    net = DistributedDataParallel(nn.Linear(8, 1))
+    train = dict(
+        optimizer="adamw",
+        strategy="polo",
+        epochs=3,
+        warmup_epochs=1,
+        lr_milestones=[],
+        polo={"sync_epochs": 1, "averages_per_epoch": 2},
+    )
+    strategy = build_strategy(net, default_job(train=train).train, global_batch=16, steps_per_epoch=4)
+    assert type(strategy.optimizer.optim) is torch.optim.AdamW and strategy.noise_scale is None
+    before = net.module.weight.detach().clone()
+    for _ in range(6):
+        x = torch.randn(16, 8)
+        training_step(net, strategy, REGRESSION, [x, x.sum(dim=1, keepdim=True)])
+    assert strategy.optimizer.averager.step == 6 and not torch.equal(before, net.module.weight)

@@ -72,6 +72,7 @@ from tula_hpc.core.run_layout import last_batch, steps_per_epoch
 from tula_hpc.training.checkpoint import rng_state, save_checkpoint
 from tula_hpc.training.loaders import loader_options, make_loader, on_device, start_epoch
 from tula_hpc.training.preemption import StopRequests
+from tula_hpc.training.progress import tokens_per_sample
 from tula_hpc.training.step import (
     accumulate_gradients,
     apply_update,
@@ -279,6 +280,7 @@ class StepRunner:
             per_device_batch * ctx.world_size,
             steps_per_epoch(len(self.splits.train), ctx.world_size, per_device_batch),
             len(self.splits.train),
+            tokens_per_sample=tokens_per_sample(job.data),  # the noise scale in tokens too, for sequences
         )
         self.task = job_task(job)
         self.loader = _profile_loader(job, ctx, self.splits, per_device_batch)

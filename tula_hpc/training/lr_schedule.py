@@ -27,20 +27,18 @@ ADAM_FORMS_PENDING = (
 RATE_RULES = {
     "lbt": {"sgd": "plain", "adamw": "plain"},
     "lrs": {"sgd": "linear", "adamw": "sqrt"},
-    "lars": {"sgd": "linear", "adamw": "LARS is an optimiser of its own, SGD's layer-wise form"},
-    "polo": {
-        "sgd": "plain",
-        "adamw": "its local steps and model averages are SGD's; it has no Adam form yet",
-    },
+    "lars": {"sgd": "linear", "adamw": "sqrt"},  # LAMB under adamw (optimizers.py), You et al. 2020
+    "polo": {"sgd": "plain", "adamw": "plain"},  # PostLocalSGDOptimizer wraps any optimiser
     "static": {"sgd": "recipe", "adamw": ADAM_FORMS_PENDING},
     "ags": {"sgd": "recipe", "adamw": ADAM_FORMS_PENDING},
-    "adascale": {
-        "sgd": "plain",
-        "adamw": "its gain is SGD's (Johnson et al. 2020) and would change Adam's rate unchecked; its Adam form "
-        "is not written yet",
-    },
+    "adascale": {"sgd": "plain", "adamw": "plain"},  # its gain drives the rate: ADASCALE_RATE_POWER
 }
 RULES = ("plain", "linear", "sqrt", "recipe")
+# The power of AdaScale's gain r the rate is multiplied by, by optimiser; its progress counts the full r either way.
+# SGD: r (Johnson et al. 2020). Adam: r ** 0.5 (AdaptDL's AdamScale, petuum/adaptdl adaptdl/torch/scaling_rules.py),
+# the square-root rule of Adam's rate in the batch (Malladi et al. 2022) applied to the gain, r being the batch's
+# worth in base batches.
+ADASCALE_RATE_POWER = {"sgd": 1.0, "adamw": 0.5}
 
 
 def refusal(strategy: str, optimizer: str) -> str | None:

@@ -17,6 +17,13 @@ and folds them into the averages at `end_step` with device arithmetic only (no h
 Each rank's |g_small|^2 is its own sample; `read` averages the ranks' estimates with one all-reduce of two scalars,
 which an epoch's end or a profile's end can afford.
 
+Under Adam the step is the gradient preconditioned by P = diag(1 / (sqrt(v_hat) + eps)), so the noise that matters is
+the preconditioned gradient's: B_noise = tr(P Sigma P) / |P G|^2, measured as above on |P g|^2 (AdaptDL's Adam
+gradient noise scale, petuum/adaptdl adaptdl/torch/gradient_noise_scale.py; the maths is McCandlish's with P applied,
+P being linear and the same on every rank). `AdamPreconditioner` reads P from the current optimiser's exp_avg_sq with
+its bias correction; until the optimiser has stepped there is no v, and those steps add no estimate (AdaptDL uses the
+plain gradient then: |g|^2 and |P g|^2 differ by orders of magnitude, and one moving average would mix the two).
+
 What a noise scale means for the steps a batch needs (AdaScale's gain, the recipe's progress) is
 progress.py's, which imports no torch: the stages that only plan, fit and choose run on a login node.
 """
@@ -82,14 +89,48 @@ class NoiseScale:
         self.trace = torch.tensor(state["trace"], dtype=torch.float64)
 
 
-def describe(gradient_sq: float, trace: float, steps: int) -> dict:
-    """The record a profile or an epoch keeps: B_noise is undefined while |G|^2 is not positive."""
-    return {
-        "b_noise": trace / gradient_sq if gradient_sq > 0 else None,
-        "gradient_sq": gradient_sq,
-        "trace_sigma": trace,
-        "steps": steps,
-    }
+def describe(gradient_sq: float, trace: float, steps: int, tokens_per_sample: int = 1, preconditioner=None) -> dict:
+    """The record a profile or an epoch keeps: B_noise (in samples) is undefined while |G|^2 is not positive. A run of
+    sequences (`tokens_per_sample` > 1, data.seq_len) also gets it in tokens, as GPT-3's batches are counted; a
+    preconditioned measurement names its preconditioner."""
+    b_noise = trace / gradient_sq if gradient_sq > 0 else None
+    record = {"b_noise": b_noise, "gradient_sq": gradient_sq, "trace_sigma": trace, "steps": steps}
+    if tokens_per_sample > 1:
+        record["b_noise_tokens"] = None if b_noise is None else b_noise * tokens_per_sample
+    if preconditioner is not None:
+        record["preconditioner"] = preconditioner.name
+    return record
+
+
+class AdamPreconditioner:
+    """Adam's diagonal preconditioner 1 / (sqrt(v_hat) + eps), v_hat = exp_avg_sq / (1 - beta2 ** step), read from
+    `optimizer`'s state when called (AdamW, LAMB, or TulaOptimizer around either): the v its next step divides by."""
+
+    name = "adam"
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._group = {p: group for group in optimizer.param_groups for p in group["params"]}
+
+    def denominators(self, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """sqrt(v_hat) + eps per parameter of `params`; None while any has no v yet (before the first step, or
+        after moments reset at a change of batch)."""
+        denominators = []
+        for p in params:
+            state = self.optimizer.state.get(p, {})
+            steps = float(state.get("step", 0))  # a host tensor in torch's AdamW and LAMB: no device sync
+            if not steps:
+                return None
+            group = self._group[p]
+            correction = 1 - group["betas"][1] ** steps
+            denominators.append((state["exp_avg_sq"] / correction).sqrt_().add_(group["eps"]))
+        return denominators
+
+
+def preconditioner_for(optimizer: torch.optim.Optimizer, kind: str) -> AdamPreconditioner | None:
+    """The preconditioner the noise scale measures under train.optimizer `kind`: Adam's, or none (SGD's step is the
+    gradient itself)."""
+    return AdamPreconditioner(optimizer) if kind == "adamw" else None
 
 
 class NoiseScaleHook:
@@ -97,17 +138,23 @@ class NoiseScaleHook:
 
     `attach(ddp)` registers it; call `end_step(local_batch, loss_scale)` after each
     optimiser step's backward (DDP has waited for every bucket by then). Steps whose backward ran without syncing
-    (DDP's no_sync, accumulation's earlier micro-batches) add nothing.
+    (DDP's no_sync, accumulation's earlier micro-batches) add nothing. `preconditioner` (settable: a strategy built
+    at a new batch hands the hook its own optimiser) is None for SGD's plain gradient or an `AdamPreconditioner`.
     """
 
-    def __init__(self, world_size: int, smoothing: float = SMOOTHING) -> None:
+    def __init__(
+        self, world_size: int, smoothing: float = SMOOTHING, preconditioner=None, tokens_per_sample: int = 1
+    ) -> None:
         if world_size < 2:
             raise ValueError("the noise scale from DDP's buckets needs at least 2 ranks")
         self.world_size = world_size
         self.estimate = NoiseScale(smoothing)
+        self.preconditioner: AdamPreconditioner | None = preconditioner
+        self.tokens_per_sample = tokens_per_sample
         self._small: torch.Tensor | None = None
         self._big: torch.Tensor | None = None
         self._synced = False
+        self._unconditioned = False  # a bucket of this step found no v to precondition with
 
     def attach(self, ddp) -> None:
         """DDP's gradient all-reduce becomes this one (a DDP model takes one comm hook: polo's excludes it)."""
@@ -119,13 +166,17 @@ class NoiseScaleHook:
             self._small = torch.zeros((), dtype=torch.float64, device=buffer.device)
             self._big = torch.zeros((), dtype=torch.float64, device=buffer.device)
         self._synced = True
-        self._small.add_(torch.linalg.vector_norm(buffer, dtype=torch.float32).double().square())
+        denominators = None
+        if self.preconditioner is not None:
+            denominators = self.preconditioner.denominators(bucket.parameters())
+            self._unconditioned |= denominators is None
+        self._small.add_(_squared_norm(buffer, bucket, denominators))
         buffer.div_(self.world_size)
         work = dist.all_reduce(buffer, async_op=True)
 
         def reduced(future: torch.futures.Future) -> torch.Tensor:
-            mean = future.value()[0]
-            self._big.add_(torch.linalg.vector_norm(mean, dtype=torch.float32).double().square())
+            mean = future.value()[0]  # the bucket's buffer, reduced in place: its gradients() views hold the mean
+            self._big.add_(_squared_norm(mean, bucket, denominators))
             return mean
 
         return work.get_future().then(reduced)
@@ -139,11 +190,13 @@ class NoiseScaleHook:
         without a host sync, and the noise scale is read against batches chosen in samples."""
         if not self._synced:
             return
-        unscale = 1.0 / torch.as_tensor(loss_scale, dtype=torch.float64, device=self._small.device) ** 2
-        self.estimate.update(self._small * unscale, self._big * unscale, local_batch, local_batch * self.world_size)
+        if not self._unconditioned:
+            unscale = 1.0 / torch.as_tensor(loss_scale, dtype=torch.float64, device=self._small.device) ** 2
+            small, big = self._small * unscale, self._big * unscale
+            self.estimate.update(small, big, local_batch, local_batch * self.world_size)
         self._small.zero_()
         self._big.zero_()
-        self._synced = False
+        self._synced = self._unconditioned = False
 
     def read(self) -> dict | None:
         """The ranks' averages combined (one all-reduce of two scalars; every rank must call it)."""
@@ -153,7 +206,17 @@ class NoiseScaleHook:
         both = torch.stack([gradient_sq, trace]).to(self._small.device)
         dist.all_reduce(both)
         both /= self.world_size
-        return describe(float(both[0]), float(both[1]), self.estimate.steps)
+        gradient_sq, trace = float(both[0]), float(both[1])
+        return describe(gradient_sq, trace, self.estimate.steps, self.tokens_per_sample, self.preconditioner)
+
+
+def _squared_norm(buffer: torch.Tensor, bucket, denominators: list[torch.Tensor] | None) -> torch.Tensor:
+    """|g|^2 of a bucket's flat gradient `buffer`, or |P g|^2 over its per-parameter views (bucket.gradients(), which
+    share `buffer`'s memory) divided by `denominators`; float64 on the buffer's device."""
+    if denominators is None:
+        return torch.linalg.vector_norm(buffer, dtype=torch.float32).double().square()
+    norms = [torch.linalg.vector_norm(g / d, dtype=torch.float32) for g, d in zip(bucket.gradients(), denominators)]
+    return torch.stack(norms).double().square().sum()
 
 
 def _measured_all_reduce(state, bucket):

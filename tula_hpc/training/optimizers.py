@@ -1,8 +1,8 @@
-"""The optimisers a strategy steps with, and the one place that builds them from a job: SGD, LARS for the lars
-recipe (train.strategy lars, or train.ags.base lars), and AdamW (train.optimizer adamw). A new optimiser (LAMB) is a
-class here, or torch's, chosen in `build_optimizer`; its rate rule (scaling, warm-up) is lr_schedule.py's, what a
-strategy does around it strategies.py's. Gradient clipping by global norm (train.grad_clip) is here too.
-"""
+"""The optimisers a strategy steps with, and the one place that builds them from a job: SGD, LARS for the lars recipe
+(train.strategy lars, or train.ags.base lars), AdamW (train.optimizer adamw) and LAMB (the lars recipe under adamw). A
+new optimiser is a class here, or torch's, chosen in `build_optimizer`; its rate rule (scaling, warm-up) is
+lr_schedule.py's, what a strategy does around it strategies.py's. Gradient clipping by global norm (train.grad_clip) is
+here too."""
 
 from __future__ import annotations
 
@@ -52,10 +52,7 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss_of(closure)
         for group in self.param_groups:
             decay = group["weight_decay"]
             for p in group["params"]:
@@ -77,6 +74,56 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
+class LAMB(torch.optim.Optimizer):
+    """LARS's Adam counterpart, LAMB (You et al., "Large Batch Optimization for Deep Learning", ICLR 2020), with the
+    identity as its scaling function phi.
+
+    Per parameter tensor: Adam's moments m, v with bias correction, u = m_hat / (sqrt(v_hat) + eps) + wd * w, and
+    w -= lr * (|w| / |u|) * u, the trust ratio 1 where either norm is 0. Groups with ``adapt=False`` (biases,
+    normalisation layers, embeddings) take torch's AdamW step, u's ratio left out. The state (step, exp_avg,
+    exp_avg_sq) is named as torch's Adam names it, so Adam's noise-scale preconditioner reads either.
+    """
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adapt=True))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = _loss_of(closure)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)  # on the host, as torch's AdamW keeps it: no device sync
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                steps = float(state["step"])
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                denominator = (state["exp_avg_sq"] / (1 - beta2**steps)).sqrt_().add_(group["eps"])
+                update = (state["exp_avg"] / (1 - beta1**steps)).div_(denominator).add_(p, alpha=group["weight_decay"])
+                if group["adapt"]:
+                    w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(update)
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                    update.mul_(ratio)
+                p.add_(update, alpha=-group["lr"])
+        return loss
+
+
+def _loss_of(closure: Callable[[], Any] | None) -> Any:
+    """The closure's loss, evaluated with gradients on before a step, as torch's optimisers do; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def decay_groups(net: nn.Module, weight_decay: float) -> list[dict]:
     """`net`'s parameters in two groups: weight decay on the weights of two or more dimensions (linear and conv
     weights), none on biases, normalisation layers and embeddings (nn.Embedding's, also where tied to an output
@@ -92,16 +139,17 @@ def build_optimizer(net: nn.Module, train_cfg: TrainSettings, lr: float) -> torc
     """The optimiser of train_cfg's recipe over `net`'s parameters at peak rate `lr` (train.momentum,
     train.weight_decay; under adamw train.betas, train.eps and decay_groups).
 
-    LARS adapts the rate of weight tensors only: biases and normalisation layers (one dimension) take plain SGD steps.
+    LARS adapts the rate of weight tensors only: biases and normalisation layers (one dimension) take plain SGD steps;
+    LAMB (lars under adamw) the decayed weights only: biases, norms and embeddings take AdamW's steps.
     """
     params = list(net.parameters())
     if train_cfg.optimizer == "adamw":
-        return torch.optim.AdamW(
-            decay_groups(net, train_cfg.weight_decay),
-            lr=lr,
-            betas=tuple(train_cfg.betas),
-            eps=train_cfg.eps,
-        )
+        groups = decay_groups(net, train_cfg.weight_decay)
+        adam = dict(lr=lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps)
+        if recipe(train_cfg) == "lars":
+            decayed, others = groups
+            return LAMB([decayed, {**others, "adapt": False}], **adam)
+        return torch.optim.AdamW(groups, **adam)
     sgd = dict(lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     if recipe(train_cfg) == "lars":
         layers = [p for p in params if p.ndim > 1]

@@ -10,10 +10,12 @@ every epoch; nothing else in the loop knows which strategy runs. This module hol
 | lrs      | SGD (linear LR scaling, Goyal et al.)              | lr x B / lr_base_batch      | yes     |
 | lrs      | AdamW (square-root scaling, Malladi et al. 2022)   | lr x sqrt(B / lr_base_batch)| yes     |
 | lars     | LARS (optimizers.py)                               | lr x B / lr_base_batch      | yes     |
+| lars     | AdamW: LAMB (optimizers.py, You et al. 2020)       | lr x sqrt(B / lr_base_batch)| yes     |
 | polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
 | static   | TulaOptimizer, step function U(s) of Eq. 8         | as train.ags.base           | as base |
 | ags      | TulaOptimizer, Algorithm 1                         | as train.ags.base           | as base |
 | adascale | SGD, the rate times AdaScale's gain (below)        | lr x gain                   | no      |
+| adascale | AdamW, AdaptDL's form (below)                      | lr x gain ** 0.5            | no      |
 
 The paper: "LRS and LARS apply linear learning-rate scaling relative to a base batch-size of 128,
 while PoLo switches from synchronous to local-SGD after 5 epochs, aggregating updates 4 times every
@@ -22,9 +24,9 @@ warm-up: AGS's gate already leaves the sensitive early steps unscaled. ``train.a
 static scaling) on top of another recipe: sgd (the paper's: lbt's optimiser and rate), lrs or lars (their
 optimiser, linearly scaled rate and warm-up; AGS rescales the gradient the optimiser then steps with).
 
-Under train.optimizer adamw only lbt and lrs run; the others wait for their Adam forms (lr_schedule.RATE_RULES says
-why, and validation refuses them). Warm-up above is the multistep schedule's; train.lr_schedule cosine warms up every
-strategy over its warmup_steps instead.
+Under train.optimizer adamw, lars is LAMB, polo wraps AdamW as it wraps SGD, and adascale is AdaptDL's form; what waits
+for its Adam form lr_schedule.RATE_RULES says, and validation refuses it. Warm-up above is the multistep schedule's;
+train.lr_schedule cosine warms up every strategy over its warmup_steps instead.
 
 adascale (Johnson et al., "AdaScale SGD", ICML 2020) is not a row of Table I: it trains the recipe of
 train.epochs at train.lr_base_batch (lbt's: SGD at lr, lr_milestones in those epochs), at a batch s times
@@ -32,7 +34,9 @@ larger, each step worth r = adascale_gain(...) base steps by the gradient noise 
 (noise_scale.py): the rate is lr x r at the schedule's place, the schedule advances by r per step, and training
 ends when it has made the base recipe's progress (epochs x its steps per epoch), after more epochs than the
 recipe's (r <= s) but fewer steps than the base batch takes. On one rank there is no second batch size to
-measure the noise with: r stays 1 (lbt at lr) and the run says so.
+measure the noise with: r stays 1 (lbt at lr) and the run says so. Under adamw (AdaptDL's AdamScale) r comes from
+the noise scale of the gradient preconditioned by Adam's sqrt(v) + eps, the rate is lr x r ** 0.5 and the schedule
+still advances by r (lr_schedule.ADASCALE_RATE_POWER).
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from tula_hpc.training.ags import TulaOptimizer
-from tula_hpc.training.lr_schedule import lr_factor, peak_lr
-from tula_hpc.training.noise_scale import NoiseScaleHook
+from tula_hpc.training.lr_schedule import ADASCALE_RATE_POWER, lr_factor, peak_lr
+from tula_hpc.training.noise_scale import NoiseScaleHook, preconditioner_for
 from tula_hpc.training.optimizers import build_optimizer
 from tula_hpc.training.precision import Precision
 from tula_hpc.training.progress import adascale_gain, recipe_steps, run_steps
@@ -233,6 +237,7 @@ class AdaScaleStrategy(Strategy):
         super().__init__(name, optimizer, dataclasses.replace(train_cfg, warmup_epochs=0), base_steps, precision)
         self.base_factor = lr_factor(dataclasses.replace(train_cfg, strategy="lbt"), base_steps, self.target)
         self.progress, self.gain = 0.0, 1.0
+        self.rate_power = ADASCALE_RATE_POWER[train_cfg.optimizer]  # the rate follows gain ** this; progress the gain
 
     def before_step(self, net, loss_of, batch, reference_grads=None) -> None:
         """The gain from the noise scale's averages (this step's gradients included): one read per step."""
@@ -246,7 +251,7 @@ class AdaScaleStrategy(Strategy):
             gradient_sq, variance = (float(v) / dist.get_world_size() for v in both)
             self.gain = adascale_gain(gradient_sq, variance, self.scale) if gradient_sq + variance > 0 else 1.0
         for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * self.base_factor(int(self.progress)) * self.gain
+            group["lr"] = group["initial_lr"] * self.base_factor(int(self.progress)) * self.gain**self.rate_power
 
     def after_step(self) -> None:
         self.progress += self.gain
@@ -296,7 +301,8 @@ def build_strategy(
     averaging period are laid out in steps. The step's precision (train.precision, train.channels_last)
     runs on the device of `net`'s parameters. `noise_scale`: the hook an earlier strategy of the same run attached
     (a DDP model takes one comm hook), kept with what it has measured when the batch changes. `tokens_per_sample`
-    measures train.tokens (data.seq_len; 1 for images).
+    measures train.tokens (data.seq_len; 1 for images) and the noise scale in tokens. Under adamw the noise scale is
+    the preconditioned gradient's (noise_scale.AdamPreconditioner, over this strategy's optimiser).
     """
     name = train_cfg.strategy
     params = list(net.parameters())
@@ -307,11 +313,12 @@ def build_strategy(
     samples = train_samples or steps_per_epoch * global_batch
     strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
     strategy.run_for(run_steps(train_cfg, samples, global_batch, tokens_per_sample, steps_per_epoch))
-    if noise_scale is not None:
+    if noise_scale is None and _world_size(net) > 1 and not polo:
+        noise_scale = NoiseScaleHook(_world_size(net), tokens_per_sample=tokens_per_sample)
+        noise_scale.attach(net)
+    if noise_scale is not None:  # under Adam it reads this strategy's optimiser's v from here on
+        noise_scale.preconditioner = preconditioner_for(strategy.optimizer, train_cfg.optimizer)
         strategy.noise_scale = noise_scale
-    elif _world_size(net) > 1 and not polo:
-        strategy.noise_scale = NoiseScaleHook(_world_size(net))
-        strategy.noise_scale.attach(net)
     return strategy
 
 
