@@ -236,14 +236,21 @@ def _check_run_length(job: Job, fail) -> None:
 
 
 def _check_optimizer(job: Job, fail) -> None:
-    """What an optimiser cannot run yet: under adamw, the strategies lr_schedule.RATE_RULES refuses, and the goodput
-    objectives and the adaptive batch, whose steps-to-progress and gain are SGD's (`fail`: _check_semantics')."""
+    """What an optimiser cannot run yet: under adamw, the strategies lr_schedule.RATE_RULES refuses, AGS and static
+    scaling on lars' recipe, and the goodput objectives and the adaptive batch, whose steps-to-progress and gain are
+    SGD's (`fail`: _check_semantics')."""
     train = job.train
     if train.optimizer == "sgd":
         return
     if reason := refusal(train.strategy, train.optimizer):
         allowed = ", ".join(strategies_under(train.optimizer))
         fail("train.strategy", f"'{train.strategy}' under {train.optimizer}: {reason}; allowed: {allowed}")
+    if train.strategy in ("static", "ags") and train.ags.base == "lars":
+        fail(
+            "train.ags.base",
+            f"'lars' under {train.optimizer}: its Adam form (LAMB) folds the weight decay into the update its trust "
+            f"ratio scales, and AGS's Adam form scales AdamW's update with the decay decoupled; allowed: sgd, lrs",
+        )
     noise_scale = f"SGD's gradient noise scale (McCandlish et al. 2018); it has no {train.optimizer} form yet"
     if job.objective.minimize in GOODPUT_GOALS:
         fail(

@@ -126,16 +126,20 @@ BAD_CASES = [
         (
             f"{strategy} under adamw",
             lambda j, strategy=strategy: j["train"].update(optimizer="adamw", strategy=strategy),
-            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs"],
+            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs, static, ags"],
         )
         for strategy, why in [
-            ("ags", "cancels in m/sqrt(v)"),
-            ("static", "no Adam form yet"),
             ("lars", "LARS"),
             ("polo", "local steps"),
             ("adascale", "gain"),
         ]
     ),
+    (
+        "ags on lars under adamw",
+        lambda j: j["train"].update(optimizer="adamw", strategy="ags", ags={"base": "lars"}),
+        ["field 'train.ags.base'", "'lars' under adamw", "decoupled", "allowed: sgd, lrs"],
+    ),
+    ("an unknown kind to exclude", lambda j: j["train"].update(ags={"exclude": ["heads"]}), ["train.ags.exclude.0"]),
     (
         "a goodput objective under adamw",
         lambda j: (j["train"].update(optimizer="adamw", strategy="lrs"), j["objective"].update(minimize="goodput")),
