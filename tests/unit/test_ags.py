@@ -323,13 +323,14 @@ def test_update_cadence_and_epoch_metrics():
     assert static.pop_epoch_metrics()["scale_hist"] is None
 
 
+@pytest.mark.parametrize("target", ["gradient", "update"])  # the update form on SGD without decay: its own reads
 @pytest.mark.parametrize("mode", ["adaptive", "static"])
-def test_a_training_step_never_reads_a_device_value_back(mode, monkeypatch):
+def test_a_training_step_never_reads_a_device_value_back(mode, target, monkeypatch):
     """On a GPU every read-back stalls the host until the device catches up; the gate must decide on the device."""
     torch.manual_seed(0)
     model = _mlp()
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    opt = TulaOptimizer(sgd, mode=mode, large_batch_size=64, small_batch_size=8)
+    opt = TulaOptimizer(sgd, mode=mode, large_batch_size=64, small_batch_size=8, target=target)
     x, y = _batch(torch.Generator().manual_seed(1))
     reads = []
     for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):

@@ -1,7 +1,8 @@
 """The optimisers a strategy steps with, and the one place that builds them from a job: SGD, LARS for the lars
 recipe (train.strategy lars, or train.ags.base lars), and AdamW (train.optimizer adamw). A new optimiser (LAMB) is a
 class here, or torch's, chosen in `build_optimizer`; its rate rule (scaling, warm-up) is lr_schedule.py's, what a
-strategy does around it strategies.py's. Gradient clipping by global norm (train.grad_clip) is here too.
+strategy does around it strategies.py's. Gradient clipping by global norm (train.grad_clip) is here too, and the
+kinds of parameter (embeddings, norms, biases, attention, weights) that weight decay and AGS's exclusions read.
 """
 
 from __future__ import annotations
