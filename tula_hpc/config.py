@@ -235,13 +235,19 @@ def _check_run_length(job: Job, fail) -> None:
 
 
 def _check_optimizer(job: Job, fail) -> None:
-    """The strategies lr_schedule.RATE_RULES refuses under the job's optimiser (`fail`: _check_semantics'). The goodput
-    objectives and the adaptive batch run under either: under adamw their noise scale is the preconditioned
-    gradient's (training/noise_scale.py)."""
+    """The strategies lr_schedule.RATE_RULES refuses under the job's optimiser, and AGS and static scaling on lars'
+    recipe under adamw (`fail`: _check_semantics'). The goodput objectives and the adaptive batch run under either:
+    under adamw their noise scale is the preconditioned gradient's (training/noise_scale.py)."""
     train = job.train
     if reason := refusal(train.strategy, train.optimizer):
         allowed = ", ".join(strategies_under(train.optimizer))
         fail("train.strategy", f"'{train.strategy}' under {train.optimizer}: {reason}; allowed: {allowed}")
+    if train.optimizer == "adamw" and train.strategy in ("static", "ags") and train.ags.base == "lars":
+        fail(
+            "train.ags.base",
+            f"'lars' under {train.optimizer}: its Adam form (LAMB) folds the weight decay into the update its trust "
+            f"ratio scales, and AGS's Adam form scales AdamW's update with the decay decoupled; allowed: sgd, lrs",
+        )
 
 
 # strategy -> why a batch that follows the noise scale (train.batch_schedule adaptive, performance/batch_schedule.py)

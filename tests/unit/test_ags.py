@@ -9,12 +9,15 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import MultiStepLR
 
 from tests.conftest import run_on_two_ranks
-from tula_hpc.training.ags import TulaOptimizer
+from tula_hpc.config import SCHEMA_PATH
+from tula_hpc.training.ags import GRANULARITIES, TulaOptimizer
+from tula_hpc.training.optimizers import parameter_kinds
 from tula_hpc.training.tasks import ImageClassification
 
 LOSS_OF = ImageClassification().loss_of  # (mean cross-entropy, count) of a model on a pair batch
@@ -320,13 +323,14 @@ def test_update_cadence_and_epoch_metrics():
     assert static.pop_epoch_metrics()["scale_hist"] is None
 
 
+@pytest.mark.parametrize("target", ["gradient", "update"])  # the update form on SGD without decay: its own reads
 @pytest.mark.parametrize("mode", ["adaptive", "static"])
-def test_a_training_step_never_reads_a_device_value_back(mode, monkeypatch):
+def test_a_training_step_never_reads_a_device_value_back(mode, target, monkeypatch):
     """On a GPU every read-back stalls the host until the device catches up; the gate must decide on the device."""
     torch.manual_seed(0)
     model = _mlp()
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    opt = TulaOptimizer(sgd, mode=mode, large_batch_size=64, small_batch_size=8)
+    opt = TulaOptimizer(sgd, mode=mode, large_batch_size=64, small_batch_size=8, target=target)
     x, y = _batch(torch.Generator().manual_seed(1))
     reads = []
     for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):
@@ -354,3 +358,114 @@ def test_a_training_step_never_reads_a_device_value_back(mode, monkeypatch):
     assert reads == []
     monkeypatch.undo()
     assert opt.pop_epoch_metrics()["scaled_steps"] == 2  # the scaling path ran too
+
+
+def test_the_schemas_granularities_are_the_optimisers():
+    jobs = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["jobs"]["additionalProperties"]
+    assert tuple(jobs["properties"]["train"]["properties"]["ags"]["properties"]["granularity"]["enum"]) == GRANULARITIES
+
+
+@pytest.mark.parametrize("mode, factor", [("static", 3.0), ("adaptive", 2.0)])
+def test_under_adamw_the_factor_scales_the_update_and_neither_the_moments_nor_the_decay(mode, factor):
+    """Known answer: the change is s x plain AdamW's update plus its unscaled decay; the moments are plain AdamW's."""
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(3, 4))
+    ref = nn.Parameter(w.detach().clone())
+    lr, decay = 0.01, 0.1
+    opt = TulaOptimizer(
+        torch.optim.AdamW([w], lr=lr, weight_decay=decay),
+        mode=mode,
+        static_scale=factor,
+        delta=math.inf,  # every step with a Delta is scaled
+        large_batch_size=64,
+        small_batch_size=4,
+        granularity="model",
+        target="update",
+    )
+    plain = torch.optim.AdamW([ref], lr=lr, weight_decay=decay)
+    for step in range(3):
+        g = torch.randn(3, 4)
+        w.grad, ref.grad = g.clone(), g.clone()
+        if mode == "adaptive" and step == 0:
+            opt.update_gradscale_from({w: factor * g})  # the small batch's gradient twice the large one's
+        before, ref_before = w.detach().clone(), ref.detach().clone()
+        opt.step()
+        plain.step()
+        s = 1.0 if step == 0 else factor  # the first step has no Delta: sensitive
+        update = ref - ref_before * (1 - lr * decay)
+        torch.testing.assert_close(w - before * (1 - lr * decay), s * update, atol=1e-6, rtol=1e-6)
+        assert all(torch.equal(opt.state[w][key], plain.state[ref][key]) for key in ("exp_avg", "exp_avg_sq", "step"))
+        assert torch.equal(w.grad, g)
+
+
+def test_the_update_form_refuses_a_decay_coupled_to_the_gradient():
+    with pytest.raises(ValueError, match="couples its decay"):
+        TulaOptimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1, weight_decay=0.1), target="update")
+
+
+@pytest.mark.parametrize("inner, target", [(torch.optim.AdamW, "update"), (torch.optim.SGD, "gradient")])
+def test_excluded_kinds_are_never_scaled(inner, target):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(7, 4), nn.LayerNorm(4), nn.Linear(4, 3))
+    reference = copy.deepcopy(model)
+    kinds = parameter_kinds(model)
+    opt = TulaOptimizer(
+        inner(model.parameters(), lr=0.1),
+        mode="static",
+        delta=math.inf,
+        target=target,
+        kinds=kinds,
+        exclude=("embeddings", "norms", "biases"),
+    )
+    plain = inner(reference.parameters(), lr=0.1)
+    for _ in range(2):  # the second step is scaled, its gradients taken where both models still agree
+        ids = torch.randint(0, 7, (5,))
+        for net, optimizer in ((model, opt), (reference, plain)):
+            optimizer.zero_grad()
+            net(ids).square().mean().backward()
+            optimizer.step()
+    assert opt.last_scaled
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q) == (kinds[p] != "weights"), kinds[p]
+
+
+def _shared_factor_problem() -> tuple[list[nn.Parameter], dict, dict]:
+    """Parameters with known large-batch gradients (bias norm 5, weights' together sqrt 2, the norm's excluded), their
+    kinds, and small-batch gradients: bias norm 10, weights' 2."""
+    bias, w1, w2, norm = (nn.Parameter(torch.zeros(shape)) for shape in [(2,), (2, 2), (1, 2), (2,)])
+    bias.grad, w1.grad, w2.grad = (
+        torch.tensor([3.0, 4.0]),
+        torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
+        torch.tensor([[0.0, 1.0]]),
+    )
+    norm.grad = torch.tensor([100.0, 0.0])
+    kinds = {bias: "biases", w1: "weights", w2: "weights", norm: "norms"}
+    small = {bias: torch.tensor([6.0, 8.0]), w1: torch.ones(2, 2), w2: torch.zeros(1, 2), norm: torch.zeros(2)}
+    return [bias, w1, w2, norm], kinds, small
+
+
+@pytest.mark.parametrize(
+    "granularity, bias_small, expected",
+    [
+        ("group", [6.0, 8.0], (2.0, math.sqrt(2))),  # 10 / 5; 2 / sqrt 2
+        ("group", [60.0, 80.0], (4.0, math.sqrt(2))),  # 100 / 5, clamped to s_max = sqrt(64 / 4)
+        ("model", [6.0, 8.0], (math.sqrt(104 / 27),) * 2),  # sqrt(10^2 + 2^2) / sqrt(5^2 + 2), the norm left out
+        ("model", [60.0, 80.0], (4.0, 4.0)),
+    ],
+)
+def test_group_and_model_factors_are_the_clamped_ratios_of_their_shares_norms(granularity, bias_small, expected):
+    params, kinds, small = _shared_factor_problem()
+    small[params[0]] = torch.tensor(bias_small)
+    opt = TulaOptimizer(
+        torch.optim.SGD(params, lr=0.1),
+        large_batch_size=64,
+        small_batch_size=4,
+        granularity=granularity,
+        kinds=kinds,
+        exclude=("norms",),
+    )
+    opt.update_gradscale_from(small)
+    factors = opt.gradscale
+    assert params[3] not in factors  # excluded: exactly 1
+    bias, weights = expected
+    assert [float(factors[p]) for p in params[:3]] == pytest.approx([bias, weights, weights], rel=1e-6)

@@ -122,14 +122,12 @@ BAD_CASES = [
         ["resources.slurm.mem_per_gpu_gb"],
     ),
     ("a wckey of two words", lambda j: j["resources"].update(slurm={"wckey": "a b"}), ["resources.slurm.wckey"]),
-    *(
-        (
-            f"{strategy} under adamw",
-            lambda j, strategy=strategy: j["train"].update(optimizer="adamw", strategy=strategy),
-            ["field 'train.strategy'", f"'{strategy}' under adamw", why, "allowed: lbt, lrs, lars, polo, adascale"],
-        )
-        for strategy, why in [("ags", "cancels in m/sqrt(v)"), ("static", "no Adam form yet")]
+    (
+        "ags on lars under adamw",
+        lambda j: j["train"].update(optimizer="adamw", strategy="ags", ags={"base": "lars"}),
+        ["field 'train.ags.base'", "'lars' under adamw", "decoupled", "allowed: sgd, lrs"],
     ),
+    ("an unknown kind to exclude", lambda j: j["train"].update(ags={"exclude": ["heads"]}), ["train.ags.exclude.0"]),
     ("one beta", lambda j: j["train"].update(optimizer="adamw", betas=[0.9]), ["train.betas"]),
     ("a beta of 1", lambda j: j["train"].update(optimizer="adamw", betas=[0.9, 1.0]), ["train.betas.1"]),
     ("no clipping norm", lambda j: j["train"].update(grad_clip=0), ["train.grad_clip"]),

@@ -38,6 +38,15 @@ def test_lrs_under_adamw_scales_by_the_square_root_of_the_batch_ratio_and_lbt_no
     assert _rates({**adamw, "strategy": "lbt"}, global_batch=256, steps_per_epoch=2, steps=1) == pytest.approx([1e-3])
 
 
+@pytest.mark.parametrize("strategy", ["ags", "static"])
+def test_scaling_under_adamw_takes_its_base_recipes_rate(strategy):
+    """On sgd (lbt's recipe) the plain rate, on lrs its square-root rule."""
+    adamw = dict(optimizer="adamw", strategy=strategy, lr=1e-3, lr_base_batch=64, warmup_epochs=0)
+    for base, rate in [("sgd", 1e-3), ("lrs", 2e-3)]:
+        train = {**adamw, "ags": {"base": base}}
+        assert _rates(train, global_batch=256, steps_per_epoch=2, steps=1) == pytest.approx([rate])
+
+
 def test_cosine_warms_up_in_steps_then_decays_to_the_floor_at_the_last_step():
     schedule = {"kind": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}
     train = dict(strategy="lbt", lr=1.0, epochs=3, lr_schedule=schedule)

@@ -9,7 +9,16 @@ import torch
 from torch import nn
 
 from tests.conftest import default_job
-from tula_hpc.training.optimizers import LAMB, LARS, build_optimizer, clip_gradients, decay_groups
+from tula_hpc.training.gpt import gpt
+from tula_hpc.training.optimizers import (
+    LAMB,
+    LARS,
+    PARAMETER_KINDS,
+    build_optimizer,
+    clip_gradients,
+    decay_groups,
+    parameter_kinds,
+)
 
 
 def test_lars_step_follows_the_formula():
@@ -94,6 +103,35 @@ def test_a_tied_parameter_is_in_one_group_once():
     groups = decay_groups(TiedLM(), 0.1)
     listed = [id(p) for group in groups for p in group["params"]]
     assert len(listed) == len(set(listed)) == len(list(TiedLM().parameters()))
+
+
+def test_parameter_kinds_of_the_gpt_name_embeddings_norms_biases_and_attention():
+    model = gpt(vocab_size=11, seq_len=8, layers=1, heads=2, width=8)
+    kinds = parameter_kinds(model)
+    block = model.blocks[0]
+    assert len(kinds) == len(list(model.parameters()))  # the head's tied weight once, as an embedding
+    assert kinds[model.tokens.weight] == kinds[model.head.weight] == kinds[model.positions.weight] == "embeddings"
+    assert {kinds[p] for p in [*block.norm_attention.parameters(), *model.norm.parameters()]} == {"norms"}
+    assert kinds[block.attention.qkv.bias] == kinds[block.mlp[0].bias] == "biases"
+    assert kinds[block.attention.qkv.weight] == kinds[block.attention.proj.weight] == "attention"
+    assert kinds[block.mlp[0].weight] == kinds[block.mlp[2].weight] == "weights"
+    assert set(kinds.values()) == set(PARAMETER_KINDS)
+
+
+def test_parameter_kinds_know_torchs_attention_and_batch_norm():
+    model = nn.ModuleDict({"mha": nn.MultiheadAttention(4, 2), "bn": nn.BatchNorm1d(4)})
+    kinds = parameter_kinds(model)
+    assert kinds[model["mha"].in_proj_weight] == kinds[model["mha"].out_proj.weight] == "attention"
+    assert kinds[model["mha"].in_proj_bias] == "biases"
+    assert kinds[model["bn"].weight] == kinds[model["bn"].bias] == "norms"
+
+
+def test_decay_groups_are_the_weight_kinds():
+    model = gpt(vocab_size=11, seq_len=8, layers=1, heads=2, width=8)
+    decayed, others = decay_groups(model, 0.1)
+    kinds = parameter_kinds(model)
+    assert decayed["params"] == [p for p in model.parameters() if p.ndim >= 2 and kinds[p] != "embeddings"]
+    assert {kinds[p] for p in others["params"]} == {"embeddings", "norms", "biases"}
 
 
 def test_clipping_scales_the_gradient_to_the_global_norm_and_none_leaves_it():

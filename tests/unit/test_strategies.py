@@ -18,11 +18,12 @@ from tests.conftest import REPO, default_job, run_on_two_ranks
 from tula_hpc.config import ConfigError, load_config, validate_config
 from tula_hpc.core.job import TrainSettings
 from tula_hpc.training.ags import TulaOptimizer
+from tula_hpc.training.gpt import gpt
 from tula_hpc.training.noise_scale import NoiseScaleHook
-from tula_hpc.training.optimizers import LARS
+from tula_hpc.training.optimizers import LARS, parameter_kinds
 from tula_hpc.training.step import training_step
 from tula_hpc.training.strategies import build_strategy
-from tula_hpc.training.tasks import ImageClassification
+from tula_hpc.training.tasks import CausalLM, ImageClassification
 
 IMAGES = ImageClassification()  # cross-entropy on a pair batch (inputs, classes)
 
@@ -92,6 +93,25 @@ def test_ags_on_another_recipe_scales_the_gradients_of_its_optimiser_rate_and_wa
     assert isinstance(strategy.optimizer, TulaOptimizer) and type(strategy.optimizer.optimizer) is optimizer
     peak = 0.05 * 512 / 128
     assert _lrs(strategy, 16) == pytest.approx([peak * (k + 1) / 8 for k in range(8)] + [peak] * 4 + [peak / 10] * 4)
+
+
+@pytest.mark.parametrize(
+    "optimizer, scaled",
+    [("adamw", {"attention", "weights"}), ("sgd", {"embeddings", "norms", "biases", "attention", "weights"})],
+)
+def test_ags_trains_a_tiny_gpt_on_the_update_under_adamw_leaving_the_default_exclusions(optimizer, scaled):
+    """End to end on one process: the strategy's factors cover the kinds train.ags.exclude's default scales."""
+    torch.manual_seed(0)
+    model = gpt(vocab_size=11, seq_len=8, layers=1, heads=2, width=8)
+    ags = {"small_batch": 2, "update_every_steps": 1, "delta": 10.0}
+    train_cfg = default_job(train={"optimizer": optimizer, "strategy": "ags", "lr": 1e-3, "ags": ags}).train
+    strategy = build_strategy(model, train_cfg, global_batch=8, steps_per_epoch=3)
+    assert strategy.optimizer.target == ("update" if optimizer == "adamw" else "gradient")
+    task, shape = CausalLM(), {"vocab_size": 11, "seq_len": 8}
+    losses = [training_step(model, strategy, task, task.example_batch(shape, 8, "cpu")).item() for _ in range(3)]
+    kinds = parameter_kinds(model)
+    assert {kinds[p] for p in strategy.optimizer.gradscale} == scaled
+    assert all(math.isfinite(loss) for loss in losses) and strategy.optimizer.last_scaled
 
 
 def _polo_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:

@@ -98,6 +98,7 @@ LATER_SETTINGS = {
     "train.steps": None,
     "train.val_every_steps": None,
     "train.val_samples": None,
+    "train.ags.exclude": None,
 }
 
 

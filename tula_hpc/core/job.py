@@ -47,6 +47,7 @@ class AgsSettings:
     s_min: float | None
     static_scale: float
     base: str
+    exclude: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,18 @@ their magnitude towards what a small reference batch would produce, but only
 outside sensitive phases, which are detected online from the relative change
 of the squared gradient norm (Eq. 5). The static step function U(s) of Eq. 8
 is the same gate with one fixed factor.
+
+Under SGD a factor multiplies the gradient (the paper's form). Under AdamW it multiplies the step's update,
+lr x m_hat / (sqrt(v_hat) + eps), instead (``target="update"``): a factor on the gradient would cancel in
+m / sqrt(v) once v has adapted and enlarge the step while v lags, whereas on the update it is the paper's change of
+step size, with Adam's moments and the decoupled weight decay exactly those of plain AdamW.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -22,7 +27,24 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tula_hpc.training.tasks import batch_size, select
 
-__all__ = ["TulaOptimizer"]
+__all__ = ["GRANULARITIES", "TulaOptimizer"]
+
+GRANULARITIES = ("element", "tensor", "group", "model")  # what one factor covers (TulaOptimizer's docstring)
+
+
+def _check_form(optimizer: torch.optim.Optimizer, granularity: str, target: str) -> None:
+    """What one factor covers, and what it multiplies: the update only where `optimizer` decays the weights apart
+    from it (AdamW's decoupled decay, Loshchilov and Hutter) or not at all, as the update form leaves decay unscaled."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
+    if target not in ("gradient", "update"):
+        raise ValueError(f"target must be 'gradient' or 'update', got {target!r}")
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or optimizer.defaults.get("decoupled_weight_decay")
+    if target == "update" and not decoupled and any(group.get("weight_decay") for group in optimizer.param_groups):
+        raise ValueError(
+            f"target 'update' leaves AdamW's decoupled weight decay unscaled; {type(optimizer).__name__} couples its "
+            "decay to the gradient: use target 'gradient'"
+        )
 
 
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -90,7 +112,10 @@ class TulaOptimizer(torch.optim.Optimizer):
             rank's local batch during profiling (paper default 32).
         granularity: ``"element"`` is the paper's per-entry ratio; ``"tensor"``
             uses one ratio of norms per parameter tensor, which is far less
-            noisy for a 32-sample reference batch and costs no extra memory.
+            noisy for a 32-sample reference batch and costs no extra memory;
+            ``"group"`` one ratio of norms per parameter kind (``kinds``), over
+            all the kind's tensors; ``"model"`` one ratio of the global norms
+            of every scaled parameter.
         s_min: floor of the factors. Lemma 1 (Eq. 10-13) needs s_min > 0 and
             only admits learning rates eta < 2 s_min / (L s_max^2), so a floor
             near zero voids the guarantee and would freeze entries whose
@@ -109,6 +134,12 @@ class TulaOptimizer(torch.optim.Optimizer):
             per-epoch histogram of factors (Fig. 7 densities).
         process_group: group over which profiled factors are averaged when
             ``torch.distributed`` is initialised (default: the world).
+        target: ``"gradient"`` (SGD's form: the factor multiplies ``.grad``)
+            or ``"update"`` (Adam's: it multiplies the change the inner step
+            makes less its decoupled weight decay, see :meth:`_scaled_update_step`).
+        kinds: each parameter's kind (optimizers.parameter_kinds); ``None``:
+            all one kind. ``"group"`` granularity measures a factor per kind.
+        exclude: kinds never scaled: their factor is exactly 1.
     """
 
     def __init__(
@@ -127,11 +158,13 @@ class TulaOptimizer(torch.optim.Optimizer):
         seed: int = 0,
         hist_bins: int = 16,
         process_group: dist.ProcessGroup | None = None,
+        target: str = "gradient",
+        kinds: dict[torch.Tensor, str] | None = None,
+        exclude: Collection[str] = (),
     ) -> None:
         if mode not in ("adaptive", "static"):
             raise ValueError(f"mode must be 'adaptive' or 'static', got {mode!r}")
-        if granularity not in ("element", "tensor"):
-            raise ValueError(f"granularity must be 'element' or 'tensor', got {granularity!r}")
+        _check_form(optimizer, granularity, target)
         if not delta >= 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
         if hist_bins < 1:
@@ -171,6 +204,9 @@ class TulaOptimizer(torch.optim.Optimizer):
         self.eps = eps
         self.hist_bins = hist_bins
         self.process_group = process_group
+        self.target = target
+        # The scaled parameters by kind, in the inner optimiser's order; the others keep a factor of exactly 1.
+        self._kinds = {p: kind for p in self._params() if (kind := (kinds or {}).get(p, "weights")) not in exclude}
 
         self._set_gradscale({})
         self._generator = torch.Generator().manual_seed(seed)
@@ -224,8 +260,7 @@ class TulaOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        params = self._params()
-        sq_norm = _squared_norm([p.grad for p in params if p.grad is not None])
+        sq_norm = _squared_norm([p.grad for p in self._params() if p.grad is not None])
         prev = self._last_sq_norm
         # Eq. 5; undefined without a non-zero previous norm -> treat as sensitive.
         if prev is None:
@@ -234,39 +269,57 @@ class TulaOptimizer(torch.optim.Optimizer):
             self._last_delta = torch.where(prev != 0, ((sq_norm - prev) / prev).abs(), math.inf)
         self._last_sq_norm = sq_norm
         self._last_scaled = self._last_delta < self.delta
-        # A sensitive step multiplies by exactly 1, which leaves every value bit for bit as it was; branching on
-        # the gate instead would wait for the device on every step.
-        if self.mode == "static":
-            # float64 like the Python scalar it replaces, so float64 gradients see the same factor.
-            factor = torch.where(self._last_scaled, torch.full_like(self._last_delta, self.static_scale), 1.0)
-            grads = [p.grad for p in params if p.grad is not None]
-            if grads:
-                torch._foreach_mul_(grads, factor)
+        params, factors = self._gated_factors()
+        if self.target == "gradient":
+            if params:
+                torch._foreach_mul_([p.grad for p in params], factors)
+            self.optimizer.step()
         else:
-            self._apply_factors()
-        self.optimizer.step()
+            self._scaled_update_step(params, factors)
 
         self._steps += 1
         self._steps_since_update += 1
         self._epoch.record_step(self._last_delta, self._last_scaled)
         return loss
 
-    def _apply_factors(self) -> None:
-        """Each profiled gradient times its factor where the gate is open (else exactly 1). Tensor factors are gated
-        together, one kernel for all (`_factor_stack`), not one a parameter: on a launch-bound GPU step every kernel
-        counts (the H200's steady epochs with factors ran 2.5 to 6 ms a step slower than first epochs without them,
-        bench/data/gpu/whole_run)."""
+    def _gated_factors(self) -> tuple[list[torch.Tensor], torch.Tensor | list[torch.Tensor]]:
+        """The parameters this step scales (those with a gradient) and their factors where the gate is open, else
+        exactly 1, which leaves every value bit for bit as it was: branching on the gate would wait for the device on
+        every step. Static mode's one factor is a float64 scalar, like the Python scalar it replaces, so float64
+        gradients see the same factor. Tensor factors are gated together, one kernel for all (`_factor_stack`), not
+        one a parameter: on a launch-bound GPU step every kernel counts (the H200's steady epochs with factors ran
+        2.5 to 6 ms a step slower than first epochs without them, bench/data/gpu/whole_run)."""
+        if self.mode == "static":
+            factor = torch.where(self._last_scaled, torch.full_like(self._last_delta, self.static_scale), 1.0)
+            return [p for p in self._kinds if p.grad is not None], factor
         if self._factor_stack is not None:
             factors = torch.where(self._last_scaled, self._factor_stack, 1.0).unbind()
         else:
             factors = [torch.where(self._last_scaled, s, 1.0) for s in self._gradscale.values()]
-        scaled = [(p.grad, factor) for p, factor in zip(self._gradscale, factors) if p.grad is not None]
-        if scaled:
-            grads, factors = zip(*scaled)
-            torch._foreach_mul_(list(grads), list(factors))
+        scaled = [(p, factor) for p, factor in zip(self._gradscale, factors) if p.grad is not None]
+        return [p for p, _ in scaled], [factor for _, factor in scaled]
+
+    def _scaled_update_step(self, params: list[torch.Tensor], factors: torch.Tensor | list[torch.Tensor]) -> None:
+        """The inner (AdamW) step with each scaled parameter's update times its factor s, its decay left alone.
+
+        AdamW moves p to p_after = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps); this makes it
+        p_after + (s - 1) (p_after - p (1 - lr wd)) from a copy of p taken before the step, so the moments are the
+        plain step's own and s = 1 (a closed gate) changes nothing, bit for bit. One parameter-sized copy, five
+        foreach kernels.
+        """
+        before = torch._foreach_mul(params, 1.0) if params else []  # a copy in one kernel
+        self.optimizer.step()
+        if not params:
+            return
+        keep = {p: 1 - group["lr"] * group["weight_decay"] for group in self.param_groups for p in group["params"]}
+        torch._foreach_mul_(before, [keep[p] for p in params])  # the decayed p: p_after less the update
+        torch._foreach_sub_(before, params)  # minus the update
+        less_one = factors - 1 if isinstance(factors, torch.Tensor) else torch._foreach_sub(factors, 1.0)
+        torch._foreach_mul_(before, less_one)
+        torch._foreach_sub_(params, before)
 
     def _set_gradscale(self, gradscale: dict[torch.Tensor, torch.Tensor]) -> None:
-        """The factors by parameter, and tensor factors (one number each) stacked in their order (`_apply_factors`)."""
+        """The factors by parameter, and tensor factors (one number each) stacked in their order (`_gated_factors`)."""
         self._gradscale = gradscale
         tensor = gradscale and all(s.dim() == 0 for s in gradscale.values())
         self._factor_stack = torch.stack(list(gradscale.values())) if tensor else None
@@ -353,14 +406,20 @@ class TulaOptimizer(torch.optim.Optimizer):
             )
 
     def _profiled_params(self) -> list[torch.Tensor]:
-        params = [p for p in self._params() if p.requires_grad and p.grad is not None]
+        params = [p for p in self._kinds if p.requires_grad and p.grad is not None]
         if not params:
-            raise RuntimeError("the factors compare against the large-batch .grad: update after backward()")
+            raise RuntimeError(
+                "the factors compare against the large-batch .grad of the scaled parameters: update after backward(), "
+                "with at least one parameter kind not excluded"
+            )
         return params
 
     def _set_factors(self, small: list[torch.Tensor], params: list[torch.Tensor]) -> None:
         with torch.no_grad():
-            scales = [self._ratio(g_small, p.grad) for g_small, p in zip(small, params)]
+            if self.granularity in ("group", "model"):
+                scales = self._shared_ratios(small, params)
+            else:
+                scales = [self._ratio(g_small, p.grad) for g_small, p in zip(small, params)]
             self._average_across_ranks(scales)
         self._set_gradscale({**self._gradscale, **dict(zip(params, scales))})
         self._updates += 1
@@ -396,6 +455,23 @@ class TulaOptimizer(torch.optim.Optimizer):
             ratio = torch.linalg.vector_norm(g_small, dtype=torch.float32) / (
                 torch.linalg.vector_norm(g_large, dtype=torch.float32) + self.eps
             )
+        return self._clamped(ratio)
+
+    def _shared_ratios(self, small: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One ratio of norms per parameter kind ("group") or for all scaled parameters ("model"), each parameter
+        given its share's: |g_small| / |g_large| over the share's tensors together."""
+        shares = [self._kinds[p] if self.granularity == "group" else "model" for p in params]
+        order = {share: i for i, share in enumerate(dict.fromkeys(shares))}
+        index = torch.tensor([order[share] for share in shares], device=params[0].device)
+
+        def squared_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+            norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+            return torch.zeros(len(order), device=norms.device).index_add_(0, index, norms.square())
+
+        ratios = squared_norms(small).sqrt() / (squared_norms([p.grad for p in params]).sqrt() + self.eps)
+        return list(self._clamped(ratios)[index].unbind())
+
+    def _clamped(self, ratio: torch.Tensor) -> torch.Tensor:
         # 0/0 carries no information about the noise level: stay neutral.
         return torch.nan_to_num(ratio, nan=1.0).clamp_(self.s_min, self.s_max)
 

@@ -15,11 +15,6 @@ from tula_hpc.core.job import WARMUP_RECIPES, recipe
 if TYPE_CHECKING:
     from tula_hpc.core.job import TrainSettings
 
-# Why the strategies and objectives built on SGD's rate and noise scale wait for their Adam forms (issue 58).
-ADAM_FORMS_PENDING = (
-    "under Adam a factor on a tensor's gradient cancels in m/sqrt(v) once v has adapted and enlarges the step while "
-    "v lags, an uncontrolled change of rate rather than the paper's; it has no Adam form yet"
-)
 # How the peak rate follows the global batch B, by strategy and optimiser: "plain" (lr), "linear" (lr x B /
 # lr_base_batch, Goyal et al.), "sqrt" (lr x sqrt(B / lr_base_batch), Malladi et al. 2022: Adam's square-root rule;
 # betas and eps stay the recipe's), "recipe" (as the recipe of train.ags.base); any other text is why the pair is
@@ -29,8 +24,8 @@ RATE_RULES = {
     "lrs": {"sgd": "linear", "adamw": "sqrt"},
     "lars": {"sgd": "linear", "adamw": "sqrt"},  # LAMB under adamw (optimizers.py), You et al. 2020
     "polo": {"sgd": "plain", "adamw": "plain"},  # PostLocalSGDOptimizer wraps any optimiser
-    "static": {"sgd": "recipe", "adamw": ADAM_FORMS_PENDING},
-    "ags": {"sgd": "recipe", "adamw": ADAM_FORMS_PENDING},
+    "static": {"sgd": "recipe", "adamw": "recipe"},
+    "ags": {"sgd": "recipe", "adamw": "recipe"},
     "adascale": {"sgd": "plain", "adamw": "plain"},  # its gain drives the rate: ADASCALE_RATE_POWER
 }
 RULES = ("plain", "linear", "sqrt", "recipe")

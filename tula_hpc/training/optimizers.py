@@ -2,7 +2,9 @@
 (train.strategy lars, or train.ags.base lars), AdamW (train.optimizer adamw) and LAMB (the lars recipe under adamw). A
 new optimiser is a class here, or torch's, chosen in `build_optimizer`; its rate rule (scaling, warm-up) is
 lr_schedule.py's, what a strategy does around it strategies.py's. Gradient clipping by global norm (train.grad_clip) is
-here too."""
+here too, and the kinds of parameter (embeddings, norms, biases, attention, weights) that weight decay and AGS's
+exclusions read.
+"""
 
 from __future__ import annotations
 
@@ -124,14 +126,47 @@ def _loss_of(closure: Callable[[], Any] | None) -> Any:
         return closure()
 
 
+# The kinds of parameter `parameter_kinds` tells apart (train.ags.exclude names some of them; the schema's enum).
+PARAMETER_KINDS = ("embeddings", "norms", "biases", "attention", "weights")
+# The kinds AGS and static scaling leave alone when train.ags.exclude is null, by optimiser: under AdamW the
+# parameters whose gradients are sparse (embeddings) or small and sensitive (norms, biases), the same ones AdamW leaves
+# undecayed; under SGD none, the paper's.
+UNSCALED_BY_DEFAULT = {"adamw": ("embeddings", "norms", "biases"), "sgd": ()}
+NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._NormBase)  # _NormBase: batch and instance norms
+
+
+def parameter_kinds(net: nn.Module) -> dict[nn.Parameter, str]:
+    """Each parameter of `net` (once, however many modules share it) by kind (PARAMETER_KINDS): embeddings
+    (nn.Embedding weights, also where tied to an output layer), norms (normalisation layers' parameters), biases (the
+    other parameters of fewer than two dimensions), attention (the weights of an nn.MultiheadAttention or of a module
+    whose qualified name holds "attn" or "attention"), weights (the rest). The one place that tells them apart:
+    weight decay (decay_groups) and AGS's exclusions and groups (train.ags) read it."""
+    embeddings = {id(m.weight) for m in net.modules() if isinstance(m, nn.Embedding)}
+    norms = {id(p) for m in net.modules() if isinstance(m, NORMS) for p in m.parameters()}
+    attention = {
+        id(p)
+        for name, m in net.named_modules()
+        if isinstance(m, nn.MultiheadAttention) or "attn" in name.lower() or "attention" in name.lower()
+        for p in m.parameters()
+    }
+    kinds = {}
+    for p in net.parameters():
+        if id(p) in embeddings:
+            kinds[p] = "embeddings"
+        elif p.ndim < 2:
+            kinds[p] = "norms" if id(p) in norms else "biases"
+        else:
+            kinds[p] = "attention" if id(p) in attention else "weights"
+    return kinds
+
+
 def decay_groups(net: nn.Module, weight_decay: float) -> list[dict]:
     """`net`'s parameters in two groups: weight decay on the weights of two or more dimensions (linear and conv
-    weights), none on biases, normalisation layers and embeddings (nn.Embedding's, also where tied to an output
-    layer), as nanoGPT's configure_optimizers and minGPT's rule. A tied parameter is listed once."""
-    embeddings = {id(m.weight) for m in net.modules() if isinstance(m, nn.Embedding)}
-    decayed, others = [], []
-    for p in net.parameters():  # each tensor once, however many modules share it
-        (decayed if p.ndim >= 2 and id(p) not in embeddings else others).append(p)
+    weights, attention's too), none on biases, normalisation layers and embeddings (parameter_kinds), as nanoGPT's
+    configure_optimizers and minGPT's rule. A tied parameter is listed once."""
+    kinds = parameter_kinds(net)
+    decayed = [p for p, kind in kinds.items() if kind in ("attention", "weights")]
+    others = [p for p, kind in kinds.items() if kind not in ("attention", "weights")]
     return [{"params": decayed, "weight_decay": weight_decay}, {"params": others, "weight_decay": 0.0}]
 
 

@@ -13,7 +13,7 @@ every epoch; nothing else in the loop knows which strategy runs. This module hol
 | lars     | AdamW: LAMB (optimizers.py, You et al. 2020)       | lr x sqrt(B / lr_base_batch)| yes     |
 | polo     | PyTorch's PostLocalSGDOptimizer + model averaging  | lr                          | yes     |
 | static   | TulaOptimizer, step function U(s) of Eq. 8         | as train.ags.base           | as base |
-| ags      | TulaOptimizer, Algorithm 1                         | as train.ags.base           | as base |
+| ags      | TulaOptimizer, Algorithm 1 (on AdamW's update too) | as train.ags.base           | as base |
 | adascale | SGD, the rate times AdaScale's gain (below)        | lr x gain                   | no      |
 | adascale | AdamW, AdaptDL's form (below)                      | lr x gain ** 0.5            | no      |
 
@@ -24,8 +24,9 @@ warm-up: AGS's gate already leaves the sensitive early steps unscaled. ``train.a
 static scaling) on top of another recipe: sgd (the paper's: lbt's optimiser and rate), lrs or lars (their
 optimiser, linearly scaled rate and warm-up; AGS rescales the gradient the optimiser then steps with).
 
-Under train.optimizer adamw, lars is LAMB, polo wraps AdamW as it wraps SGD, and adascale is AdaptDL's form; what waits
-for its Adam form lr_schedule.RATE_RULES says, and validation refuses it. Warm-up above is the multistep schedule's;
+Under train.optimizer adamw, lars is LAMB, polo wraps AdamW as it wraps SGD, adascale is AdaptDL's form, and static
+and ags scale AdamW's update, not its gradient, and leave train.ags.exclude's kinds (embeddings, norms and biases by
+default) alone (ags.py). Warm-up above is the multistep schedule's;
 train.lr_schedule cosine warms up every strategy over its warmup_steps instead.
 
 adascale (Johnson et al., "AdaScale SGD", ICML 2020) is not a row of Table I: it trains the recipe of
@@ -58,7 +59,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from tula_hpc.training.ags import TulaOptimizer
 from tula_hpc.training.lr_schedule import ADASCALE_RATE_POWER, lr_factor, peak_lr
 from tula_hpc.training.noise_scale import NoiseScaleHook, preconditioner_for
-from tula_hpc.training.optimizers import build_optimizer
+from tula_hpc.training.optimizers import UNSCALED_BY_DEFAULT, build_optimizer, parameter_kinds
 from tula_hpc.training.precision import Precision
 from tula_hpc.training.progress import adascale_gain, recipe_steps, run_steps
 from tula_hpc.training.tasks import batch_size
@@ -323,9 +324,11 @@ def build_strategy(
 
 
 def _scaling(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
-    """ags and static: Tula's gradient scaling around the optimiser (Algorithm 1; Eq. 8's step function)."""
+    """ags and static: Tula's gradient scaling around the optimiser (Algorithm 1; Eq. 8's step function), on the
+    gradient under SGD and on the update under AdamW (ags.py), never on train.ags.exclude's kinds of parameter."""
     ags = train_cfg.ags
     world = _world_size(net)
+    module = net.module if isinstance(net, DistributedDataParallel) else net
     tula = TulaOptimizer(
         optimizer,
         mode="static" if name == "static" else "adaptive",
@@ -337,6 +340,9 @@ def _scaling(name, net, train_cfg, global_batch, steps_per_epoch, train_samples,
         static_scale=ags.static_scale,
         update_every_steps=ags.update_every_steps,
         seed=train_cfg.seed,
+        target="update" if train_cfg.optimizer == "adamw" else "gradient",
+        kinds=parameter_kinds(module),
+        exclude=UNSCALED_BY_DEFAULT[train_cfg.optimizer] if ags.exclude is None else ags.exclude,
     )
     return ScalingStrategy(name, tula, train_cfg, steps_per_epoch, precision)
 
