@@ -318,7 +318,8 @@ def judged(records: list[dict]) -> dict[int, dict[str, dict]]:
         for r in arms.values():
             reached = to_target(r["curve"], target) if target is not None else None
             r["target_loss"] = target
-            r["to_target"] = reached and {**reached, "wall_s": r["train_time_s"] * reached["tokens"] / r["tokens"]}
+            trained = r["curve"][-1]["tokens"]  # the last validation's, at the run's end: what the steps saw
+            r["to_target"] = reached and {**reached, "wall_s": r["train_time_s"] * reached["tokens"] / trained}
     return by_seed
 
 
@@ -381,7 +382,7 @@ def targets(summary: dict, by_seed: dict[int, dict[str, dict]]) -> dict:
 
 def per_arm(by_seed: dict[int, dict[str, dict]], arms: list[str]) -> dict:
     """Per arm, means over the seeds: steps, tokens and wall time to the target (over the seeds that reach it),
-    the final validation loss, the steps and tokens trained."""
+    the final validation loss, the steps and tokens trained; and the batch at each validation (tokens, batch)."""
     table = {}
     for arm in arms:
         runs = [a[arm] for a in by_seed.values() if arm in a]
@@ -397,6 +398,7 @@ def per_arm(by_seed: dict[int, dict[str, dict]], arms: list[str]) -> dict:
             "steps": statistics.fmean(r["steps"] for r in runs),
             "tokens": statistics.fmean(r["tokens"] for r in runs),
             "train_time_s": statistics.fmean(r["train_time_s"] for r in runs),
+            "batch_over_run": [[p["tokens"], p["global_batch"]] for p in runs[0]["curve"]],  # the first seed's
         }
     return table
 
