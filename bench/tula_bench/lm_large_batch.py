@@ -111,7 +111,7 @@ def arm_train(arm: str) -> dict:
     return {
         "recipe": {"strategy": "lbt"},
         "large": rated,
-        "ags": {"strategy": "ags", "ags": {"base": "sgd"}},
+        "ags": {"strategy": "ags", "ags": {"base": "sgd", "small_batch": B0}},  # factors up to sqrt(8)
         "adascale": {"strategy": "adascale", "lr_base_batch": B0},
         "ramp": {**rated, "batch_schedule": "ramp", "ramp": {"start_batch": B0, "fraction": RAMP_SHARE}},
         "adaptive": {**rated, "batch_schedule": "adaptive", "batch_schedule_every": None},
