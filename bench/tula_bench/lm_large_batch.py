@@ -101,8 +101,14 @@ MOVING = {"ramp", "adaptive", "adaptive_reset"}  # arms whose batch changes duri
 ADAPTIVE = {"adaptive", "adaptive_reset"}
 
 
-def start_batch(arm: str) -> int:
+def selected_batch(arm: str) -> int:
+    """The global batch the run is given (the ramp's is where it ends; the adaptive arms' where they start)."""
     return B0 if arm in ("recipe", *ADAPTIVE) else LARGE
+
+
+def first_batch(arm: str) -> int:
+    """The global batch of the run's first steps, at which its warm-up is counted in steps."""
+    return B0 if arm in ("recipe", "ramp", *ADAPTIVE) else LARGE
 
 
 def arm_train(arm: str) -> dict:
@@ -127,8 +133,8 @@ def arm_train(arm: str) -> dict:
 def arm_job(arm: str, seed: int, scale: str = "full") -> Job:
     """The example's job with the arm's settings, validated as the workflow validates it. A fixed batch validates
     every fixed number of steps (the same token spacing); a moving one every fixed number of tokens."""
-    s, batch = SCALES[scale], start_batch(arm)
-    tokens_per_step = batch * example()["data"]["seq_len"]
+    s, seq_len = SCALES[scale], example()["data"]["seq_len"]
+    tokens_per_step = first_batch(arm) * seq_len
     every = s["val_every_tokens"]
     validation = {"val_every_tokens": every} if arm in MOVING else {"val_every_steps": every // tokens_per_step}
     train = {
@@ -268,14 +274,14 @@ def run_cell(cell: dict, scratch: Path, scale: str, candidates: dict | None) -> 
 
 def cell(arm: str, seed: int, scale: str, digest: str, candidates: dict) -> dict:
     code = digest + (candidates["digest"] if arm in ADAPTIVE else "")
-    key = cell_key(arm_job(arm, seed, scale), start_batch(arm), WORLD, code)
-    return {"arm": arm, "seed": seed, "batch": start_batch(arm), "key": key}
+    key = cell_key(arm_job(arm, seed, scale), selected_batch(arm), WORLD, code)
+    return {"arm": arm, "seed": seed, "batch": selected_batch(arm), "key": key}
 
 
 def estimate_s(arms: list[str], scale: str) -> float:
     """The whole run's seconds by this machine's timing (SECONDS_PER_KTOKEN; a moving batch at the larger rate)."""
     s = SCALES[scale]
-    per_cell = [s["tokens"] / 1000 * SECONDS_PER_KTOKEN[B0 if a in ("recipe",) else LARGE] + CELL_START_S for a in arms]
+    per_cell = [s["tokens"] / 1000 * SECONDS_PER_KTOKEN[B0 if a == "recipe" else LARGE] + CELL_START_S for a in arms]
     return len(s["seeds"]) * sum(per_cell)
 
 
@@ -448,7 +454,8 @@ def plot(records: list[dict], out: Path) -> None:
     fig, (batches, losses) = plt.subplots(1, 2, figsize=(11, 4))
     for r in (r for r in records if r["seed"] == seed):
         tokens = [0] + [p["tokens"] for p in r["curve"]]
-        batches.step(tokens, [r["batch"]] + [p["global_batch"] for p in r["curve"]], where="pre", label=r["arm"])
+        ran = [first_batch(r["arm"])] + [p["global_batch"] for p in r["curve"]]
+        batches.step(tokens, ran, where="pre", label=r["arm"])
         losses.plot(tokens[1:], [p["val_loss"] for p in r["curve"]], marker=".", label=r["arm"])
     if (target := next((r.get("target_loss") for r in records if r["seed"] == seed), None)) is not None:
         losses.axhline(target, color="grey", linestyle=":", label="target")
