@@ -79,7 +79,7 @@ SECONDS_PER_KTOKEN = {B0: 0.088, LARGE: 0.117}
 CELL_START_S = 15.0
 # Tokens and validation spacing multiples of 8 x B0 x T = 8192 tokens, so that every arm's steps are whole. full:
 # 180 steps at 8 x B0 (1440 at B0), a third of an epoch of the training works, 36 validations; 21 cells in about
-# 70 minutes by the timing above.
+# 65 minutes by the timing above (adascale may train past the tokens, to the recipe's progress).
 SCALES = {
     "full": {
         "tokens": 1_474_560,
