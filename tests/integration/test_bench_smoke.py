@@ -36,6 +36,7 @@ SMOKE = {
     "perf_accuracy": (["--smoke"], True),
     "whole_run": (["--smoke"], True),
     "adaptive_fmnist": (["--smoke"], True),
+    "lm_large_batch": (["--smoke"], True),
 }
 SCRIPT = {"gpu_plan_of_gpu_check": "gpu_check"}
 # Slurm benches: tests/slurm/test_bench_smoke_slurm.py, test_chaos_bench.py and test_sites.py (they need the
