@@ -5,10 +5,10 @@ The goodput objectives choose (N, B) once, from the noise scale the profiles mea
 grows as training goes (three- to four-fold in our Fashion-MNIST runs), so that choice is biased toward small
 batches. Pollux (OSDI'21) re-chooses the batch as training goes. With `adaptive`, the train stage does it at fixed
 places of the run (every train.batch_schedule_every steps at the starting batch, laid out in samples so that a resumed
-run decides where the uninterrupted one did) and at every epoch's end: the goodput choice (prediction.to_progress and choice.decide, the select stage's own) among the
-fitted model's predictions (perfmodel.json's candidates) at the node shape the run holds, at the noise scale the run
-has measured so far. Only the batch moves, never the allocation; a change mid-epoch goes on at the epoch's next unseen
-sample (training/trainer.py). A batch is one of the grid's:
+run decides where the uninterrupted one did) and at every epoch's end: the goodput choice (prediction.to_progress and
+choice.decide, the select stage's own) among the fitted model's predictions (perfmodel.json's candidates) at the node
+shape the run holds, at the noise scale the run has measured so far. Only the batch moves, never the allocation; a
+change mid-epoch goes on at the epoch's next unseen sample (training/trainer.py). A batch is one of the grid's:
 per-device up to the memory stage's largest; where a relaunch after running out of memory caps the slice a device
 computes at once, the rest of the per-device batch is gradient accumulation (training/trainer.py).
 

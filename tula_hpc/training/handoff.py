@@ -27,8 +27,8 @@ class BatchChooser(Protocol):
 class TrainHandoff:
     """`train_worker`'s arguments but the failure folder, which the launcher adds (launch.run_or_out_of_memory).
 
-    `selected_batch` names the run's checkpoint; `schedule` is train.batch_schedule adaptive's or ramp's (None under fixed);
-    `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory;
+    `selected_batch` names the run's checkpoint; `schedule` is train.batch_schedule adaptive's or ramp's (None under
+    fixed); `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory;
     `stop_warning_s` is the warning before the time limit the attempt's job gets (None: none), which the loop holds
     against its checkpoint saves."""
 
