@@ -273,6 +273,12 @@ def _check_batch_schedule(job: Job, fail) -> None:
     train = job.train
     if train.batch_schedule == "fixed":
         return
+    if train.steps is not None:
+        fail(
+            "train.steps",
+            f"a run in optimiser steps has no fixed length once train.batch_schedule {train.batch_schedule} changes "
+            "its batch; allowed: train.tokens or train.epochs",
+        )
     if train.strategy in ADAPTIVE_BATCH_REFUSED:
         fail(
             "train.batch_schedule",
