@@ -118,6 +118,13 @@ def test_a_ramp_from_above_the_selected_batch_is_refused_naming_the_field():
         BatchRamp(256, 128, 0.2)
 
 
+def test_the_stage_builds_the_ramp_from_lr_base_batch_and_refuses_one_that_does_not_split_over_the_ranks():
+    job = default_job(train=dict(batch_schedule="ramp", lr_base_batch=48))
+    assert BatchRamp.for_run(job, 256, 2).batches() == [48, 96, 192, 256]
+    with pytest.raises(ValueError, match=r"train.ramp.start_batch.*\[48, 96, 192, 256\].*over 5 ranks"):
+        BatchRamp.for_run(job, 256, 5)
+
+
 def test_adaptive_decides_at_every_share_of_the_run_it_is_given():
     schedule = BatchSchedule(default_job(), tuple(rows()), SAMPLES, every=0.25)
     assert [schedule.due(a / 10, b / 10) for a, b in [(0, 2), (2, 3), (5, 7), (9, 10)]] == [False, True, False, True]

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING
 
 from tula_hpc.performance.choice import GOODPUT_GOALS, InfeasibleError, decide
 from tula_hpc.performance.prediction import to_progress
+from tula_hpc.training.progress import run_epochs, tokens_per_sample
 
 if TYPE_CHECKING:
-    from tula_hpc.core.job import Job
+    from tula_hpc.core.job import Job, TrainSettings
 
 
 def goodput_choice(job: Job, rows: list[dict], train_samples: int, b_noise: float) -> dict:
@@ -69,16 +70,16 @@ class BatchSchedule:
     every: float = DECISIONS_EVERY  # the share of the run between two decisions mid-epoch
 
     @classmethod
-    def for_run(cls, job: Job, perfmodel: dict, chosen: dict, run_samples: float | None = None) -> BatchSchedule:
+    def for_run(cls, job: Job, perfmodel: dict, chosen: dict, run: TrainSettings | None = None) -> BatchSchedule:
         """The candidates at the chosen node shape; decisions every train.batch_schedule_every steps at the chosen
-        batch, as a share of the run's `run_samples` (default: the recipe's train.epochs of samples)."""
+        batch, as a share of the samples of the run the loop trains (`run`, default: the job's)."""
         shape = (chosen["nodes"], chosen.get("gpus_per_node") or 0)
         rows = tuple(r for r in perfmodel["candidates"] if (r["nodes"], r.get("gpus_per_node") or 0) == shape)
         if not rows:
             raise ValueError(f"perfmodel.json has no candidate at the selected nodes/GPUs per node {shape}")
         samples = int(perfmodel["train_samples"])
         steps = job.train.batch_schedule_every
-        run_samples = run_samples or job.train.epochs * samples
+        run_samples = run_epochs(run or job.train, samples, chosen["batch"], tokens_per_sample(job.data)) * samples
         every = DECISIONS_EVERY if steps is None else steps * chosen["batch"] / run_samples
         return cls(job, rows, samples, every)
 
@@ -116,6 +117,20 @@ class BatchRamp:
                 f"field 'train.ramp.start_batch': {self.start_batch} must lie between 1 and the selected batch "
                 f"{self.end_batch}, where the ramp ends"
             )
+
+    @classmethod
+    def for_run(cls, job: Job, selected_batch: int, world_size: int) -> BatchRamp:
+        """train.ramp from its start batch (train.lr_base_batch where unset) to the selected batch, each of its
+        batches split evenly over `world_size` ranks (ValueError naming the field otherwise)."""
+        ramp = job.train.ramp
+        schedule = cls(ramp.start_batch or job.train.lr_base_batch, selected_batch, ramp.fraction)
+        uneven = [batch for batch in schedule.batches() if batch % world_size]
+        if uneven:
+            raise ValueError(
+                f"field 'train.ramp.start_batch': the ramp's batches {uneven} do not split evenly over {world_size} "
+                f"ranks; allowed: a start batch whose doublings are multiples of {world_size}"
+            )
+        return schedule
 
     def batches(self) -> list[int]:
         """The ramp's batches in order, `end_batch` last."""
