@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tests.conftest import default_job
-from tula_hpc.training.optimizers import LARS, build_optimizer, clip_gradients, decay_groups
+from tula_hpc.training.optimizers import LARS, build_optimizer, clip_gradients, decay_groups, reset_moments
 
 
 def test_lars_step_follows_the_formula():
@@ -103,3 +103,15 @@ def test_clipping_scales_the_gradient_to_the_global_norm_and_none_leaves_it():
     torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-5, rtol=1e-5)
     clip_gradients([a, b], 10.0)  # below the limit: unchanged
     torch.testing.assert_close(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-5, rtol=1e-5)
+
+
+def test_reset_moments_zeroes_adams_moments_and_step_and_keeps_the_weights():
+    net = nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+    net(torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+    weights = [p.detach().clone() for p in net.parameters()]
+    reset_moments(optimizer)
+    for state in optimizer.state.values():
+        assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    assert all(torch.equal(w, p) for w, p in zip(weights, net.parameters()))
