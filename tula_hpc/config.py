@@ -259,23 +259,39 @@ ADAPTIVE_BATCH_REFUSED = {
 
 
 def _check_batch_schedule(job: Job, fail) -> None:
-    """train.batch_schedule adaptive needs a strategy it makes sense with (ADAPTIVE_BATCH_REFUSED) and two ranks or
-    more, which measure the noise scale it follows."""
+    """train.batch_schedule adaptive and ramp need a strategy they make sense with (ADAPTIVE_BATCH_REFUSED); adaptive
+    needs two ranks or more, which measure the noise scale it follows; ramp starts at most at the largest batch
+    searched (the stage holds it against the selected one, the ramp's end)."""
     train = job.train
-    if train.batch_schedule != "adaptive":
+    if train.batch_schedule == "fixed":
         return
+    if train.steps is not None:
+        fail(
+            "train.steps",
+            f"a run in optimiser steps has no fixed length once train.batch_schedule {train.batch_schedule} changes "
+            "its batch; allowed: train.tokens or train.epochs",
+        )
     if train.strategy in ADAPTIVE_BATCH_REFUSED:
         fail(
             "train.batch_schedule",
-            f"adaptive with strategy '{train.strategy}': {ADAPTIVE_BATCH_REFUSED[train.strategy]}; allowed: "
-            f"fixed, or any strategy but {', '.join(ADAPTIVE_BATCH_REFUSED)}",
+            f"{train.batch_schedule} with strategy '{train.strategy}': {ADAPTIVE_BATCH_REFUSED[train.strategy]}; "
+            f"allowed: fixed, or any strategy but {', '.join(ADAPTIVE_BATCH_REFUSED)}",
         )
+    if train.batch_schedule == "ramp":
+        start, largest = train.ramp.start_batch or train.lr_base_batch, job.search.batch.max
+        if isinstance(largest, int) and start > largest:
+            fail(
+                "train.ramp.start_batch",
+                f"{start} is above the largest batch searched (search.batch.max {largest}), so above any selected "
+                f"batch the ramp would end at; allowed: 1 to {largest}",
+            )
+        return
     ranks = job.search.nodes.max * max(1, job.search.gpus_per_node.max)
     if ranks < 2:
         fail(
             "train.batch_schedule",
             f"adaptive on at most {ranks} rank (search.nodes.max x search.gpus_per_node.max): the noise scale it "
-            f"follows is measured between two ranks or more; allowed: fixed, or search over 2 ranks or more",
+            f"follows is measured between two ranks or more; allowed: fixed, ramp, or search over 2 ranks or more",
         )
 
 

@@ -6,7 +6,7 @@ import pytest
 from tests.conftest import default_job, job_config
 from tula_hpc.config import ConfigError, validate_config
 from tula_hpc.core.run_layout import steps_per_epoch
-from tula_hpc.performance.batch_schedule import BatchSchedule, goodput_choice
+from tula_hpc.performance.batch_schedule import BatchRamp, BatchSchedule, goodput_choice
 from tula_hpc.training.progress import steps_to_progress
 
 SAMPLES = 48_000
@@ -99,3 +99,32 @@ def test_validation_refuses_polo_and_a_search_over_one_rank():
     with pytest.raises(ConfigError, match=r"train.batch_schedule"):
         validate_config(job_config(train={"batch_schedule": "sometimes"}))
     assert default_job().train.batch_schedule == "fixed"
+
+
+def test_the_ramp_doubles_in_equal_stretches_over_its_fraction_then_holds_the_selected_batch():
+    ramp = BatchRamp(16, 128, 0.2)
+    assert ramp.batches() == [16, 32, 64, 128]
+    places = [0.0, 0.066, 0.067, 0.133, 0.134, 0.199, 0.2, 0.9]
+    assert [ramp.batch_at(p) for p in places] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert ramp.due(0.066, 0.067) and not ramp.due(0.07, 0.13) and ramp.due(0.19, 0.21)
+    choice = ramp.choose(16, {"b_noise": 40.0}, 0.1)
+    assert choice == {"global_batch": 32, "b_noise": 40.0, "reason": "ramp"}
+    assert BatchRamp(16, 100, 0.2).batches() == [16, 32, 64, 100]  # the last doubling capped at the selected batch
+    assert BatchRamp(64, 64, 0.2).batch_at(0.0) == 64  # nothing to ramp
+
+
+def test_a_ramp_from_above_the_selected_batch_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="train.ramp.start_batch.*256.*selected batch 128"):
+        BatchRamp(256, 128, 0.2)
+
+
+def test_the_stage_builds_the_ramp_from_lr_base_batch_and_refuses_one_that_does_not_split_over_the_ranks():
+    job = default_job(train=dict(batch_schedule="ramp", lr_base_batch=48))
+    assert BatchRamp.for_run(job, 256, 2).batches() == [48, 96, 192, 256]
+    with pytest.raises(ValueError, match=r"train.ramp.start_batch.*\[48, 96, 192, 256\].*over 5 ranks"):
+        BatchRamp.for_run(job, 256, 5)
+
+
+def test_adaptive_decides_at_every_share_of_the_run_it_is_given():
+    schedule = BatchSchedule(default_job(), tuple(rows()), SAMPLES, every=0.25)
+    assert [schedule.due(a / 10, b / 10) for a, b in [(0, 2), (2, 3), (5, 7), (9, 10)]] == [False, True, False, True]

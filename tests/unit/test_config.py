@@ -128,6 +128,38 @@ BAD_CASES = [
         ["field 'train.ags.base'", "'lars' under adamw", "decoupled", "allowed: sgd, lrs"],
     ),
     ("an unknown kind to exclude", lambda j: j["train"].update(ags={"exclude": ["heads"]}), ["train.ags.exclude.0"]),
+    (
+        "a ramp starting above every batch searched",
+        lambda j: j["train"].update(batch_schedule="ramp", ramp={"start_batch": 1_000_000}),
+        ["field 'train.ramp.start_batch'", "1000000 is above the largest batch searched", "allowed: 1 to"],
+    ),
+    (
+        "a ramp over none of the run",
+        lambda j: j["train"].update(batch_schedule="ramp", ramp={"fraction": 0}),
+        ["train.ramp.fraction"],
+    ),
+    (
+        "a ramp over more than the run",
+        lambda j: j["train"].update(batch_schedule="ramp", ramp={"fraction": 1.5}),
+        ["train.ramp.fraction"],
+    ),
+    (
+        "a ramp in a run measured in steps",
+        lambda j: j["train"].update(batch_schedule="ramp", steps=100),
+        ["field 'train.steps'", "ramp changes its batch", "allowed: train.tokens or train.epochs"],
+    ),
+    (
+        "a ramp under polo",
+        lambda j: j["train"].update(batch_schedule="ramp", strategy="polo"),
+        ["field 'train.batch_schedule'", "ramp with strategy 'polo'", "allowed: fixed"],
+    ),
+    (
+        "an unknown moments rule",
+        lambda j: j["train"].update(adam_moments_on_batch_change="halve"),
+        ["train.adam_moments_on_batch_change", "keep, reset"],
+    ),
+    ("decisions every 0 steps", lambda j: j["train"].update(batch_schedule_every=0), ["train.batch_schedule_every"]),
+    ("validation every 0 tokens", lambda j: j["train"].update(val_every_tokens=0), ["train.val_every_tokens"]),
     ("one beta", lambda j: j["train"].update(optimizer="adamw", betas=[0.9]), ["train.betas"]),
     ("a beta of 1", lambda j: j["train"].update(optimizer="adamw", betas=[0.9, 1.0]), ["train.betas.1"]),
     ("no clipping norm", lambda j: j["train"].update(grad_clip=0), ["train.grad_clip"]),
@@ -166,6 +198,18 @@ def test_the_adam_forms_lamb_polo_adascale_and_the_noise_scales_users_are_valid_
     config = job_config(train={"optimizer": "adamw", "warmup_epochs": 1, **train}, objective=objective)
     job = job_settings(validate_config(config), "digits-cnn")
     assert (job.train.optimizer, job.train.strategy) == ("adamw", train["strategy"])
+
+
+def test_a_ramp_on_one_rank_is_valid_and_starts_at_lr_base_batch_by_default():
+    config = job_config()
+    config["jobs"]["digits-cnn"]["train"].update(optimizer="adamw", strategy="lrs", batch_schedule="ramp")
+    config["jobs"]["digits-cnn"]["search"].update(nodes={"min": 1, "max": 1})
+    train = validate_config(config)["jobs"]["digits-cnn"]["train"]
+    assert (train["ramp"]["start_batch"], train["ramp"]["fraction"], train["adam_moments_on_batch_change"]) == (
+        None,
+        0.2,
+        "keep",
+    )
 
 
 def test_adamw_with_lrs_and_a_cosine_schedule_is_valid_and_fills_only_the_schedule_defaults():

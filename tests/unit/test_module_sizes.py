@@ -20,6 +20,7 @@ ONE_CONCEPT = {  # module -> the one concept it holds, which a split would tear 
     "bench/tula_bench/generalization_fmnist.py": "the Table I protocol on Fashion-MNIST: cells, tuning, test, figures",
     "bench/tula_bench/perf_accuracy.py": "the CPU performance-model accuracy benchmark: measure, fit, score",
     "bench/tula_bench/lm_large_batch.py": "the language-model large-batch protocol: arms, cells, figures",
+    "tula_hpc/training/trainer.py": "the training loop read top to bottom: set-up, resume, epochs, batch changes",
 }
 
 

@@ -18,6 +18,7 @@ from tula_hpc.training.optimizers import (
     clip_gradients,
     decay_groups,
     parameter_kinds,
+    reset_moments,
 )
 
 
@@ -193,3 +194,15 @@ def test_the_lars_recipe_under_adamw_is_lamb_over_adamws_decay_groups(strategy, 
     weights, others = built.param_groups
     assert weights["params"] == [model.hidden.weight] and weights["adapt"] and weights["weight_decay"] == 0.1
     assert len(others["params"]) == 4 and not others["adapt"] and others["weight_decay"] == 0.0
+
+
+def test_reset_moments_zeroes_adams_moments_and_step_and_keeps_the_weights():
+    net = nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+    net(torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+    weights = [p.detach().clone() for p in net.parameters()]
+    reset_moments(optimizer)
+    for state in optimizer.state.values():
+        assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    assert all(torch.equal(w, p) for w, p in zip(weights, net.parameters()))

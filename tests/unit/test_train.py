@@ -128,7 +128,10 @@ class ScriptedSchedule:
     def __init__(self, moves: dict[int, int]):
         self.moves = moves
 
-    def choose(self, global_batch: int, noise: dict | None) -> dict:
+    def due(self, before: float, after: float) -> bool:
+        return False  # at epochs' ends only
+
+    def choose(self, global_batch: int, noise: dict | None, progress: float) -> dict:
         return {"global_batch": self.moves.get(global_batch, global_batch), "b_noise": None, "reason": "scripted"}
 
 

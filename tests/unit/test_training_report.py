@@ -81,3 +81,23 @@ def test_an_adaptive_schedule_plots_the_batch_beside_the_noise_scale_and_lists_i
     assert "Batch schedule `adaptive`" in section and "started at 128" in section
     assert "128 -> 256 after epoch 1 (B_noise 100); 256 -> 512 after epoch 3 (B_noise 300)" in section
     assert "Batch schedule" not in strategy_section(summary, tmp_path / "fixed.png", tmp_path / "report.md")
+
+
+def test_the_batch_schedule_line_says_after_which_step_a_change_mid_epoch_fell():
+    from tula_hpc.reporting.training_section import batch_schedule_line
+
+    def decision(ran: int, now: int) -> dict:
+        return {
+            "ran": {"global_batch": ran},
+            "global_batch": now,
+            "b_noise": None,
+            "reason": "ramp",
+            "next": {"global_batch": now},
+        }
+
+    history = [
+        {"kind": "batch_schedule", "step": 40, "epoch": 0, "batch_schedule": decision(16, 32)},
+        {"epoch": 1, "step": 60, "batch_schedule": decision(32, 64)},
+    ]
+    line = batch_schedule_line(history)
+    assert "`ramp`" in line and "16 -> 32 after step 40" in line and "32 -> 64 after epoch 1" in line

@@ -99,6 +99,10 @@ LATER_SETTINGS = {
     "train.val_every_steps": None,
     "train.val_samples": None,
     "train.ags.exclude": None,
+    "train.val_every_tokens": None,
+    "train.batch_schedule_every": None,
+    "train.ramp": {"start_batch": None, "fraction": 0.2},
+    "train.adam_moments_on_batch_change": "keep",
 }
 
 

@@ -69,6 +69,12 @@ class LrScheduleSettings:
 
 
 @dataclass(frozen=True)
+class RampSettings:
+    start_batch: int | None = None
+    fraction: float = 0.2
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     epochs: int
     optimizer: str
@@ -95,6 +101,10 @@ class TrainSettings:
     steps: int | None = None
     val_every_steps: int | None = None
     val_samples: int | None = None
+    val_every_tokens: int | None = None
+    batch_schedule_every: int | None = None
+    ramp: RampSettings = RampSettings()
+    adam_moments_on_batch_change: str = "keep"
 
 
 @dataclass(frozen=True)

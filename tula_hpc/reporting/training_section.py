@@ -117,21 +117,31 @@ def _plot_noise_scale(ax, noise: list[tuple[int, float]], batch: int, ran: list[
 
 
 def batch_schedule_line(history: list[dict]) -> str:
-    """train.batch_schedule adaptive's changes of batch, each with the noise scale that made it (none fixed)."""
+    """train.batch_schedule adaptive's or ramp's changes of batch, each where it fell (after an epoch, or after a step
+    mid-epoch) with the noise scale measured then (none fixed)."""
     schedule = [r for r in history if "batch_schedule" in r]
     if not schedule:
         return ""
     changes = [
-        f"{r['batch_schedule']['ran']['global_batch']} -> {r['batch_schedule']['next']['global_batch']} after epoch "
-        f"{r['epoch']} (B_noise {r['batch_schedule']['b_noise'] or float('nan'):.3g})"
+        f"{r['batch_schedule']['ran']['global_batch']} -> {r['batch_schedule']['next']['global_batch']} "
+        f"{_where(r)} (B_noise {r['batch_schedule']['b_noise'] or float('nan'):.3g})"
         for r in schedule
         if r["batch_schedule"]["next"]["global_batch"] != r["batch_schedule"]["ran"]["global_batch"]
     ]
     start = schedule[0]["batch_schedule"]["ran"]["global_batch"]
-    said = "; ".join(changes) if changes else "no change: the goodput choice stayed at it"
+    if schedule[0]["batch_schedule"]["reason"] == "ramp":
+        how = "`ramp` (doubled in equal stretches of the run's first samples up to the selected batch)"
+    else:
+        how = "`adaptive` (chosen again by goodput during the run from the noise scale measured so far, at the node "
+        how += "shape held)"
+    said = "; ".join(changes) if changes else "no change: the choice stayed at it"
+    return f"\nBatch schedule {how}: started at {start}; {said}.\n"
+
+
+def _where(record: dict) -> str:
+    """Where a change of batch fell: after an epoch, or after an optimiser step mid-epoch."""
     return (
-        f"\nBatch schedule `adaptive` (chosen again by goodput at every epoch's end from the noise scale measured "
-        f"so far, at the node shape held): started at {start}; {said}.\n"
+        f"after step {record['step']}" if record.get("kind") == "batch_schedule" else f"after epoch {record['epoch']}"
     )
 
 

@@ -1,7 +1,7 @@
 """Stage `train`: the selected configuration trained by training/trainer.py's loop on every rank, relaunched with
 smaller slices while it runs out of memory; each attempt resumes from the last checkpoint. Under a goodput objective
-the epochs are stretched to the chosen batch's progress; under train.batch_schedule adaptive the fitted model's
-candidates (perfmodel.json) go to the loop, which chooses the batch again at every epoch's end.
+the epochs are stretched to the chosen batch's progress; train.batch_schedule adaptive (the fitted model's candidates,
+perfmodel.json) or ramp (start_batch doubled up to the selected batch) go to the loop, which changes the batch.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from tula_hpc.core.records import Selection, TrainSummary
 from tula_hpc.performance.choice import GOODPUT_GOALS
 from tula_hpc.stages.runner import stage_main
 from tula_hpc.training.attempts import StopTimes, attempt_at, next_attempt, record_outcome, stop_warning_s
-from tula_hpc.training.handoff import TrainHandoff
+from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loop_accounting import loop_time_s
 
 if TYPE_CHECKING:
     from tula_hpc.core.job import Job
-    from tula_hpc.performance.batch_schedule import BatchSchedule
 
 # Launched by name: the stage, which waits for it where Snakemake runs (a login node), imports no torch.
 TRAIN_WORKER = launch.Worker("tula_hpc.training.trainer", "train_handed_off")
@@ -46,21 +45,22 @@ def stretched_to_progress(job: Job, chosen: dict) -> Job:
     return job.updated(train={"epochs": epochs, "lr_milestones": milestones})
 
 
-def batch_schedule_for(job: Job, perfmodel_path: Path | None, chosen: dict) -> BatchSchedule | None:
-    """train.batch_schedule adaptive's candidates, from perfmodel.json (None under fixed)."""
-    if job.train.batch_schedule != "adaptive":
+def batch_schedule_for(job: Job, perfmodel_path: Path | None, chosen: dict, ranks: int = 1) -> BatchChooser | None:
+    """train.batch_schedule's (adaptive's from perfmodel.json, ramp's over `ranks`); None under fixed."""
+    if (kind := job.train.batch_schedule) == "fixed":
         return None
-    if perfmodel_path is None:
-        raise StageError(
-            f"job '{job.name}': field 'train.batch_schedule': adaptive chooses among the fitted model's candidates; "
-            f"give the train stage --perfmodel results/{job.name}/perfmodel.json"
-        )
-    from tula_hpc.performance.batch_schedule import BatchSchedule  # the fitted model's maths: under adaptive only
-
+    if kind == "adaptive" and perfmodel_path is None:
+        why = "adaptive chooses among the fitted model's candidates; give the train stage --perfmodel"
+        raise StageError(f"job '{job.name}': field 'train.batch_schedule': {why} results/{job.name}/perfmodel.json")
     try:
-        return BatchSchedule.for_run(job, read_json(perfmodel_path), chosen)
+        from tula_hpc.performance.batch_schedule import BatchRamp, BatchSchedule  # under a schedule only
+
+        if kind == "ramp":
+            return BatchRamp.for_run(job, chosen["batch"], ranks)
+        run = stretched_to_progress(job, chosen).train  # the run the loop trains, whose shares place decisions
+        return BatchSchedule.for_run(job, read_json(perfmodel_path), chosen, run)
     except ValueError as err:
-        raise StageError(f"{perfmodel_path}: {err}") from err
+        raise StageError(f"job '{job.name}' ({perfmodel_path or 'train.ramp'}): {err}") from err
 
 
 def train(
@@ -79,10 +79,9 @@ def train(
     """
     selection = Selection.read(selection_path)
     chosen = selection.chosen
-    schedule = batch_schedule_for(job, perfmodel_path, chosen)
-    job = stretched_to_progress(job, chosen)
-    stage_dir = Path(work_dir) / "train"
     spec = launch.LaunchSpec.for_job(job, nodes=chosen["nodes"], gpus_per_node=chosen.get("gpus_per_node"))
+    schedule = batch_schedule_for(job, perfmodel_path, chosen, spec.world_size)
+    job, stage_dir = stretched_to_progress(job, chosen), Path(work_dir) / "train"
     spec = replace(spec, time_min=train_job_minutes(job, selection))
     started = time.time()
     selected = {key: chosen[key] for key in ("nodes", "gpus_per_node", "batch") if key in chosen}

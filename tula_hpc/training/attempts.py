@@ -36,14 +36,14 @@ def after_out_of_memory(on_oom: str, global_batch: int, accumulation: int, world
 
 def next_attempt(job: Job, chosen: dict, attempts: list[dict], world_size: int) -> tuple[int, int]:
     """(global batch, accumulation) of the next attempt; a failed attempt is rerun, an out-of-memory one shrunk (its
-    slice only under train.batch_schedule adaptive, whose schedule owns the global batch)."""
+    slice only under train.batch_schedule adaptive or ramp, whose schedule owns the global batch)."""
     if not attempts:
         return chosen["batch"], 1
     last = attempts[-1]
     if last["outcome"] != "out_of_memory":
         attempts.pop()
         return last["global_batch"], last["accumulation"]
-    on_oom = "keep_global_batch" if job.train.batch_schedule == "adaptive" else job.resources.on_oom
+    on_oom = "keep_global_batch" if job.train.batch_schedule != "fixed" else job.resources.on_oom
     shrunk = after_out_of_memory(on_oom, last["global_batch"], last["accumulation"], world_size)
     if shrunk is None:
         raise StageError(

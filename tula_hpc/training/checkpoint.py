@@ -87,7 +87,8 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     strategy: dict = field(default_factory=dict)
     noise_scale: dict | None = None
-    global_batch: int | None = None  # the batch in effect, once train.batch_schedule adaptive has changed it
+    global_batch: int | None = None  # the batch in effect, once train.batch_schedule adaptive or ramp changed it
+    batch_changed_at: int | None = None  # the optimiser step after which it last changed
     optimizer_steps: int = 0  # every step taken, at whichever batch (`step` places the schedule at the current one)
 
     def state_dict(self) -> dict:

@@ -13,18 +13,22 @@ if TYPE_CHECKING:
 
 
 class BatchChooser(Protocol):
-    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule): the next epoch's
-    global batch from the noise scale measured so far, with why."""
+    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule and BatchRamp): whether
+    a step from one place of the run to the next passes a decision, and the global batch from here, from the noise
+    scale measured so far and the run's place, with why. A place is a share of the run's samples trained, the same
+    on every rank and in a resumed run."""
 
-    def choose(self, global_batch: int, noise: dict | None) -> dict: ...
+    def due(self, before: float, after: float) -> bool: ...
+
+    def choose(self, global_batch: int, noise: dict | None, progress: float) -> dict: ...
 
 
 @dataclass(frozen=True)
 class TrainHandoff:
     """`train_worker`'s arguments but the failure folder, which the launcher adds (launch.run_or_out_of_memory).
 
-    `selected_batch` names the run's checkpoint; `schedule` is train.batch_schedule adaptive's (None under fixed);
-    `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory;
+    `selected_batch` names the run's checkpoint; `schedule` is train.batch_schedule adaptive's or ramp's (None under
+    fixed); `micro_cap` caps the slices a schedule's batches are computed in, set after running out of memory;
     `stop_warning_s` is the warning before the time limit the attempt's job gets (None: none), which the loop holds
     against its checkpoint saves."""
 

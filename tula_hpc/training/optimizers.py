@@ -202,3 +202,18 @@ def clip_gradients(params, max_norm: float | None) -> None:
     unscale, so that the norm is the true gradient's."""
     if max_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+# Adam's per-parameter state that a change of batch may zero (train.adam_moments_on_batch_change reset)
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")
+
+
+def reset_moments(optimizer: torch.optim.Optimizer) -> None:
+    """Zero Adam's moments and step count in place, as AdaptDL does at each change of batch: the moments measured at
+    the old batch's noise no longer describe the new one's, and bias correction starts again from the next step."""
+    for state in optimizer.state.values():
+        for key in ADAM_MOMENTS:
+            if isinstance(state.get(key), torch.Tensor):
+                state[key].zero_()
+            elif key in state:
+                state[key] = 0

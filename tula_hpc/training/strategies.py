@@ -126,11 +126,18 @@ class Strategy:
         """
         peak = [group["initial_lr"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(optimizer_state)
+        for group, initial in zip(self.optimizer.param_groups, peak):
+            group["initial_lr"] = initial
+        self.place(step)
+
+    def place(self, step: int) -> None:
+        """The rate schedule at step `step` of this run's own schedule: where a resume, or a change of batch
+        mid-epoch (the samples trained so far in this batch's steps), puts it."""
         scheduler = self.scheduler
         scheduler.last_epoch = step
         scheduler._last_lr = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-        for group, initial, lr in zip(self.optimizer.param_groups, peak, scheduler._last_lr):
-            group.update(initial_lr=initial, lr=lr)
+        for group, lr in zip(self.optimizer.param_groups, scheduler._last_lr):
+            group["lr"] = lr
 
     def end_epoch(self) -> dict:
         """Called after an epoch's last step, before evaluation and checkpoint; returns metrics to record."""

@@ -21,8 +21,13 @@ profile's data part (which cannot overlap: profiling waits for every step). Epoc
 kill, a preemption or running out of memory threw away are lost work; `train_time_with_lost_work_s`
 adds them, from a log rank 0 appends to as the loop goes and on its way out (loop_accounting.LoopClock).
 
-The batch. Under train.batch_schedule adaptive it is chosen again at every epoch's end (`Trainer.next_batch`, by
-performance/batch_schedule.py's BatchSchedule); the checkpoint keeps the batch in effect, so a resume sets up at it.
+The batch. Under train.batch_schedule adaptive or ramp it is chosen again during the run (`Trainer.next_batch`, by
+performance/batch_schedule.py's BatchSchedule or BatchRamp): where the schedule says a decision falls (places in
+samples trained, the same in a resumed run) and at every epoch's end. A change mid-epoch goes on at each rank's next
+unseen sample of the epoch's permutation (`epoch_batches`). The rate schedule's place is the samples trained so far
+in the new batch's steps, warm-up steps counted at the run's starting batch, so warm-up and decay lie over samples
+(tokens); `state.step` is that place, `state.optimizer_steps` the steps taken. The checkpoint keeps the batch in
+effect and the step it changed at, so a resume sets up at it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from tula_hpc.training.evaluation import save_trained_model
 from tula_hpc.training.handoff import BatchChooser, TrainHandoff
 from tula_hpc.training.loaders import loader_options, make_loader, start_epoch
 from tula_hpc.training.loop_accounting import LoopClock, StepTrace, TimedBatches
+from tula_hpc.training.optimizers import reset_moments
 from tula_hpc.training.preemption import StopRequests
 from tula_hpc.training.progress import run_epochs, tokens_per_sample, whole_epochs
 from tula_hpc.training.step import build_for_job, clock_for, loop_step, wrap_ddp
@@ -82,7 +88,7 @@ def train_worker(
 
     `accumulation` splits each device's batch into that many slices; `selected_batch` is the selected
     global batch, which names the run's checkpoint (default: global_batch). `schedule` (train.batch_schedule
-    adaptive) re-chooses the batch at epochs' ends, each computed in slices of at most `micro_cap` samples (set
+    adaptive or ramp) re-chooses the batch during the run, each computed in slices of at most `micro_cap` samples (set
     after running out of memory). `stop_warning_s`: the warning before the time limit this job gets (None: none),
     which rank 0 holds against its first save. A rank that runs out of memory records it, with the batch and slice
     in effect, in `failure_dir` and ends the whole job step (`end_job_step`); the checkpoint stays.
@@ -150,11 +156,15 @@ class Trainer:
             "format": CHECKPOINT_FORMAT,
         }
         self.checkpointer = Checkpointer(checkpoint_path, self.run, ctx)
-        self.state, self.strategy = TrainState(), None
+        self.state, self.strategy, self.batches = TrainState(), None, None
         checkpoint = self.checkpointer.load()
         if checkpoint is not None:
             self.state.load_state_dict(checkpoint["state"])
-        self.use_batch(self.state.global_batch or global_batch)  # the schedule's batch, where it changed it
+        # The run's length in samples and its starting batch (a ramp's first), whatever batch it is at now.
+        samples = len(self.splits.train)
+        self.run_samples = run_epochs(job.train, samples, global_batch, self.tokens_per_sample) * samples
+        self.start_batch = schedule.choose(global_batch, None, 0.0)["global_batch"] if schedule else global_batch
+        self.use_batch(self.state.global_batch or self.start_batch)  # the schedule's batch, where it changed it
         self.resumed_from = self.resume(checkpoint)
         del checkpoint
         # The run's longest save and step: a resumed run goes on from its record, a fresh run measures afresh.
@@ -170,8 +180,9 @@ class Trainer:
         """Train at `global_batch` from here: its per-device batch and slices, steps per epoch, loader, and the
         strategy (train.strategy: the optimiser, the per-step LR schedule, the hooks around the step) built for it.
 
-        A strategy built before (a change of batch at an epoch's end) hands over the optimiser's state and its own,
-        placed at this batch's step of the epoch, as a resume from a checkpoint does; the noise scale hook stays.
+        A strategy built before (a change of batch) hands over the optimiser's state (Adam's moments zeroed under
+        train.adam_moments_on_batch_change reset) and its own, placed at the samples trained so far in this batch's
+        steps, as a resume from a checkpoint does; the noise scale hook and the epoch's data wait stay.
         """
         ctx, previous = self.ctx, self.strategy
         self.global_batch, self.per_device = global_batch, global_batch // ctx.world_size
@@ -184,7 +195,7 @@ class Trainer:
         self.run_epochs = whole_epochs(self.length)
         self.strategy = build_strategy(
             self.net,
-            self.job.train,
+            self.train_settings(global_batch),
             global_batch,
             self.steps_per_epoch,
             samples,
@@ -192,9 +203,11 @@ class Trainer:
             tokens_per_sample=tokens,
         )
         if previous is not None:
-            self.state.step = self.state.epoch * self.steps_per_epoch
+            self.state.step = self.schedule_place()
             self.strategy.resume(previous.optimizer.state_dict(), self.state.step)
             self.strategy.load_state_dict(previous.state_dict())
+            if self.job.train.optimizer == "adamw" and self.job.train.adam_moments_on_batch_change == "reset":
+                reset_moments(self.strategy.optimizer)
             self.epochs = self.state.epoch + self.strategy.epochs_left(self.run_epochs, self.state.epoch)
         self.loader = make_loader(
             self.splits.train,
@@ -205,7 +218,27 @@ class Trainer:
             shuffle=True,
             **self.loader_options,
         )
+        waited = self.batches.waited if self.batches is not None else 0.0
         self.batches = TimedBatches(self.loader)
+        self.batches.waited = waited
+
+    def train_settings(self, global_batch: int):
+        """train's settings at `global_batch`: the cosine warm-up's steps, counted at the run's starting batch, in
+        this batch's steps, so that the warm-up covers the same samples whatever the batch."""
+        train, schedule = self.job.train, self.job.train.lr_schedule
+        if global_batch == self.start_batch or not schedule.warmup_steps:
+            return train
+        warmup = max(1, round(schedule.warmup_steps * self.start_batch / global_batch))
+        return replace(train, lr_schedule=replace(schedule, warmup_steps=warmup))
+
+    def schedule_place(self) -> int:
+        """The rate schedule's place at the batch in effect: the epochs and samples trained so far in its steps."""
+        return self.state.epoch * self.steps_per_epoch + math.ceil(self.state.samples_done / self.per_device)
+
+    def samples_trained(self) -> int:
+        """Samples trained so far over every rank (the sampler's padding of an epoch's last batches left out)."""
+        state, samples = self.state, len(self.splits.train)
+        return state.epoch * samples + min(state.samples_done * self.ctx.world_size, samples)
 
     def batch_in_effect(self) -> dict:
         """The batch and the slice a device computes at once, as an out-of-memory record keeps them."""
@@ -236,40 +269,46 @@ class Trainer:
 
         Asked to stop, the step is saved at once, an epoch's last one too (its end, validation and all, is the
         resumed run's: a short grace time must not go on it), and this rank leaves. Every
-        resources.checkpoint_every_steps steps (if set) it is saved mid-epoch too. The time of a step's work still
-        queued on the device counts (`device.wait`).
+        resources.checkpoint_every_steps steps (if set) it is saved mid-epoch too, after a change of batch the step
+        made. The time of a step's work still queued on the device counts (`device.wait`).
         """
-        state, clock, per_device = self.state, self.clock, self.per_device
-        start_epoch(self.loader, state.epoch, state.samples_done)
-        batches_done = math.ceil(state.samples_done / per_device)
+        state, clock = self.state, self.clock
+        if state.step != self.schedule_place():  # the epoch before changed batch mid-way: its last step was short
+            state.step = self.schedule_place()
+            self.strategy.place(state.step)
         spent_before, started = clock.spent - state.open_epoch_time, time.perf_counter()
         self.batches.waited = state.open_epoch_data_wait
         # Summed on the device (no sync per step), from the saved steps' sum (every rank's mean).
         loss_sum, steps = torch.tensor(state.open_epoch_loss_sum, device=self.ctx.device), state.open_epoch_steps
-        steps_left = batches_done < self.steps_per_epoch and not self.strategy.finished()
         try:
-            for batch in self.batches if steps_left else ():
+            for batch in self.epoch_batches():
+                trained_before = self.samples_trained()
                 loss, stopping = loop_step(
                     self.net, self.strategy, self.task, batch, self.ctx.device, stop, self.accumulation
                 )
                 loss_sum, steps = loss_sum + loss.detach().float(), steps + 1
-                state.step, batches_done = state.step + 1, batches_done + 1
-                state.optimizer_steps += 1
-                self.trace.add(state.step)
-                saving = stopping or (self.checkpoint_due(state.step) and batches_done < self.steps_per_epoch)
-                epoch_over = batches_done >= self.steps_per_epoch or self.strategy.finished()
-                validating = validation_due(self.job.train.val_every_steps, state.step, epoch_over)
-                if saving or validating:
+                state.samples_done = min(state.samples_done + self.per_device, self.loader.sampler.num_samples)
+                state.step, state.optimizer_steps = state.step + 1, state.optimizer_steps + 1
+                self.trace.add(state.optimizer_steps)
+                epoch_over = state.samples_done >= self.loader.sampler.num_samples or self.strategy.finished()
+                places = (trained_before / self.run_samples, self.samples_trained() / self.run_samples)
+                deciding = self.schedule is not None and not epoch_over and self.schedule.due(*places)
+                saving = stopping or (self.checkpoint_due(state.optimizer_steps) and not epoch_over)
+                tokens = (trained_before * self.tokens_per_sample, self.samples_trained() * self.tokens_per_sample)
+                validating = validation_due(self.job.train, state.optimizer_steps, tokens, epoch_over)
+                if saving or validating or deciding:
                     self.device_clock.wait()
                 now = time.perf_counter()
                 clock.add(now - started, force=saving)
+                if deciding:  # before a save, which then holds the new batch
+                    self.record(self.next_batch(self.noise_read(), mid_epoch=True))
                 if saving:
-                    self.save_open_epoch(batches_done * per_device, clock.spent - spent_before, loss_sum, steps)
+                    self.save_open_epoch(state.samples_done, clock.spent - spent_before, loss_sum, steps)
                     if stopping:
                         stop.leave(self.ctx.rank)
                 if validating:
                     self.validate_mid_epoch()
-                started = time.perf_counter()  # a save's or a validation's time is not the loop's
+                started = time.perf_counter()  # a save's, a decision's or a validation's time is not the loop's
                 if self.strategy.finished():  # its progress is made mid-epoch: the epoch ends here
                     break
             self.device_clock.wait()
@@ -279,25 +318,39 @@ class Trainer:
         self.step_s = max(self.step_s, epoch_time / max(steps, 1))
         return loss_sum / max(steps, 1), epoch_time
 
+    def epoch_batches(self):
+        """The open epoch's batches left, from each rank's `samples_done` on, at the batch in effect: after a change
+        of batch mid-epoch the new loader goes on at the next sample of the same permutation, none repeated or
+        skipped."""
+        state = self.state
+        while state.samples_done < self.loader.sampler.num_samples and not self.strategy.finished():
+            loader = self.loader
+            start_epoch(loader, state.epoch, state.samples_done)
+            for batch in self.batches:
+                yield batch
+                if self.loader is not loader:
+                    break
+            else:
+                return
+
     def checkpoint_due(self, step: int) -> bool:
         """resources.checkpoint_every_steps: the same steps on every rank, so that they save together."""
         every = self.job.resources.checkpoint_every_steps
         return every is not None and step % every == 0
 
     def end_epoch(self, loss: torch.Tensor, epoch_time: float) -> None:
-        """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps) and
-        its checkpoint."""
+        """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps; the
+        batch schedule's decision) and its checkpoint."""
         state, loss = self.state, mean_over_ranks(loss, self.ctx)
         strategy_metrics = self.strategy.end_epoch()
-        noise = self.strategy.noise_scale
-        strategy_metrics["noise_scale"] = noise.read() if noise is not None else None
+        strategy_metrics["noise_scale"] = self.noise_read()
         state.train_time += epoch_time
         state.epoch, state.samples_done, state.open_epoch_steps = state.epoch + 1, 0, 0
         state.open_epoch_time = state.open_epoch_data_wait = state.open_epoch_loss_sum = 0.0
         validation = self.validation.scores(self.micro_batch, self.strategy.precision)
         record = {
             "epoch": state.epoch,
-            "step": state.step,
+            **self.place_in_run(),
             "loss": loss,
             **{f"val_{name}": value for name, value in validation.items()},
             "epoch_time_s": epoch_time,
@@ -317,31 +370,52 @@ class Trainer:
                 flush=True,
             )
 
-    def validate_mid_epoch(self) -> None:
-        """train.val_every_steps: a record of its own (step, validation scores) in the history and metrics.jsonl."""
-        scores = self.validation.scores(self.micro_batch, self.strategy.precision)
-        record = {"kind": "validation", "step": self.state.step, "epoch": self.state.epoch}
-        record |= {f"val_{name}": value for name, value in scores.items()}
+    def place_in_run(self) -> dict:
+        """What every record says of where the run stands: optimiser steps taken, tokens trained over every rank
+        (data.seq_len per sample, an image 1), the global batch in effect."""
+        tokens = self.samples_trained() * self.tokens_per_sample
+        return {"step": self.state.optimizer_steps, "tokens": tokens, "global_batch": self.global_batch}
+
+    def noise_read(self) -> dict | None:
+        """The noise scale measured so far, the same on every rank (a collective: every rank calls it)."""
+        noise = self.strategy.noise_scale
+        return noise.read() if noise is not None else None
+
+    def record(self, record: dict) -> None:
+        """A record between epochs' ends (a validation, a change of batch): in the history and metrics.jsonl."""
         self.state.history.append(record)
         if self.ctx.is_main:
             append_jsonl(self.metrics_path, record)
-            print(f"[train] step {self.state.step} {self.validation.headline(scores)}", flush=True)
 
-    def next_batch(self, noise: dict | None) -> dict:
-        """train.batch_schedule adaptive at an epoch's end: the batch the epoch ran at, the one the schedule chooses
-        for the next from the noise scale measured so far (every rank reads the same), and the change made."""
+    def validate_mid_epoch(self) -> None:
+        """train.val_every_steps or val_every_tokens: a record of its own (where the run stands, validation scores)."""
+        scores = self.validation.scores(self.micro_batch, self.strategy.precision)
+        record = {"kind": "validation", **self.place_in_run(), "epoch": self.state.epoch}
+        self.record(record | {f"val_{name}": value for name, value in scores.items()})
+        if self.ctx.is_main:
+            print(f"[train] step {self.state.optimizer_steps} {self.validation.headline(scores)}", flush=True)
+
+    def next_batch(self, noise: dict | None, mid_epoch: bool = False) -> dict:
+        """The batch schedule's decision: the batch the run ran at, the one the schedule chooses from the noise scale
+        measured so far (every rank reads the same) and the run's place, and the change made, from the next step
+        on. Mid-epoch, a record of kind batch_schedule with where the run stands; at an epoch's end, the part of its
+        record under `batch_schedule`."""
         ran = self.batch_in_effect()
-        choice = self.schedule.choose(self.global_batch, noise)
+        choice = self.schedule.choose(self.global_batch, noise, self.samples_trained() / self.run_samples)
         if choice["global_batch"] != self.global_batch and not self.strategy.finished():
             self.use_batch(choice["global_batch"])
-            self.state.global_batch = self.global_batch
+            self.state.global_batch, self.state.batch_changed_at = self.global_batch, self.state.optimizer_steps
             if self.ctx.is_main:
                 print(
-                    f"[train] batch {ran['global_batch']} -> {self.global_batch} ({choice['reason']}, B_noise "
-                    f"{choice['b_noise']}; {self.accumulation} slice(s) of {self.micro_batch} per device)",
+                    f"[train] batch {ran['global_batch']} -> {self.global_batch} after step "
+                    f"{self.state.optimizer_steps} ({choice['reason']}, B_noise {choice['b_noise']}; "
+                    f"{self.accumulation} slice(s) of {self.micro_batch} per device)",
                     flush=True,
                 )
-        return {"ran": ran, **choice, "next": self.batch_in_effect()}
+        decision = {"ran": ran, **choice, "next": self.batch_in_effect()}
+        if not mid_epoch:
+            return decision
+        return {"kind": "batch_schedule", **self.place_in_run(), "epoch": self.state.epoch, "batch_schedule": decision}
 
     def resume(self, checkpoint: dict | None) -> tuple[int, int] | None:
         """The checkpoint of this run (its state already read), restored into the model, the optimiser, the strategy,
@@ -353,8 +427,8 @@ class Trainer:
         state = self.state
         # The schedule is this attempt's own, at its own step count for the work done (see Strategy.resume):
         # a relaunch at a smaller global batch counts the samples done in its own, smaller steps.
-        state.step = state.epoch * self.steps_per_epoch + math.ceil(state.samples_done / self.per_device)
-        state.restarts.append(state.step)
+        state.step = self.schedule_place()
+        state.restarts.append(state.optimizer_steps)
         self.strategy.resume(checkpoint["optimizer"], state.step)
         self.strategy.load_state_dict(state.strategy)
         if self.strategy.noise_scale is not None and state.noise_scale is not None:  # rank 0's, on every rank
@@ -363,10 +437,10 @@ class Trainer:
         if self.ctx.is_main:
             print(
                 f"[train] resuming from checkpoint {self.checkpointer.loaded_from} at epoch {state.epoch} "
-                f"({state.samples_done} samples per rank into it), step {state.step}",
+                f"({state.samples_done} samples per rank into it), step {state.optimizer_steps}",
                 flush=True,
             )
-        return state.epoch, state.step
+        return state.epoch, state.optimizer_steps
 
     def save_open_epoch(self, samples_done: int, epoch_time: float, loss_sum: torch.Tensor, steps: int) -> None:
         """The open epoch saved part-way (every rank calls it): its samples per rank, time, data wait, steps and loss

@@ -1,7 +1,7 @@
 """Validation while training: which held-out samples it scores and at which steps. A language model's run is often
 shorter than an epoch and its validation split long, so it validates every train.val_every_steps optimiser steps
-on train.val_samples of the split, the same seeded subset every time so that the scores compare; the evaluate stage
-still scores every held-out sample.
+(or every train.val_every_tokens tokens, whatever the batch) on train.val_samples of the split, the same seeded
+subset every time so that the scores compare; the evaluate stage still scores every held-out sample.
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ class Validation:
         return f"val {metric.label} {scores[self.task.headline]:.4f}{' ' + metric.unit if metric.unit else ''}"
 
 
-def validation_due(every: int | None, step: int, epoch_over: bool) -> bool:
-    """Whether optimiser step `step` validates mid-epoch (train.val_every_steps `every`): not where the epoch, or the
-    run, is over, whose end validates anyway."""
-    return every is not None and step % every == 0 and not epoch_over
+def validation_due(train_cfg, step: int, tokens: tuple[int, int], epoch_over: bool) -> bool:
+    """Whether optimiser step `step`, which trained from `tokens[0]` to `tokens[1]` (all ranks), validates mid-epoch:
+    at every train.val_every_steps-th step, and where the tokens cross a multiple of train.val_every_tokens (once
+    where both fall due); not where the epoch, or the run, is over, whose end validates anyway."""
+    every_steps, every_tokens = train_cfg.val_every_steps, train_cfg.val_every_tokens
+    by_steps = every_steps is not None and step % every_steps == 0
+    by_tokens = every_tokens is not None and tokens[1] // every_tokens > tokens[0] // every_tokens
+    return (by_steps or by_tokens) and not epoch_over
