@@ -211,19 +211,11 @@ def digest_of(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def validation_curve(summary: dict, arm: str, seq_len: int) -> list[dict]:
-    """Every validation of the run in order: step, tokens, validation loss and the global batch then. A fixed arm's
-    tokens are its steps x batch x T; a moving arm's records carry their own."""
-    curve = []
-    for record in summary["history"]:
-        if "val_loss" not in record:
-            continue
-        batch = record.get("global_batch", summary["global_batch"])
-        if "tokens" not in record and arm in MOVING:
-            raise KeyError(f"arm {arm}: a validation record without its tokens: {record}")
-        tokens = record.get("tokens", record["step"] * batch * seq_len)
-        curve.append({"step": record["step"], "tokens": tokens, "val_loss": record["val_loss"], "global_batch": batch})
-    return curve
+def validation_curve(summary: dict) -> list[dict]:
+    """Every validation of the run in order: step, tokens, validation loss and the global batch then (each record's
+    own)."""
+    keys = ("step", "tokens", "val_loss", "global_batch")
+    return [{key: record[key] for key in keys} for record in summary["history"] if "val_loss" in record]
 
 
 def to_target(curve: list[dict], target: float) -> dict | None:
@@ -245,14 +237,16 @@ def to_target(curve: list[dict], target: float) -> dict | None:
 def run_cell(cell: dict, scratch: Path, scale: str, candidates: dict | None) -> dict:
     """One arm at one seed: its validation curve, final validation loss, steps, tokens, time and batch over the run."""
     job = arm_job(cell["arm"], cell["seed"], scale)
+    from tula_hpc.performance.batch_schedule import BatchRamp, BatchSchedule
+
     worker = {}
     if cell["arm"] in ADAPTIVE:
-        from tula_hpc.performance.batch_schedule import BatchSchedule
-
         worker["schedule"] = BatchSchedule(job, tuple(candidates["rows"]), candidates["train_samples"])
+    elif cell["arm"] == "ramp":
+        worker["schedule"] = BatchRamp.for_run(job, cell["batch"], WORLD)  # as the train stage builds it
     started = time.perf_counter()
     summary = train_cell(job, cell["batch"], scratch / cell["key"], WORLD, NAME, **worker)
-    curve = validation_curve(summary, cell["arm"], job.data.seq_len)
+    curve = validation_curve(summary)
     record = {
         **cell,
         "curve": curve,

@@ -64,6 +64,7 @@ def test_the_noise_scale_growing_during_training_moves_the_batch_up():
     early, late = schedule.choose(64, {"b_noise": 72.0}), schedule.choose(64, {"b_noise": 300.0})
     assert (early["global_batch"], late["global_batch"]) == (64, 128)
     assert late == {"global_batch": 128, "b_noise": 300.0, "reason": "goodput"}
+    assert schedule.start(64) == 64  # it starts at the selected batch
 
 
 def test_without_a_noise_scale_or_a_feasible_candidate_the_batch_stays():
@@ -103,7 +104,7 @@ def test_validation_refuses_polo_and_a_search_over_one_rank():
 
 def test_the_ramp_doubles_in_equal_stretches_over_its_fraction_then_holds_the_selected_batch():
     ramp = BatchRamp(16, 128, 0.2)
-    assert ramp.batches() == [16, 32, 64, 128]
+    assert ramp.batches() == [16, 32, 64, 128] and ramp.start(128) == 16  # the selected batch is where it ends
     places = [0.0, 0.066, 0.067, 0.133, 0.134, 0.199, 0.2, 0.9]
     assert [ramp.batch_at(p) for p in places] == [16, 16, 32, 32, 64, 64, 128, 128]
     assert ramp.due(0.066, 0.067) and not ramp.due(0.07, 0.13) and ramp.due(0.19, 0.21)

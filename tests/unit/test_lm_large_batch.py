@@ -24,13 +24,16 @@ def test_a_target_reached_at_the_first_validation_or_never():
     assert bench.to_target(curve([3.0, 2.9]), 2.5) is None
 
 
-def test_a_fixed_arm_counts_its_tokens_a_moving_arm_must_carry_them():
-    summary = {"global_batch": 128, "history": [{"step": 5, "val_loss": 3.0}, {"epoch": 1, "step": 5, "loss": 2.9}]}
-    assert bench.validation_curve(summary, "large", 64) == [
-        {"step": 5, "tokens": 5 * 128 * 64, "val_loss": 3.0, "global_batch": 128}
+def test_the_curve_is_every_validation_record_s_place_and_loss():
+    history = [
+        {"kind": "validation", "step": 5, "tokens": 40_960, "global_batch": 128, "epoch": 0, "val_loss": 3.0},
+        {"kind": "batch_schedule", "step": 6, "tokens": 49_152, "global_batch": 128, "epoch": 0},
+        {"epoch": 1, "step": 7, "tokens": 57_344, "global_batch": 128, "loss": 2.9, "val_loss": 2.8},
     ]
-    with pytest.raises(KeyError, match="ramp"):
-        bench.validation_curve(summary, "ramp", 64)
+    assert bench.validation_curve({"history": history}) == [
+        {"step": 5, "tokens": 40_960, "val_loss": 3.0, "global_batch": 128},
+        {"step": 7, "tokens": 57_344, "val_loss": 2.8, "global_batch": 128},
+    ]
 
 
 def test_the_gpu_step_model_is_nearly_flat_up_to_8_b0_and_its_time_per_sequence_falls():
@@ -54,6 +57,7 @@ def record(arm: str, seed: int, losses: list[float], batch: int = 16) -> dict:
     }
 
 
+@pytest.mark.spawns  # the result's provenance runs git
 def test_paired_figures_and_targets_over_seeds():
     records = []
     for seed, shift in enumerate([0.0, 0.01, 0.02]):

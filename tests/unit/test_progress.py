@@ -8,6 +8,7 @@ from tests.conftest import default_job
 from tula_hpc.training.progress import (
     adascale_gain,
     measured_noise_scale,
+    recipe_steps,
     run_epochs,
     run_steps,
     steps_to_progress,
@@ -60,3 +61,15 @@ def test_a_run_s_steps_are_train_steps_as_given_else_its_epochs_of_steps_rounded
     assert steps(epochs=3) == 60
     assert steps(tokens=32_000) == 10
     assert steps(tokens=33_000) == 11  # 10.3 steps: the part-step is a step
+
+
+def test_the_recipe_s_steps_are_its_run_at_lr_base_batch_in_tokens_steps_or_epochs():
+    """AdaScale trains to these, so a run measured in tokens must not train train.epochs' worth (the default 3)."""
+
+    def steps(**train):
+        return recipe_steps(replace(TRAIN, lr_base_batch=16, **train), 1000, 64)
+
+    assert steps(epochs=3) == 3 * 63  # ceil(1000 / 16) steps an epoch
+    assert steps(tokens=64_000) == 63  # one epoch of 64-token windows
+    assert steps(tokens=32_000) == 32  # half an epoch, the part-step a step
+    assert steps(steps=40) == 40

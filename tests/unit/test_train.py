@@ -128,6 +128,9 @@ class ScriptedSchedule:
     def __init__(self, moves: dict[int, int]):
         self.moves = moves
 
+    def start(self, selected_batch: int) -> int:
+        return selected_batch
+
     def due(self, before: float, after: float) -> bool:
         return False  # at epochs' ends only
 

@@ -83,6 +83,10 @@ class BatchSchedule:
         every = DECISIONS_EVERY if steps is None else steps * chosen["batch"] / run_samples
         return cls(job, rows, samples, every)
 
+    def start(self, selected_batch: int) -> int:
+        """The selected batch: the schedule moves from there."""
+        return selected_batch
+
     def due(self, before: float, after: float) -> bool:
         """Whether a step from run share `before` to `after` passes a decision (every `every` of the run)."""
         return int(after / self.every) > int(before / self.every)
@@ -145,6 +149,10 @@ class BatchRamp:
         if progress >= self.fraction:
             return self.end_batch
         return batches[int(progress * (len(batches) - 1) / self.fraction)]
+
+    def start(self, selected_batch: int) -> int:
+        """The ramp's first batch; the selected batch is where it ends."""
+        return self.start_batch
 
     def due(self, before: float, after: float) -> bool:
         """Whether a step from run share `before` to `after` passes a change of the ramp's batch."""

@@ -148,7 +148,7 @@ def to_progress(rows: list[dict], job: Job, train_samples: int, b_noise: float) 
     at the measured noise scale (progress.steps_to_progress): what the goodput objectives compare. Time is
     the steps times the predicted step, the warm-up and an epoch start for every epoch the steps run into after the
     first; cost scales with time under every pricing."""
-    base_steps = recipe_steps(job.train, train_samples)
+    base_steps = recipe_steps(job.train, train_samples, tokens_per_sample(job.data))
     for row in rows:
         steps = steps_to_progress(base_steps, b_noise, job.train.lr_base_batch, row["batch"])
         epochs = steps / row["steps_per_epoch"]

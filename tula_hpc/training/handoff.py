@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 
 
 class BatchChooser(Protocol):
-    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule and BatchRamp): whether
-    a step from one place of the run to the next passes a decision, and the global batch from here, from the noise
-    scale measured so far and the run's place, with why. A place is a share of the run's samples trained, the same
-    on every rank and in a resumed run."""
+    """What the loop asks of a batch schedule (performance/batch_schedule.py's BatchSchedule and BatchRamp): the batch
+    the run starts at, given the selected one; whether a step from one place of the run to the next passes a
+    decision; and the global batch from here, from the noise scale measured so far and the run's place, with why. A
+    place is a share of the run's samples trained, the same on every rank and in a resumed run."""
+
+    def start(self, selected_batch: int) -> int: ...
 
     def due(self, before: float, after: float) -> bool: ...
 

@@ -54,10 +54,11 @@ def run_steps(
     return whole_epochs(epochs * steps_per_epoch)
 
 
-def recipe_steps(train_cfg: TrainSettings, train_samples: int) -> int:
-    """The steps of the user's recipe, train.epochs at train.lr_base_batch: the progress AdaScale and the goodput
-    objectives train to."""
-    return train_cfg.epochs * math.ceil(train_samples / train_cfg.lr_base_batch)
+def recipe_steps(train_cfg: TrainSettings, train_samples: int, tokens_per_sample: int = 1) -> int:
+    """The steps of the user's recipe, its run (`run_steps`: train.tokens, train.steps or train.epochs) at
+    train.lr_base_batch: the progress AdaScale and the goodput objectives train to."""
+    base = train_cfg.lr_base_batch
+    return run_steps(train_cfg, train_samples, base, tokens_per_sample, math.ceil(train_samples / base))
 
 
 def steps_to_progress(base_steps: float, b_noise: float, base_batch: int, batch: int) -> float:

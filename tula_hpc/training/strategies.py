@@ -238,10 +238,13 @@ class PostLocalSGDStrategy(Strategy):
 class AdaScaleStrategy(Strategy):
     """adascale: the base recipe's schedule, advanced by AdaScale's gain each step (see the module's docstring)."""
 
-    def __init__(self, name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples) -> None:
+    def __init__(
+        self, name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples, tokens_per_sample
+    ) -> None:
         self.base_batch, self.scale = train_cfg.lr_base_batch, global_batch / train_cfg.lr_base_batch
-        self.target, self.steps_at_batch = recipe_steps(train_cfg, train_samples), steps_per_epoch
-        base_steps = self.target // train_cfg.epochs  # steps per epoch at the base batch
+        self.target = recipe_steps(train_cfg, train_samples, tokens_per_sample)
+        self.steps_at_batch = steps_per_epoch
+        base_steps = math.ceil(train_samples / train_cfg.lr_base_batch)  # steps per epoch at the base batch
         super().__init__(name, optimizer, dataclasses.replace(train_cfg, warmup_epochs=0), base_steps, precision)
         self.base_factor = lr_factor(dataclasses.replace(train_cfg, strategy="lbt"), base_steps, self.target)
         self.progress, self.gain = 0.0, 1.0
@@ -319,7 +322,9 @@ def build_strategy(
     optimizer = build_optimizer(net, train_cfg, peak_lr(train_cfg, global_batch))
     precision.attach_state(optimizer)
     samples = train_samples or steps_per_epoch * global_batch
-    strategy = BUILDERS[name](name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo)
+    strategy = BUILDERS[name](
+        name, net, train_cfg, global_batch, steps_per_epoch, samples, optimizer, precision, polo, tokens_per_sample
+    )
     strategy.run_for(run_steps(train_cfg, samples, global_batch, tokens_per_sample, steps_per_epoch))
     if noise_scale is None and _world_size(net) > 1 and not polo:
         noise_scale = NoiseScaleHook(_world_size(net), tokens_per_sample=tokens_per_sample)
@@ -330,7 +335,9 @@ def build_strategy(
     return strategy
 
 
-def _scaling(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+def _scaling(
+    name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo, tokens_per_sample
+):
     """ags and static: Tula's gradient scaling around the optimiser (Algorithm 1; Eq. 8's step function), on the
     gradient under SGD and on the update under AdamW (ags.py), never on train.ags.exclude's kinds of parameter."""
     ags = train_cfg.ags
@@ -354,10 +361,23 @@ def _scaling(name, net, train_cfg, global_batch, steps_per_epoch, train_samples,
     return ScalingStrategy(name, tula, train_cfg, steps_per_epoch, precision)
 
 
-def _post_local(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+def _post_local(
+    name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo, tokens_per_sample
+):
     """polo: post-local SGD over DDP; on a single process (local SGD with one worker is plain SGD) plain."""
     if not polo:
-        return _plain(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo)
+        return _plain(
+            name,
+            net,
+            train_cfg,
+            global_batch,
+            steps_per_epoch,
+            train_samples,
+            optimizer,
+            precision,
+            polo,
+            tokens_per_sample,
+        )
     switch = train_cfg.polo.sync_epochs * steps_per_epoch
     hook_state = PostLocalSGDState(
         process_group=None, subgroup=None, start_localSGD_iter=switch, post_local_gradient_allreduce=False
@@ -373,11 +393,17 @@ def _post_local(name, net, train_cfg, global_batch, steps_per_epoch, train_sampl
     )
 
 
-def _adascale(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
-    return AdaScaleStrategy(name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples)
+def _adascale(
+    name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo, tokens_per_sample
+):
+    return AdaScaleStrategy(
+        name, optimizer, train_cfg, steps_per_epoch, precision, global_batch, train_samples, tokens_per_sample
+    )
 
 
-def _plain(name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo):
+def _plain(
+    name, net, train_cfg, global_batch, steps_per_epoch, train_samples, optimizer, precision, polo, tokens_per_sample
+):
     """lbt, lrs, lars: the optimiser as it is (the recipe, `recipe`, chose its rate, warm-up and LARS)."""
     return Strategy(name, optimizer, train_cfg, steps_per_epoch, precision)
 

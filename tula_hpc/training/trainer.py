@@ -163,7 +163,7 @@ class Trainer:
         # The run's length in samples and its starting batch (a ramp's first), whatever batch it is at now.
         samples = len(self.splits.train)
         self.run_samples = run_epochs(job.train, samples, global_batch, self.tokens_per_sample) * samples
-        self.start_batch = schedule.choose(global_batch, None, 0.0)["global_batch"] if schedule else global_batch
+        self.start_batch = schedule.start(global_batch) if schedule else global_batch
         self.use_batch(self.state.global_batch or self.start_batch)  # the schedule's batch, where it changed it
         self.resumed_from = self.resume(checkpoint)
         del checkpoint
@@ -342,6 +342,7 @@ class Trainer:
         """The strategy's epoch end, validation, the epoch's record (its loss the mean over every rank's steps; the
         batch schedule's decision) and its checkpoint."""
         state, loss = self.state, mean_over_ranks(loss, self.ctx)
+        place = self.place_in_run()  # before the epoch closes: a part-run last epoch counts its samples, not all
         strategy_metrics = self.strategy.end_epoch()
         strategy_metrics["noise_scale"] = self.noise_read()
         state.train_time += epoch_time
@@ -350,7 +351,7 @@ class Trainer:
         validation = self.validation.scores(self.micro_batch, self.strategy.precision)
         record = {
             "epoch": state.epoch,
-            **self.place_in_run(),
+            **place,
             "loss": loss,
             **{f"val_{name}": value for name, value in validation.items()},
             "epoch_time_s": epoch_time,
@@ -505,8 +506,8 @@ class Trainer:
             "steps_per_epoch": self.steps_per_epoch,
             "strategy": self.strategy.name,
             "train_samples": len(self.splits.train),
-            # data.seq_len per sample (an image's 1) over the epochs trained, the last one's up to the run's length
-            "tokens": round(min(self.length, state.epoch) * len(self.splits.train)) * self.tokens_per_sample,
+            # data.seq_len per sample (an image's 1) over every rank, to the run's end (its last epoch's record)
+            "tokens": next((r["tokens"] for r in reversed(state.history) if "tokens" in r), 0),
             "train_time_s": state.train_time,
             "resumed_from_epoch": None if self.resumed_from is None else self.resumed_from[0],
             "resumed_from_step": None if self.resumed_from is None else self.resumed_from[1],
