@@ -4,9 +4,10 @@ Table I's regime as bench/efficiency_fmnist.py runs it (generalization_fmnist's 
 at B=128 with decays at epochs 4 and 5, two gloo ranks of one core, test accuracy after precise BN):
 - reference: lbt at B=128 for the recipe's 6 epochs;
 - adaptive: train.batch_schedule adaptive from the DAG's own goodput choice (efficiency_fmnist.choose_by_goodput:
-  snakemake up to selection.json on a tuning seed, search over batches 32 to 4096 on this machine's 2 ranks), each
-  epoch's end choosing the batch again among perfmodel.json's candidates at the chosen node count by the noise scale
-  the run has measured (batch_schedule.BatchSchedule, the train stage's own).
+  snakemake up to selection.json on a tuning seed, search over batches 32 to 4096 on this machine's 2 ranks),
+  choosing the batch again every 20th of the run (the first epoch's decisions included: issue 58) and at each epoch's
+  end among perfmodel.json's candidates at the chosen node count by the noise scale the run has measured
+  (batch_schedule.BatchSchedule, the train stage's own).
 The setting the tuning seeds choose (generalization_fmnist's, 100 and 101, by validation accuracy after precise BN,
 then fewer steps): the strategy that carries the batch from change to change, adascale (the rate times the gain, to
 the recipe's progress) or lrs (the recipe's epochs, the rate linear in the batch). The 5 test seeds choose nothing:
