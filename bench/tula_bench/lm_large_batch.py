@@ -7,7 +7,9 @@ share of the tokens, expressed as lr_schedule.warmup_steps at the arm's starting
 train.val_samples windows every fixed number of tokens. Arms:
 - recipe: lbt at B0 (lr 2e-3);
 - large: lrs at 8 x B0 (the square-root rate from lr_base_batch = B0);
-- ags: AGS's Adam form on lbt at 8 x B0; adascale: AdaptDL's Adam form at 8 x B0 (lr_base_batch = B0);
+- ags: AGS's Adam form on lbt at 8 x B0 (one factor per tensor); ags_group and ags_model: the same with one factor
+  per kind of parameter (train.ags.granularity group) and one for all (model), measured against each other;
+- adascale: AdaptDL's Adam form at 8 x B0 (lr_base_batch = B0);
 - ramp: lrs, the global batch doubled from B0 to 8 x B0 in equal token stretches over the first 20 % of the tokens;
 - adaptive: lrs from B0, train.batch_schedule adaptive deciding every 20th of the run (train.batch_schedule_every
   null); adaptive_reset: the same with Adam's moments zeroed at each change (train.adam_moments_on_batch_change).
@@ -96,7 +98,7 @@ SCALES = {
         "val_samples": 16,
     },
 }
-ARMS = ("recipe", "large", "ags", "adascale", "ramp", "adaptive", "adaptive_reset")
+ARMS = ("recipe", "large", "ags", "adascale", "ramp", "adaptive", "adaptive_reset", "ags_group", "ags_model")
 MOVING = {"ramp", "adaptive", "adaptive_reset"}  # arms whose batch changes during the run
 ADAPTIVE = {"adaptive", "adaptive_reset"}
 
@@ -118,6 +120,9 @@ def arm_train(arm: str) -> dict:
         "recipe": {"strategy": "lbt"},
         "large": rated,
         "ags": {"strategy": "ags", "ags": {"base": "sgd", "small_batch": B0}},  # factors up to sqrt(8)
+        # one factor per kind of parameter against one for all (the default above: one per tensor)
+        "ags_group": {"strategy": "ags", "ags": {"base": "sgd", "small_batch": B0, "granularity": "group"}},
+        "ags_model": {"strategy": "ags", "ags": {"base": "sgd", "small_batch": B0, "granularity": "model"}},
         "adascale": {"strategy": "adascale", "lr_base_batch": B0},
         "ramp": {**rated, "batch_schedule": "ramp", "ramp": {"start_batch": B0, "fraction": RAMP_SHARE}},
         "adaptive": {**rated, "batch_schedule": "adaptive", "batch_schedule_every": None},
@@ -361,6 +366,8 @@ def summarize(by_seed: dict[int, dict[str, dict]]) -> dict:
             by_seed, lambda a: loss_difference(a, "adaptive_reset", "adaptive")
         ),
         "ramp_steps_over_recipe": paired(by_seed, lambda a: ratio(a, "ramp", "recipe", "steps")),
+        "ags_group_minus_model_loss": paired(by_seed, lambda a: loss_difference(a, "ags_group", "ags_model")),
+        "ags_tensor_minus_model_loss": paired(by_seed, lambda a: loss_difference(a, "ags", "ags_model")),
     }
 
 
