@@ -9,7 +9,9 @@ train.val_samples windows every fixed number of tokens. Arms:
 - large: lrs at 8 x B0 (the square-root rate from lr_base_batch = B0);
 - ags: AGS's Adam form on lbt at 8 x B0 (one factor per tensor); ags_group and ags_model: the same with one factor
   per kind of parameter (train.ags.granularity group) and one for all (model), measured against each other;
-- adascale: AdaptDL's Adam form at 8 x B0 (lr_base_batch = B0);
+- adascale: AdaptDL's Adam form at 8 x B0 (lr_base_batch = B0); adaptive_adascale (added after seed 0's cells, the
+  summary's adaptive_* figures stay the adaptive arm's, fixed before any run): the adaptive schedule carried by
+  adascale, to the recipe's progress rather than its tokens;
 - ramp: lrs, the global batch doubled from B0 to 8 x B0 in equal token stretches over the first 20 % of the tokens;
 - adaptive: lrs from B0, train.batch_schedule adaptive deciding every 20th of the run (train.batch_schedule_every
   null); adaptive_reset: the same with Adam's moments zeroed at each change (train.adam_moments_on_batch_change).
@@ -98,9 +100,20 @@ SCALES = {
         "val_samples": 16,
     },
 }
-ARMS = ("recipe", "large", "ags", "adascale", "ramp", "adaptive", "adaptive_reset", "ags_group", "ags_model")
-MOVING = {"ramp", "adaptive", "adaptive_reset"}  # arms whose batch changes during the run
-ADAPTIVE = {"adaptive", "adaptive_reset"}
+ARMS = (
+    "recipe",
+    "large",
+    "ags",
+    "adascale",
+    "ramp",
+    "adaptive",
+    "adaptive_reset",
+    "ags_group",
+    "ags_model",
+    "adaptive_adascale",
+)
+MOVING = {"ramp", "adaptive", "adaptive_reset", "adaptive_adascale"}  # arms whose batch changes during the run
+ADAPTIVE = {"adaptive", "adaptive_reset", "adaptive_adascale"}
 
 
 def selected_batch(arm: str) -> int:
@@ -126,6 +139,9 @@ def arm_train(arm: str) -> dict:
         "adascale": {"strategy": "adascale", "lr_base_batch": B0},
         "ramp": {**rated, "batch_schedule": "ramp", "ramp": {"start_batch": B0, "fraction": RAMP_SHARE}},
         "adaptive": {**rated, "batch_schedule": "adaptive", "batch_schedule_every": None},
+        # added after seed 0's cells, beside the arm fixed before any run (`adaptive`, whose figures the summary's
+        # adaptive_* keys stay): the schedule carried by AdaScale's gain, to the recipe's progress
+        "adaptive_adascale": {"strategy": "adascale", "lr_base_batch": B0, "batch_schedule": "adaptive"},
         "adaptive_reset": {
             **rated,
             "batch_schedule": "adaptive",
@@ -366,6 +382,10 @@ def summarize(by_seed: dict[int, dict[str, dict]]) -> dict:
             by_seed, lambda a: loss_difference(a, "adaptive_reset", "adaptive")
         ),
         "ramp_steps_over_recipe": paired(by_seed, lambda a: ratio(a, "ramp", "recipe", "steps")),
+        "adaptive_adascale_steps_over_recipe": paired(
+            by_seed, lambda a: ratio(a, "adaptive_adascale", "recipe", "steps")
+        ),
+        "adaptive_adascale_loss_over_recipe": paired(by_seed, lambda a: loss_ratio(a, "adaptive_adascale", "recipe")),
         "ags_group_minus_model_loss": paired(by_seed, lambda a: loss_difference(a, "ags_group", "ags_model")),
         "ags_tensor_minus_model_loss": paired(by_seed, lambda a: loss_difference(a, "ags", "ags_model")),
     }
