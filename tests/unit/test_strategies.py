@@ -114,6 +114,19 @@ def test_ags_trains_a_tiny_gpt_on_the_update_under_adamw_leaving_the_default_exc
     assert all(math.isfinite(loss) for loss in losses) and strategy.optimizer.last_scaled
 
 
+def test_ags_in_a_run_of_tokens_or_steps_updates_its_factors_every_20th_of_the_run_unless_told():
+    """Once per epoch would be never in a run shorter than one pass; a run of epochs keeps the paper's cadence."""
+    net = nn.Linear(4, 2)
+
+    def cadence(**train):
+        train_cfg = default_job(train={"strategy": "ags", **train}).train
+        return build_strategy(net, train_cfg, global_batch=32, steps_per_epoch=50).optimizer.update_every_steps
+
+    assert cadence(steps=200) == 10
+    assert cadence(steps=200, ags={"update_every_steps": 7}) == 7
+    assert cadence(epochs=3, lr_milestones=[2]) is None
+
+
 def _polo_worker(rank: int, train_cfg: TrainSettings, outdir: str) -> None:
     """Three epochs of 4 steps on rank-specific data: in sync for one, then local SGD averaged every 2 steps."""
 

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from tula_hpc.core.job import TrainSettings
 
 STRATEGIES = ("lbt", "lrs", "lars", "polo", "static", "ags")  # Table I's
+PROFILES_PER_RUN = 20  # AGS's factor updates in a run measured in tokens or steps (ScalingStrategy.run_for)
 ADAPTIVE_SCHEDULES = ("adascale",)  # strategies that decide how long they train (not a row of Table I)
 
 
@@ -171,6 +172,14 @@ class Strategy:
 
 class ScalingStrategy(Strategy):
     """static and ags: TulaOptimizer profiles when due and reports its per-epoch metrics under ``ags``."""
+
+    def run_for(self, total_steps: int) -> None:
+        """A run of train.tokens or train.steps, often shorter than one pass over the data, re-estimates the factors
+        every PROFILES_PER_RUN-th of its steps where train.ags.update_every_steps is unset: once per epoch, the
+        paper's cadence, would there be never, and AGS would silently run as its base recipe."""
+        super().run_for(total_steps)
+        if self.stop_step is not None and self.train_cfg.ags.update_every_steps is None:
+            self.optimizer.update_every_steps = max(1, total_steps // PROFILES_PER_RUN)
 
     def reference_indices(self, local_batch: int) -> torch.Tensor | None:
         # The reference sub-batch rides along as the step's first micro-batch (no extra forward/backward)
