@@ -78,4 +78,5 @@ def test_paired_figures_and_targets_over_seeds():
     assert targets["adaptive_steps_at_most_0.7x_recipe"]["met"] and targets["adaptive_steps_at_most_ramp"]["met"]
     assert result["arms"]["large"]["seeds_reaching_target"] == 0
     assert result["arms"]["ramp"]["batch_over_run"][0] == [10 * 16 * 64, 16]
-    assert summary["adaptive_reset_minus_adaptive_loss"] is None  # an arm not run: its figures are null
+    assert list(summary) == list(bench.SUMMARY_KEYS)  # the four keys, the other comparisons beside them
+    assert result["comparisons"]["adaptive_reset_minus_adaptive_loss"]["mean"] is None  # an arm not run: null
