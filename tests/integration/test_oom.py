@@ -127,7 +127,8 @@ def test_an_adaptive_batch_schedule_relaunches_with_smaller_slices_of_its_batch(
     assert all(a["global_batch"] == 512 for a in attempts)
     assert [a["micro_batch"] for a in attempts] == [256 // 2**i for i in range(len(attempts))]
     assert summary["global_batch"] == 512 and summary["accumulation"] == attempts[-1]["accumulation"] > 1
-    assert [h["batch_schedule"]["next"]["global_batch"] for h in summary["history"]] == [512, 512, 512]
+    decisions = [h["batch_schedule"]["next"]["global_batch"] for h in summary["history"] if "batch_schedule" in h]
+    assert len(decisions) > summary["epochs"] and set(decisions) == {512}  # every 20th of the run and epochs' ends
 
 
 def out_of_memory_beside_a_rank_that_never_notices(job: Job, spec: launch.LaunchSpec, folder) -> tuple[dict, float]:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import default_job
 from tula_hpc.core.atomic_files import StageInputError
-from tula_hpc.core.records import Selection
+from tula_hpc.core.records import Selection, TrainSummary
 
 SELECTION = {
     "job": "digits-cnn",
@@ -72,3 +72,21 @@ def test_a_text_job_s_records_name_seq_len_and_count_tokens_per_second_an_image_
     text = default_job().updated(data={"seq_len": 64})  # past validation: only the record's arithmetic matters here
     assert sequence_fields(text, 100.0) == {"seq_len": 64, "tokens_per_s": 6400.0}
     assert sequence_fields(text) == {"seq_len": 64}
+
+
+def test_a_summary_s_epoch_history_holds_the_epochs_records_alone():
+    """Between epochs' ends the history holds records of a kind (a validation, a batch schedule's decision mid-epoch);
+    the epochs' own records, which alone carry an epoch's time, are the rest."""
+    history = [
+        {"kind": "validation", "step": 5, "epoch": 0, "val_loss": 3.0},
+        {"kind": "batch_schedule", "step": 6, "epoch": 0, "batch_schedule": {}},
+        {"epoch": 1, "step": 10, "epoch_time_s": 1.0},
+        {"kind": "batch_schedule", "step": 12, "epoch": 1, "batch_schedule": {}},
+        {"epoch": 2, "step": 14, "epoch_time_s": 0.5},
+    ]
+    times = {"train_time_s": 1.5, "train_time_with_lost_work_s": 1.5, "wall_time_s": 2.0}
+    run = {"nodes": 1, "global_batch": 8, "per_device_batch": 8, "world_size": 1, "accumulation": 1, "micro_batch": 8}
+    progress = {"epochs": 2, "steps": 14, "steps_per_epoch": 7, "strategy": "lbt", "train_samples": 56}
+    restarts = {"resumed_from_epoch": None, "resumed_from_step": None, "restarts_at_steps": []}
+    summary = TrainSummary(**run, **progress, **times, **restarts, history=history)
+    assert [r["step"] for r in summary.epoch_history] == [10, 14]

@@ -142,8 +142,9 @@ class TrainSummary(StageRecord):
 
     @property
     def epoch_history(self) -> list[dict]:
-        """The epochs' records, without the validations train.val_every_steps adds between them."""
-        return [record for record in self.history if record.get("kind") != "validation"]
+        """The epochs' records, without those of a kind between them (validations by train.val_every_steps or
+        val_every_tokens, the batch schedule's decisions mid-epoch)."""
+        return [record for record in self.history if "kind" not in record]
 
 
 def sequence_fields(job: Job, samples_per_s: float | None = None) -> dict:

@@ -291,10 +291,11 @@ class Trainer:
                 state.step, state.optimizer_steps = state.step + 1, state.optimizer_steps + 1
                 self.trace.add(state.optimizer_steps)
                 epoch_over = state.samples_done >= self.loader.sampler.num_samples or self.strategy.finished()
-                places = (trained_before / self.run_samples, self.samples_trained() / self.run_samples)
+                trained = self.samples_trained()
+                places = (trained_before / self.run_samples, trained / self.run_samples)
                 deciding = self.schedule is not None and not epoch_over and self.schedule.due(*places)
                 saving = stopping or (self.checkpoint_due(state.optimizer_steps) and not epoch_over)
-                tokens = (trained_before * self.tokens_per_sample, self.samples_trained() * self.tokens_per_sample)
+                tokens = (trained_before * self.tokens_per_sample, trained * self.tokens_per_sample)
                 validating = validation_due(self.job.train, state.optimizer_steps, tokens, epoch_over)
                 if saving or validating or deciding:
                     self.device_clock.wait()
